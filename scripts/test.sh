@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The full test suite: formatting, lints, and every test tier (unit, controller,
+# kernel tests in throwaway network namespaces, end-to-end). Kernel tiers need root.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+if cargo nextest --version >/dev/null 2>&1; then
+  # nextest runs each test in its own process: kernel tests that enter namespaces
+  # cannot leak that state into their neighbours.
+  cargo nextest run --workspace --locked --no-fail-fast
+else
+  cargo test --workspace --locked --no-fail-fast
+fi
+cargo test --workspace --locked --doc

@@ -1,0 +1,22 @@
+//! `wirespan bench …`: thin dispatch into the `wirespan-bench` crate.
+
+use clap::Subcommand;
+
+/// The benchmarks.
+#[derive(Debug, Subcommand)]
+pub enum Bench {
+    /// Resource store and controller runtime throughput and latency.
+    Runtime(wirespan_bench::runtime::Args),
+    /// Discovery server throughput, fan-out latency, memory and join storm.
+    Discovery(wirespan_bench::discovery::Args),
+    /// Kernel data plane apply times (needs root).
+    Dataplane(wirespan_bench::dataplane::Args),
+}
+
+pub fn run(bench: &Bench) -> anyhow::Result<()> {
+    match bench {
+        Bench::Runtime(a) => wirespan_bench::runtime::run(a),
+        Bench::Discovery(a) => wirespan_bench::discovery::run(a),
+        Bench::Dataplane(a) => wirespan_bench::dataplane::run(a),
+    }
+}

@@ -1,0 +1,57 @@
+//! The `wirespan` binary: mesh daemon, discovery server and operator CLI in one.
+
+mod cmd;
+
+use clap::{Parser, Subcommand};
+
+/// WireGuard mesh daemon, discovery server and operator CLI.
+#[derive(Debug, Parser)]
+#[command(name = "wirespan", version, about, propagate_version = true)]
+struct Cli {
+    /// Log filter (tracing EnvFilter syntax), e.g. `info` or `wirespan_control=debug`.
+    #[arg(long, global = true, env = "WIRESPAN_LOG", default_value = "info")]
+    log: String,
+
+    /// Log format.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the discovery server.
+    Discovery(cmd::discovery::Args),
+    /// Run benchmarks.
+    #[command(subcommand)]
+    Bench(cmd::bench::Bench),
+}
+
+fn init_tracing(cli: &Cli) {
+    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Text => builder.init(),
+        LogFormat::Json => builder.json().init(),
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_tracing(&cli);
+    match cli.command {
+        Command::Discovery(args) => cmd::discovery::run(args),
+        Command::Bench(bench) => cmd::bench::run(&bench),
+    }
+}
