@@ -1,2 +1,6 @@
 //! wirespan-discovery: the discovery service, wire-compatible with the upstream
 //! `sidero.discovery.server.Cluster` gRPC API, and the encrypting client library.
+//!
+//! - [`proto`]: generated message and service types of the three protobuf packages.
+
+pub mod proto;
