@@ -51,7 +51,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_tracing(&cli);
     match cli.command {
-        Command::Discovery(args) => cmd::discovery::run(args),
+        Command::Discovery(args) => cmd::discovery::run(&args),
         Command::Bench(bench) => cmd::bench::run(&bench),
     }
 }

@@ -4,7 +4,7 @@
 #[derive(Debug, clap::Args)]
 pub struct Args {}
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: &Args) -> anyhow::Result<()> {
     let _ = args;
     anyhow::bail!("the discovery server is not built yet")
 }
