@@ -38,7 +38,6 @@ pub(crate) fn check_mtu(field: &str, mtu: u32) -> Result<(), Invalid> {
 }
 
 /// Checks a Linux interface name (1 to 15 bytes, no `/`, no whitespace).
-#[allow(dead_code)] // used by the routing and WireGuard adapters
 pub(crate) fn check_ifname(field: &str, name: &str) -> Result<(), Invalid> {
     if name.is_empty() || name.len() > 15 {
         return Err(Invalid::new(

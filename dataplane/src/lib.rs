@@ -12,6 +12,7 @@
 pub mod error;
 pub mod marking;
 pub mod netns;
+pub mod routing;
 
 pub use error::Invalid;
 

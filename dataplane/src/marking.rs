@@ -276,8 +276,7 @@ fn device_mark_accept(spec: &MarkingSpec) -> RuleDef {
 
 /// Sorts, de-duplicates and (for interval sets) drops prefixes covered by another.
 fn normalise(mut prefixes: Vec<IpNet>, interval: bool) -> Vec<IpNet> {
-    prefixes
-        .sort_unstable_by(|a, b| (a.network(), a.prefix_len()).cmp(&(b.network(), b.prefix_len())));
+    prefixes.sort_unstable_by_key(|p| (p.network(), p.prefix_len()));
     prefixes.dedup();
     if !interval {
         return prefixes;
@@ -452,8 +451,8 @@ pub fn full_batch(rs: &Ruleset) -> Nftables<'static> {
                 family: NfFamily::INet,
                 table: Cow::Owned(rs.table.clone()),
                 name: Cow::Borrowed(c.name),
-                _type: Some(c.kind.clone()),
-                hook: Some(c.hook.clone()),
+                _type: Some(c.kind),
+                hook: Some(c.hook),
                 prio: Some(0),
                 policy: Some(NfChainPolicy::Accept),
                 ..schema::Chain::default()
@@ -1114,7 +1113,7 @@ mod tests {
         let rs3 = render(&spec(&["10.0.0.1/32"], &["fd00::1/128"]));
         assert_eq!(plan(&rs3, Some(&st1)), Plan::Rebuild);
         // A deleted rule is drift.
-        let mut st = st1.clone();
+        let mut st = st1;
         st.chains[1].5.pop();
         assert_eq!(plan(&rs1, Some(&st)), Plan::Rebuild);
     }
