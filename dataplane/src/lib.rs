@@ -13,6 +13,7 @@ pub mod error;
 pub mod marking;
 pub mod netns;
 pub mod routing;
+pub mod wireguard;
 
 pub use error::Invalid;
 

@@ -231,6 +231,15 @@ impl Drop for NetnsThread {
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
+/// A name unique on this host for the life of the process: `PREFIX` + pid + counter,
+/// such as an interface name when several test processes share the UAPI socket
+/// directory. Keep `prefix` to 4 bytes so the result fits an interface name (15).
+#[must_use]
+pub fn unique_name(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{}x{n}", std::process::id())
+}
+
 /// Owns a throwaway named namespace: created on [`NetnsGuard::new`], deleted on drop
 /// (also on panic), after killing every process still running in it.
 #[derive(Debug)]
