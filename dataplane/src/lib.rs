@@ -10,9 +10,11 @@
 //! in a given [`netns::Netns`].
 
 pub mod error;
+pub mod fake;
 pub mod marking;
 pub mod netns;
 pub mod routing;
+pub mod watch;
 pub mod wireguard;
 
 pub use error::Invalid;
