@@ -18,6 +18,8 @@ pub mod watch;
 pub mod wireguard;
 
 pub use error::Invalid;
+/// Re-exported: the prefix type of every desired-state struct.
+pub use ipnet;
 
 /// WireGuard listen port (upstream default).
 pub const DEFAULT_LISTEN_PORT: u16 = 51820;

@@ -685,6 +685,108 @@ pub fn plan(rs: &Ruleset, current: Option<&TableState>) -> Plan {
     }
 }
 
+/// The state [`parse_table`] would report for a table that holds exactly `rs`.
+#[must_use]
+pub fn expected_state(rs: &Ruleset) -> TableState {
+    TableState {
+        sets: rs
+            .sets
+            .iter()
+            .map(|s| {
+                (
+                    s.name.to_owned(),
+                    s.family,
+                    s.interval,
+                    Some(s.elements.iter().copied().collect()),
+                )
+            })
+            .collect(),
+        chains: rs
+            .chains
+            .iter()
+            .map(|c| {
+                (
+                    c.name.to_owned(),
+                    format!("{:?}", c.kind),
+                    format!("{:?}", c.hook),
+                    0,
+                    format!("{:?}", NfChainPolicy::Accept),
+                    c.rules.iter().map(|r| r.comment.clone()).collect(),
+                )
+            })
+            .collect(),
+        counters: Vec::new(),
+    }
+}
+
+/// The nf_tables ruleset generation of a namespace (`NFT_MSG_GETGEN`): bumped by every
+/// committed transaction, by anyone. Reading it costs one tiny netlink round trip,
+/// whatever the size of our sets, whereas `nft list` costs time proportional to them.
+mod genid {
+    use rtnetlink::sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
+
+    const NFNL_SUBSYS_NFTABLES: u16 = 10;
+    const NFT_MSG_GETGEN: u16 = 16;
+    const NFT_MSG_NEWGEN: u16 = 15;
+    const NFTA_GEN_ID: u16 = 1;
+    const NLMSG_ERROR: u16 = 2;
+
+    pub(super) fn open() -> std::io::Result<Socket> {
+        let mut sock = Socket::new(NETLINK_NETFILTER)?;
+        sock.bind_auto()?;
+        Ok(sock)
+    }
+
+    pub(super) fn read(sock: &Socket, seq: u32) -> std::io::Result<u32> {
+        let mut req = Vec::with_capacity(20);
+        req.extend_from_slice(&20u32.to_ne_bytes());
+        req.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN).to_ne_bytes());
+        req.extend_from_slice(&1u16.to_ne_bytes()); // NLM_F_REQUEST
+        req.extend_from_slice(&seq.to_ne_bytes());
+        req.extend_from_slice(&0u32.to_ne_bytes());
+        req.extend_from_slice(&[0, 0, 0, 0]); // nfgenmsg: AF_UNSPEC, v0, res_id 0
+        sock.send_to(&req, &SocketAddr::new(0, 0), 0)?;
+        loop {
+            let (buf, _) = sock.recv_from_full()?;
+            let mut off = 0;
+            while off + 16 <= buf.len() {
+                let len =
+                    u32::from_ne_bytes(buf[off..off + 4].try_into().unwrap_or_default()) as usize;
+                let kind = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
+                let mseq =
+                    u32::from_ne_bytes(buf[off + 8..off + 12].try_into().unwrap_or_default());
+                if len < 16 || off + len > buf.len() {
+                    break;
+                }
+                let body = &buf[off + 16..off + len];
+                if mseq == seq && kind == NLMSG_ERROR && body.len() >= 4 {
+                    let errno = i32::from_ne_bytes(body[..4].try_into().unwrap_or_default());
+                    return Err(std::io::Error::from_raw_os_error(-errno));
+                }
+                if mseq == seq && kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN {
+                    // Skip nfgenmsg (4 bytes), then walk the attributes.
+                    let mut a = 4;
+                    while a + 4 <= body.len() {
+                        let alen = usize::from(u16::from_ne_bytes([body[a], body[a + 1]]));
+                        let atype = u16::from_ne_bytes([body[a + 2], body[a + 3]]) & 0x3fff;
+                        if alen < 4 || a + alen > body.len() {
+                            break;
+                        }
+                        if atype == NFTA_GEN_ID && alen >= 8 {
+                            return Ok(u32::from_be_bytes(
+                                body[a + 4..a + 8].try_into().unwrap_or_default(),
+                            ));
+                        }
+                        a += (alen + 3) & !3;
+                    }
+                    return Err(std::io::Error::other("NEWGEN without NFTA_GEN_ID"));
+                }
+                off += (len + 3) & !3;
+            }
+        }
+    }
+}
+
 /// Errors of the nftables adapter.
 #[derive(Debug, thiserror::Error)]
 pub enum MarkingError {
@@ -744,6 +846,12 @@ pub struct NftMarking {
     netns: Netns,
     table: Option<String>,
     transactions: u64,
+    reads: u64,
+    /// Netlink socket in the namespace for the generation id.
+    gen_sock: Option<rtnetlink::sys::Socket>,
+    gen_seq: u32,
+    /// What our table holds, valid while the ruleset generation is still `.0`.
+    cache: Option<(u32, TableState)>,
 }
 
 impl NftMarking {
@@ -754,6 +862,35 @@ impl NftMarking {
             netns,
             table: None,
             transactions: 0,
+            reads: 0,
+            gen_sock: None,
+            gen_seq: 0,
+            cache: None,
+        }
+    }
+
+    /// Number of full table listings (`nft -j list table`) so far: a steady-state
+    /// apply needs none.
+    #[must_use]
+    pub fn reads(&self) -> u64 {
+        self.reads
+    }
+
+    /// The current ruleset generation, `None` if it cannot be read (then every apply
+    /// lists the table, which is correct, only slower).
+    fn generation(&mut self) -> Option<u32> {
+        if self.gen_sock.is_none() {
+            let thread = crate::netns::NetnsThread::spawn(&self.netns).ok()?;
+            self.gen_sock = thread.run(genid::open).ok()?.ok();
+        }
+        self.gen_seq = self.gen_seq.wrapping_add(1);
+        match genid::read(self.gen_sock.as_ref()?, self.gen_seq) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read nftables generation");
+                self.gen_sock = None;
+                None
+            }
         }
     }
 
@@ -821,33 +958,58 @@ impl Marking for NftMarking {
             self.remove_table(&old)?;
         }
         self.table = Some(spec.table.clone());
-        let current = self.list(&spec.table)?.map(|j| parse_table(&j));
-        let current = match current {
-            None => None,
-            Some(None) => {
-                tracing::warn!(table = %spec.table, "nftables table unreadable, replacing it");
-                None
-            }
-            Some(Some(st)) => Some(st),
+        // Trust the cache only if no transaction at all happened since our last one.
+        let gen_before = self.generation();
+        let cached = match (&self.cache, gen_before) {
+            (Some((g, st)), Some(now)) if *g == now => Some(st.clone()),
+            _ => None,
         };
-        match plan(&rs, current.as_ref()) {
-            Plan::Nothing => Ok(false),
+        let current = match cached {
+            Some(st) => Some(st),
+            None => {
+                self.cache = None;
+                self.reads += 1;
+                match self.list(&spec.table)?.map(|j| parse_table(&j)) {
+                    None => None,
+                    Some(None) => {
+                        tracing::warn!(table = %spec.table, "nftables table unreadable, replacing it");
+                        None
+                    }
+                    Some(Some(st)) => Some(st),
+                }
+            }
+        };
+        let batch = match plan(&rs, current.as_ref()) {
+            Plan::Nothing => {
+                if let (None, Some(g)) = (&self.cache, gen_before) {
+                    self.cache = Some((g, expected_state(&rs)));
+                }
+                return Ok(false);
+            }
             Plan::Elements(diffs) => {
                 let (add, del) = diffs
                     .iter()
                     .fold((0, 0), |(a, d), s| (a + s.add.len(), d + s.delete.len()));
                 tracing::debug!(table = %spec.table, add, delete = del, "updating set elements");
-                self.commit(&element_batch(&spec.table, &diffs), "update set elements")?;
-                Ok(true)
+                (element_batch(&spec.table, &diffs), "update set elements")
             }
             Plan::Rebuild => {
                 if current.is_some() {
                     tracing::info!(table = %spec.table, "nftables table differs from desired, replacing it");
                 }
-                self.commit(&full_batch(&rs), "replace table")?;
-                Ok(true)
+                (full_batch(&rs), "replace table")
+            }
+        };
+        self.cache = None;
+        self.commit(&batch.0, batch.1)?;
+        // Our transaction is exactly one generation; anything more means someone else
+        // committed too, and the next apply reads the table again.
+        if let (Some(before), Some(after)) = (gen_before, self.generation()) {
+            if after == before.wrapping_add(1) {
+                self.cache = Some((after, expected_state(&rs)));
             }
         }
+        Ok(true)
     }
 
     fn observe(&mut self) -> Result<MarkingStatus, MarkingError> {
@@ -870,6 +1032,7 @@ impl Marking for NftMarking {
     }
 
     fn teardown(&mut self) -> Result<(), MarkingError> {
+        self.cache = None;
         if let Some(t) = self.table.take() {
             self.remove_table(&t)?;
         }
@@ -903,6 +1066,7 @@ impl NftMarking {
     /// nft failure.
     pub fn teardown_table(&mut self, table: &str) -> Result<(), MarkingError> {
         self.table = None;
+        self.cache = None;
         self.remove_table(table)
     }
 }

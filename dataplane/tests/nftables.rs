@@ -98,8 +98,18 @@ fn apply_from_empty_matches_spec_text_and_reapply_is_noop() {
     assert_eq!(set_elems(&v, "wirespan", "v6_hosts"), 1);
     assert_eq!(set_elems(&v, "wirespan", "v6_nets"), 1);
 
+    let reads = m.reads();
     assert!(!m.apply(&s).unwrap());
     assert_eq!(m.transactions(), 1, "re-apply must not write");
+    assert_eq!(
+        m.reads(),
+        reads,
+        "nothing changed since our write: no listing needed"
+    );
+    // Any foreign transaction (even in another table) makes the next apply list ours.
+    ns.run("nft", &["add", "table", "inet", "other"]).unwrap();
+    assert!(!m.apply(&s).unwrap());
+    assert_eq!(m.reads(), reads + 1);
 }
 
 #[test]
