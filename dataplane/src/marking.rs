@@ -1,0 +1,1322 @@
+//! The nftables marking table (spec §6.6): marks packets bound for the mesh so policy
+//! routing sends them into the WireGuard link.
+//!
+//! [`render`] turns a [`MarkingSpec`] into a [`Ruleset`] (pure). [`NftMarking`] reads
+//! our table with `nft -j list table`, and then either changes only set elements (the
+//! steady state: chains are never touched) or, when the structure differs (first
+//! apply, MTU or mark change, someone flushed or edited the table), replaces the whole
+//! table. Either way it is one `nft -j -f -` transaction touching only our table.
+//!
+//! Every rule carries a comment naming what it does and its parameters
+//! (`wirespan:mss:v4_hosts:1368`); the comments of the listed rules are compared with
+//! the rendered ones to detect edits without comparing nft's normalised expressions.
+
+use std::{
+    borrow::Cow,
+    collections::{BTreeSet, HashSet},
+    io::Write,
+    net::IpAddr,
+    process::Stdio,
+};
+
+use ipnet::IpNet;
+use nftables::{
+    expr::{Expression, NamedExpression},
+    schema::{self, NfCmd, NfListObject, NfObject, Nftables, SetFlag, SetType, SetTypeValue},
+    stmt::Statement,
+    types::{NfChainPolicy, NfChainType, NfFamily, NfHook},
+};
+use serde_json::json;
+
+use crate::{error::Invalid, netns::Netns};
+
+/// Default table name (ours alone, not shared with the host firewall).
+pub const DEFAULT_TABLE: &str = "wirespan";
+/// Name of the prerouting chain.
+pub const CHAIN_PREROUTING: &str = "kubespan_prerouting";
+/// Name of the output chain.
+pub const CHAIN_OUTGOING: &str = "kubespan_outgoing";
+/// Prefix of every rule comment we write.
+const COMMENT_PREFIX: &str = "wirespan:";
+
+/// How the routed prefixes are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SetLayout {
+    /// Host addresses (/32, /128) in hash sets, true CIDRs in interval sets: a hash
+    /// lookup is several times cheaper than the interval (rbtree) lookup (spec §12.1).
+    #[default]
+    Split,
+    /// Everything in one interval set per family, as upstream does.
+    Interval,
+}
+
+/// The desired marking table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MarkingSpec {
+    /// nftables table name (family `inet`).
+    pub table: String,
+    /// Mark WireGuard puts on its own UDP (`0x20`); such packets are never re-marked.
+    pub device_mark: u32,
+    /// Mark that sends a packet into the mesh (`0x40`).
+    pub mark: u32,
+    /// Mask of both marks (`0x60`); other bits are left alone.
+    pub mask: u32,
+    /// Link MTU; the TCP MSS is clamped to `mtu - 52` (IPv4) and `mtu - 72` (IPv6).
+    pub mtu: u32,
+    /// IPv4 part of the routed set.
+    pub prefixes_v4: Vec<IpNet>,
+    /// IPv6 part of the routed set.
+    pub prefixes_v6: Vec<IpNet>,
+    /// Storage of the prefixes.
+    pub layout: SetLayout,
+}
+
+impl Default for MarkingSpec {
+    fn default() -> Self {
+        Self {
+            table: DEFAULT_TABLE.to_owned(),
+            device_mark: crate::DEVICE_FWMARK,
+            mark: crate::MESH_MARK,
+            mask: crate::MARK_MASK,
+            mtu: crate::DEFAULT_MTU,
+            prefixes_v4: Vec::new(),
+            prefixes_v6: Vec::new(),
+            layout: SetLayout::Split,
+        }
+    }
+}
+
+impl MarkingSpec {
+    /// Checks every field; nothing is written when this fails.
+    ///
+    /// # Errors
+    /// The first invalid field.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        let t = &self.table;
+        if t.is_empty()
+            || t.len() > 64
+            || !t.starts_with(|c: char| c.is_ascii_alphabetic())
+            || !t.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        {
+            return Err(Invalid::new(
+                "table",
+                format!("{t:?} must be 1 to 64 letters, digits or '_', starting with a letter"),
+            ));
+        }
+        if self.mask == 0 {
+            return Err(Invalid::new("mask", "must not be 0"));
+        }
+        for (field, v) in [("mark", self.mark), ("device_mark", self.device_mark)] {
+            if v == 0 || v & !self.mask != 0 {
+                return Err(Invalid::new(
+                    field,
+                    format!("{v:#x} must be non-zero and inside mask {:#x}", self.mask),
+                ));
+            }
+        }
+        if self.mark == self.device_mark {
+            return Err(Invalid::new("mark", "must differ from device_mark"));
+        }
+        crate::error::check_mtu("mtu", self.mtu)?;
+        for (field, list, v4) in [
+            ("prefixes_v4", &self.prefixes_v4, true),
+            ("prefixes_v6", &self.prefixes_v6, false),
+        ] {
+            for (i, p) in list.iter().enumerate() {
+                let ok = matches!((p, v4), (IpNet::V4(_), true) | (IpNet::V6(_), false));
+                if !ok {
+                    let fam = if v4 { "IPv4" } else { "IPv6" };
+                    return Err(Invalid::new(
+                        format!("{field}[{i}]"),
+                        format!("{p} is not an {fam} prefix"),
+                    ));
+                }
+                if p.trunc() != *p {
+                    return Err(Invalid::new(
+                        format!("{field}[{i}]"),
+                        format!("{p} has host bits set (expected {})", p.trunc()),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// MSS clamp value for IPv4.
+    #[must_use]
+    pub fn mss_v4(&self) -> u32 {
+        self.mtu.saturating_sub(52)
+    }
+
+    /// MSS clamp value for IPv6.
+    #[must_use]
+    pub fn mss_v6(&self) -> u32 {
+        self.mtu.saturating_sub(72)
+    }
+}
+
+/// Address family of a set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    /// IPv4.
+    V4,
+    /// IPv6.
+    V6,
+}
+
+/// One named set of the rendered table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetDef {
+    /// Set name.
+    pub name: &'static str,
+    /// Address family of its elements.
+    pub family: Family,
+    /// Interval (prefixes) or hash (exact addresses).
+    pub interval: bool,
+    /// Elements, normalised (sorted, no duplicates, no prefix inside another in an
+    /// interval set: nft refuses overlapping intervals).
+    pub elements: Vec<IpNet>,
+}
+
+/// One rule: its identifying comment and its statements.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RuleDef {
+    /// Comment naming the rule and its parameters; compared to detect drift.
+    pub comment: String,
+    /// nftables statements.
+    pub statements: Vec<Statement<'static>>,
+}
+
+/// One base chain.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ChainDef {
+    /// Chain name.
+    pub name: &'static str,
+    /// Chain type (`filter` or `route`).
+    pub kind: NfChainType,
+    /// Hook.
+    pub hook: NfHook,
+    /// Rules in order.
+    pub rules: Vec<RuleDef>,
+}
+
+/// The rendered table: what [`NftMarking`] makes the kernel hold.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ruleset {
+    /// Table name.
+    pub table: String,
+    /// Named sets.
+    pub sets: Vec<SetDef>,
+    /// Base chains.
+    pub chains: Vec<ChainDef>,
+}
+
+fn stmt(v: serde_json::Value) -> Statement<'static> {
+    // The JSON below is fixed by this module; a failure is a programming error caught
+    // by the unit tests.
+    serde_json::from_value(v).expect("statement JSON matches the nftables schema")
+}
+
+fn daddr_in(family: Family, set: &str) -> Statement<'static> {
+    let proto = match family {
+        Family::V4 => "ip",
+        Family::V6 => "ip6",
+    };
+    stmt(json!({"match": {"op": "==",
+        "left": {"payload": {"protocol": proto, "field": "daddr"}},
+        "right": format!("@{set}")}}))
+}
+
+fn mss_clamp(family: Family, set: &str, mss: u32) -> RuleDef {
+    let opt = json!({"tcp option": {"name": "maxseg", "field": "size"}});
+    RuleDef {
+        comment: format!("{COMMENT_PREFIX}mss:{set}:{mss}"),
+        statements: vec![
+            daddr_in(family, set),
+            stmt(json!({"match": {"op": "==",
+                "left": {"&": [{"payload": {"protocol": "tcp", "field": "flags"}}, ["syn", "rst"]]},
+                "right": "syn"}})),
+            stmt(json!({"match": {"op": ">", "left": opt, "right": mss}})),
+            stmt(json!({"mangle": {"key": opt, "value": mss}})),
+        ],
+    }
+}
+
+fn mark_rule(family: Family, set: &str, spec: &MarkingSpec) -> RuleDef {
+    let meta = json!({"meta": {"key": "mark"}});
+    RuleDef {
+        comment: format!(
+            "{COMMENT_PREFIX}mark:{set}:{:#x}/{:#x}",
+            spec.mark, spec.mask
+        ),
+        statements: vec![
+            daddr_in(family, set),
+            stmt(json!({"counter": null})),
+            stmt(json!({"mangle": {"key": meta,
+                "value": {"|": [{"&": [meta, !spec.mask]}, spec.mark]}}})),
+            stmt(json!({"accept": null})),
+        ],
+    }
+}
+
+fn device_mark_accept(spec: &MarkingSpec) -> RuleDef {
+    RuleDef {
+        comment: format!(
+            "{COMMENT_PREFIX}device-mark:{:#x}/{:#x}",
+            spec.device_mark, spec.mask
+        ),
+        statements: vec![
+            stmt(json!({"match": {"op": "==",
+                "left": {"&": [{"meta": {"key": "mark"}}, spec.mask]},
+                "right": spec.device_mark}})),
+            stmt(json!({"accept": null})),
+        ],
+    }
+}
+
+/// Sorts, de-duplicates and (for interval sets) drops prefixes covered by another.
+fn normalise(mut prefixes: Vec<IpNet>, interval: bool) -> Vec<IpNet> {
+    prefixes.sort_unstable_by_key(|p| (p.network(), p.prefix_len()));
+    prefixes.dedup();
+    if !interval {
+        return prefixes;
+    }
+    // Sorted by (address, length): a covering prefix comes before everything it covers.
+    let mut out: Vec<IpNet> = Vec::with_capacity(prefixes.len());
+    for p in prefixes {
+        if out.last().is_some_and(|last| last.contains(&p)) {
+            continue;
+        }
+        out.push(p);
+    }
+    out
+}
+
+/// Renders the table for `spec` (pure). Call [`MarkingSpec::validate`] first.
+///
+/// A family (or, in the split layout, a set) without prefixes gets no rules at all,
+/// never an unconditional rule.
+#[must_use]
+pub fn render(spec: &MarkingSpec) -> Ruleset {
+    let mut sets = Vec::new();
+    for (family, prefixes) in [
+        (Family::V4, &spec.prefixes_v4),
+        (Family::V6, &spec.prefixes_v6),
+    ] {
+        let (hosts_name, nets_name) = match family {
+            Family::V4 => ("v4_hosts", "v4_nets"),
+            Family::V6 => ("v6_hosts", "v6_nets"),
+        };
+        match spec.layout {
+            SetLayout::Split => {
+                let (hosts, nets): (Vec<IpNet>, Vec<IpNet>) = prefixes
+                    .iter()
+                    .partition(|p| p.prefix_len() == p.max_prefix_len());
+                sets.push(SetDef {
+                    name: hosts_name,
+                    family,
+                    interval: false,
+                    elements: normalise(hosts, false),
+                });
+                sets.push(SetDef {
+                    name: nets_name,
+                    family,
+                    interval: true,
+                    elements: normalise(nets, true),
+                });
+            }
+            SetLayout::Interval => sets.push(SetDef {
+                name: nets_name,
+                family,
+                interval: true,
+                elements: normalise(prefixes.clone(), true),
+            }),
+        }
+    }
+
+    let live: Vec<&SetDef> = sets.iter().filter(|s| !s.elements.is_empty()).collect();
+    let mss = |f: Family| match f {
+        Family::V4 => spec.mss_v4(),
+        Family::V6 => spec.mss_v6(),
+    };
+
+    // Prerouting sees forwarded traffic before the routing decision: clamp it too
+    // (upstream clamps only locally originated SYNs, spec §12.5).
+    let mut pre = vec![device_mark_accept(spec)];
+    pre.extend(
+        live.iter()
+            .map(|s| mss_clamp(s.family, s.name, mss(s.family))),
+    );
+    pre.extend(live.iter().map(|s| mark_rule(s.family, s.name, spec)));
+
+    let mut out = vec![
+        device_mark_accept(spec),
+        RuleDef {
+            comment: format!("{COMMENT_PREFIX}lo"),
+            statements: vec![
+                stmt(
+                    json!({"match": {"op": "==", "left": {"meta": {"key": "oifname"}}, "right": "lo"}}),
+                ),
+                stmt(json!({"accept": null})),
+            ],
+        },
+    ];
+    out.extend(
+        live.iter()
+            .map(|s| mss_clamp(s.family, s.name, mss(s.family))),
+    );
+    out.extend(live.iter().map(|s| mark_rule(s.family, s.name, spec)));
+
+    Ruleset {
+        table: spec.table.clone(),
+        sets,
+        chains: vec![
+            ChainDef {
+                name: CHAIN_PREROUTING,
+                kind: NfChainType::Filter,
+                hook: NfHook::Prerouting,
+                rules: pre,
+            },
+            ChainDef {
+                name: CHAIN_OUTGOING,
+                // `route` so the kernel re-routes a local packet after its mark changes.
+                kind: NfChainType::Route,
+                hook: NfHook::Output,
+                rules: out,
+            },
+        ],
+    }
+}
+
+fn elem_expr(p: &IpNet, interval: bool) -> Expression<'static> {
+    if interval {
+        Expression::Named(NamedExpression::Prefix(nftables::expr::Prefix {
+            addr: Box::new(Expression::String(Cow::Owned(p.network().to_string()))),
+            len: u32::from(p.prefix_len()),
+        }))
+    } else {
+        Expression::String(Cow::Owned(p.addr().to_string()))
+    }
+}
+
+fn set_object(table: &str, s: &SetDef, with_elements: bool) -> NfListObject<'static> {
+    let set_type = match s.family {
+        Family::V4 => SetType::Ipv4Addr,
+        Family::V6 => SetType::Ipv6Addr,
+    };
+    let elem = (with_elements && !s.elements.is_empty()).then(|| {
+        Cow::Owned(
+            s.elements
+                .iter()
+                .map(|p| elem_expr(p, s.interval))
+                .collect::<Vec<_>>(),
+        )
+    });
+    NfListObject::Set(Box::new(schema::Set {
+        family: NfFamily::INet,
+        table: Cow::Owned(table.to_owned()),
+        name: Cow::Borrowed(s.name),
+        set_type: SetTypeValue::Single(set_type),
+        flags: s.interval.then(|| HashSet::from([SetFlag::Interval])),
+        elem,
+        ..schema::Set::default()
+    }))
+}
+
+fn table_object(name: &str) -> NfListObject<'static> {
+    NfListObject::Table(schema::Table {
+        family: NfFamily::INet,
+        name: Cow::Owned(name.to_owned()),
+        handle: None,
+    })
+}
+
+/// The transaction that replaces our table (and nothing else) with `rs`: `add table`
+/// first so the `delete` cannot fail when it is absent.
+#[must_use]
+pub fn full_batch(rs: &Ruleset) -> Nftables<'static> {
+    let mut objs = vec![
+        NfObject::CmdObject(NfCmd::Add(table_object(&rs.table))),
+        NfObject::CmdObject(NfCmd::Delete(table_object(&rs.table))),
+        NfObject::CmdObject(NfCmd::Add(table_object(&rs.table))),
+    ];
+    for s in &rs.sets {
+        objs.push(NfObject::CmdObject(NfCmd::Add(set_object(
+            &rs.table, s, true,
+        ))));
+    }
+    for c in &rs.chains {
+        objs.push(NfObject::CmdObject(NfCmd::Add(NfListObject::Chain(
+            schema::Chain {
+                family: NfFamily::INet,
+                table: Cow::Owned(rs.table.clone()),
+                name: Cow::Borrowed(c.name),
+                _type: Some(c.kind),
+                hook: Some(c.hook),
+                prio: Some(0),
+                policy: Some(NfChainPolicy::Accept),
+                ..schema::Chain::default()
+            },
+        ))));
+        for r in &c.rules {
+            objs.push(NfObject::CmdObject(NfCmd::Add(NfListObject::Rule(
+                schema::Rule {
+                    family: NfFamily::INet,
+                    table: Cow::Owned(rs.table.clone()),
+                    chain: Cow::Borrowed(c.name),
+                    expr: Cow::Owned(r.statements.clone()),
+                    comment: Some(Cow::Owned(r.comment.clone())),
+                    ..schema::Rule::default()
+                },
+            ))));
+        }
+    }
+    Nftables {
+        objects: Cow::Owned(objs),
+    }
+}
+
+/// Element changes of one set.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SetDiff {
+    /// Set name.
+    pub name: &'static str,
+    /// Interval set?
+    pub interval: bool,
+    /// Elements to add.
+    pub add: Vec<IpNet>,
+    /// Elements to delete.
+    pub delete: Vec<IpNet>,
+}
+
+/// The transaction that applies element changes (deletes first, so a prefix that is
+/// replaced by a covering one never overlaps in an interval set).
+#[must_use]
+pub fn element_batch(table: &str, diffs: &[SetDiff]) -> Nftables<'static> {
+    let mut objs = Vec::new();
+    let element = |d: &SetDiff, list: &[IpNet]| {
+        NfListObject::Element(schema::Element {
+            family: NfFamily::INet,
+            table: Cow::Owned(table.to_owned()),
+            name: Cow::Borrowed(d.name),
+            elem: Cow::Owned(list.iter().map(|p| elem_expr(p, d.interval)).collect()),
+        })
+    };
+    for d in diffs.iter().filter(|d| !d.delete.is_empty()) {
+        objs.push(NfObject::CmdObject(NfCmd::Delete(element(d, &d.delete))));
+    }
+    for d in diffs.iter().filter(|d| !d.add.is_empty()) {
+        objs.push(NfObject::CmdObject(NfCmd::Add(element(d, &d.add))));
+    }
+    Nftables {
+        objects: Cow::Owned(objs),
+    }
+}
+
+/// What the kernel holds in our table, as far as we compare it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TableState {
+    /// Sets by name: (family, interval, elements). Elements are `None` when nft listed
+    /// something we cannot represent as a prefix (foreign edit).
+    pub sets: Vec<(String, Family, bool, Option<BTreeSet<IpNet>>)>,
+    /// Chains: (name, type, hook, prio, policy, rule comments in order).
+    pub chains: Vec<(String, String, String, i32, String, Vec<String>)>,
+    /// Rule counters by comment: (packets, bytes).
+    pub counters: Vec<(String, u64, u64)>,
+}
+
+fn parse_addr(e: &Expression<'_>) -> Option<IpAddr> {
+    match e {
+        Expression::String(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+fn parse_elem(e: &Expression<'_>) -> Option<IpNet> {
+    match e {
+        Expression::String(_) => parse_addr(e).map(IpNet::from),
+        Expression::Named(NamedExpression::Prefix(p)) => {
+            IpNet::new(parse_addr(&p.addr)?, u8::try_from(p.len).ok()?).ok()
+        }
+        Expression::Named(NamedExpression::Elem(el)) => parse_elem(&el.val),
+        _ => None,
+    }
+}
+
+/// Parses `nft -j list table inet NAME` output. `None` if it does not parse with the
+/// nftables schema (someone put something there we do not model: treat as drift).
+#[must_use]
+pub fn parse_table(json: &str) -> Option<TableState> {
+    let doc: Nftables<'_> = serde_json::from_str(json).ok()?;
+    let mut st = TableState::default();
+    let mut rules: Vec<(String, String)> = Vec::new();
+    for obj in doc.objects.iter() {
+        let NfObject::ListObject(obj) = obj else {
+            continue;
+        };
+        match obj {
+            NfListObject::Set(s) => {
+                let family = match &s.set_type {
+                    SetTypeValue::Single(SetType::Ipv4Addr) => Family::V4,
+                    SetTypeValue::Single(SetType::Ipv6Addr) => Family::V6,
+                    _ => return None,
+                };
+                let interval = s
+                    .flags
+                    .as_ref()
+                    .is_some_and(|f| f.contains(&SetFlag::Interval));
+                let elements = s
+                    .elem
+                    .as_deref()
+                    .unwrap_or_default()
+                    .iter()
+                    .map(parse_elem)
+                    .collect::<Option<BTreeSet<_>>>();
+                st.sets
+                    .push((s.name.to_string(), family, interval, elements));
+            }
+            NfListObject::Chain(c) => st.chains.push((
+                c.name.to_string(),
+                c._type
+                    .as_ref()
+                    .map(|t| format!("{t:?}"))
+                    .unwrap_or_default(),
+                c.hook
+                    .as_ref()
+                    .map(|h| format!("{h:?}"))
+                    .unwrap_or_default(),
+                c.prio.unwrap_or_default(),
+                c.policy
+                    .as_ref()
+                    .map(|p| format!("{p:?}"))
+                    .unwrap_or_default(),
+                Vec::new(),
+            )),
+            NfListObject::Rule(r) => {
+                let comment = r.comment.as_deref().unwrap_or_default().to_owned();
+                for s in r.expr.iter() {
+                    if let Statement::Counter(nftables::stmt::Counter::Anonymous(Some(c))) = s {
+                        let n = |v: Option<usize>| v.unwrap_or_default() as u64;
+                        st.counters
+                            .push((comment.clone(), n(c.packets), n(c.bytes)));
+                    }
+                }
+                rules.push((r.chain.to_string(), comment));
+            }
+            _ => {}
+        }
+    }
+    for (chain, comment) in rules {
+        if let Some(c) = st.chains.iter_mut().find(|c| c.0 == chain) {
+            c.5.push(comment);
+        }
+    }
+    Some(st)
+}
+
+/// What an apply has to do to make `current` equal `rs`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Plan {
+    /// Already in place: write nothing.
+    Nothing,
+    /// Change set elements only.
+    Elements(Vec<SetDiff>),
+    /// Replace the whole table (absent, or its structure differs).
+    Rebuild,
+}
+
+/// Compares the kernel's table with the rendered one (pure).
+#[must_use]
+pub fn plan(rs: &Ruleset, current: Option<&TableState>) -> Plan {
+    let Some(cur) = current else {
+        return Plan::Rebuild;
+    };
+    let want_chains: Vec<_> = rs
+        .chains
+        .iter()
+        .map(|c| {
+            (
+                c.name.to_owned(),
+                format!("{:?}", c.kind),
+                format!("{:?}", c.hook),
+                0,
+                format!("{:?}", NfChainPolicy::Accept),
+                c.rules
+                    .iter()
+                    .map(|r| r.comment.clone())
+                    .collect::<Vec<_>>(),
+            )
+        })
+        .collect();
+    let mut have_chains = cur.chains.clone();
+    have_chains.sort();
+    let mut want_sorted = want_chains;
+    want_sorted.sort();
+    if have_chains != want_sorted || cur.sets.len() != rs.sets.len() {
+        return Plan::Rebuild;
+    }
+    let mut diffs = Vec::new();
+    for s in &rs.sets {
+        let Some((_, fam, interval, elems)) = cur.sets.iter().find(|c| c.0 == s.name) else {
+            return Plan::Rebuild;
+        };
+        let Some(have) = elems else {
+            return Plan::Rebuild;
+        };
+        if *fam != s.family || *interval != s.interval {
+            return Plan::Rebuild;
+        }
+        let want: BTreeSet<IpNet> = s.elements.iter().copied().collect();
+        let add: Vec<IpNet> = want.difference(have).copied().collect();
+        let delete: Vec<IpNet> = have.difference(&want).copied().collect();
+        if !add.is_empty() || !delete.is_empty() {
+            diffs.push(SetDiff {
+                name: s.name,
+                interval: s.interval,
+                add,
+                delete,
+            });
+        }
+    }
+    if diffs.is_empty() {
+        Plan::Nothing
+    } else {
+        Plan::Elements(diffs)
+    }
+}
+
+/// The state [`parse_table`] would report for a table that holds exactly `rs`.
+#[must_use]
+pub fn expected_state(rs: &Ruleset) -> TableState {
+    TableState {
+        sets: rs
+            .sets
+            .iter()
+            .map(|s| {
+                (
+                    s.name.to_owned(),
+                    s.family,
+                    s.interval,
+                    Some(s.elements.iter().copied().collect()),
+                )
+            })
+            .collect(),
+        chains: rs
+            .chains
+            .iter()
+            .map(|c| {
+                (
+                    c.name.to_owned(),
+                    format!("{:?}", c.kind),
+                    format!("{:?}", c.hook),
+                    0,
+                    format!("{:?}", NfChainPolicy::Accept),
+                    c.rules.iter().map(|r| r.comment.clone()).collect(),
+                )
+            })
+            .collect(),
+        counters: Vec::new(),
+    }
+}
+
+/// The nf_tables ruleset generation of a namespace (`NFT_MSG_GETGEN`): bumped by every
+/// committed transaction, by anyone. Reading it costs one tiny netlink round trip,
+/// whatever the size of our sets, whereas `nft list` costs time proportional to them.
+mod genid {
+    use rtnetlink::sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
+
+    const NFNL_SUBSYS_NFTABLES: u16 = 10;
+    const NFT_MSG_GETGEN: u16 = 16;
+    const NFT_MSG_NEWGEN: u16 = 15;
+    const NFTA_GEN_ID: u16 = 1;
+    const NLMSG_ERROR: u16 = 2;
+
+    pub(super) fn open() -> std::io::Result<Socket> {
+        let mut sock = Socket::new(NETLINK_NETFILTER)?;
+        sock.bind_auto()?;
+        Ok(sock)
+    }
+
+    pub(super) fn read(sock: &Socket, seq: u32) -> std::io::Result<u32> {
+        let mut req = Vec::with_capacity(20);
+        req.extend_from_slice(&20u32.to_ne_bytes());
+        req.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN).to_ne_bytes());
+        req.extend_from_slice(&1u16.to_ne_bytes()); // NLM_F_REQUEST
+        req.extend_from_slice(&seq.to_ne_bytes());
+        req.extend_from_slice(&0u32.to_ne_bytes());
+        req.extend_from_slice(&[0, 0, 0, 0]); // nfgenmsg: AF_UNSPEC, v0, res_id 0
+        sock.send_to(&req, &SocketAddr::new(0, 0), 0)?;
+        loop {
+            let (buf, _) = sock.recv_from_full()?;
+            let mut off = 0;
+            while off + 16 <= buf.len() {
+                let len =
+                    u32::from_ne_bytes(buf[off..off + 4].try_into().unwrap_or_default()) as usize;
+                let kind = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
+                let mseq =
+                    u32::from_ne_bytes(buf[off + 8..off + 12].try_into().unwrap_or_default());
+                if len < 16 || off + len > buf.len() {
+                    break;
+                }
+                let body = &buf[off + 16..off + len];
+                if mseq == seq && kind == NLMSG_ERROR && body.len() >= 4 {
+                    let errno = i32::from_ne_bytes(body[..4].try_into().unwrap_or_default());
+                    return Err(std::io::Error::from_raw_os_error(-errno));
+                }
+                if mseq == seq && kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN {
+                    // Skip nfgenmsg (4 bytes), then walk the attributes.
+                    let mut a = 4;
+                    while a + 4 <= body.len() {
+                        let alen = usize::from(u16::from_ne_bytes([body[a], body[a + 1]]));
+                        let atype = u16::from_ne_bytes([body[a + 2], body[a + 3]]) & 0x3fff;
+                        if alen < 4 || a + alen > body.len() {
+                            break;
+                        }
+                        if atype == NFTA_GEN_ID && alen >= 8 {
+                            return Ok(u32::from_be_bytes(
+                                body[a + 4..a + 8].try_into().unwrap_or_default(),
+                            ));
+                        }
+                        a += (alen + 3) & !3;
+                    }
+                    return Err(std::io::Error::other("NEWGEN without NFTA_GEN_ID"));
+                }
+                off += (len + 3) & !3;
+            }
+        }
+    }
+}
+
+/// Errors of the nftables adapter.
+#[derive(Debug, thiserror::Error)]
+pub enum MarkingError {
+    /// The desired state is invalid; nothing was written.
+    #[error("invalid marking spec: {0}")]
+    Invalid(#[from] Invalid),
+    /// `nft` could not be run.
+    #[error("cannot run nft: {0}")]
+    Spawn(#[source] std::io::Error),
+    /// `nft` refused a command; the kernel keeps its previous state (transactions are
+    /// atomic).
+    #[error("nft {op} failed: {stderr}")]
+    Nft {
+        /// What we asked for.
+        op: &'static str,
+        /// nft's message.
+        stderr: String,
+    },
+}
+
+/// Observed state of the marking table.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MarkingStatus {
+    /// Whether our table exists.
+    pub present: bool,
+    /// Elements per set name.
+    pub elements: Vec<(String, usize)>,
+    /// Rule counters: (rule comment, packets, bytes).
+    pub counters: Vec<(String, u64, u64)>,
+}
+
+/// The marking adapter interface (implemented by [`NftMarking`] and the fake).
+pub trait Marking {
+    /// Makes the kernel hold exactly the table rendered from `spec`, with the least
+    /// change. Returns whether anything was written.
+    ///
+    /// # Errors
+    /// Invalid spec (nothing written) or nft failure (previous state kept).
+    fn apply(&mut self, spec: &MarkingSpec) -> Result<bool, MarkingError>;
+    /// Reads the table's sets and counters.
+    ///
+    /// # Errors
+    /// nft failure.
+    fn observe(&mut self) -> Result<MarkingStatus, MarkingError>;
+    /// Removes our table (and nothing else). Idempotent.
+    ///
+    /// # Errors
+    /// nft failure.
+    fn teardown(&mut self) -> Result<(), MarkingError>;
+    /// Number of write transactions so far (for tests and metrics).
+    fn transactions(&self) -> u64;
+}
+
+/// nftables through the `nft` binary, in a given namespace.
+#[derive(Debug)]
+pub struct NftMarking {
+    netns: Netns,
+    table: Option<String>,
+    transactions: u64,
+    reads: u64,
+    /// Netlink socket in the namespace for the generation id.
+    gen_sock: Option<rtnetlink::sys::Socket>,
+    gen_seq: u32,
+    /// What our table holds, valid while the ruleset generation is still `.0`.
+    cache: Option<(u32, TableState)>,
+}
+
+impl NftMarking {
+    /// An adapter for `netns`.
+    #[must_use]
+    pub fn new(netns: Netns) -> Self {
+        Self {
+            netns,
+            table: None,
+            transactions: 0,
+            reads: 0,
+            gen_sock: None,
+            gen_seq: 0,
+            cache: None,
+        }
+    }
+
+    /// Number of full table listings (`nft -j list table`) so far: a steady-state
+    /// apply needs none.
+    #[must_use]
+    pub fn reads(&self) -> u64 {
+        self.reads
+    }
+
+    /// The current ruleset generation, `None` if it cannot be read (then every apply
+    /// lists the table, which is correct, only slower).
+    fn generation(&mut self) -> Option<u32> {
+        if self.gen_sock.is_none() {
+            let thread = crate::netns::NetnsThread::spawn(&self.netns).ok()?;
+            self.gen_sock = thread.run(genid::open).ok()?.ok();
+        }
+        self.gen_seq = self.gen_seq.wrapping_add(1);
+        match genid::read(self.gen_sock.as_ref()?, self.gen_seq) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                tracing::debug!(error = %e, "cannot read nftables generation");
+                self.gen_sock = None;
+                None
+            }
+        }
+    }
+
+    fn nft(
+        &self,
+        args: &[&str],
+        stdin: Option<&[u8]>,
+        op: &'static str,
+    ) -> Result<String, MarkingError> {
+        let mut cmd = self.netns.command("nft");
+        cmd.args(args)
+            .stdin(if stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let mut child = cmd.spawn().map_err(MarkingError::Spawn)?;
+        if let Some(input) = stdin {
+            let mut pipe = child.stdin.take().ok_or_else(|| {
+                MarkingError::Spawn(std::io::Error::other("nft stdin not captured"))
+            })?;
+            pipe.write_all(input).map_err(MarkingError::Spawn)?;
+        }
+        let out = child.wait_with_output().map_err(MarkingError::Spawn)?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(MarkingError::Nft {
+                op,
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            })
+        }
+    }
+
+    /// Lists our table; `Ok(None)` when it does not exist.
+    fn list(&self, table: &str) -> Result<Option<String>, MarkingError> {
+        match self.nft(&["-j", "list", "table", "inet", table], None, "list table") {
+            Ok(s) => Ok(Some(s)),
+            Err(MarkingError::Nft { stderr, .. })
+                if stderr.contains("No such file or directory") =>
+            {
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    fn commit(&mut self, batch: &Nftables<'_>, op: &'static str) -> Result<(), MarkingError> {
+        let json = serde_json::to_vec(batch).map_err(|e| MarkingError::Spawn(e.into()))?;
+        self.nft(&["-j", "-f", "-"], Some(&json), op)?;
+        self.transactions += 1;
+        Ok(())
+    }
+}
+
+impl Marking for NftMarking {
+    fn apply(&mut self, spec: &MarkingSpec) -> Result<bool, MarkingError> {
+        spec.validate()?;
+        let rs = render(spec);
+        // A renamed table: the old one is ours too and goes first (own transaction; if
+        // the rest fails the mesh is unmarked, which a retry repairs).
+        if let Some(old) = self.table.clone().filter(|t| *t != spec.table) {
+            self.remove_table(&old)?;
+        }
+        self.table = Some(spec.table.clone());
+        // Trust the cache only if no transaction at all happened since our last one.
+        let gen_before = self.generation();
+        let cached = match (&self.cache, gen_before) {
+            (Some((g, st)), Some(now)) if *g == now => Some(st.clone()),
+            _ => None,
+        };
+        let current = match cached {
+            Some(st) => Some(st),
+            None => {
+                self.cache = None;
+                self.reads += 1;
+                match self.list(&spec.table)?.map(|j| parse_table(&j)) {
+                    None => None,
+                    Some(None) => {
+                        tracing::warn!(table = %spec.table, "nftables table unreadable, replacing it");
+                        None
+                    }
+                    Some(Some(st)) => Some(st),
+                }
+            }
+        };
+        let batch = match plan(&rs, current.as_ref()) {
+            Plan::Nothing => {
+                if let (None, Some(g)) = (&self.cache, gen_before) {
+                    self.cache = Some((g, expected_state(&rs)));
+                }
+                return Ok(false);
+            }
+            Plan::Elements(diffs) => {
+                let (add, del) = diffs
+                    .iter()
+                    .fold((0, 0), |(a, d), s| (a + s.add.len(), d + s.delete.len()));
+                tracing::debug!(table = %spec.table, add, delete = del, "updating set elements");
+                (element_batch(&spec.table, &diffs), "update set elements")
+            }
+            Plan::Rebuild => {
+                if current.is_some() {
+                    tracing::info!(table = %spec.table, "nftables table differs from desired, replacing it");
+                }
+                (full_batch(&rs), "replace table")
+            }
+        };
+        self.cache = None;
+        self.commit(&batch.0, batch.1)?;
+        // Our transaction is exactly one generation; anything more means someone else
+        // committed too, and the next apply reads the table again.
+        if let (Some(before), Some(after)) = (gen_before, self.generation()) {
+            if after == before.wrapping_add(1) {
+                self.cache = Some((after, expected_state(&rs)));
+            }
+        }
+        Ok(true)
+    }
+
+    fn observe(&mut self) -> Result<MarkingStatus, MarkingError> {
+        let Some(table) = self.table.clone() else {
+            return Ok(MarkingStatus::default());
+        };
+        let Some(json) = self.list(&table)? else {
+            return Ok(MarkingStatus::default());
+        };
+        let st = parse_table(&json).unwrap_or_default();
+        Ok(MarkingStatus {
+            present: true,
+            elements: st
+                .sets
+                .iter()
+                .map(|s| (s.0.clone(), s.3.as_ref().map_or(0, BTreeSet::len)))
+                .collect(),
+            counters: st.counters,
+        })
+    }
+
+    fn teardown(&mut self) -> Result<(), MarkingError> {
+        self.cache = None;
+        if let Some(t) = self.table.take() {
+            self.remove_table(&t)?;
+        }
+        Ok(())
+    }
+
+    fn transactions(&self) -> u64 {
+        self.transactions
+    }
+}
+
+impl NftMarking {
+    /// Deletes table `name` in our namespace if it exists; forgets nothing else.
+    ///
+    /// # Errors
+    /// nft failure.
+    pub fn remove_table(&mut self, name: &str) -> Result<(), MarkingError> {
+        let batch = Nftables {
+            objects: Cow::Owned(vec![
+                NfObject::CmdObject(NfCmd::Add(table_object(name))),
+                NfObject::CmdObject(NfCmd::Delete(table_object(name))),
+            ]),
+        };
+        self.commit(&batch, "delete table")
+    }
+
+    /// Removes the table `spec` names even if this adapter did not create it in this
+    /// process (cleanup after a restart).
+    ///
+    /// # Errors
+    /// nft failure.
+    pub fn teardown_table(&mut self, table: &str) -> Result<(), MarkingError> {
+        self.table = None;
+        self.cache = None;
+        self.remove_table(table)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(v4: &[&str], v6: &[&str]) -> MarkingSpec {
+        MarkingSpec {
+            prefixes_v4: v4.iter().map(|p| p.parse().unwrap()).collect(),
+            prefixes_v6: v6.iter().map(|p| p.parse().unwrap()).collect(),
+            ..MarkingSpec::default()
+        }
+    }
+
+    fn comments(rs: &Ruleset, chain: &str) -> Vec<String> {
+        rs.chains
+            .iter()
+            .find(|c| c.name == chain)
+            .unwrap()
+            .rules
+            .iter()
+            .map(|r| r.comment.clone())
+            .collect()
+    }
+
+    #[test]
+    fn empty_sets_render_no_conditional_rules() {
+        let rs = render(&spec(&[], &[]));
+        assert_eq!(
+            comments(&rs, CHAIN_PREROUTING),
+            ["wirespan:device-mark:0x20/0x60"]
+        );
+        assert_eq!(
+            comments(&rs, CHAIN_OUTGOING),
+            ["wirespan:device-mark:0x20/0x60", "wirespan:lo"]
+        );
+        assert_eq!(rs.sets.len(), 4);
+        assert!(rs.sets.iter().all(|s| s.elements.is_empty()));
+    }
+
+    #[test]
+    fn v4_only_renders_v4_rules_with_mss_1368() {
+        let rs = render(&spec(&["10.0.0.1/32", "10.244.0.0/24"], &[]));
+        assert_eq!(
+            comments(&rs, CHAIN_OUTGOING),
+            [
+                "wirespan:device-mark:0x20/0x60",
+                "wirespan:lo",
+                "wirespan:mss:v4_hosts:1368",
+                "wirespan:mss:v4_nets:1368",
+                "wirespan:mark:v4_hosts:0x40/0x60",
+                "wirespan:mark:v4_nets:0x40/0x60",
+            ]
+        );
+        assert_eq!(
+            comments(&rs, CHAIN_PREROUTING)[0],
+            "wirespan:device-mark:0x20/0x60"
+        );
+        assert_eq!(comments(&rs, CHAIN_PREROUTING).len(), 5);
+    }
+
+    #[test]
+    fn v6_only_renders_v6_rules_with_mss_1348() {
+        let rs = render(&spec(&[], &["2001:db8::1/128"]));
+        assert_eq!(
+            comments(&rs, CHAIN_OUTGOING)[2..],
+            [
+                "wirespan:mss:v6_hosts:1348",
+                "wirespan:mark:v6_hosts:0x40/0x60"
+            ]
+        );
+    }
+
+    #[test]
+    fn both_families_at_minimum_mtu() {
+        let mut s = spec(&["10.0.0.0/8"], &["fd00::/8"]);
+        s.mtu = 1280;
+        let rs = render(&s);
+        let out = comments(&rs, CHAIN_OUTGOING);
+        assert!(out.contains(&"wirespan:mss:v4_nets:1228".to_owned()));
+        assert!(out.contains(&"wirespan:mss:v6_nets:1208".to_owned()));
+    }
+
+    #[test]
+    fn device_mark_first_and_mark_arithmetic() {
+        let rs = render(&spec(&["10.0.0.1/32"], &[]));
+        let j = serde_json::to_value(&rs.chains[1].rules[0].statements).unwrap();
+        assert_eq!(
+            j,
+            json!([{"match": {"op": "==", "left": {"&": [{"meta": {"key": "mark"}}, 0x60]}, "right": 0x20}}, {"accept": null}])
+        );
+        let mark = rs.chains[1].rules.last().unwrap();
+        let j = serde_json::to_value(&mark.statements[2]).unwrap();
+        assert_eq!(
+            j,
+            json!({"mangle": {"key": {"meta": {"key": "mark"}}, "value": {"|": [{"&": [{"meta": {"key": "mark"}}, 0xffff_ff9f_u32]}, 0x40]}}})
+        );
+    }
+
+    #[test]
+    fn split_layout_separates_hosts_and_normalises_intervals() {
+        let rs = render(&spec(
+            &[
+                "10.0.0.0/8",
+                "10.1.0.0/16",
+                "192.168.1.1/32",
+                "192.168.1.1/32",
+                "172.16.0.0/12",
+            ],
+            &[],
+        ));
+        let get = |n: &str| {
+            rs.sets
+                .iter()
+                .find(|s| s.name == n)
+                .unwrap()
+                .elements
+                .clone()
+        };
+        assert_eq!(
+            get("v4_hosts"),
+            vec!["192.168.1.1/32".parse::<IpNet>().unwrap()]
+        );
+        assert_eq!(
+            get("v4_nets"),
+            vec![
+                "10.0.0.0/8".parse::<IpNet>().unwrap(),
+                "172.16.0.0/12".parse().unwrap()
+            ]
+        );
+        let mut s = spec(&["10.0.0.0/24", "10.0.0.5/32"], &[]);
+        s.layout = SetLayout::Interval;
+        let rs = render(&s);
+        assert_eq!(rs.sets.len(), 2);
+        assert_eq!(
+            rs.sets[0].elements,
+            vec!["10.0.0.0/24".parse::<IpNet>().unwrap()]
+        );
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let mut s = spec(&["10.0.0.0/8", "2001:db8::/32"], &[]);
+        let e = s.validate().unwrap_err();
+        assert_eq!(e.field, "prefixes_v4[1]");
+        s = spec(&["10.0.0.1/8"], &[]);
+        assert_eq!(s.validate().unwrap_err().field, "prefixes_v4[0]");
+        s = spec(&[], &[]);
+        s.mtu = 1279;
+        assert_eq!(s.validate().unwrap_err().field, "mtu");
+        s.mtu = 1420;
+        s.mark = 0x80;
+        assert_eq!(s.validate().unwrap_err().field, "mark");
+        s.mark = 0x40;
+        s.table = "bad name".into();
+        assert_eq!(s.validate().unwrap_err().field, "table");
+    }
+
+    #[test]
+    fn plan_detects_element_changes_and_structure_drift() {
+        let s1 = spec(&["10.0.0.1/32"], &[]);
+        let rs1 = render(&s1);
+        assert_eq!(plan(&rs1, None), Plan::Rebuild);
+        let state = |rs: &Ruleset| TableState {
+            sets: rs
+                .sets
+                .iter()
+                .map(|s| {
+                    (
+                        s.name.to_owned(),
+                        s.family,
+                        s.interval,
+                        Some(s.elements.iter().copied().collect()),
+                    )
+                })
+                .collect(),
+            chains: rs
+                .chains
+                .iter()
+                .map(|c| {
+                    (
+                        c.name.to_owned(),
+                        format!("{:?}", c.kind),
+                        format!("{:?}", c.hook),
+                        0,
+                        "Accept".to_owned(),
+                        c.rules.iter().map(|r| r.comment.clone()).collect(),
+                    )
+                })
+                .collect(),
+            counters: vec![],
+        };
+        let st1 = state(&rs1);
+        assert_eq!(plan(&rs1, Some(&st1)), Plan::Nothing);
+        let rs2 = render(&spec(&["10.0.0.2/32"], &[]));
+        assert_eq!(
+            plan(&rs2, Some(&st1)),
+            Plan::Elements(vec![SetDiff {
+                name: "v4_hosts",
+                interval: false,
+                add: vec!["10.0.0.2/32".parse().unwrap()],
+                delete: vec!["10.0.0.1/32".parse().unwrap()],
+            }])
+        );
+        // A new family needs new rules: rebuild.
+        let rs3 = render(&spec(&["10.0.0.1/32"], &["fd00::1/128"]));
+        assert_eq!(plan(&rs3, Some(&st1)), Plan::Rebuild);
+        // A deleted rule is drift.
+        let mut st = st1;
+        st.chains[1].5.pop();
+        assert_eq!(plan(&rs1, Some(&st)), Plan::Rebuild);
+    }
+
+    #[test]
+    fn batches_serialise() {
+        let rs = render(&spec(&["10.0.0.1/32", "10.1.0.0/16"], &["fd00::/64"]));
+        let j = serde_json::to_value(full_batch(&rs)).unwrap();
+        let objs = j["nftables"].as_array().unwrap();
+        assert_eq!(
+            objs[0],
+            json!({"add": {"table": {"family": "inet", "name": "wirespan"}}})
+        );
+        assert_eq!(
+            objs[1],
+            json!({"delete": {"table": {"family": "inet", "name": "wirespan"}}})
+        );
+        assert!(objs.iter().any(
+            |o| o["add"]["set"]["elem"] == json!([{"prefix": {"addr": "10.1.0.0", "len": 16}}])
+        ));
+        assert!(objs
+            .iter()
+            .any(|o| o["add"]["set"]["elem"] == json!(["10.0.0.1"])));
+    }
+
+    #[test]
+    fn parses_listing() {
+        let j = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "x", "json_schema_version": 1}},
+          {"table": {"family": "inet", "name": "w", "handle": 3}},
+          {"set": {"family": "inet", "name": "v6_nets", "table": "w", "type": "ipv6_addr", "handle": 3, "flags": ["interval"],
+                   "elem": [{"prefix": {"addr": "2001:db8::", "len": 32}}]}},
+          {"set": {"family": "inet", "name": "v4_hosts", "table": "w", "type": "ipv4_addr", "handle": 2, "elem": ["10.0.0.1"]}},
+          {"chain": {"family": "inet", "table": "w", "name": "o", "handle": 1, "type": "route", "hook": "output", "prio": 0, "policy": "accept"}},
+          {"rule": {"family": "inet", "table": "w", "chain": "o", "handle": 7, "comment": "x1",
+                    "expr": [{"counter": {"packets": 3, "bytes": 252}}, {"accept": null}]}}]}"#;
+        let st = parse_table(j).unwrap();
+        assert_eq!(st.sets[0].3.as_ref().unwrap().len(), 1);
+        assert_eq!(st.sets[1].1, Family::V4);
+        assert_eq!(st.chains[0].5, ["x1"]);
+        assert_eq!(st.counters, [("x1".to_owned(), 3, 252)]);
+    }
+}

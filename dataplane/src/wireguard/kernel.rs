@@ -1,0 +1,241 @@
+//! Kernel WireGuard through `wireguard-control` (generic netlink) and `rtnetlink`
+//! (link kind `wireguard`), on a thread inside the target namespace.
+//!
+//! The machines this was written on have no WireGuard in the kernel, so this backend is
+//! exercised only by [`supported`] returning false there; the diff it applies is the
+//! same pure [`super::diff`] the userspace backend uses.
+
+use std::str::FromStr;
+
+use futures::TryStreamExt;
+use rtnetlink::LinkWireguard;
+use wireguard_control::{Backend, Device, DeviceUpdate, InterfaceName, Key, PeerConfigBuilder};
+
+use super::{
+    diff, DeviceState, PeerState, PresharedKey, PrivateKey, PublicKey, WgDevice, WgError, WgStatus,
+    WgUpdate, WireGuard,
+};
+use crate::netns::{Netns, NetnsThread};
+
+/// Whether the kernel of `netns` can create a WireGuard link (probe: create and delete
+/// a uniquely named one).
+#[must_use]
+pub fn supported(netns: &Netns) -> bool {
+    let Ok(thread) = NetnsThread::spawn(netns) else {
+        return false;
+    };
+    let name = format!("wsprobe{}", std::process::id() % 100_000);
+    thread
+        .block_on(move || async move {
+            let (conn, h, _) = rtnetlink::new_connection().ok()?;
+            tokio::spawn(conn);
+            h.link()
+                .add(LinkWireguard::new(&name).build())
+                .execute()
+                .await
+                .ok()?;
+            let mut links = h.link().get().match_name(name).execute();
+            if let Ok(Some(l)) = links.try_next().await {
+                let _ = h.link().del(l.header.index).execute().await;
+            }
+            Some(())
+        })
+        .ok()
+        .flatten()
+        .is_some()
+}
+
+/// Kernel backend for one interface.
+#[derive(Debug)]
+pub struct KernelBackend {
+    name: String,
+    iface: InterfaceName,
+    thread: NetnsThread,
+    writes: u64,
+}
+
+fn io<'a>(op: &'static str, name: &'a str) -> impl FnOnce(std::io::Error) -> WgError + 'a {
+    move |source| WgError::Io {
+        op,
+        name: name.to_owned(),
+        source,
+    }
+}
+
+fn to_state(d: &Device) -> DeviceState {
+    DeviceState {
+        private_key: d.private_key.as_ref().map(|k| PrivateKey::from_bytes(k.0)),
+        listen_port: d.listen_port.unwrap_or_default(),
+        fwmark: d.fwmark.unwrap_or_default(),
+        peers: d
+            .peers
+            .iter()
+            .map(|p| PeerState {
+                public_key: PublicKey::from_bytes(p.config.public_key.0),
+                preshared_key: p
+                    .config
+                    .preshared_key
+                    .as_ref()
+                    .filter(|k| k.0 != [0; 32])
+                    .map(|k| PresharedKey::from_bytes(k.0)),
+                endpoint: p.config.endpoint,
+                persistent_keepalive: p.config.persistent_keepalive_interval.unwrap_or_default(),
+                allowed_ips: p
+                    .config
+                    .allowed_ips
+                    .iter()
+                    .filter_map(|a| ipnet::IpNet::new(a.address, a.cidr).ok())
+                    .collect(),
+                last_handshake: p.stats.last_handshake_time,
+                rx_bytes: p.stats.rx_bytes,
+                tx_bytes: p.stats.tx_bytes,
+            })
+            .collect(),
+    }
+}
+
+fn to_update(up: &WgUpdate) -> DeviceUpdate {
+    let mut u = DeviceUpdate::new();
+    if let Some(p) = up.listen_port {
+        u = u.set_listen_port(p);
+    }
+    if let Some(m) = up.fwmark {
+        u = u.set_fwmark(m);
+    }
+    if let Some(k) = &up.private_key {
+        u = u.set_private_key(Key(*k.as_bytes()));
+    }
+    for p in &up.peers {
+        let key = Key(*p.public_key.as_bytes());
+        if p.remove {
+            u = u.remove_peer_by_key(&key);
+            continue;
+        }
+        let mut b = PeerConfigBuilder::new(&key);
+        match &p.preshared_key {
+            Some(Some(k)) => b = b.set_preshared_key(Key(*k.as_bytes())),
+            Some(None) => b = b.unset_preshared_key(),
+            None => {}
+        }
+        if let Some(e) = p.endpoint {
+            b = b.set_endpoint(e);
+        }
+        if let Some(k) = p.persistent_keepalive {
+            b = b.set_persistent_keepalive_interval(k);
+        }
+        if let Some(ips) = &p.allowed_ips {
+            b = b.replace_allowed_ips();
+            for ip in ips {
+                b = b.add_allowed_ip(ip.addr(), ip.prefix_len());
+            }
+        }
+        u = u.add_peer(b);
+    }
+    u
+}
+
+impl KernelBackend {
+    /// A backend for `name` in `netns`.
+    ///
+    /// # Errors
+    /// Bad name or the namespace cannot be entered.
+    pub fn new(name: &str, netns: &Netns) -> Result<Self, WgError> {
+        let iface = InterfaceName::from_str(name).map_err(|_| {
+            crate::Invalid::new("name", format!("{name:?} is not a valid interface name"))
+        })?;
+        let thread = NetnsThread::spawn(netns).map_err(io("enter namespace", name))?;
+        Ok(Self {
+            name: name.to_owned(),
+            iface,
+            thread,
+            writes: 0,
+        })
+    }
+
+    fn read(&self) -> Result<Option<DeviceState>, WgError> {
+        let iface = self.iface;
+        let r = self
+            .thread
+            .run(move || Device::get(&iface, Backend::Kernel))
+            .map_err(io("get", &self.name))?;
+        match r {
+            Ok(d) => Ok(Some(to_state(&d))),
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) => Ok(None),
+            Err(e) => Err(io("get", &self.name)(e)),
+        }
+    }
+}
+
+impl WireGuard for KernelBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn ensure(&mut self) -> Result<(), WgError> {
+        if self.read()?.is_some() {
+            return Ok(());
+        }
+        let name = self.name.clone();
+        self.thread
+            .block_on(move || async move {
+                let (conn, h, _) = rtnetlink::new_connection()?;
+                tokio::spawn(conn);
+                h.link()
+                    .add(LinkWireguard::new(&name).build())
+                    .execute()
+                    .await
+                    .map_err(std::io::Error::other)
+            })
+            .map_err(io("create link", &self.name))?
+            .map_err(io("create link", &self.name))
+    }
+
+    fn apply(&mut self, desired: &WgDevice) -> Result<bool, WgError> {
+        desired.validate()?;
+        self.ensure()?;
+        let current = self.read()?.unwrap_or_default();
+        let up = diff(&current, desired);
+        if up.is_empty() {
+            return Ok(false);
+        }
+        let (update, iface) = (to_update(&up), self.iface);
+        self.thread
+            .run(move || update.apply(&iface, Backend::Kernel))
+            .map_err(io("set", &self.name))?
+            .map_err(io("set", &self.name))?;
+        self.writes += 1;
+        Ok(true)
+    }
+
+    fn observe(&mut self) -> Result<WgStatus, WgError> {
+        Ok(self
+            .read()?
+            .as_ref()
+            .map(WgStatus::from)
+            .unwrap_or_default())
+    }
+
+    fn teardown(&mut self) -> Result<(), WgError> {
+        let name = self.name.clone();
+        self.thread
+            .block_on(move || async move {
+                let (conn, h, _) = rtnetlink::new_connection()?;
+                tokio::spawn(conn);
+                let mut links = h.link().get().match_name(name).execute();
+                if let Ok(Some(l)) = links.try_next().await {
+                    h.link()
+                        .del(l.header.index)
+                        .execute()
+                        .await
+                        .map_err(std::io::Error::other)?;
+                }
+                Ok::<_, std::io::Error>(())
+            })
+            .map_err(io("delete link", &self.name))?
+            .map_err(io("delete link", &self.name))
+    }
+
+    fn writes(&self) -> u64 {
+        self.writes
+    }
+}

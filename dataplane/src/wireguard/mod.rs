@@ -1,0 +1,638 @@
+//! WireGuard: desired device state in, per-peer observations out (spec §6.2).
+//!
+//! [`diff`] (pure) compares what the device holds with what is desired and yields the
+//! smallest [`WgUpdate`]: key, port and fwmark only when changed; missing peers added,
+//! extra peers removed, a changed peer updated in place (allowed IPs replaced, PSK,
+//! keepalive) and its endpoint written only when the desired endpoint is set and
+//! differs, so a roamed endpoint survives. Peers are never replaced wholesale.
+//!
+//! Backends: [`userspace::UserspaceBackend`] supervises `wireguard-go -f IFNAME` and
+//! speaks the UAPI text protocol on its socket; [`kernel::KernelBackend`] uses
+//! `wireguard-control` over netlink where the kernel has WireGuard. [`select`] picks one.
+
+pub mod kernel;
+pub mod uapi;
+pub mod userspace;
+
+use std::{fmt, net::SocketAddr, time::SystemTime};
+
+use ipnet::IpNet;
+use wireguard_control::Key;
+
+use crate::{
+    error::{check_ifname, Invalid},
+    netns::Netns,
+};
+
+macro_rules! key_type {
+    ($name:ident, $what:literal, secret = $secret:literal) => {
+        #[doc = concat!("A WireGuard ", $what, " (32 bytes).")]
+        #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        pub struct $name([u8; 32]);
+
+        impl $name {
+            /// From raw bytes.
+            #[must_use]
+            pub fn from_bytes(bytes: [u8; 32]) -> Self {
+                Self(bytes)
+            }
+
+            /// The raw bytes.
+            #[must_use]
+            pub fn as_bytes(&self) -> &[u8; 32] {
+                &self.0
+            }
+
+            /// Parses standard base64 (44 characters); the error names `field` and
+            /// never echoes the input.
+            ///
+            /// # Errors
+            /// Not a base64 32-byte key.
+            pub fn from_base64(field: &str, text: &str) -> Result<Self, Invalid> {
+                Key::from_base64(text.trim())
+                    .map(|k| Self(k.0))
+                    .map_err(|_| Invalid::new(field, concat!("not a base64 ", $what)))
+            }
+
+            /// Standard base64 text.
+            #[must_use]
+            pub fn to_base64(&self) -> String {
+                Key(self.0).to_base64()
+            }
+        }
+
+        impl fmt::Debug for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                if $secret {
+                    f.write_str(concat!(stringify!($name), "(<redacted>)"))
+                } else {
+                    write!(f, "{}({})", stringify!($name), self.to_base64())
+                }
+            }
+        }
+    };
+}
+
+key_type!(PublicKey, "public key", secret = false);
+key_type!(PrivateKey, "private key", secret = true);
+key_type!(PresharedKey, "preshared key", secret = true);
+
+impl fmt::Display for PublicKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_base64())
+    }
+}
+
+impl PrivateKey {
+    /// A fresh random private key.
+    #[must_use]
+    pub fn generate() -> Self {
+        Self(Key::generate_private().0)
+    }
+
+    /// The matching public key.
+    #[must_use]
+    pub fn public_key(&self) -> PublicKey {
+        PublicKey(Key(self.0).get_public().0)
+    }
+}
+
+impl PresharedKey {
+    /// A fresh random preshared key.
+    #[must_use]
+    pub fn generate() -> Self {
+        Self(Key::generate_preshared().0)
+    }
+}
+
+/// One desired peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WgPeer {
+    /// The peer's public key (its identity).
+    pub public_key: PublicKey,
+    /// Preshared key (the cluster secret in KubeSpan).
+    pub preshared_key: Option<PresharedKey>,
+    /// Persistent keepalive in seconds, 0 = off.
+    pub persistent_keepalive: u16,
+    /// Endpoint to set; `None` leaves WireGuard's current (possibly roamed) one alone.
+    pub endpoint: Option<SocketAddr>,
+    /// Allowed IPs (host bits must be zero).
+    pub allowed_ips: Vec<IpNet>,
+}
+
+/// The desired device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WgDevice {
+    /// Interface name (unique per host when the UAPI socket directory is shared).
+    pub name: String,
+    /// Private key.
+    pub private_key: PrivateKey,
+    /// UDP listen port, 0 = don't care.
+    pub listen_port: u16,
+    /// Mark on WireGuard's own packets (0 = none).
+    pub fwmark: u32,
+    /// Peers.
+    pub peers: Vec<WgPeer>,
+}
+
+impl WgDevice {
+    /// Checks every field; nothing is written when this fails.
+    ///
+    /// # Errors
+    /// The first invalid field.
+    pub fn validate(&self) -> Result<(), Invalid> {
+        check_ifname("name", &self.name)?;
+        if self.private_key.0 == [0; 32] {
+            return Err(Invalid::new("private_key", "must not be all zeros"));
+        }
+        let own = self.private_key.public_key();
+        let mut seen = std::collections::HashSet::new();
+        for (i, p) in self.peers.iter().enumerate() {
+            let f = |s: &str| format!("peers[{i}].{s}");
+            if p.public_key.0 == [0; 32] {
+                return Err(Invalid::new(f("public_key"), "must not be all zeros"));
+            }
+            if p.public_key == own {
+                return Err(Invalid::new(
+                    f("public_key"),
+                    "is the device's own public key",
+                ));
+            }
+            if !seen.insert(&p.public_key) {
+                return Err(Invalid::new(
+                    f("public_key"),
+                    format!("duplicate peer {}", p.public_key),
+                ));
+            }
+            if let Some(ep) = p.endpoint {
+                if ep.port() == 0 || ep.ip().is_unspecified() {
+                    return Err(Invalid::new(
+                        f("endpoint"),
+                        format!("{ep} is not a usable endpoint"),
+                    ));
+                }
+            }
+            for (j, a) in p.allowed_ips.iter().enumerate() {
+                if a.trunc() != *a {
+                    return Err(Invalid::new(
+                        f(&format!("allowed_ips[{j}]")),
+                        format!("{a} has host bits set (expected {})", a.trunc()),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A peer as the device holds it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerState {
+    /// Public key.
+    pub public_key: PublicKey,
+    /// Preshared key, `None` when unset (all zeros).
+    pub preshared_key: Option<PresharedKey>,
+    /// Endpoint WireGuard currently uses.
+    pub endpoint: Option<SocketAddr>,
+    /// Persistent keepalive seconds, 0 = off.
+    pub persistent_keepalive: u16,
+    /// Allowed IPs.
+    pub allowed_ips: Vec<IpNet>,
+    /// Last completed handshake.
+    pub last_handshake: Option<SystemTime>,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+}
+
+/// The device as it is.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeviceState {
+    /// Private key, if set.
+    pub private_key: Option<PrivateKey>,
+    /// Listen port (0 if none yet).
+    pub listen_port: u16,
+    /// fwmark, 0 = none.
+    pub fwmark: u32,
+    /// Peers.
+    pub peers: Vec<PeerState>,
+}
+
+/// Per-peer observation, for status controllers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerStatus {
+    /// Public key.
+    pub public_key: PublicKey,
+    /// Endpoint in use.
+    pub endpoint: Option<SocketAddr>,
+    /// Last completed handshake.
+    pub last_handshake: Option<SystemTime>,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+}
+
+/// Observed device.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WgStatus {
+    /// Whether the device exists.
+    pub present: bool,
+    /// Public key of the device.
+    pub public_key: Option<PublicKey>,
+    /// Listen port.
+    pub listen_port: u16,
+    /// Peers, sorted by public key.
+    pub peers: Vec<PeerStatus>,
+}
+
+impl From<&DeviceState> for WgStatus {
+    fn from(d: &DeviceState) -> Self {
+        let mut peers: Vec<PeerStatus> = d
+            .peers
+            .iter()
+            .map(|p| PeerStatus {
+                public_key: p.public_key.clone(),
+                endpoint: p.endpoint,
+                last_handshake: p.last_handshake,
+                rx_bytes: p.rx_bytes,
+                tx_bytes: p.tx_bytes,
+            })
+            .collect();
+        peers.sort_by(|a, b| a.public_key.cmp(&b.public_key));
+        Self {
+            present: true,
+            public_key: d.private_key.as_ref().map(PrivateKey::public_key),
+            listen_port: d.listen_port,
+            peers,
+        }
+    }
+}
+
+/// Changes for one peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerUpdate {
+    /// Which peer.
+    pub public_key: PublicKey,
+    /// Remove it (nothing else applies).
+    pub remove: bool,
+    /// New preshared key; `Some(None)` clears it.
+    pub preshared_key: Option<Option<PresharedKey>>,
+    /// New keepalive.
+    pub persistent_keepalive: Option<u16>,
+    /// New endpoint.
+    pub endpoint: Option<SocketAddr>,
+    /// Replacement allowed IPs.
+    pub allowed_ips: Option<Vec<IpNet>>,
+}
+
+/// The smallest change that makes a device match the desired state.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct WgUpdate {
+    /// New listen port.
+    pub listen_port: Option<u16>,
+    /// New fwmark.
+    pub fwmark: Option<u32>,
+    /// New private key.
+    pub private_key: Option<PrivateKey>,
+    /// Peer changes, by public key.
+    pub peers: Vec<PeerUpdate>,
+}
+
+impl WgUpdate {
+    /// Whether nothing needs to be written.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.listen_port.is_none()
+            && self.fwmark.is_none()
+            && self.private_key.is_none()
+            && self.peers.is_empty()
+    }
+}
+
+fn normalise(ips: &[IpNet]) -> Vec<IpNet> {
+    let mut v: Vec<IpNet> = ips.iter().map(IpNet::trunc).collect();
+    v.sort_unstable_by_key(|p| (p.addr(), p.prefix_len()));
+    v.dedup();
+    v
+}
+
+/// Computes the minimal update from `current` to `desired` (pure).
+#[must_use]
+pub fn diff(current: &DeviceState, desired: &WgDevice) -> WgUpdate {
+    let mut up = WgUpdate::default();
+    if desired.listen_port != 0 && desired.listen_port != current.listen_port {
+        up.listen_port = Some(desired.listen_port);
+    }
+    if desired.fwmark != current.fwmark {
+        up.fwmark = Some(desired.fwmark);
+    }
+    if current.private_key.as_ref() != Some(&desired.private_key) {
+        up.private_key = Some(desired.private_key.clone());
+    }
+    let have: std::collections::HashMap<&PublicKey, &PeerState> =
+        current.peers.iter().map(|p| (&p.public_key, p)).collect();
+    let want: std::collections::HashSet<&PublicKey> =
+        desired.peers.iter().map(|p| &p.public_key).collect();
+    for p in &current.peers {
+        if !want.contains(&p.public_key) {
+            up.peers.push(PeerUpdate {
+                public_key: p.public_key.clone(),
+                remove: true,
+                preshared_key: None,
+                persistent_keepalive: None,
+                endpoint: None,
+                allowed_ips: None,
+            });
+        }
+    }
+    let mut desired_peers: Vec<&WgPeer> = desired.peers.iter().collect();
+    desired_peers.sort_by(|a, b| a.public_key.cmp(&b.public_key));
+    for p in desired_peers {
+        let ips = normalise(&p.allowed_ips);
+        let change = match have.get(&p.public_key) {
+            None => PeerUpdate {
+                public_key: p.public_key.clone(),
+                remove: false,
+                preshared_key: p.preshared_key.clone().map(Some),
+                persistent_keepalive: (p.persistent_keepalive != 0)
+                    .then_some(p.persistent_keepalive),
+                endpoint: p.endpoint,
+                allowed_ips: Some(ips),
+            },
+            Some(cur) => PeerUpdate {
+                public_key: p.public_key.clone(),
+                remove: false,
+                preshared_key: (cur.preshared_key != p.preshared_key)
+                    .then(|| p.preshared_key.clone()),
+                persistent_keepalive: (cur.persistent_keepalive != p.persistent_keepalive)
+                    .then_some(p.persistent_keepalive),
+                endpoint: p.endpoint.filter(|e| cur.endpoint != Some(*e)),
+                allowed_ips: (normalise(&cur.allowed_ips) != ips).then_some(ips),
+            },
+        };
+        let is_new = !have.contains_key(&p.public_key);
+        if is_new
+            || change.preshared_key.is_some()
+            || change.persistent_keepalive.is_some()
+            || change.endpoint.is_some()
+            || change.allowed_ips.is_some()
+        {
+            up.peers.push(change);
+        }
+    }
+    up
+}
+
+/// Errors of the WireGuard backends.
+#[derive(Debug, thiserror::Error)]
+pub enum WgError {
+    /// The desired state is invalid; nothing was written.
+    #[error("invalid WireGuard device: {0}")]
+    Invalid(#[from] Invalid),
+    /// wireguard-go could not be started or did not come up.
+    #[error("userspace WireGuard for {name}: {message}")]
+    Daemon {
+        /// Interface.
+        name: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// UAPI or netlink I/O failed.
+    #[error("WireGuard {op} on {name}: {source}")]
+    Io {
+        /// What we did.
+        op: &'static str,
+        /// Interface.
+        name: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The device refused the configuration (errno from UAPI or netlink); with the
+    /// userspace backend the port is set first, so a refused port changes nothing.
+    #[error("WireGuard {name} refused the configuration: errno {errno}")]
+    Refused {
+        /// Interface.
+        name: String,
+        /// errno reported.
+        errno: i32,
+    },
+    /// The device answered something we cannot parse.
+    #[error("WireGuard {name}: unparsable answer: {message}")]
+    Protocol {
+        /// Interface.
+        name: String,
+        /// Which line or field.
+        message: String,
+    },
+    /// The backend was already torn down, or a different device name was asked for.
+    #[error("WireGuard backend for {0} is not usable: {1}")]
+    State(String, &'static str),
+}
+
+/// A WireGuard backend: one device.
+pub trait WireGuard {
+    /// Interface name.
+    fn name(&self) -> &str;
+    /// Creates the device if missing (link exists afterwards).
+    ///
+    /// # Errors
+    /// Creation failed.
+    fn ensure(&mut self) -> Result<(), WgError>;
+    /// Creates the device if needed and applies the minimal diff to `desired`.
+    /// Returns whether anything was written.
+    ///
+    /// # Errors
+    /// Invalid state (nothing written) or a failed write.
+    fn apply(&mut self, desired: &WgDevice) -> Result<bool, WgError>;
+    /// Reads per-peer endpoint, handshake and counters (`present: false` if no device).
+    ///
+    /// # Errors
+    /// The device could not be read.
+    fn observe(&mut self) -> Result<WgStatus, WgError>;
+    /// Removes the device (and stops its process). Idempotent.
+    ///
+    /// # Errors
+    /// Removal failed.
+    fn teardown(&mut self) -> Result<(), WgError>;
+    /// Number of configuration writes so far.
+    fn writes(&self) -> u64;
+}
+
+/// Which backend to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum BackendChoice {
+    /// Kernel if the kernel supports WireGuard, else userspace.
+    #[default]
+    Auto,
+    /// Kernel (netlink).
+    Kernel,
+    /// Userspace (`wireguard-go`).
+    Userspace,
+}
+
+/// Builds the backend for device `name` in `netns`.
+///
+/// # Errors
+/// The kernel backend was forced but is unavailable, or the probe failed.
+pub fn select(
+    choice: BackendChoice,
+    name: &str,
+    netns: &Netns,
+) -> Result<Box<dyn WireGuard + Send>, WgError> {
+    let kernel = match choice {
+        BackendChoice::Userspace => false,
+        BackendChoice::Kernel => true,
+        BackendChoice::Auto => kernel::supported(netns),
+    };
+    tracing::info!(
+        link = name,
+        backend = if kernel { "kernel" } else { "userspace" },
+        "WireGuard backend"
+    );
+    if kernel {
+        Ok(Box::new(kernel::KernelBackend::new(name, netns)?))
+    } else {
+        Ok(Box::new(userspace::UserspaceBackend::new(
+            name,
+            netns.clone(),
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(b: u8) -> PublicKey {
+        PublicKey([b; 32])
+    }
+
+    fn peer(b: u8, ips: &[&str]) -> WgPeer {
+        WgPeer {
+            public_key: key(b),
+            preshared_key: Some(PresharedKey([9; 32])),
+            persistent_keepalive: 25,
+            endpoint: None,
+            allowed_ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
+        }
+    }
+
+    fn state_of(d: &WgDevice) -> DeviceState {
+        DeviceState {
+            private_key: Some(d.private_key.clone()),
+            listen_port: d.listen_port,
+            fwmark: d.fwmark,
+            peers: d
+                .peers
+                .iter()
+                .map(|p| PeerState {
+                    public_key: p.public_key.clone(),
+                    preshared_key: p.preshared_key.clone(),
+                    endpoint: p.endpoint,
+                    persistent_keepalive: p.persistent_keepalive,
+                    allowed_ips: p.allowed_ips.clone(),
+                    last_handshake: None,
+                    rx_bytes: 0,
+                    tx_bytes: 0,
+                })
+                .collect(),
+        }
+    }
+
+    fn device(peers: Vec<WgPeer>) -> WgDevice {
+        WgDevice {
+            name: "ws0".into(),
+            private_key: PrivateKey([7; 32]),
+            listen_port: 51820,
+            fwmark: 0x20,
+            peers,
+        }
+    }
+
+    #[test]
+    fn same_state_is_empty_update_regardless_of_order() {
+        let d = device(vec![
+            peer(1, &["10.0.0.1/32", "10.1.0.0/16"]),
+            peer(2, &["10.0.0.2/32"]),
+        ]);
+        let mut st = state_of(&d);
+        st.peers.reverse();
+        st.peers[1].allowed_ips.reverse();
+        assert!(diff(&st, &d).is_empty());
+    }
+
+    #[test]
+    fn empty_desired_endpoint_keeps_roamed_one() {
+        let d = device(vec![peer(1, &["10.0.0.1/32"])]);
+        let mut st = state_of(&d);
+        st.peers[0].endpoint = Some("192.0.2.7:40000".parse().unwrap());
+        assert!(diff(&st, &d).is_empty());
+        let mut d2 = d;
+        d2.peers[0].endpoint = Some("192.0.2.8:51820".parse().unwrap());
+        let up = diff(&st, &d2);
+        assert_eq!(up.peers.len(), 1);
+        assert_eq!(up.peers[0].endpoint, d2.peers[0].endpoint);
+        assert!(up.peers[0].allowed_ips.is_none() && up.peers[0].preshared_key.is_none());
+    }
+
+    #[test]
+    fn changed_allowed_ips_touch_only_that_peer() {
+        let d = device(vec![peer(1, &["10.0.0.1/32"]), peer(2, &["10.0.0.2/32"])]);
+        let st = state_of(&d);
+        let mut d2 = d;
+        d2.peers[1].allowed_ips.push("10.2.0.0/16".parse().unwrap());
+        let up = diff(&st, &d2);
+        assert_eq!(up.peers.len(), 1);
+        assert_eq!(up.peers[0].public_key, key(2));
+        assert_eq!(up.peers[0].allowed_ips.as_ref().unwrap().len(), 2);
+        assert!(up.listen_port.is_none() && up.private_key.is_none() && up.fwmark.is_none());
+    }
+
+    #[test]
+    fn add_remove_psk_keepalive_and_port() {
+        let d = device(vec![peer(1, &["10.0.0.1/32"]), peer(2, &["10.0.0.2/32"])]);
+        let st = state_of(&d);
+        let mut d2 = device(vec![peer(2, &["10.0.0.2/32"]), peer(3, &["10.0.0.3/32"])]);
+        d2.peers[0].preshared_key = None;
+        d2.peers[0].persistent_keepalive = 0;
+        d2.listen_port = 51821;
+        let up = diff(&st, &d2);
+        assert_eq!(up.listen_port, Some(51821));
+        let by = |b: u8| up.peers.iter().find(|p| p.public_key == key(b)).unwrap();
+        assert!(by(1).remove);
+        assert_eq!(by(2).preshared_key, Some(None));
+        assert_eq!(by(2).persistent_keepalive, Some(0));
+        assert!(by(2).allowed_ips.is_none());
+        assert!(!by(3).remove && by(3).allowed_ips.is_some());
+        // Port 0: don't care.
+        d2.listen_port = 0;
+        assert!(diff(&st, &d2).listen_port.is_none());
+    }
+
+    #[test]
+    fn secrets_are_redacted_in_debug() {
+        let d = device(vec![peer(1, &[])]);
+        let text = format!("{d:?}");
+        assert!(!text.contains(&PrivateKey([7; 32]).to_base64()));
+        assert!(!text.contains(&PresharedKey([9; 32]).to_base64()));
+        assert!(text.contains("<redacted>"));
+        assert!(text.contains(&key(1).to_base64()));
+    }
+
+    #[test]
+    fn validation_names_fields() {
+        let mut d = device(vec![peer(1, &["10.0.0.1/8"])]);
+        assert_eq!(d.validate().unwrap_err().field, "peers[0].allowed_ips[0]");
+        d.peers = vec![peer(1, &[]), peer(1, &[])];
+        assert_eq!(d.validate().unwrap_err().field, "peers[1].public_key");
+        d.peers = vec![];
+        d.name = "way-too-long-interface".into();
+        assert_eq!(d.validate().unwrap_err().field, "name");
+        let e = PublicKey::from_base64("peers[0].public_key", "not-a-key").unwrap_err();
+        assert_eq!(e.field, "peers[0].public_key");
+        assert!(!e.to_string().contains("not-a-key"));
+    }
+}

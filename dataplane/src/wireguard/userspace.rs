@@ -1,0 +1,444 @@
+//! Userspace WireGuard: a supervised `wireguard-go -f IFNAME` (foreground, so it never
+//! outlives us) running inside the target namespace, configured over its UAPI socket
+//! `SOCKET_DIR/IFNAME.sock`.
+//!
+//! The supervisor thread polls the child; if it dies unexpectedly it is restarted
+//! (with a short backoff) and the next apply re-reads the now empty device and writes
+//! everything again. Teardown and drop stop the supervisor and kill the child by pid
+//! (through its `Child`, before it is reaped, so the pid cannot have been reused).
+//!
+//! The socket directory is shared by every namespace of a mount namespace: interface
+//! names must be unique per host unless each daemon has its own mount namespace.
+
+use std::{
+    io::{BufRead, BufReader, Write},
+    os::unix::net::UnixStream,
+    path::PathBuf,
+    process::{Child, Stdio},
+    sync::{Arc, Condvar, Mutex, PoisonError},
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use super::{
+    diff,
+    uapi::{self, GetError},
+    DeviceState, WgDevice, WgError, WgPeer, WgStatus, WireGuard,
+};
+use crate::netns::Netns;
+
+/// Where wireguard-go puts its sockets.
+pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
+/// How long to wait for a fresh wireguard-go to open its socket.
+const START_TIMEOUT: Duration = Duration::from_secs(5);
+/// How often the supervisor checks the child.
+const POLL: Duration = Duration::from_millis(100);
+/// UAPI read/write timeout.
+const IO_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug)]
+struct SupState {
+    child: Option<Child>,
+    stop: bool,
+    restarts: u64,
+}
+
+#[derive(Debug)]
+struct Supervisor {
+    shared: Arc<(Mutex<SupState>, Condvar)>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Options of the userspace backend.
+#[derive(Debug, Clone)]
+pub struct UserspaceOptions {
+    /// The wireguard-go binary.
+    pub binary: PathBuf,
+    /// UAPI socket directory (wireguard-go's compiled-in default).
+    pub socket_dir: PathBuf,
+}
+
+impl Default for UserspaceOptions {
+    fn default() -> Self {
+        Self {
+            binary: PathBuf::from("wireguard-go"),
+            socket_dir: PathBuf::from(DEFAULT_SOCKET_DIR),
+        }
+    }
+}
+
+/// The userspace backend for one interface.
+#[derive(Debug)]
+pub struct UserspaceBackend {
+    name: String,
+    netns: Netns,
+    opts: UserspaceOptions,
+    sup: Option<Supervisor>,
+    writes: u64,
+}
+
+impl UserspaceBackend {
+    /// A backend for interface `name` in `netns`; nothing starts until [`WireGuard::ensure`]
+    /// or [`WireGuard::apply`].
+    #[must_use]
+    pub fn new(name: &str, netns: Netns) -> Self {
+        Self::with_options(name, netns, UserspaceOptions::default())
+    }
+
+    /// As [`UserspaceBackend::new`] with explicit options.
+    #[must_use]
+    pub fn with_options(name: &str, netns: Netns, opts: UserspaceOptions) -> Self {
+        Self {
+            name: name.to_owned(),
+            netns,
+            opts,
+            sup: None,
+            writes: 0,
+        }
+    }
+
+    /// pid of the running wireguard-go, if any.
+    #[must_use]
+    pub fn pid(&self) -> Option<u32> {
+        let sup = self.sup.as_ref()?;
+        let st = sup.shared.0.lock().unwrap_or_else(PoisonError::into_inner);
+        st.child.as_ref().map(Child::id)
+    }
+
+    /// How many times the supervisor restarted wireguard-go.
+    #[must_use]
+    pub fn restarts(&self) -> u64 {
+        self.sup.as_ref().map_or(0, |s| {
+            s.shared
+                .0
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .restarts
+        })
+    }
+
+    fn socket_path(&self) -> PathBuf {
+        self.opts.socket_dir.join(format!("{}.sock", self.name))
+    }
+
+    fn spawn_child(netns: &Netns, opts: &UserspaceOptions, name: &str) -> std::io::Result<Child> {
+        let bin = opts.binary.to_string_lossy().into_owned();
+        netns
+            .command(&bin)
+            .arg("-f")
+            .arg(name)
+            .env("LOG_LEVEL", "error")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+    }
+
+    fn wait_socket(&self) -> Result<(), WgError> {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if UnixStream::connect(self.socket_path()).is_ok() {
+                return Ok(());
+            }
+            if let Some(sup) = &self.sup {
+                let mut st = sup.shared.0.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(Ok(Some(status))) = st.child.as_mut().map(Child::try_wait) {
+                    return Err(WgError::Daemon {
+                        name: self.name.clone(),
+                        message: format!("wireguard-go exited at start: {status}"),
+                    });
+                }
+            }
+            if Instant::now() > deadline {
+                return Err(WgError::Daemon {
+                    name: self.name.clone(),
+                    message: format!(
+                        "no UAPI socket at {} after {START_TIMEOUT:?}",
+                        self.socket_path().display()
+                    ),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn start(&mut self) -> Result<(), WgError> {
+        std::fs::create_dir_all(&self.opts.socket_dir).map_err(|source| WgError::Io {
+            op: "create socket directory",
+            name: self.name.clone(),
+            source,
+        })?;
+        let child = Self::spawn_child(&self.netns, &self.opts, &self.name).map_err(|e| {
+            WgError::Daemon {
+                name: self.name.clone(),
+                message: format!("cannot start {}: {e}", self.opts.binary.display()),
+            }
+        })?;
+        tracing::info!(link = %self.name, pid = child.id(), netns = ?self.netns.name(), "started wireguard-go");
+        let shared = Arc::new((
+            Mutex::new(SupState {
+                child: Some(child),
+                stop: false,
+                restarts: 0,
+            }),
+            Condvar::new(),
+        ));
+        let (netns, opts, name, sh) = (
+            self.netns.clone(),
+            self.opts.clone(),
+            self.name.clone(),
+            shared.clone(),
+        );
+        let thread = std::thread::Builder::new()
+            .name(format!("wg-{}", self.name))
+            .spawn(move || supervise(&sh, &netns, &opts, &name))
+            .map_err(|e| WgError::Daemon {
+                name: self.name.clone(),
+                message: format!("cannot start supervisor: {e}"),
+            })?;
+        self.sup = Some(Supervisor {
+            shared,
+            thread: Some(thread),
+        });
+        self.wait_socket()
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut sup) = self.sup.take() {
+            {
+                let (lock, cv) = &*sup.shared;
+                let mut st = lock.lock().unwrap_or_else(PoisonError::into_inner);
+                st.stop = true;
+                if let Some(mut child) = st.child.take() {
+                    let pid = child.id();
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    tracing::info!(link = %self.name, pid, "stopped wireguard-go");
+                }
+                cv.notify_all();
+            }
+            if let Some(t) = sup.thread.take() {
+                let _ = t.join();
+            }
+        }
+        // wireguard-go removes its socket on a clean exit only.
+        let _ = std::fs::remove_file(self.socket_path());
+    }
+
+    fn io_err(&self, op: &'static str) -> impl FnOnce(std::io::Error) -> WgError + '_ {
+        move |source| WgError::Io {
+            op,
+            name: self.name.clone(),
+            source,
+        }
+    }
+
+    /// One UAPI exchange: writes `request`, reads until the blank line.
+    fn exchange(&self, request: &str, op: &'static str) -> Result<String, WgError> {
+        let mut sock = UnixStream::connect(self.socket_path()).map_err(self.io_err(op))?;
+        sock.set_read_timeout(Some(IO_TIMEOUT))
+            .map_err(self.io_err(op))?;
+        sock.set_write_timeout(Some(IO_TIMEOUT))
+            .map_err(self.io_err(op))?;
+        sock.write_all(request.as_bytes())
+            .map_err(self.io_err(op))?;
+        let mut reader = BufReader::new(sock);
+        let mut out = String::new();
+        loop {
+            let mut line = String::new();
+            let n = reader.read_line(&mut line).map_err(self.io_err(op))?;
+            if n == 0 || line == "\n" {
+                break;
+            }
+            out.push_str(&line);
+        }
+        Ok(out)
+    }
+
+    fn read(&self) -> Result<DeviceState, WgError> {
+        let text = self.exchange("get=1\n\n", "get")?;
+        uapi::parse_get(&text).map_err(|e| match e {
+            GetError::Errno(errno) => WgError::Refused {
+                name: self.name.clone(),
+                errno,
+            },
+            GetError::Parse(message) => WgError::Protocol {
+                name: self.name.clone(),
+                message,
+            },
+        })
+    }
+
+    /// Best effort: makes the device equal `previous` again after a refused write.
+    fn rollback(&mut self, previous: &DeviceState, desired: &WgDevice) {
+        let Some(private_key) = previous.private_key.clone() else {
+            return;
+        };
+        let back = WgDevice {
+            name: self.name.clone(),
+            private_key,
+            listen_port: previous.listen_port,
+            fwmark: previous.fwmark,
+            peers: previous
+                .peers
+                .iter()
+                .map(|p| WgPeer {
+                    public_key: p.public_key.clone(),
+                    preshared_key: p.preshared_key.clone(),
+                    persistent_keepalive: p.persistent_keepalive,
+                    endpoint: p.endpoint,
+                    allowed_ips: p.allowed_ips.clone(),
+                })
+                .collect(),
+        };
+        let result = self.read().and_then(|now| {
+            let up = diff(&now, &back);
+            if up.is_empty() {
+                return Ok(());
+            }
+            self.writes += 1;
+            let answer = self.exchange(&uapi::format_set(&up), "set")?;
+            match uapi::parse_errno(&answer) {
+                Ok(0) => Ok(()),
+                _ => Err(WgError::Protocol {
+                    name: self.name.clone(),
+                    message: "rollback refused".into(),
+                }),
+            }
+        });
+        match result {
+            Ok(()) => {
+                tracing::warn!(link = %self.name, wanted_port = desired.listen_port, "WireGuard refused the update; previous state restored");
+            }
+            Err(e) => {
+                tracing::error!(link = %self.name, error = %e, "WireGuard refused the update and the rollback failed");
+            }
+        }
+    }
+
+    fn running(&self) -> bool {
+        self.sup.is_some() && UnixStream::connect(self.socket_path()).is_ok()
+    }
+}
+
+fn supervise(
+    shared: &Arc<(Mutex<SupState>, Condvar)>,
+    netns: &Netns,
+    opts: &UserspaceOptions,
+    name: &str,
+) {
+    let (lock, cv) = &**shared;
+    let mut backoff = Duration::from_millis(100);
+    let mut st = lock.lock().unwrap_or_else(PoisonError::into_inner);
+    loop {
+        if st.stop {
+            return;
+        }
+        let exited = match st.child.as_mut().map(Child::try_wait) {
+            Some(Ok(Some(status))) => Some(status.to_string()),
+            Some(Err(e)) => Some(e.to_string()),
+            Some(Ok(None)) => None,
+            None => Some("not running".to_owned()),
+        };
+        if let Some(why) = exited {
+            st.child = None;
+            tracing::warn!(link = name, status = %why, backoff = ?backoff, "wireguard-go died, restarting");
+            st = cv
+                .wait_timeout(st, backoff)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+            if st.stop {
+                return;
+            }
+            match UserspaceBackend::spawn_child(netns, opts, name) {
+                Ok(child) => {
+                    tracing::info!(link = name, pid = child.id(), "restarted wireguard-go");
+                    st.child = Some(child);
+                    st.restarts += 1;
+                }
+                Err(e) => tracing::error!(link = name, error = %e, "cannot restart wireguard-go"),
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            continue;
+        }
+        backoff = Duration::from_millis(100);
+        st = cv
+            .wait_timeout(st, POLL)
+            .unwrap_or_else(PoisonError::into_inner)
+            .0;
+    }
+}
+
+impl WireGuard for UserspaceBackend {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn ensure(&mut self) -> Result<(), WgError> {
+        if self.sup.is_none() {
+            return self.start();
+        }
+        if !self.running() {
+            // Being restarted by the supervisor: wait for it.
+            self.wait_socket()?;
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, desired: &WgDevice) -> Result<bool, WgError> {
+        desired.validate()?;
+        if desired.name != self.name {
+            return Err(WgError::State(
+                self.name.clone(),
+                "desired device has another name",
+            ));
+        }
+        self.ensure()?;
+        let current = self.read()?;
+        let up = diff(&current, desired);
+        if up.is_empty() {
+            return Ok(false);
+        }
+        let removed = up.peers.iter().filter(|p| p.remove).count();
+        tracing::debug!(link = %self.name, peers_changed = up.peers.len() - removed, peers_removed = removed,
+            port = ?up.listen_port, key_changed = up.private_key.is_some(), "updating WireGuard device");
+        let answer = self.exchange(&uapi::format_set(&up), "set")?;
+        self.writes += 1;
+        let errno = uapi::parse_errno(&answer).map_err(|message| WgError::Protocol {
+            name: self.name.clone(),
+            message,
+        })?;
+        if errno != 0 {
+            // wireguard-go stops at the failing line but has already dropped its old
+            // socket when a new port is refused: put the previous state back.
+            self.rollback(&current, desired);
+            return Err(WgError::Refused {
+                name: self.name.clone(),
+                errno,
+            });
+        }
+        Ok(true)
+    }
+
+    fn observe(&mut self) -> Result<WgStatus, WgError> {
+        if !self.running() {
+            return Ok(WgStatus::default());
+        }
+        Ok(WgStatus::from(&self.read()?))
+    }
+
+    fn teardown(&mut self) -> Result<(), WgError> {
+        self.stop();
+        Ok(())
+    }
+
+    fn writes(&self) -> u64 {
+        self.writes
+    }
+}
+
+impl Drop for UserspaceBackend {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}

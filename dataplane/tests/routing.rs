@@ -1,0 +1,239 @@
+//! Kernel tests of the routing adapter, each in a fresh network namespace, on a persistent tun
+//! link standing in for the mesh link.
+
+use serde_json::Value;
+use wirespan_dataplane::{
+    netns::NetnsGuard,
+    routing::{NetlinkRouting, Routing, RoutingError, RoutingSpec},
+};
+
+fn ip_json(ns: &NetnsGuard, args: &[&str]) -> Vec<Value> {
+    let mut full = vec!["-j"];
+    full.extend_from_slice(args);
+    let out = ns.run_stdout("ip", &full).unwrap();
+    if out.trim().is_empty() {
+        return Vec::new();
+    }
+    serde_json::from_str::<Value>(&out)
+        .unwrap()
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+}
+
+fn setup() -> (NetnsGuard, NetlinkRouting, RoutingSpec) {
+    let ns = NetnsGuard::new("wsrt").unwrap();
+    ns.run("ip", &["tuntap", "add", "dev", "mesh0", "mode", "tun"])
+        .unwrap();
+    let r = NetlinkRouting::new(ns.netns()).unwrap();
+    let spec = RoutingSpec {
+        link: "mesh0".into(),
+        addresses: vec!["fd7f:175a:b97c:5602::1/64".parse().unwrap()],
+        ..RoutingSpec::default()
+    };
+    (ns, r, spec)
+}
+
+fn our_rules(ns: &NetnsGuard, fam: &str) -> Vec<Value> {
+    ip_json(ns, &[fam, "rule", "show"])
+        .into_iter()
+        .filter(|r| r["protocol"] == "211")
+        .collect()
+}
+
+#[test]
+fn apply_from_empty_then_noop() {
+    let (ns, mut r, spec) = setup();
+    let ch = r.apply(&spec).unwrap();
+    assert!(!ch.is_empty());
+
+    let link = &ip_json(&ns, &["link", "show", "mesh0"])[0];
+    assert_eq!(link["mtu"], 1420);
+    assert!(link["flags"].as_array().unwrap().iter().any(|f| f == "UP"));
+    let addrs = ip_json(&ns, &["addr", "show", "mesh0"]);
+    let infos = addrs[0]["addr_info"].as_array().unwrap();
+    assert!(
+        infos
+            .iter()
+            .any(|a| a["local"] == "fd7f:175a:b97c:5602::1" && a["prefixlen"] == 64),
+        "{infos:?}"
+    );
+
+    for fam in ["-4", "-6"] {
+        let rules = our_rules(&ns, fam);
+        assert_eq!(rules.len(), 1, "{fam}: {rules:?}");
+        assert_eq!(rules[0]["priority"], 32500);
+        assert_eq!(rules[0]["fwmark"], "0x40");
+        assert_eq!(rules[0]["fwmask"], "0x60");
+        assert_eq!(rules[0]["table"], "180");
+        let routes = ip_json(&ns, &[fam, "route", "show", "table", "180"]);
+        assert_eq!(routes.len(), 1, "{fam}: {routes:?}");
+        assert_eq!(routes[0]["dst"], "default");
+        assert_eq!(routes[0]["dev"], "mesh0");
+        assert_eq!(routes[0]["protocol"], "211");
+        assert_eq!(routes[0]["metric"], 1);
+        assert_eq!(routes[0]["metrics"][0]["mtu"], 1420);
+    }
+
+    let writes = r.writes();
+    assert!(r.apply(&spec).unwrap().is_empty());
+    assert_eq!(r.writes(), writes, "re-apply wrote");
+    let st = r.observe("mesh0").unwrap();
+    assert_eq!(st.rules.len(), 2);
+    assert_eq!(st.routes.len(), 2);
+    assert!(st.up);
+}
+
+#[test]
+fn repairs_deleted_rule_and_follows_mtu_change() {
+    let (ns, mut r, mut spec) = setup();
+    r.apply(&spec).unwrap();
+    ns.run("ip", &["-4", "rule", "del", "priority", "32500"])
+        .unwrap();
+    assert!(our_rules(&ns, "-4").is_empty());
+    let ch = r.apply(&spec).unwrap();
+    assert_eq!(ch.rules, 1);
+    assert_eq!(our_rules(&ns, "-4").len(), 1);
+
+    spec.mtu = 1380;
+    let ch = r.apply(&spec).unwrap();
+    assert_eq!(ch.link, 1);
+    for fam in ["-4", "-6"] {
+        let routes = ip_json(&ns, &[fam, "route", "show", "table", "180"]);
+        assert_eq!(routes.len(), 1);
+        assert_eq!(routes[0]["metrics"][0]["mtu"], 1380);
+    }
+
+    // Disabling IPv6 removes only the IPv6 rule and route.
+    spec.ipv6 = false;
+    spec.addresses.clear();
+    r.apply(&spec).unwrap();
+    assert!(our_rules(&ns, "-6").is_empty());
+    assert!(ip_json(&ns, &["-6", "route", "show", "table", "180"]).is_empty());
+    assert_eq!(our_rules(&ns, "-4").len(), 1);
+}
+
+#[test]
+fn teardown_leaves_foreign_rule_and_route() {
+    let (ns, mut r, spec) = setup();
+    r.apply(&spec).unwrap();
+    ns.run(
+        "ip",
+        &[
+            "rule",
+            "add",
+            "priority",
+            "32500",
+            "fwmark",
+            "0x40/0x60",
+            "lookup",
+            "181",
+        ],
+    )
+    .unwrap();
+    ns.run(
+        "ip",
+        &[
+            "route",
+            "add",
+            "10.99.0.0/16",
+            "dev",
+            "mesh0",
+            "table",
+            "180",
+        ],
+    )
+    .unwrap();
+    // A second apply does not touch them either.
+    assert!(r.apply(&spec).unwrap().is_empty());
+    r.teardown().unwrap();
+    assert!(our_rules(&ns, "-4").is_empty() && our_rules(&ns, "-6").is_empty());
+    let rules = ip_json(&ns, &["-4", "rule", "show"]);
+    assert!(
+        rules
+            .iter()
+            .any(|r| r["table"] == "181" && r["priority"] == 32500),
+        "{rules:?}"
+    );
+    let routes = ip_json(&ns, &["-4", "route", "show", "table", "180"]);
+    assert_eq!(routes.len(), 1);
+    assert_eq!(routes[0]["dst"], "10.99.0.0/16");
+}
+
+#[test]
+fn invalid_spec_and_missing_link_write_nothing() {
+    let (ns, mut r, spec) = setup();
+    for (bad, field) in [
+        (
+            RoutingSpec {
+                priority: 0,
+                ..spec.clone()
+            },
+            "priority",
+        ),
+        (
+            RoutingSpec {
+                priority: 32766,
+                ..spec.clone()
+            },
+            "priority",
+        ),
+        (
+            RoutingSpec {
+                priority: 32767,
+                ..spec.clone()
+            },
+            "priority",
+        ),
+        (
+            RoutingSpec {
+                mtu: 1279,
+                ..spec.clone()
+            },
+            "mtu",
+        ),
+        (
+            RoutingSpec {
+                table: 254,
+                ..spec.clone()
+            },
+            "table",
+        ),
+        (
+            RoutingSpec {
+                fwmark: 0x80,
+                ..spec.clone()
+            },
+            "fwmark",
+        ),
+        (
+            RoutingSpec {
+                link: "a/b".into(),
+                ..spec.clone()
+            },
+            "link",
+        ),
+    ] {
+        match r.apply(&bad) {
+            Err(RoutingError::Invalid(e)) => assert_eq!(e.field, field, "{e}"),
+            other => panic!("expected invalid {field}, got {other:?}"),
+        }
+    }
+    assert_eq!(r.writes(), 0);
+    assert!(our_rules(&ns, "-4").is_empty());
+
+    // A failed apply (link gone) keeps the previous state.
+    r.apply(&spec).unwrap();
+    let other = RoutingSpec {
+        link: "nosuch0".into(),
+        mtu: 1300,
+        ..spec.clone()
+    };
+    assert!(matches!(
+        r.apply(&other),
+        Err(RoutingError::LinkNotFound(_))
+    ));
+    assert_eq!(our_rules(&ns, "-4").len(), 1);
+    let routes = ip_json(&ns, &["-4", "route", "show", "table", "180"]);
+    assert_eq!(routes[0]["metrics"][0]["mtu"], 1420);
+}

@@ -1,0 +1,239 @@
+//! Kernel tests of the userspace WireGuard backend (wireguard-go), each in a fresh
+//! network namespace with a uniquely named interface.
+
+use std::net::UdpSocket;
+
+use wirespan_dataplane::{
+    netns::{unique_name, NetnsGuard, NetnsThread},
+    wireguard::{
+        userspace::UserspaceBackend, PresharedKey, PrivateKey, WgDevice, WgError, WgPeer, WireGuard,
+    },
+};
+
+/// `wg show IF dump`: the interface line and one line per peer, tab separated.
+fn dump(ns: &NetnsGuard, ifname: &str) -> (Vec<String>, Vec<Vec<String>>) {
+    let out = ns.run_stdout("wg", &["show", ifname, "dump"]).unwrap();
+    let mut lines = out
+        .lines()
+        .map(|l| l.split('\t').map(str::to_owned).collect::<Vec<_>>());
+    let first = lines.next().unwrap();
+    // wireguard-go lists peers in map order.
+    let mut peers: Vec<Vec<String>> = lines.collect();
+    peers.sort();
+    (first, peers)
+}
+
+fn peer(ips: &[&str]) -> WgPeer {
+    WgPeer {
+        public_key: PrivateKey::generate().public_key(),
+        preshared_key: Some(PresharedKey::generate()),
+        persistent_keepalive: 25,
+        endpoint: None,
+        allowed_ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
+    }
+}
+
+fn setup(port: u16) -> (NetnsGuard, UserspaceBackend, WgDevice) {
+    let ns = NetnsGuard::new("wswg").unwrap();
+    let name = unique_name("wst");
+    let wg = UserspaceBackend::new(&name, ns.netns().clone());
+    let dev = WgDevice {
+        name,
+        private_key: PrivateKey::generate(),
+        listen_port: port,
+        fwmark: 0x20,
+        peers: vec![
+            peer(&["10.1.0.1/32", "10.244.1.0/24"]),
+            WgPeer {
+                endpoint: Some("192.0.2.10:51820".parse().unwrap()),
+                ..peer(&["10.1.0.2/32", "fd00:1::2/128"])
+            },
+        ],
+    };
+    (ns, wg, dev)
+}
+
+fn find<'a>(peers: &'a [Vec<String>], p: &WgPeer) -> &'a Vec<String> {
+    peers
+        .iter()
+        .find(|l| l[0] == p.public_key.to_base64())
+        .expect("peer present")
+}
+
+#[test]
+fn apply_from_empty_then_noop_then_incremental() {
+    let (ns, mut wg, mut dev) = setup(51820);
+    assert!(wg.apply(&dev).unwrap());
+    assert_eq!(wg.writes(), 1);
+    let (iface, peers) = dump(&ns, &dev.name);
+    assert_eq!(iface[0], dev.private_key.to_base64());
+    assert_eq!(iface[1], dev.private_key.public_key().to_base64());
+    assert_eq!(iface[2], "51820");
+    assert_eq!(iface[3], "0x20");
+    assert_eq!(peers.len(), 2);
+    let p0 = find(&peers, &dev.peers[0]);
+    assert_eq!(
+        p0[1],
+        dev.peers[0].preshared_key.as_ref().unwrap().to_base64()
+    );
+    assert_eq!(p0[2], "(none)");
+    assert_eq!(p0[3], "10.1.0.1/32,10.244.1.0/24");
+    assert_eq!(p0[7], "25");
+    let p1 = find(&peers, &dev.peers[1]);
+    assert_eq!(p1[2], "192.0.2.10:51820");
+    assert_eq!(p1[3], "10.1.0.2/32,fd00:1::2/128");
+
+    // Same state again, peers in another order: nothing written.
+    dev.peers.reverse();
+    assert!(!wg.apply(&dev).unwrap());
+    assert_eq!(wg.writes(), 1);
+
+    // Change one peer's allowed IPs, remove one, add one.
+    let removed = dev.peers.remove(0);
+    dev.peers[0].allowed_ips = vec![
+        "10.1.0.1/32".parse().unwrap(),
+        "10.245.0.0/16".parse().unwrap(),
+    ];
+    dev.peers[0].preshared_key = None;
+    dev.peers.push(peer(&["fd00:1::3/128"]));
+    assert!(wg.apply(&dev).unwrap());
+    assert_eq!(wg.writes(), 2);
+    let (_, peers) = dump(&ns, &dev.name);
+    assert_eq!(peers.len(), 2);
+    assert!(peers.iter().all(|l| l[0] != removed.public_key.to_base64()));
+    let changed = find(&peers, &dev.peers[0]);
+    assert_eq!(changed[1], "(none)");
+    assert_eq!(changed[3], "10.1.0.1/32,10.245.0.0/16");
+    assert_eq!(find(&peers, &dev.peers[1])[3], "fd00:1::3/128");
+
+    let st = wg.observe().unwrap();
+    assert!(st.present);
+    assert_eq!(st.listen_port, 51820);
+    assert_eq!(st.peers.len(), 2);
+}
+
+#[test]
+fn roamed_endpoint_is_kept_and_set_endpoint_wins() {
+    let (ns, mut wg, mut dev) = setup(51820);
+    wg.apply(&dev).unwrap();
+    let key = dev.peers[0].public_key.to_base64();
+    // WireGuard learns another endpoint (as when the peer roams).
+    ns.run(
+        "wg",
+        &[
+            "set",
+            &dev.name,
+            "peer",
+            &key,
+            "endpoint",
+            "198.51.100.7:40000",
+        ],
+    )
+    .unwrap();
+    assert!(
+        !wg.apply(&dev).unwrap(),
+        "empty desired endpoint must not write"
+    );
+    let (_, peers) = dump(&ns, &dev.name);
+    assert_eq!(find(&peers, &dev.peers[0])[2], "198.51.100.7:40000");
+    let st = wg.observe().unwrap();
+    let obs = st
+        .peers
+        .iter()
+        .find(|p| p.public_key == dev.peers[0].public_key)
+        .unwrap();
+    assert_eq!(obs.endpoint, Some("198.51.100.7:40000".parse().unwrap()));
+
+    dev.peers[0].endpoint = Some("[2001:db8::7]:51820".parse().unwrap());
+    assert!(wg.apply(&dev).unwrap());
+    let (_, peers) = dump(&ns, &dev.name);
+    assert_eq!(find(&peers, &dev.peers[0])[2], "[2001:db8::7]:51820");
+}
+
+#[test]
+fn invalid_state_writes_nothing() {
+    let (ns, mut wg, dev) = setup(51820);
+    wg.apply(&dev).unwrap();
+    let before = dump(&ns, &dev.name);
+    let mut bad = dev.clone();
+    bad.peers[1].public_key = bad.peers[0].public_key.clone();
+    let mut bad2 = dev.clone();
+    bad2.peers[0]
+        .allowed_ips
+        .push("10.9.9.9/8".parse().unwrap());
+    let mut bad3 = dev.clone();
+    bad3.peers[0].public_key = dev.private_key.public_key();
+    for (b, field) in [
+        (bad, "peers[1].public_key"),
+        (bad2, "peers[0].allowed_ips[2]"),
+        (bad3, "peers[0].public_key"),
+    ] {
+        match wg.apply(&b) {
+            Err(WgError::Invalid(e)) => assert_eq!(e.field, field),
+            other => panic!("expected invalid {field}, got {other:?}"),
+        }
+    }
+    let e = wirespan_dataplane::wireguard::PublicKey::from_base64("peers[0].public_key", "abc")
+        .unwrap_err();
+    assert_eq!(e.field, "peers[0].public_key");
+    assert_eq!(wg.writes(), 1);
+    assert_eq!(dump(&ns, &dev.name), before);
+}
+
+#[test]
+fn refused_port_leaves_previous_state() {
+    let (ns, mut wg, mut dev) = setup(51820);
+    wg.apply(&dev).unwrap();
+    ns.run("ip", &["link", "set", &dev.name, "up"]).unwrap();
+    // Something else holds UDP 51999 in the namespace.
+    let thread = NetnsThread::spawn(ns.netns()).unwrap();
+    let _sock = thread
+        .run(|| UdpSocket::bind("0.0.0.0:51999").unwrap())
+        .unwrap();
+    let before = dump(&ns, &dev.name);
+    dev.listen_port = 51999;
+    dev.peers.push(peer(&["10.1.0.9/32"]));
+    dev.peers[0]
+        .allowed_ips
+        .push("10.250.0.0/16".parse().unwrap());
+    let err = wg.apply(&dev).unwrap_err();
+    assert!(matches!(err, WgError::Refused { .. }), "{err:?}");
+    assert_eq!(
+        dump(&ns, &dev.name),
+        before,
+        "a refused apply changed the device"
+    );
+}
+
+#[test]
+fn supervisor_restarts_dead_daemon_and_teardown_kills_it() {
+    let (ns, mut wg, dev) = setup(0);
+    wg.apply(&dev).unwrap();
+    let pid = wg.pid().unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while wg.restarts() == 0 || wg.pid() == Some(pid) {
+        assert!(std::time::Instant::now() < deadline, "not restarted");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    // The restarted device is empty; the next apply repopulates it.
+    assert!(wg.apply(&dev).unwrap());
+    assert_eq!(dump(&ns, &dev.name).1.len(), 2);
+    let new_pid = wg.pid().unwrap();
+    wg.teardown().unwrap();
+    assert!(
+        !std::path::Path::new(&format!("/proc/{new_pid}")).exists() || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            !std::path::Path::new(&format!("/proc/{new_pid}")).exists()
+        }
+    );
+    assert!(
+        ns.run("ip", &["link", "show", &dev.name]).is_err(),
+        "link still present"
+    );
+    assert!(!wg.observe().unwrap().present);
+}
