@@ -4,5 +4,7 @@
 //! with declared inputs and outputs), the resources and controllers of the mesh, the
 //! configuration model and the resource API served to the CLI.
 
+pub mod api;
+pub mod resources;
 pub mod runtime;
 pub mod testing;
