@@ -82,9 +82,10 @@ pub fn resolve<'a>(
                 .chain(std::iter::once(d.r#type.clone()))
         })
         .map(|c| {
-            let dist = edit_distance(&lower, &c.to_lowercase());
+            let c = c.to_lowercase();
+            let dist = edit_distance(&lower, &c);
             // Prefix matches are as good as a close typo.
-            let dist = if c.to_lowercase().starts_with(&lower) && !lower.is_empty() {
+            let dist = if c.starts_with(&lower) && !lower.is_empty() {
                 dist.min(1)
             } else {
                 dist
