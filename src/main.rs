@@ -16,6 +16,10 @@ struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
 
+    /// Path of the node's API socket.
+    #[arg(long, global = true, env = "WIRESPAN_SOCKET", default_value = wirespan_control::api::DEFAULT_SOCKET)]
+    socket: std::path::PathBuf,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -30,6 +34,15 @@ enum LogFormat {
 enum Command {
     /// Run the discovery server.
     Discovery(cmd::discovery::Args),
+    /// Run the mesh daemon.
+    Node(cmd::node::Args),
+    /// Show resources of a running node (`wirespan get rd`, `wirespan get nodeidentity -o yaml`).
+    Get(cmd::get::Args),
+    /// Watch resources of a running node (shorthand for `get --watch`).
+    Watch(cmd::get::Args),
+    /// Inspect a running node.
+    #[command(subcommand)]
+    Inspect(cmd::inspect::Inspect),
     /// Run benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
@@ -53,5 +66,9 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Discovery(args) => cmd::discovery::run(&args),
         Command::Bench(bench) => cmd::bench::run(&bench),
+        Command::Node(args) => cmd::node::run(&args, &cli.socket),
+        Command::Get(args) => cmd::get::run(&args, &cli.socket, false),
+        Command::Watch(args) => cmd::get::run(&args, &cli.socket, true),
+        Command::Inspect(c) => cmd::inspect::run(&c, &cli.socket),
     }
 }

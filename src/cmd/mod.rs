@@ -2,3 +2,14 @@
 
 pub mod bench;
 pub mod discovery;
+pub mod get;
+pub mod inspect;
+pub mod node;
+
+/// Runs a CLI future on a small current-thread runtime.
+pub fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?
+        .block_on(f)
+}

@@ -1,0 +1,126 @@
+//! The resource API: a tonic service on a local unix socket (Get, List, Watch,
+//! definitions, dependency graph) and its client.
+
+pub mod client;
+pub mod server;
+
+/// Generated protobuf types and service stubs.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod proto {
+    tonic::include_proto!("wirespan.resource.v1");
+}
+
+use crate::runtime::Definition;
+
+/// Default path of the API socket.
+pub const DEFAULT_SOCKET: &str = "/run/wirespan/node.sock";
+
+impl From<&Definition> for proto::Definition {
+    fn from(d: &Definition) -> Self {
+        Self {
+            r#type: d.r#type.clone(),
+            display_type: d.display_type.clone(),
+            default_namespace: d.default_namespace.clone(),
+            aliases: d.aliases.clone(),
+            print_columns: d
+                .print_columns
+                .iter()
+                .map(|c| proto::PrintColumn {
+                    name: c.name.clone(),
+                    json_path: c.json_path.clone(),
+                })
+                .collect(),
+            sensitive: d.sensitive,
+        }
+    }
+}
+
+/// Levenshtein distance, for "did you mean" lists.
+#[must_use]
+pub fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            cur[j + 1] = (prev[j] + usize::from(ca != *cb))
+                .min(prev[j + 1] + 1)
+                .min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// Resolving a user-given type name failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown resource type {name:?}; closest known names: {}", closest.join(", "))]
+pub struct UnknownType {
+    /// What the user asked for.
+    pub name: String,
+    /// The nearest type names and aliases.
+    pub closest: Vec<String>,
+}
+
+/// Finds the definition for a type name, display name or alias (case-insensitive).
+///
+/// # Errors
+/// [`UnknownType`] with the closest known names.
+pub fn resolve<'a>(
+    definitions: &'a [Definition],
+    name: &str,
+) -> Result<&'a Definition, UnknownType> {
+    if let Some(d) = definitions.iter().find(|d| d.matches(name)) {
+        return Ok(d);
+    }
+    let lower = name.to_lowercase();
+    let mut candidates: Vec<(usize, String)> = definitions
+        .iter()
+        .flat_map(|d| {
+            std::iter::once(d.display_type.clone())
+                .chain(d.aliases.iter().cloned())
+                .chain(std::iter::once(d.r#type.clone()))
+        })
+        .map(|c| {
+            let c = c.to_lowercase();
+            let dist = edit_distance(&lower, &c);
+            // Prefix matches are as good as a close typo.
+            let dist = if c.starts_with(&lower) && !lower.is_empty() {
+                dist.min(1)
+            } else {
+                dist
+            };
+            (dist, c)
+        })
+        .collect();
+    candidates.sort();
+    candidates.dedup_by(|a, b| a.1 == b.1);
+    Err(UnknownType {
+        name: name.to_owned(),
+        closest: candidates.into_iter().take(3).map(|(_, c)| c).collect(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolve_aliases_case_insensitively_and_suggest() {
+        let defs = crate::resources::definitions();
+        assert_eq!(
+            resolve(&defs, "NodeIdentity").unwrap().r#type,
+            "NodeIdentities.cluster.wirespan.dev"
+        );
+        assert_eq!(
+            resolve(&defs, "RDS").unwrap().display_type,
+            "ResourceDefinition"
+        );
+        let e = resolve(&defs, "nodeidentty").unwrap_err();
+        assert_eq!(e.closest[0], "nodeidentity", "{e}");
+        assert!(e.to_string().starts_with(
+            "unknown resource type \"nodeidentty\"; closest known names: nodeidentity"
+        ));
+        assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+}

@@ -1,0 +1,314 @@
+//! The resource API server.
+
+use std::{
+    os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, PermissionsExt as _},
+    path::{Path, PathBuf},
+    sync::Arc,
+};
+
+use tokio::{net::UnixListener, sync::mpsc};
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use super::{proto, resolve};
+use crate::{
+    resources::meta,
+    runtime::{
+        graph::{to_dot, EdgeKind},
+        AnyResource, Definition, Event, Filter, GraphSource, Kind, Pointer, Store, WatchOptions,
+    },
+};
+
+/// The service implementation over a store (and the runtime's graph, if any).
+#[derive(Debug, Clone)]
+pub struct ResourceApi {
+    store: Store,
+    graph: Option<GraphSource>,
+}
+
+impl ResourceApi {
+    /// Serves `store`; `graph` feeds `DependencyGraph`.
+    #[must_use]
+    pub fn new(store: Store, graph: Option<GraphSource>) -> Self {
+        Self { store, graph }
+    }
+
+    fn resolve(&self, name: &str) -> Result<Definition, Status> {
+        let defs = meta::list(&self.store);
+        resolve(&defs, name)
+            .cloned()
+            .map_err(|e| Status::not_found(e.to_string()))
+    }
+}
+
+fn namespace<'a>(requested: &'a str, def: &'a Definition) -> &'a str {
+    if requested.is_empty() {
+        &def.default_namespace
+    } else {
+        requested
+    }
+}
+
+fn rfc3339(t: std::time::SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// Encodes a stored resource; sensitive specs only when explicitly asked for.
+fn encode(
+    r: &dyn AnyResource,
+    def: &Definition,
+    format: i32,
+    include_sensitive: bool,
+) -> Result<proto::Resource, Status> {
+    let md = r.metadata();
+    let redacted = def.sensitive && !include_sensitive;
+    let spec = if redacted {
+        String::new()
+    } else if format == proto::SpecFormat::Json as i32 {
+        r.spec_json()
+            .map_err(|e| Status::internal(e.to_string()))?
+            .to_string()
+    } else {
+        r.spec_yaml().map_err(|e| Status::internal(e.to_string()))?
+    };
+    Ok(proto::Resource {
+        metadata: Some(proto::Metadata {
+            namespace: md.namespace.clone(),
+            r#type: md.r#type.clone(),
+            id: md.id.clone(),
+            version: md.version,
+            owner: md.owner.clone(),
+            phase: md.phase.as_str().to_owned(),
+            finalizers: md.finalizers.to_vec(),
+            labels: md.labels.clone().into_iter().collect(),
+            annotations: md.annotations.clone().into_iter().collect(),
+            created: rfc3339(md.created),
+            updated: rfc3339(md.updated),
+        }),
+        spec,
+        spec_redacted: redacted,
+    })
+}
+
+type WatchStream = ReceiverStream<Result<proto::WatchResponse, Status>>;
+
+#[tonic::async_trait]
+impl proto::resource_service_server::ResourceService for ResourceApi {
+    async fn get(
+        &self,
+        request: Request<proto::GetRequest>,
+    ) -> Result<Response<proto::GetResponse>, Status> {
+        let req = request.into_inner();
+        let def = self.resolve(&req.r#type)?;
+        let ptr = Pointer::new(namespace(&req.namespace, &def), def.r#type.clone(), req.id);
+        let r = self
+            .store
+            .get_dyn(&ptr)
+            .map_err(|e| Status::not_found(e.to_string()))?;
+        Ok(Response::new(proto::GetResponse {
+            resource: Some(encode(&*r, &def, req.format, req.include_sensitive)?),
+            definition: Some((&def).into()),
+        }))
+    }
+
+    async fn list(
+        &self,
+        request: Request<proto::ListRequest>,
+    ) -> Result<Response<proto::ListResponse>, Status> {
+        let req = request.into_inner();
+        let def = self.resolve(&req.r#type)?;
+        let kind = Kind::new(namespace(&req.namespace, &def), def.r#type.clone());
+        let resources = self
+            .store
+            .list_dyn(&kind, &Filter::all())
+            .iter()
+            .map(|r| encode(&**r, &def, req.format, req.include_sensitive))
+            .collect::<Result<_, _>>()?;
+        Ok(Response::new(proto::ListResponse {
+            definition: Some((&def).into()),
+            resources,
+        }))
+    }
+
+    type WatchStream = WatchStream;
+
+    async fn watch(
+        &self,
+        request: Request<proto::WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let req = request.into_inner();
+        let def = self.resolve(&req.r#type)?;
+        let kind = Kind::new(namespace(&req.namespace, &def), def.r#type.clone());
+        let mut watch = if req.id.is_empty() {
+            self.store.watch_kind(&kind, WatchOptions::bootstrapped())
+        } else {
+            self.store.watch(&kind.pointer(req.id.clone()))
+        };
+        let (tx, rx) = mpsc::channel(64);
+        let single = !req.id.is_empty();
+        tokio::spawn(async move {
+            let mut first = Some(proto::Definition::from(&def));
+            loop {
+                let ev = tokio::select! {
+                    () = tx.closed() => return,
+                    ev = watch.recv() => ev,
+                };
+                let Some(ev) = ev else { return };
+                let (event, res, error) = match &ev {
+                    Event::Created(r) => (proto::EventType::Created, Some(r), String::new()),
+                    Event::Updated { new, .. } => {
+                        (proto::EventType::Updated, Some(new), String::new())
+                    }
+                    // A single-id watch starts with a tombstone when the id is absent.
+                    Event::Destroyed(r) => (proto::EventType::Destroyed, Some(r), String::new()),
+                    Event::Bootstrapped => (proto::EventType::Bootstrapped, None, String::new()),
+                    Event::Errored(e) => (proto::EventType::Errored, None, e.to_string()),
+                };
+                let _ = single;
+                let resource = match res {
+                    Some(r) => match encode(&**r, &def, req.format, req.include_sensitive) {
+                        Ok(r) => Some(r),
+                        Err(s) => {
+                            let _ = tx.send(Err(s)).await;
+                            return;
+                        }
+                    },
+                    None => None,
+                };
+                let msg = proto::WatchResponse {
+                    event: event as i32,
+                    resource,
+                    error,
+                    definition: first.take(),
+                };
+                if tx.send(Ok(msg)).await.is_err() || matches!(ev, Event::Errored(_)) {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn definitions(
+        &self,
+        _request: Request<proto::DefinitionsRequest>,
+    ) -> Result<Response<proto::DefinitionsResponse>, Status> {
+        Ok(Response::new(proto::DefinitionsResponse {
+            definitions: meta::list(&self.store).iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn dependency_graph(
+        &self,
+        request: Request<proto::DependencyGraphRequest>,
+    ) -> Result<Response<proto::DependencyGraphResponse>, Status> {
+        let Some(graph) = &self.graph else {
+            return Err(Status::unavailable("this server runs no controllers"));
+        };
+        let edges = graph.edges();
+        let dot = to_dot(&edges, request.into_inner().with_destroy_ready);
+        Ok(Response::new(proto::DependencyGraphResponse {
+            dot,
+            edges: edges
+                .into_iter()
+                .map(|e| proto::Edge {
+                    controller: e.controller,
+                    namespace: e.namespace,
+                    r#type: e.r#type,
+                    id: e.id.unwrap_or_default(),
+                    kind: match e.kind {
+                        EdgeKind::OutputExclusive => "OutputExclusive",
+                        EdgeKind::OutputShared => "OutputShared",
+                        EdgeKind::InputStrong => "InputStrong",
+                        EdgeKind::InputWeak => "InputWeak",
+                        EdgeKind::InputDestroyReady => "InputDestroyReady",
+                    }
+                    .to_owned(),
+                })
+                .collect(),
+        }))
+    }
+}
+
+/// Errors of serving the API.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// Socket setup failed.
+    #[error("API socket {path}: {source}")]
+    Socket {
+        /// The socket path.
+        path: PathBuf,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Another process serves on the socket.
+    #[error("API socket {path} is in use by another process (is a node already running?)")]
+    InUse {
+        /// The socket path.
+        path: PathBuf,
+    },
+    /// The gRPC server failed.
+    #[error("API server: {0}")]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Binds the socket: parent dir created 0700 if missing, a stale socket replaced,
+/// mode 0600 (root only).
+///
+/// # Errors
+/// I/O errors, or a live socket at `path`.
+pub fn bind(path: &Path) -> Result<UnixListener, ServeError> {
+    let err = |source| ServeError::Socket {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(err)?;
+    }
+    if let Ok(md) = std::fs::symlink_metadata(path) {
+        if !md.file_type().is_socket() {
+            return Err(err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists and is not a socket",
+            )));
+        }
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
+            return Err(ServeError::InUse {
+                path: path.to_owned(),
+            });
+        }
+        std::fs::remove_file(path).map_err(err)?;
+    }
+    let listener = UnixListener::bind(path).map_err(err)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).map_err(err)?;
+    Ok(listener)
+}
+
+/// Serves the API on `listener` (bound at `path`) until `shutdown`, then removes the
+/// socket file.
+///
+/// # Errors
+/// Transport errors.
+pub async fn serve(
+    listener: UnixListener,
+    path: &Path,
+    api: ResourceApi,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    let api = Arc::new(api);
+    let res = tonic::transport::Server::builder()
+        .add_service(proto::resource_service_server::ResourceServiceServer::from_arc(api))
+        .serve_with_incoming_shutdown(
+            UnixListenerStream::new(listener),
+            shutdown.cancelled_owned(),
+        )
+        .await;
+    let _ = std::fs::remove_file(path);
+    res.map_err(Into::into)
+}

@@ -1,0 +1,21 @@
+//! The COSI-style resource runtime: resources, the in-memory store, watches and the
+//! controller runtime (spec `resource-runtime.md` §1–§3).
+
+pub mod backoff;
+pub mod controller;
+pub mod graph;
+pub mod metadata;
+pub mod query;
+pub mod resource;
+pub mod store;
+pub mod watch;
+
+pub use controller::{
+    AccessError, Controller, ControllerError, ControllerResult, ControllerRuntime, GraphSource,
+    Input, InputKind, Output, OutputKind, RegistrationError, Runtime, RuntimeError, Waker,
+};
+pub use metadata::{Finalizers, Kind, Metadata, Phase, Pointer};
+pub use query::{Filter, LabelOp, LabelQuery, LabelTerm};
+pub use resource::{downcast, AnyResource, Definition, PrintColumn, Resource, ResourceKind};
+pub use store::{StateError, Store, StoreOptions};
+pub use watch::{Event, KindWatch, WatchOptions};

@@ -1,0 +1,217 @@
+//! Test helpers for controller tests (spec §8): assert-eventually on the store, a
+//! runtime harness, and small resource kinds.
+//!
+//! The assertions watch the resource(s) and re-run the check on every event until it
+//! passes or the timeout expires; on timeout they panic with the last failure.
+
+use std::{sync::Arc, time::Duration};
+
+use serde::{Deserialize, Serialize};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use crate::runtime::{
+    Definition, Event, Kind, Pointer, Resource, ResourceKind, Runtime, RuntimeError, Store,
+    WatchOptions,
+};
+
+/// Default per-assertion timeout.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Waits until `ns/id` of type `K` exists and `check` passes; returns it.
+///
+/// # Panics
+/// On timeout, with the last failure.
+pub async fn assert_resource<K: ResourceKind>(
+    store: &Store,
+    namespace: &str,
+    id: &str,
+    mut check: impl FnMut(&Resource<K>) -> Result<(), String>,
+) -> Arc<Resource<K>> {
+    let ptr = Pointer::new(namespace, K::TYPE, id);
+    let mut w = store.watch(&ptr);
+    let mut last = String::from("no event yet");
+    let res = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            match w.recv().await {
+                Some(Event::Errored(e)) => panic!("watch of {ptr} failed: {e}"),
+                None => panic!("watch of {ptr} ended"),
+                Some(Event::Destroyed(_)) => last = format!("{ptr} does not exist"),
+                Some(ev) => {
+                    if let Some(r) = ev.resource().and_then(crate::runtime::downcast::<K>) {
+                        match check(&r) {
+                            Ok(()) => return r,
+                            Err(e) => last = e,
+                        }
+                    }
+                }
+            }
+        }
+    })
+    .await;
+    match res {
+        Ok(r) => r,
+        Err(_) => panic!("assert_resource {ptr} timed out after {TIMEOUT:?}: {last}"),
+    }
+}
+
+/// Waits until the resource does not exist (passes on the initial tombstone).
+///
+/// # Panics
+/// On timeout.
+pub async fn assert_no_resource(store: &Store, ptr: &Pointer) {
+    let mut w = store.watch(ptr);
+    let res = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            match w.recv().await {
+                Some(Event::Destroyed(_)) => return,
+                Some(Event::Errored(e)) => panic!("watch of {ptr} failed: {e}"),
+                None => panic!("watch of {ptr} ended"),
+                Some(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        res.is_ok(),
+        "assert_no_resource {ptr}: still exists after {TIMEOUT:?}"
+    );
+}
+
+/// Waits until the kind holds exactly `n` resources (counted via a bootstrap watch).
+///
+/// # Panics
+/// On timeout, with the last count.
+pub async fn assert_length(store: &Store, kind: &Kind, n: usize) {
+    let mut w = store.watch_kind(kind, WatchOptions::bootstrapped());
+    let mut ids = std::collections::BTreeSet::new();
+    let mut bootstrapped = false;
+    let res = tokio::time::timeout(TIMEOUT, async {
+        loop {
+            match w.recv().await {
+                Some(Event::Created(r)) => {
+                    ids.insert(r.metadata().id.clone());
+                }
+                Some(Event::Destroyed(r)) => {
+                    ids.remove(&r.metadata().id);
+                }
+                Some(Event::Bootstrapped) => bootstrapped = true,
+                Some(Event::Updated { .. }) => {}
+                Some(Event::Errored(e)) => panic!("watch of {kind} failed: {e}"),
+                None => panic!("watch of {kind} ended"),
+            }
+            if bootstrapped && ids.len() == n {
+                return;
+            }
+        }
+    })
+    .await;
+    assert!(
+        res.is_ok(),
+        "assert_length {kind}: want {n}, have {}",
+        ids.len()
+    );
+}
+
+/// A running runtime for a test; [`Harness::stop`] cancels it and waits for all tasks.
+#[derive(Debug)]
+pub struct Harness {
+    /// The store.
+    pub store: Store,
+    cancel: CancellationToken,
+    join: Option<JoinHandle<Result<(), RuntimeError>>>,
+}
+
+impl Harness {
+    /// Spawns `runtime.run`.
+    #[must_use]
+    pub fn start(runtime: Runtime) -> Self {
+        let store = runtime.store().clone();
+        let cancel = CancellationToken::new();
+        let join = tokio::spawn(runtime.run(cancel.clone()));
+        Self {
+            store,
+            cancel,
+            join: Some(join),
+        }
+    }
+
+    /// Cancels the runtime and returns its result.
+    ///
+    /// # Panics
+    /// If the runtime task panicked.
+    pub async fn stop(mut self) -> Result<(), RuntimeError> {
+        self.cancel.cancel();
+        self.join
+            .take()
+            .expect("not stopped")
+            .await
+            .expect("runtime task panicked")
+    }
+
+    /// Waits for the runtime to stop by itself (e.g. on a watch error).
+    ///
+    /// # Panics
+    /// If the runtime task panicked or does not stop within `timeout`.
+    pub async fn wait_stopped(mut self, timeout: Duration) -> Result<(), RuntimeError> {
+        let join = self.join.take().expect("not stopped");
+        tokio::time::timeout(timeout, join)
+            .await
+            .expect("runtime did not stop")
+            .expect("runtime task panicked")
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// Test kind: an integer spec.
+#[derive(Debug)]
+pub struct IntResource;
+
+impl ResourceKind for IntResource {
+    const TYPE: &'static str = "IntResources.test.wirespan.dev";
+    const DEFAULT_NAMESPACE: &'static str = "default";
+    type Spec = IntSpec;
+    fn definition() -> Definition {
+        Definition::new(Self::TYPE, "IntResource", Self::DEFAULT_NAMESPACE)
+            .column("Value", ".value")
+    }
+}
+
+/// Spec of [`IntResource`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IntSpec {
+    /// The value.
+    pub value: i64,
+}
+
+/// Test kind: a string spec.
+#[derive(Debug)]
+pub struct StrResource;
+
+impl ResourceKind for StrResource {
+    const TYPE: &'static str = "StrResources.test.wirespan.dev";
+    const DEFAULT_NAMESPACE: &'static str = "default";
+    type Spec = StrSpec;
+    fn definition() -> Definition {
+        Definition::new(Self::TYPE, "StrResource", Self::DEFAULT_NAMESPACE)
+            .column("Value", ".value")
+    }
+}
+
+/// Spec of [`StrResource`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StrSpec {
+    /// The value.
+    pub value: String,
+}
+
+/// Shorthand for an [`IntResource`].
+#[must_use]
+pub fn int(namespace: &str, id: &str, value: i64) -> Resource<IntResource> {
+    Resource::new(namespace, id, IntSpec { value })
+}

@@ -1,0 +1,316 @@
+//! `wirespan get` / `wirespan watch`: read and watch resources of a running node.
+
+use std::{fmt::Write as _, path::Path};
+
+use anyhow::Context as _;
+use serde_json::{json, Value};
+use wirespan_control::api::{client::connect, proto};
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Aligned columns: NAMESPACE TYPE ID VERSION and the type's print columns.
+    Table,
+    /// One YAML document per resource.
+    Yaml,
+    /// One JSON object per resource.
+    Json,
+}
+
+/// Options of `wirespan get` and `wirespan watch`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Resource type: full name, display name or alias, case-insensitive (e.g. `rd`).
+    pub r#type: String,
+    /// One resource id (default: all of the kind).
+    pub id: Option<String>,
+    /// Namespace (default: the type's default namespace).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
+    pub output: Format,
+    /// Keep printing changes (`+` created, ` ` updated, `-` destroyed).
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+    /// Show the spec of sensitive types (secrets); off by default.
+    #[arg(long)]
+    pub include_sensitive: bool,
+}
+
+const REDACTED: &str = "(sensitive: use --include-sensitive to show)";
+
+pub fn run(args: &Args, socket: &Path, force_watch: bool) -> anyhow::Result<()> {
+    super::block_on(async {
+        let mut client = connect(socket).await?;
+        let format = if args.output == Format::Yaml {
+            proto::SpecFormat::Yaml
+        } else {
+            proto::SpecFormat::Json
+        } as i32;
+        let ns = args.namespace.clone().unwrap_or_default();
+        let status = |s: tonic::Status| anyhow::anyhow!("{}", s.message());
+        if args.watch || force_watch {
+            let mut stream = client
+                .watch(proto::WatchRequest {
+                    r#type: args.r#type.clone(),
+                    namespace: ns,
+                    id: args.id.clone().unwrap_or_default(),
+                    format,
+                    include_sensitive: args.include_sensitive,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            let mut printer = None;
+            while let Some(msg) = stream.message().await.map_err(status)? {
+                if let Some(def) = &msg.definition {
+                    let p = Printer::new(def, args.output, true);
+                    if args.output == Format::Table {
+                        println!("{}", p.header());
+                    }
+                    printer = Some(p);
+                }
+                let p = printer
+                    .as_mut()
+                    .context("watch stream without definition")?;
+                let ev = proto::EventType::try_from(msg.event).unwrap_or(proto::EventType::Errored);
+                let mark = match ev {
+                    proto::EventType::Created => "+",
+                    proto::EventType::Updated => " ",
+                    proto::EventType::Destroyed => "-",
+                    proto::EventType::Bootstrapped => continue,
+                    proto::EventType::Errored => anyhow::bail!("watch failed: {}", msg.error),
+                };
+                if let Some(r) = &msg.resource {
+                    println!("{}", p.render(r, Some(mark))?);
+                }
+            }
+            return Ok(());
+        }
+        let (def, resources) = if let Some(id) = &args.id {
+            let resp = client
+                .get(proto::GetRequest {
+                    r#type: args.r#type.clone(),
+                    namespace: ns,
+                    id: id.clone(),
+                    format,
+                    include_sensitive: args.include_sensitive,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            (
+                resp.definition,
+                resp.resource.into_iter().collect::<Vec<_>>(),
+            )
+        } else {
+            let resp = client
+                .list(proto::ListRequest {
+                    r#type: args.r#type.clone(),
+                    namespace: ns,
+                    format,
+                    include_sensitive: args.include_sensitive,
+                })
+                .await
+                .map_err(status)?
+                .into_inner();
+            (resp.definition, resp.resources)
+        };
+        let def = def.context("response without definition")?;
+        let mut p = Printer::new(&def, args.output, false);
+        let out = p.render_all(&resources)?;
+        print!("{out}");
+        Ok(())
+    })
+}
+
+struct Printer {
+    def: proto::Definition,
+    format: Format,
+    watch: bool,
+    widths: Vec<usize>,
+    docs: usize,
+}
+
+fn spec_value(r: &proto::Resource, format: Format) -> anyhow::Result<Value> {
+    if r.spec_redacted {
+        return Ok(Value::String(REDACTED.to_owned()));
+    }
+    Ok(if format == Format::Yaml {
+        serde_yaml_ng::from_str(&r.spec).context("decoding YAML spec")?
+    } else {
+        serde_json::from_str(&r.spec).context("decoding JSON spec")?
+    })
+}
+
+fn lookup<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
+    let path = path.trim_start_matches('{').trim_end_matches('}');
+    path.split('.')
+        .filter(|s| !s.is_empty())
+        .try_fold(v, |v, key| v.get(key))
+}
+
+fn cell(v: Option<&Value>) -> String {
+    match v {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| cell(Some(x)))
+            .collect::<Vec<_>>()
+            .join(","),
+        Some(v) => v.to_string(),
+    }
+}
+
+impl Printer {
+    fn new(def: &proto::Definition, format: Format, watch: bool) -> Self {
+        let mut p = Self {
+            def: def.clone(),
+            format,
+            watch,
+            widths: Vec::new(),
+            docs: 0,
+        };
+        p.widths = p.header_cells().iter().map(String::len).collect();
+        if watch {
+            // Rows arrive one by one; pad to a reasonable width instead of measuring.
+            for w in p.widths.iter_mut().skip(1) {
+                *w = (*w).max(12);
+            }
+        }
+        p
+    }
+
+    fn header_cells(&self) -> Vec<String> {
+        let mut h: Vec<String> = Vec::new();
+        if self.watch {
+            h.push("*".into());
+        }
+        h.extend(["NAMESPACE", "TYPE", "ID", "VERSION"].map(String::from));
+        h.extend(self.def.print_columns.iter().map(|c| c.name.to_uppercase()));
+        h
+    }
+
+    fn header(&self) -> String {
+        self.line(&self.header_cells())
+    }
+
+    fn line(&self, cells: &[String]) -> String {
+        let mut s = String::new();
+        for (i, c) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                s.push_str(c);
+            } else {
+                let _ = write!(
+                    s,
+                    "{:w$}   ",
+                    c,
+                    w = self.widths.get(i).copied().unwrap_or(0)
+                );
+            }
+        }
+        s.trim_end().to_owned()
+    }
+
+    fn cells(&self, r: &proto::Resource, mark: Option<&str>) -> anyhow::Result<Vec<String>> {
+        let md = r.metadata.clone().unwrap_or_default();
+        let spec = spec_value(r, Format::Json)?;
+        let mut c = Vec::new();
+        if let Some(m) = mark {
+            c.push(m.to_owned());
+        }
+        c.extend([
+            md.namespace,
+            self.def.display_type.clone(),
+            md.id,
+            md.version.to_string(),
+        ]);
+        for col in &self.def.print_columns {
+            c.push(if r.spec_redacted {
+                "(sensitive)".into()
+            } else {
+                cell(lookup(&spec, &col.json_path))
+            });
+        }
+        Ok(c)
+    }
+
+    fn document(&self, r: &proto::Resource, mark: Option<&str>) -> anyhow::Result<Value> {
+        let md = r.metadata.clone().unwrap_or_default();
+        let mut meta = json!({
+            "namespace": md.namespace,
+            "type": md.r#type,
+            "id": md.id,
+            "version": md.version,
+            "owner": md.owner,
+            "phase": md.phase,
+            "created": md.created,
+            "updated": md.updated,
+        });
+        if !md.labels.is_empty() {
+            meta["labels"] = json!(md
+                .labels
+                .into_iter()
+                .collect::<std::collections::BTreeMap<_, _>>());
+        }
+        if !md.finalizers.is_empty() {
+            meta["finalizers"] = json!(md.finalizers);
+        }
+        let mut doc = serde_json::Map::new();
+        if let Some(m) = mark {
+            let ev = match m {
+                "+" => "created",
+                "-" => "destroyed",
+                _ => "updated",
+            };
+            doc.insert("event".into(), json!(ev));
+        }
+        doc.insert("metadata".into(), meta);
+        doc.insert("spec".into(), spec_value(r, self.format)?);
+        Ok(Value::Object(doc))
+    }
+
+    fn render(&mut self, r: &proto::Resource, mark: Option<&str>) -> anyhow::Result<String> {
+        match self.format {
+            Format::Table => Ok(self.line(&self.cells(r, mark)?)),
+            Format::Json => Ok(serde_json::to_string_pretty(&self.document(r, mark)?)?),
+            Format::Yaml => {
+                let sep = if self.docs > 0 { "---\n" } else { "" };
+                self.docs += 1;
+                let y = serde_yaml_ng::to_string(&self.document(r, mark)?)?;
+                Ok(format!("{sep}{}", y.trim_end()))
+            }
+        }
+    }
+
+    fn render_all(&mut self, resources: &[proto::Resource]) -> anyhow::Result<String> {
+        let mut out = String::new();
+        if self.format == Format::Table {
+            let rows = resources
+                .iter()
+                .map(|r| self.cells(r, None))
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            for row in &rows {
+                for (i, c) in row.iter().enumerate() {
+                    if let Some(w) = self.widths.get_mut(i) {
+                        *w = (*w).max(c.len());
+                    }
+                }
+            }
+            out.push_str(&self.header());
+            out.push('\n');
+            for row in &rows {
+                out.push_str(&self.line(row));
+                out.push('\n');
+            }
+            return Ok(out);
+        }
+        for r in resources {
+            out.push_str(&self.render(r, None)?);
+            out.push('\n');
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,62 @@
+//! `wirespan node`: the mesh daemon (skeleton: runtime, identity, resource API).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use tokio_util::sync::CancellationToken;
+use wirespan_control::{
+    api::server::{bind, serve, ResourceApi},
+    resources::{self, identity::NodeIdentityController, meta},
+    runtime::{Runtime, Store, StoreOptions},
+};
+
+/// Options of `wirespan node`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Directory for persistent state (node identity, keys).
+    #[arg(long, env = "WIRESPAN_STATE_DIR", default_value = "/var/lib/wirespan")]
+    pub state_dir: PathBuf,
+}
+
+pub fn run(args: &Args, socket: &Path) -> anyhow::Result<()> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?
+        .block_on(run_async(args, socket))
+}
+
+async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
+    let store = Store::new(StoreOptions::default());
+    meta::register(&store, &resources::definitions())
+        .context("registering resource definitions")?;
+    let mut runtime = Runtime::new(store.clone());
+    runtime.register(NodeIdentityController::new(args.state_dir.clone()))?;
+    let api = ResourceApi::new(store, Some(runtime.graph()));
+    let listener = bind(socket)?;
+    tracing::info!(socket = %socket.display(), state_dir = %args.state_dir.display(), "node started");
+
+    let cancel = CancellationToken::new();
+    let rt_task = tokio::spawn(runtime.run(cancel.clone()));
+    let api_task = tokio::spawn({
+        let cancel = cancel.clone();
+        let socket = socket.to_owned();
+        async move { serve(listener, &socket, api, cancel).await }
+    });
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM, shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT, shutting down"),
+        () = cancel.cancelled() => {}
+    }
+    cancel.cancel();
+    let rt_res = rt_task.await.context("runtime task")?;
+    let api_res = api_task.await.context("API task")?;
+    // The server removes its socket; make sure even on error.
+    let _ = std::fs::remove_file(socket);
+    rt_res?;
+    api_res?;
+    tracing::info!("node stopped");
+    Ok(())
+}

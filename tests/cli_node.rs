@@ -1,0 +1,132 @@
+//! `wirespan node` as a child process: identity, socket, API, clean shutdown.
+
+mod common;
+
+use std::{os::unix::fs::PermissionsExt as _, process::Command, time::Duration};
+
+use common::{cli, stdout, wait_for_path, ChildGuard, BIN};
+
+fn start(dir: &std::path::Path) -> ChildGuard {
+    let child = Command::new(BIN)
+        .arg("node")
+        .arg("--socket")
+        .arg(dir.join("run/node.sock"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .env_remove("WIRESPAN_SOCKET")
+        .spawn()
+        .unwrap();
+    let guard = ChildGuard(child);
+    wait_for_path(&dir.join("run/node.sock"));
+    guard
+}
+
+fn sigterm_and_wait(mut g: ChildGuard) -> std::process::ExitStatus {
+    let pid = g.0.id().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    for _ in 0..500 {
+        if let Some(st) = g.0.try_wait().unwrap() {
+            return st;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("node did not stop on SIGTERM");
+}
+
+fn node_id(socket: &std::path::Path) -> String {
+    // The identity controller runs right after start; retry briefly.
+    for _ in 0..200 {
+        let o = cli(socket, &["get", "nodeidentity", "local", "-o", "json"]);
+        if o.status.success() {
+            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+            return v["spec"]["nodeId"].as_str().unwrap().to_owned();
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("no NodeIdentity");
+}
+
+#[test]
+fn node_serves_identity_and_graph_and_stops_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("run/node.sock");
+    let node = start(dir.path());
+    let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    let id = node_id(&socket);
+    let file = std::fs::read_to_string(dir.path().join("state/node-id")).unwrap();
+    assert_eq!(file.trim(), id);
+    assert!(
+        (43..=52).contains(&id.len()) && id.bytes().all(|b| b.is_ascii_alphanumeric()),
+        "{id}"
+    );
+    let fmode = std::fs::metadata(dir.path().join("state/node-id"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(fmode & 0o777, 0o600);
+
+    let table = stdout(&cli(&socket, &["get", "ni"]));
+    assert!(
+        table.lines().nth(1).unwrap().split_whitespace().eq([
+            "cluster",
+            "NodeIdentity",
+            "local",
+            "1",
+            id.as_str()
+        ]),
+        "{table}"
+    );
+    let ns = stdout(&cli(&socket, &["get", "namespaces"]));
+    for n in [
+        "config",
+        "network-config",
+        "network",
+        "cluster",
+        "cluster-raw",
+        "kubespan",
+        "meta",
+    ] {
+        assert!(
+            ns.lines().any(|l| l.split_whitespace().nth(2) == Some(n)),
+            "{n} missing: {ns}"
+        );
+    }
+    let dot = stdout(&cli(&socket, &["inspect", "dependencies"]));
+    assert!(dot.starts_with("digraph"), "{dot}");
+    assert!(
+        dot.contains(
+            "\"NodeIdentityController\" -> \"NodeIdentities.cluster.wirespan.dev\" [style=bold];"
+        ),
+        "{dot}"
+    );
+
+    assert!(sigterm_and_wait(node).success());
+    assert!(!socket.exists(), "socket left behind");
+
+    // The identity survives a restart.
+    let node = start(dir.path());
+    assert_eq!(node_id(&socket), id);
+    assert!(sigterm_and_wait(node).success());
+}
+
+#[test]
+fn second_node_on_the_same_socket_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let _node = start(dir.path());
+    let o = Command::new(BIN)
+        .arg("node")
+        .arg("--socket")
+        .arg(dir.path().join("run/node.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state2"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("in use by another process"));
+}
