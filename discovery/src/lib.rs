@@ -3,4 +3,5 @@
 //!
 //! - [`proto`]: generated message and service types of the three protobuf packages.
 
+pub mod client;
 pub mod proto;

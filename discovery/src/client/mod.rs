@@ -1,0 +1,4 @@
+//! The discovery client library.
+
+pub mod crypto;
+pub mod model;
