@@ -228,7 +228,7 @@ impl Cipher {
     /// [`OpenError::BadBlockLength`] or [`OpenError::BadLengthPrefix`] (the latter
     /// is also what a wrong key usually produces: ECB has no authentication).
     pub fn open_endpoint(&self, blob: &[u8]) -> Result<Vec<u8>, OpenError> {
-        if blob.is_empty() || blob.len() % BLOCK != 0 {
+        if blob.is_empty() || !blob.len().is_multiple_of(BLOCK) {
             return Err(OpenError::BadBlockLength { len: blob.len() });
         }
         let mut buf = blob.to_vec();
