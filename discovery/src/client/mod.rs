@@ -1,4 +1,7 @@
 //! The discovery client library.
 
+pub mod address;
+pub mod backoff;
 pub mod crypto;
+pub mod machine;
 pub mod model;
