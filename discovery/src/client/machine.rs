@@ -227,6 +227,18 @@ impl<R: RngCore> Machine<R> {
         self.maybe_refresh();
     }
 
+    /// Starts a new connection cycle (the driver was restarted): any call in
+    /// flight is forgotten, the channel is rebuilt after one backoff delay.
+    pub fn reset_connection(&mut self, now: Instant) {
+        self.connected = false;
+        self.refresh_in_flight = false;
+        self.refresh_due = true;
+        if !matches!(self.phase, Phase::Backoff { .. }) {
+            self.enter_backoff(now);
+        }
+        self.actions.clear();
+    }
+
     /// Hello answered.
     pub fn hello_succeeded(&mut self, now: Instant, response: &wire::HelloResponse) {
         if self.phase != Phase::Hello {
