@@ -2,6 +2,8 @@
 //! `sidero.discovery.server.Cluster` gRPC API, and the encrypting client library.
 //!
 //! - [`proto`]: generated message and service types of the three protobuf packages.
+//! - [`server`]: the discovery server.
 
 pub mod client;
 pub mod proto;
+pub mod server;
