@@ -17,7 +17,7 @@ use wirespan_discovery::{
         KubeSpanInfo, MachineType,
     },
     proto::server::{cluster_client::ClusterClient, AffiliateUpdateRequest, ListRequest},
-    server::{self, RunningServer, ServerConfig},
+    server::{self, RunningServer, ServerConfig, TlsFiles},
 };
 
 const WAIT: Duration = Duration::from_secs(15);
@@ -49,16 +49,11 @@ struct Node {
 
 impl Node {
     fn start(server: SocketAddr, cluster: &str, id: &str, key: ClusterSecret) -> Result<Self> {
-        let client = Client::new(ClientConfig {
-            endpoint: format!("http://{server}"),
-            insecure: true,
-            ca_pem: None,
-            cluster_id: cluster.into(),
-            secret: key,
-            affiliate_id: id.into(),
-            ttl: Duration::from_secs(60),
-            client_version: "v0.1.0".into(),
-        })?;
+        Self::with_config(config(&format!("http://{server}"), cluster, id, key))
+    }
+
+    fn with_config(config: ClientConfig) -> Result<Self> {
+        let client = Client::new(config)?;
         let cancel = CancellationToken::new();
         let task = client.spawn(cancel.clone());
         Ok(Self {
@@ -83,6 +78,19 @@ impl Node {
     async fn stop(self) {
         self.cancel.cancel();
         let _ = self.task.await;
+    }
+}
+
+fn config(endpoint: &str, cluster: &str, id: &str, key: ClusterSecret) -> ClientConfig {
+    ClientConfig {
+        endpoint: endpoint.into(),
+        insecure: true,
+        ca_pem: None,
+        cluster_id: cluster.into(),
+        secret: key,
+        affiliate_id: id.into(),
+        ttl: Duration::from_secs(60),
+        client_version: "v0.1.0".into(),
     }
 }
 
@@ -457,5 +465,180 @@ async fn redirect_is_followed() -> Result<()> {
     a.stop().await;
     b.stop().await;
     target.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn stopped_client_with_short_ttl_disappears_via_gc() -> Result<()> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let server = server::spawn(
+        ServerConfig {
+            rate_limit: false,
+            gc_interval: Duration::from_millis(200),
+            ..ServerConfig::default()
+        },
+        listener,
+    )
+    .await?;
+    let addr = format!("http://{}", server.local_addr());
+    let short = Node::with_config(ClientConfig {
+        ttl: Duration::from_secs(1),
+        ..config(&addr, "gc", "short", secret())
+    })?;
+    let mut watcher = Node::start(server.local_addr(), "gc", "watcher", secret())?;
+    short.client.set_local_data(info("short", 1), vec![])?;
+    watcher
+        .wait_for("watcher sees short", |s| s.affiliates.contains_key("short"))
+        .await?;
+    // While running, refreshes every TTL/2 keep it alive past several TTLs.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(watcher.state.borrow().affiliates.contains_key("short"));
+    short.stop().await;
+    watcher
+        .wait_for("short expires", |s| !s.affiliates.contains_key("short"))
+        .await?;
+    watcher.stop().await;
+    server.shutdown().await?;
+    Ok(())
+}
+
+/// A CA and a leaf for `localhost`/127.0.0.1, made with the openssl CLI.
+fn make_certs(dir: &std::path::Path) -> Result<Option<Vec<u8>>> {
+    let run = |args: &[&str]| -> Result<bool> {
+        match std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+        {
+            Ok(out) if out.status.success() => Ok(true),
+            Ok(out) => bail!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    };
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "basicConstraints=CA:FALSE\nsubjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )?;
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let steps: [Vec<&str>; 3] = [
+        [
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-subj",
+                "/CN=test-ca",
+                "-days",
+                "1",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+            ],
+        ]
+        .concat(),
+        [
+            &["req"][..],
+            &ec,
+            &[
+                "-subj",
+                "/CN=localhost",
+                "-keyout",
+                "leaf.key",
+                "-out",
+                "leaf.csr",
+            ],
+        ]
+        .concat(),
+        vec![
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "leaf.ext",
+            "-out",
+            "leaf.pem",
+        ],
+    ];
+    for step in &steps {
+        if !run(step)? {
+            return Ok(None);
+        }
+    }
+    Ok(Some(std::fs::read(dir.join("ca.pem"))?))
+}
+
+#[tokio::test]
+async fn tls_endpoint_with_custom_roots() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let Some(ca) = make_certs(dir.path())? else {
+        eprintln!("skipping: openssl CLI not installed");
+        return Ok(());
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let server = server::spawn(
+        ServerConfig {
+            rate_limit: false,
+            tls: Some(TlsFiles {
+                cert: dir.path().join("leaf.pem"),
+                key: dir.path().join("leaf.key"),
+            }),
+            ..ServerConfig::default()
+        },
+        listener,
+    )
+    .await?;
+    let url = format!("https://localhost:{}", server.local_addr().port());
+    let mut a = Node::with_config(ClientConfig {
+        ca_pem: Some(ca.clone()),
+        ..config(&url, "tls", "node-a", secret())
+    })?;
+    let mut b = Node::with_config(ClientConfig {
+        ca_pem: Some(ca),
+        // Bare host:port means TLS unless `insecure`.
+        insecure: false,
+        ..config(
+            &format!("localhost:{}", server.local_addr().port()),
+            "tls",
+            "node-b",
+            secret(),
+        )
+    })?;
+    a.client.set_local_data(info("node-a", 1), vec![])?;
+    b.client.set_local_data(info("node-b", 2), vec![])?;
+    a.wait_for("a sees b over TLS", |s| s.affiliates.contains_key("node-b"))
+        .await?;
+    b.wait_for("b sees a over TLS", |s| s.affiliates.contains_key("node-a"))
+        .await?;
+
+    // A client that does not trust the CA never connects (and never panics).
+    let other_dir = tempfile::tempdir()?;
+    let wrong_ca = make_certs(other_dir.path())?.expect("openssl worked above");
+    let c = Node::with_config(ClientConfig {
+        ca_pem: Some(wrong_ca),
+        ..config(&url, "tls", "node-c", secret())
+    })?;
+    c.client.set_local_data(info("node-c", 3), vec![])?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_ne!(c.state.borrow().connection, ConnectionState::Connected);
+    assert!(!a.state.borrow().affiliates.contains_key("node-c"));
+    for n in [a, b, c] {
+        n.stop().await;
+    }
+    server.shutdown().await?;
     Ok(())
 }
