@@ -3,6 +3,7 @@
 //!
 //! - [`proto`]: generated message and service types of the three protobuf packages.
 //! - [`server`]: the discovery server.
+//! - [`client`]: the client library: blob crypto, typed affiliates, run loop.
 
 pub mod client;
 pub mod proto;

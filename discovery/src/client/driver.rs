@@ -26,6 +26,10 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long an HTTP/2 ping may go unanswered before the connection is dropped.
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
+/// Largest Watch/List message accepted. Above gRPC's 4 MiB default because a
+/// maximal cluster's snapshot is ≈ 4.4 MB (discovery-wire.md §1).
+pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
+
 /// HTTP/2 ping interval for a TTL: `max(10 s, TTL / 10)` (§1). The server must
 /// tolerate pings 10 s apart, so never go below that.
 #[must_use]
@@ -135,7 +139,11 @@ impl Io {
                     &shared.client_version,
                     shared.ca_pem.as_deref(),
                 ) {
-                    Ok(channel) => self.client = Some(ClusterClient::new(channel)),
+                    Ok(channel) => {
+                        self.client = Some(
+                            ClusterClient::new(channel).max_decoding_message_size(MAX_MESSAGE),
+                        );
+                    }
                     Err(e) => tracing::warn!(error = %e, "cannot set up discovery channel"),
                 }
             }

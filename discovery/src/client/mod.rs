@@ -10,6 +10,34 @@
 //! state really changed (refreshes with identical plaintext do not wake it), and it
 //! never has to replay events after a reconnect.
 //!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::time::Duration;
+//! use wirespan_discovery::client::{AffiliateInfo, Client, ClientConfig, ClusterSecret};
+//!
+//! let client = Client::new(ClientConfig {
+//!     endpoint: "https://discovery.talos.dev".into(),
+//!     insecure: false,
+//!     ca_pem: None,
+//!     cluster_id: "my-cluster".into(),
+//!     secret: ClusterSecret::from_base64("cluster.secret", "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=")?,
+//!     affiliate_id: "node-a".into(),
+//!     ttl: Duration::from_secs(1800),
+//!     client_version: "v0.1.0".into(),
+//! })?;
+//! let cancel = tokio_util::sync::CancellationToken::new();
+//! client.spawn(cancel.clone());
+//! let info = AffiliateInfo { node_id: "node-a".into(), ..AffiliateInfo::default() };
+//! client.set_local_data(info, vec!["192.0.2.1:51820".parse()?])?;
+//! let mut state = client.subscribe();
+//! while state.changed().await.is_ok() {
+//!     let now = state.borrow_and_update().clone();
+//!     println!("{} peers, public IP {:?}", now.affiliates.len(), now.public_ip);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! Layers: [`crypto`] (blobs), [`model`] (typed plaintext), [`machine`] (sans-IO
 //! decisions, fake-clock tested), `driver` (tokio/tonic shell).
 
