@@ -99,7 +99,7 @@ mod tests {
         .concat();
         assert_eq!(update.encode_to_vec(), expected);
         // And decoding gives the message back, with unknown fields ignored.
-        let mut with_unknown = expected.clone();
+        let mut with_unknown = expected;
         with_unknown.extend(hex("f8 07 01")); // field 127, varint
         assert_eq!(
             AffiliateUpdateRequest::decode(with_unknown.as_slice()).unwrap(),

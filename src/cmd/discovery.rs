@@ -48,7 +48,7 @@ pub struct Args {
 }
 
 impl Args {
-    fn config(&self) -> anyhow::Result<ServerConfig> {
+    fn into_config(self) -> anyhow::Result<ServerConfig> {
         if self.gc_interval.is_zero() {
             anyhow::bail!("--gc-interval must be positive");
         }
@@ -58,17 +58,14 @@ impl Args {
         Ok(ServerConfig {
             gc_interval: self.gc_interval,
             rate_limit: !self.no_rate_limit,
-            redirect_endpoint: self.redirect_endpoint.clone(),
-            snapshot_path: self.snapshot_path.clone(),
+            redirect_endpoint: self.redirect_endpoint,
+            snapshot_path: self.snapshot_path,
             snapshot_interval: self.snapshot_interval,
             report_client_ip: !self.no_client_ip,
             trust_x_real_ip: !self.no_trust_x_real_ip,
             trust_x_forwarded_for: !self.no_trust_x_forwarded_for,
-            tls: match (&self.tls_cert, &self.tls_key) {
-                (Some(cert), Some(key)) => Some(TlsFiles {
-                    cert: cert.clone(),
-                    key: key.clone(),
-                }),
+            tls: match (self.tls_cert, self.tls_key) {
+                (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
                 _ => None,
             },
             ..ServerConfig::default()
@@ -78,17 +75,18 @@ impl Args {
 
 /// Runs the server until SIGTERM or SIGINT, then stops gracefully.
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let config = args.config()?;
+    let (listen, metrics_listen) = (args.listen, args.metrics_listen);
+    let config = args.into_config()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("discovery")
         .build()
         .context("starting the tokio runtime")?;
     runtime.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(args.listen)
+        let listener = tokio::net::TcpListener::bind(listen)
             .await
-            .with_context(|| format!("binding --listen {}", args.listen))?;
-        let metrics = match args.metrics_listen {
+            .with_context(|| format!("binding --listen {listen}"))?;
+        let metrics = match metrics_listen {
             Some(addr) => Some(
                 tokio::net::TcpListener::bind(addr)
                     .await
