@@ -242,7 +242,8 @@ fn restore(config: &ServerConfig) -> state::State {
 }
 
 async fn background(shared: Arc<Shared>) {
-    let mut gc = tokio::time::interval(shared.config.gc_interval.max(Duration::from_millis(10)));
+    let gc_every = shared.config.gc_interval.max(Duration::from_millis(10));
+    let mut gc = tokio::time::interval_at(tokio::time::Instant::now() + gc_every, gc_every);
     gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut limiter = tokio::time::interval(Duration::from_secs(60));
     limiter.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -252,7 +253,6 @@ async fn background(shared: Arc<Shared>) {
     snapshot.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tokio::select! {
-            // The first tick is immediate: GC at start.
             _ = gc.tick() => { run_gc(&shared); }
             _ = limiter.tick() => {
                 shared.limiter.lock().unwrap_or_else(std::sync::PoisonError::into_inner).cleanup(Instant::now());
@@ -316,6 +316,9 @@ pub async fn spawn_with_metrics(
     let svc = ClusterServer::new(ClusterService {
         shared: Arc::clone(&shared),
     });
+    // GC at start (before serving, so it cannot race the first requests), then every
+    // interval.
+    run_gc(&shared);
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
     // No server-initiated pings and no ping-rate enforcement: hyper/h2 never answers
     // client pings with GOAWAY too_many_pings, which is laxer than upstream's 10 s
