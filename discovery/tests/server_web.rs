@@ -194,3 +194,47 @@ async fn unreadable_tls_files_fail_the_start() {
     .unwrap_err();
     assert!(err.to_string().contains("/nonexistent/cert.pem"), "{err}");
 }
+
+#[tokio::test]
+async fn tls_negotiates_h2_only() {
+    use std::sync::Arc;
+
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("c.pem"), cert.cert.pem()).unwrap();
+    std::fs::write(dir.path().join("k.pem"), cert.key_pair.serialize_pem()).unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = server::spawn(
+        ServerConfig {
+            tls: Some(TlsFiles {
+                cert: dir.path().join("c.pem"),
+                key: dir.path().join("k.pem"),
+            }),
+            ..ServerConfig::default()
+        },
+        listener,
+    )
+    .await
+    .unwrap();
+
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(cert.cert.der().clone()).unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(server.local_addr())
+        .await
+        .unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    drop(tls);
+    server.shutdown().await.unwrap();
+}

@@ -485,4 +485,46 @@ mod tests {
         // Empty file is an empty state.
         assert_eq!(read(&[][..], now, wall).unwrap().counts().clusters, 0);
     }
+
+    /// The protocol's "maximal" cluster encodes to exactly [`MAX_RECORD_LEN`] bytes
+    /// and imports; one more affiliate is refused.
+    #[test]
+    fn maximal_cluster_is_the_record_limit() {
+        let max_ttl = prost_types::Duration {
+            seconds: 9_223_372_036,
+            nanos: 854_775_807,
+        };
+        let endpoint = pb::EndpointSnapshot {
+            expiration: None,
+            data: vec![0xee; 2048],
+            ttl: Some(max_ttl),
+        };
+        let affiliate = |i: usize| pb::AffiliateSnapshot {
+            id: format!("{i:0>256}"),
+            expiration: None,
+            data: vec![0xdd; 2048],
+            endpoints: vec![endpoint.clone(); 64],
+            ttl: Some(max_ttl),
+        };
+        let mut msg = pb::ClusterSnapshot {
+            id: "c".repeat(256),
+            affiliates: (0..1024).map(affiliate).collect(),
+        };
+        assert_eq!(msg.encoded_len() as u64, MAX_RECORD_LEN);
+        let mut bytes = vec![RECORD_TAG];
+        prost::encoding::encode_varint(MAX_RECORD_LEN, &mut bytes);
+        msg.encode(&mut bytes).unwrap();
+        let now = Instant::now();
+        let state = read(&bytes[..], now, SystemTime::now()).unwrap();
+        let counts = state.counts();
+        assert_eq!((counts.affiliates, counts.endpoints), (1024, 1024 * 64));
+        assert!(state.inspect(&msg.id, now).unwrap()[0].expires_in_secs > 9_000_000_000);
+        drop(state);
+
+        msg.affiliates.push(affiliate(1024));
+        let mut header = vec![RECORD_TAG];
+        prost::encoding::encode_varint(msg.encoded_len() as u64, &mut header);
+        let err = read(&header[..], now, SystemTime::now()).unwrap_err();
+        assert!(err.to_string().contains("too long"), "{err}");
+    }
 }
