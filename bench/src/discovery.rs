@@ -1,14 +1,620 @@
-//! `wirespan bench discovery`.
+//! `wirespan bench discovery`: discovery server throughput, Watch fan-out latency,
+//! memory per affiliate and a join storm, against the real server binary.
+//!
+//! The server runs as a child process (`<this executable> discovery --no-rate-limit`)
+//! on loopback, so its memory can be read from `/proc/PID/status` and its CPU is not
+//! shared with the load generator's runtime. The rate limit is disabled because all
+//! load comes from one source address (it would cap every phase at 15 requests/s).
+
+use std::{
+    collections::HashSet,
+    net::SocketAddr,
+    path::PathBuf,
+    process::{Child, Command, Stdio},
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _};
+use indicatif::{ProgressBar, ProgressStyle};
+use tonic::{transport::Channel, Code};
+use wirespan_discovery::proto::server::{cluster_client::ClusterClient, *};
 
 /// Options of `wirespan bench discovery`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Seconds measured per throughput point (after a 0.5 s warm-up).
+    #[arg(long, default_value_t = 3)]
+    pub seconds: u64,
+    /// Affiliates stored for the memory measurement.
+    #[arg(long, default_value_t = 100_000)]
+    pub affiliates: usize,
+    /// Nodes in the join storm.
+    #[arg(long, default_value_t = 1024)]
+    pub storm_nodes: usize,
+    /// Updates published per fan-out measurement.
+    #[arg(long, default_value_t = 40)]
+    pub fanout_events: usize,
+    /// Server binary (default: this executable, run as `… discovery`).
+    #[arg(long)]
+    pub server_bin: Option<PathBuf>,
+}
 
 /// Runs the benchmark and prints its report.
 ///
 /// # Errors
 /// Whatever stops the benchmark from producing a valid report.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let _ = args;
-    anyhow::bail!("the discovery benchmark is not built yet")
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(run_async(args))
+}
+
+const DATA_LEN: usize = 256;
+const TTL_SECS: i64 = 600;
+
+async fn run_async(args: &Args) -> anyhow::Result<()> {
+    let exe = match &args.server_bin {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().context("locating this executable")?,
+    };
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    println!("wirespan bench discovery");
+    println!(
+        "server: `{} discovery --no-rate-limit` (child process, loopback, rate limit off: all \
+         load comes from one address); {cores} cores shared by server and load generator",
+        exe.display()
+    );
+
+    // Throughput.
+    let server = ServerProcess::start(&exe)?;
+    let measure = Duration::from_secs(args.seconds.max(1));
+    let mut rows = Vec::new();
+    for clients in [1, 16, 128] {
+        let hello = throughput(server.addr, clients, measure, Rpc::Hello).await?;
+        let update = throughput(server.addr, clients, measure, Rpc::Update).await?;
+        rows.push((clients, hello, update));
+    }
+    println!();
+    println!(
+        "AffiliateUpdate throughput ({DATA_LEN} B data + 1 endpoint, one cluster per client, \
+         one HTTP/2 connection per client), ceiling = Hello on the same stack"
+    );
+    println!(
+        "{:>8}  {:>14}  {:>18}  {:>7}  target",
+        "clients", "Hello/s", "AffiliateUpdate/s", "ratio"
+    );
+    for (clients, hello, update) in &rows {
+        let ratio = update / hello;
+        let target = if *clients == 128 {
+            format!("≥ 70 %  {}", verdict(ratio >= 0.70))
+        } else {
+            String::new()
+        };
+        println!(
+            "{clients:>8}  {hello:>14.0}  {update:>18.0}  {:>6.1}%  {target}",
+            ratio * 100.0
+        );
+    }
+
+    // Fan-out.
+    println!();
+    println!(
+        "Watch fan-out latency: one cluster, {} updates 20 ms apart, measured from sending \
+         AffiliateUpdate to receipt by each watcher",
+        args.fanout_events
+    );
+    println!(
+        "{:>8}  {:>9}  {:>9}  {:>9}  {:>8}  target",
+        "watchers", "p50", "p99", "max", "aborted"
+    );
+    for watchers in [100, 1000] {
+        let f = fanout(server.addr, watchers, args.fanout_events.max(1)).await?;
+        let target = if watchers == 1000 {
+            format!(
+                "p99 < 50 ms  {}",
+                verdict(f.p99 < Duration::from_millis(50))
+            )
+        } else {
+            String::new()
+        };
+        println!(
+            "{watchers:>8}  {:>9}  {:>9}  {:>9}  {:>8}  {target}",
+            ms(f.p50),
+            ms(f.p99),
+            ms(f.max),
+            f.aborted
+        );
+    }
+    drop(server);
+
+    // Memory (fresh server).
+    let server = ServerProcess::start(&exe)?;
+    let m = memory(&server, args.affiliates.max(1)).await?;
+    println!();
+    println!(
+        "Memory: {} affiliates in {} clusters, payload {} B each ({} B data + 2 endpoints), \
+         IDs {} B each (cluster ID shared per 1024)",
+        m.affiliates,
+        m.clusters,
+        m.payload,
+        DATA_LEN * 2,
+        m.id_bytes
+    );
+    println!(
+        "  server VmRSS {:.1} MiB → {:.1} MiB; {:.0} B per affiliate, {:.0} B beyond payload; \
+         target ≤ 1024 B beyond payload  {}",
+        m.rss_before as f64 / 1_048_576.0,
+        m.rss_after as f64 / 1_048_576.0,
+        m.per_affiliate,
+        m.overhead,
+        verdict(m.overhead <= 1024.0)
+    );
+    drop(server);
+
+    // Join storm (fresh server).
+    let server = ServerProcess::start(&exe)?;
+    let s = storm(server.addr, args.storm_nodes.max(2)).await?;
+    println!();
+    println!(
+        "Join storm: {} nodes at once, each Hello + Watch + AffiliateUpdate ({DATA_LEN} B), \
+         converged when every watcher holds all {} affiliates",
+        s.nodes, s.nodes
+    );
+    println!(
+        "  converged in {:.2} s ({} watch streams aborted as slow and re-established); \
+         target < 10 s  {}",
+        s.elapsed.as_secs_f64(),
+        s.aborted,
+        verdict(s.elapsed < Duration::from_secs(10))
+    );
+    drop(server);
+    Ok(())
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok {
+        "PASS"
+    } else {
+        "FAIL"
+    }
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+fn bar(len: usize, what: &str) -> ProgressBar {
+    let pb = ProgressBar::new(len as u64);
+    pb.set_style(
+        ProgressStyle::with_template("{msg:>28} [{bar:30}] {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_owned());
+    pb
+}
+
+/// The server as a child process, killed on drop.
+struct ServerProcess {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl ServerProcess {
+    fn start(exe: &std::path::Path) -> anyhow::Result<Self> {
+        // Pick a free port; the short window until the child binds it is acceptable
+        // on a benchmark machine.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let child = Command::new(exe)
+            .args(["--log", "warn", "discovery", "--no-rate-limit", "--listen"])
+            .arg(addr.to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", exe.display()))?;
+        let mut server = Self { child, addr };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while std::net::TcpStream::connect(addr).is_err() {
+            if let Some(status) = server.child.try_wait()? {
+                bail!("server exited at start: {status}");
+            }
+            if Instant::now() > deadline {
+                bail!("server did not listen on {addr} within 10 s");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(server)
+    }
+
+    fn rss_bytes(&self) -> anyhow::Result<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
+        let line = status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .context("no VmRSS in /proc/PID/status")?;
+        let kib: u64 = line
+            .split_whitespace()
+            .nth(1)
+            .context("malformed VmRSS")?
+            .parse()?;
+        Ok(kib * 1024)
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn connect(addr: SocketAddr) -> anyhow::Result<ClusterClient<Channel>> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {addr}"))?;
+    Ok(ClusterClient::new(channel))
+}
+
+async fn connect_many(
+    addr: SocketAddr,
+    n: usize,
+    what: &str,
+) -> anyhow::Result<Vec<ClusterClient<Channel>>> {
+    let pb = bar(n, what);
+    let mut out = Vec::with_capacity(n);
+    // Chunks keep the accept backlog small.
+    for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+        let conns = futures::future::join_all(chunk.iter().map(|_| connect(addr))).await;
+        for c in conns {
+            out.push(c?);
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    Ok(out)
+}
+
+fn ttl() -> Option<prost_types::Duration> {
+    Some(prost_types::Duration {
+        seconds: TTL_SECS,
+        nanos: 0,
+    })
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Rpc {
+    Hello,
+    Update,
+}
+
+/// Completed calls per second with `clients` concurrent clients, each on its own
+/// connection, calling back to back.
+async fn throughput(
+    addr: SocketAddr,
+    clients: usize,
+    measure: Duration,
+    rpc: Rpc,
+) -> anyhow::Result<f64> {
+    let conns = connect_many(addr, clients, "connecting").await?;
+    let count = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for (i, mut c) in conns.into_iter().enumerate() {
+        let (count, stop) = (Arc::clone(&count), Arc::clone(&stop));
+        tasks.push(tokio::spawn(async move {
+            let cluster = format!("tp-{clients}-{i}");
+            let data = vec![0x5a; DATA_LEN];
+            let endpoint = vec![0xe0; 16];
+            while !stop.load(Ordering::Relaxed) {
+                let r = match rpc {
+                    Rpc::Hello => c
+                        .hello(HelloRequest {
+                            cluster_id: cluster.clone(),
+                            client_version: "v1.8.3".into(),
+                        })
+                        .await
+                        .map(|_| ()),
+                    Rpc::Update => c
+                        .affiliate_update(AffiliateUpdateRequest {
+                            cluster_id: cluster.clone(),
+                            affiliate_id: "node".into(),
+                            affiliate_data: Some(data.clone()),
+                            affiliate_endpoints: vec![endpoint.clone()],
+                            ttl: ttl(),
+                        })
+                        .await
+                        .map(|_| ()),
+                };
+                r?;
+                count.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok::<_, tonic::Status>(())
+        }));
+    }
+    let name = match rpc {
+        Rpc::Hello => "Hello",
+        Rpc::Update => "AffiliateUpdate",
+    };
+    let pb = bar(
+        usize::try_from(measure.as_millis()).unwrap_or(usize::MAX) / 100 + 5,
+        &format!("{name} × {clients}"),
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    pb.inc(5);
+    let (c0, t0) = (count.load(Ordering::Relaxed), Instant::now());
+    while t0.elapsed() < measure {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        pb.inc(1);
+    }
+    let (c1, t1) = (count.load(Ordering::Relaxed), Instant::now());
+    stop.store(true, Ordering::Relaxed);
+    pb.finish_and_clear();
+    for t in tasks {
+        t.await??;
+    }
+    Ok((c1 - c0) as f64 / (t1 - t0).as_secs_f64())
+}
+
+struct Fanout {
+    p50: Duration,
+    p99: Duration,
+    max: Duration,
+    aborted: usize,
+}
+
+/// Watchers of one cluster; a publisher sends updates carrying their send time; every
+/// watcher records receive time − send time.
+async fn fanout(addr: SocketAddr, watchers: usize, events: usize) -> anyhow::Result<Fanout> {
+    let cluster = format!("fanout-{watchers}");
+    let conns = connect_many(addr, watchers, &format!("{watchers} watchers")).await?;
+    let epoch = Instant::now();
+    let mut streams = Vec::with_capacity(watchers);
+    for mut c in conns {
+        let mut s = c
+            .watch(WatchRequest {
+                cluster_id: cluster.clone(),
+            })
+            .await?
+            .into_inner();
+        s.message().await?.context("no snapshot")?;
+        streams.push((c, s));
+    }
+    let pb = bar(events, &format!("fan-out to {watchers}"));
+    let mut tasks = Vec::new();
+    for (c, mut s) in streams {
+        tasks.push(tokio::spawn(async move {
+            let _keep = c;
+            let mut lat = Vec::with_capacity(events);
+            while lat.len() < events {
+                match s.message().await {
+                    Ok(Some(msg)) => {
+                        let now = epoch.elapsed();
+                        for a in msg.affiliates {
+                            let sent =
+                                u64::from_be_bytes(a.data[..8].try_into().unwrap_or_default());
+                            lat.push(now.saturating_sub(Duration::from_nanos(sent)));
+                        }
+                    }
+                    Ok(None) => return (lat, false),
+                    Err(status) if status.code() == Code::Aborted => return (lat, true),
+                    Err(_) => return (lat, false),
+                }
+            }
+            (lat, false)
+        }));
+    }
+    let mut publisher = connect(addr).await?;
+    for _ in 0..events {
+        let mut data = vec![0u8; DATA_LEN];
+        let sent = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        data[..8].copy_from_slice(&sent.to_be_bytes());
+        publisher
+            .affiliate_update(AffiliateUpdateRequest {
+                cluster_id: cluster.clone(),
+                affiliate_id: "publisher".into(),
+                affiliate_data: Some(data),
+                affiliate_endpoints: vec![],
+                ttl: ttl(),
+            })
+            .await?;
+        pb.inc(1);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    pb.finish_and_clear();
+    let mut all = Vec::with_capacity(watchers * events);
+    let mut aborted = 0;
+    for t in tasks {
+        let (lat, was_aborted) = tokio::time::timeout(Duration::from_secs(30), t)
+            .await
+            .context("watchers did not receive every update within 30 s")??;
+        aborted += usize::from(was_aborted);
+        all.extend(lat);
+    }
+    if all.is_empty() {
+        bail!("no fan-out samples");
+    }
+    all.sort_unstable();
+    let pick = |q: f64| all[((all.len() - 1) as f64 * q).round() as usize];
+    Ok(Fanout {
+        p50: pick(0.50),
+        p99: pick(0.99),
+        max: all[all.len() - 1],
+        aborted,
+    })
+}
+
+struct Memory {
+    affiliates: usize,
+    clusters: usize,
+    payload: usize,
+    id_bytes: usize,
+    rss_before: u64,
+    rss_after: u64,
+    per_affiliate: f64,
+    overhead: f64,
+}
+
+/// Stores `n` affiliates (1024 per cluster) and reads the server's VmRSS around it.
+async fn memory(server: &ServerProcess, n: usize) -> anyhow::Result<Memory> {
+    const WRITERS: usize = 32;
+    const DATA: usize = DATA_LEN * 2;
+    let conns = connect_many(server.addr, WRITERS, "connecting").await?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rss_before = server.rss_bytes()?;
+    let pb = bar(n, "storing affiliates");
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for mut c in conns {
+        let (next, pb) = (Arc::clone(&next), pb.clone());
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let i = usize::try_from(next.fetch_add(1, Ordering::Relaxed)).unwrap_or(usize::MAX);
+                if i >= n {
+                    return Ok::<_, tonic::Status>(());
+                }
+                let mut data = vec![0u8; DATA];
+                data[..8].copy_from_slice(&(i as u64).to_be_bytes());
+                let mut ep4 = vec![0u8; 16];
+                ep4[..8].copy_from_slice(&(i as u64).to_be_bytes());
+                let mut ep6 = vec![1u8; 32];
+                ep6[..8].copy_from_slice(&(i as u64).to_be_bytes());
+                c.affiliate_update(AffiliateUpdateRequest {
+                    cluster_id: cluster_id(i / 1024),
+                    affiliate_id: affiliate_id(i),
+                    affiliate_data: Some(data),
+                    affiliate_endpoints: vec![ep4, ep6],
+                    ttl: ttl(),
+                })
+                .await?;
+                pb.inc(1);
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    pb.finish_and_clear();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let rss_after = server.rss_bytes()?;
+    let payload = DATA + 16 + 32;
+    let per_affiliate = rss_after.saturating_sub(rss_before) as f64 / n as f64;
+    Ok(Memory {
+        affiliates: n,
+        clusters: n.div_ceil(1024),
+        payload,
+        id_bytes: affiliate_id(0).len(),
+        rss_before,
+        rss_after,
+        per_affiliate,
+        overhead: per_affiliate - payload as f64,
+    })
+}
+
+/// Talos-shaped IDs: a 44-character cluster ID and a 44-character node ID.
+fn cluster_id(i: usize) -> String {
+    format!("{i:0>44}")
+}
+
+fn affiliate_id(i: usize) -> String {
+    format!("node{i:0>40}")
+}
+
+struct Storm {
+    nodes: usize,
+    elapsed: Duration,
+    aborted: usize,
+}
+
+/// `n` nodes join one cluster at once; each waits until its watch holds all `n`.
+/// A watch aborted as slow is re-established (Hello + Watch, fresh snapshot) as a
+/// real client does.
+async fn storm(addr: SocketAddr, n: usize) -> anyhow::Result<Storm> {
+    let conns = connect_many(addr, n, "connecting nodes").await?;
+    let pb = bar(n, "join storm: converged");
+    let barrier = Arc::new(tokio::sync::Barrier::new(n + 1));
+    let mut tasks = Vec::new();
+    for (i, mut c) in conns.into_iter().enumerate() {
+        let (barrier, pb) = (Arc::clone(&barrier), pb.clone());
+        tasks.push(tokio::spawn(async move {
+            let cluster = "storm".to_owned();
+            barrier.wait().await;
+            let start = Instant::now();
+            let mut aborted = 0usize;
+            let mut updated = false;
+            loop {
+                c.hello(HelloRequest {
+                    cluster_id: cluster.clone(),
+                    client_version: "v1.8.3".into(),
+                })
+                .await?;
+                let mut s = c
+                    .watch(WatchRequest {
+                        cluster_id: cluster.clone(),
+                    })
+                    .await?
+                    .into_inner();
+                if !updated {
+                    c.affiliate_update(AffiliateUpdateRequest {
+                        cluster_id: cluster.clone(),
+                        affiliate_id: affiliate_id(i),
+                        affiliate_data: Some(vec![0x42; DATA_LEN]),
+                        affiliate_endpoints: vec![vec![i as u8; 16]],
+                        ttl: ttl(),
+                    })
+                    .await?;
+                    updated = true;
+                }
+                let mut held = HashSet::with_capacity(n);
+                loop {
+                    match s.message().await {
+                        Ok(Some(msg)) => {
+                            for a in msg.affiliates {
+                                if msg.deleted {
+                                    held.remove(&a.id);
+                                } else {
+                                    held.insert(a.id);
+                                }
+                            }
+                            if held.len() == n {
+                                pb.inc(1);
+                                return Ok::<_, tonic::Status>((start.elapsed(), aborted));
+                            }
+                        }
+                        Err(status) if status.code() == Code::Aborted => {
+                            aborted += 1;
+                            break;
+                        }
+                        Err(status) => return Err(status),
+                        Ok(None) => return Err(tonic::Status::unavailable("watch ended")),
+                    }
+                }
+            }
+        }));
+    }
+    barrier.wait().await;
+    let start = Instant::now();
+    let mut aborted = 0;
+    for t in tasks {
+        let (_, a) = tokio::time::timeout(Duration::from_secs(120), t)
+            .await
+            .context("join storm did not converge within 120 s")???;
+        aborted += a;
+    }
+    pb.finish_and_clear();
+    Ok(Storm {
+        nodes: n,
+        elapsed: start.elapsed(),
+        aborted,
+    })
 }

@@ -1,10 +1,112 @@
 //! `wirespan discovery`: the discovery server.
 
+use std::{net::SocketAddr, path::PathBuf, time::Duration};
+
+use anyhow::Context as _;
+use wirespan_discovery::server::{self, ServerConfig, TlsFiles};
+
 /// Options of `wirespan discovery`.
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// gRPC listen address (plaintext h2c, or TLS with --tls-cert/--tls-key).
+    #[arg(long, value_name = "ADDR:PORT")]
+    listen: SocketAddr,
+    /// Address of the metrics, landing and inspect pages (off when absent).
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics_listen: Option<SocketAddr>,
+    /// Interval between garbage collection passes.
+    #[arg(long, value_name = "DURATION", default_value = "1m", value_parser = humantime::parse_duration)]
+    gc_interval: Duration,
+    /// Snapshot file (upstream format); state is restored from it at start.
+    #[arg(long, value_name = "FILE")]
+    snapshot_path: Option<PathBuf>,
+    /// Interval between snapshot saves (one more is written at shutdown).
+    #[arg(long, value_name = "DURATION", default_value = "10m", value_parser = humantime::parse_duration)]
+    snapshot_interval: Duration,
+    /// Disable the per-client-address rate limit (15 requests/s, burst 60).
+    #[arg(long)]
+    no_rate_limit: bool,
+    /// Send every client to this `host:port` in Hello.
+    #[arg(long, value_name = "HOST:PORT")]
+    redirect_endpoint: Option<String>,
+    /// Do not report the client's address in Hello.
+    #[arg(long)]
+    no_client_ip: bool,
+    /// Ignore `X-Real-IP` (trusted by default, like upstream; spoofable when the server
+    /// is not behind a proxy).
+    #[arg(long)]
+    no_trust_x_real_ip: bool,
+    /// Ignore `X-Forwarded-For` (trusted by default, like upstream).
+    #[arg(long)]
+    no_trust_x_forwarded_for: bool,
+    /// TLS certificate chain (PEM); needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// TLS private key (PEM); needs --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+}
 
-pub fn run(args: &Args) -> anyhow::Result<()> {
-    let _ = args;
-    anyhow::bail!("the discovery server is not built yet")
+impl Args {
+    fn into_config(self) -> anyhow::Result<ServerConfig> {
+        if self.gc_interval.is_zero() {
+            anyhow::bail!("--gc-interval must be positive");
+        }
+        if self.snapshot_interval.is_zero() {
+            anyhow::bail!("--snapshot-interval must be positive");
+        }
+        Ok(ServerConfig {
+            gc_interval: self.gc_interval,
+            rate_limit: !self.no_rate_limit,
+            redirect_endpoint: self.redirect_endpoint,
+            snapshot_path: self.snapshot_path,
+            snapshot_interval: self.snapshot_interval,
+            report_client_ip: !self.no_client_ip,
+            trust_x_real_ip: !self.no_trust_x_real_ip,
+            trust_x_forwarded_for: !self.no_trust_x_forwarded_for,
+            tls: match (self.tls_cert, self.tls_key) {
+                (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+                _ => None,
+            },
+            ..ServerConfig::default()
+        })
+    }
+}
+
+/// Runs the server until SIGTERM or SIGINT, then stops gracefully.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let (listen, metrics_listen) = (args.listen, args.metrics_listen);
+    let config = args.into_config()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("discovery")
+        .build()
+        .context("starting the tokio runtime")?;
+    runtime.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding --listen {listen}"))?;
+        let metrics = match metrics_listen {
+            Some(addr) => Some(
+                tokio::net::TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("binding --metrics-listen {addr}"))?,
+            ),
+            None => None,
+        };
+        let server = server::spawn_with_metrics(config, listener, metrics)
+            .await
+            .context("starting the discovery server")?;
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .context("installing the SIGTERM handler")?;
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM, shutting down"),
+            r = tokio::signal::ctrl_c() => {
+                r.context("waiting for SIGINT")?;
+                tracing::info!("SIGINT, shutting down");
+            }
+        }
+        server.shutdown().await.context("shutting down")?;
+        Ok(())
+    })
 }

@@ -1,0 +1,252 @@
+//! Prometheus metrics of the discovery server (prometheus-client), named as upstream
+//! where upstream has the metric.
+
+use std::time::Duration;
+
+use prometheus_client::{
+    encoding::text::encode,
+    metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
+    registry::Registry,
+};
+
+use super::state::{Counts, GcStats};
+
+type Labels = Vec<(&'static str, String)>;
+
+fn latency_histogram() -> Histogram {
+    // 50 µs … ~1.6 s.
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.000_05, 2.0, 16,
+    ))
+}
+
+/// All metrics of one server.
+pub struct Metrics {
+    registry: Registry,
+    clusters: Gauge,
+    affiliates: Gauge,
+    endpoints: Gauge,
+    subscriptions: Gauge,
+    gc_runs: Counter,
+    gc_clusters: Counter,
+    gc_affiliates: Counter,
+    hello: Family<Labels, Counter>,
+    rpc_handled: Family<Labels, Counter>,
+    rpc_latency: Family<Labels, Histogram, fn() -> Histogram>,
+    storage_ops: Family<Labels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    #[must_use]
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let m = Self {
+            clusters: Gauge::default(),
+            affiliates: Gauge::default(),
+            endpoints: Gauge::default(),
+            subscriptions: Gauge::default(),
+            gc_runs: Counter::default(),
+            gc_clusters: Counter::default(),
+            gc_affiliates: Counter::default(),
+            hello: Family::default(),
+            rpc_handled: Family::default(),
+            rpc_latency: Family::new_with_constructor(latency_histogram),
+            storage_ops: Family::default(),
+            registry: Registry::default(),
+        };
+        registry.register(
+            "discovery_state_clusters",
+            "Number of clusters",
+            m.clusters.clone(),
+        );
+        registry.register(
+            "discovery_state_affiliates",
+            "Number of affiliates over all clusters",
+            m.affiliates.clone(),
+        );
+        registry.register(
+            "discovery_state_endpoints",
+            "Number of endpoints over all affiliates",
+            m.endpoints.clone(),
+        );
+        registry.register(
+            "discovery_state_subscriptions",
+            "Number of open Watch subscriptions",
+            m.subscriptions.clone(),
+        );
+        registry.register(
+            "discovery_state_gc_runs",
+            "Garbage collection passes",
+            m.gc_runs.clone(),
+        );
+        registry.register(
+            "discovery_state_gc_clusters",
+            "Clusters removed by garbage collection",
+            m.gc_clusters.clone(),
+        );
+        registry.register(
+            "discovery_state_gc_affiliates",
+            "Affiliates removed by garbage collection",
+            m.gc_affiliates.clone(),
+        );
+        registry.register(
+            "discovery_server_hello_requests",
+            "Hello requests by client version (vMAJOR.MINOR)",
+            m.hello.clone(),
+        );
+        registry.register(
+            "grpc_server_handled",
+            "RPCs completed, by method and status code",
+            m.rpc_handled.clone(),
+        );
+        registry.register(
+            "grpc_server_handling_seconds",
+            "RPC handling latency (Watch: until the stream is set up)",
+            m.rpc_latency.clone(),
+        );
+        registry.register(
+            "discovery_storage_operations",
+            "Snapshot operations by operation and status",
+            m.storage_ops.clone(),
+        );
+        Self { registry, ..m }
+    }
+
+    /// Counts one Hello under its version label.
+    pub fn hello(&self, client_version: &str) {
+        self.hello
+            .get_or_create(&vec![("client_version", version_label(client_version))])
+            .inc();
+    }
+
+    /// Records one finished RPC.
+    pub fn rpc(&self, method: &'static str, code: tonic::Code, elapsed: Duration) {
+        let code = format!("{code:?}");
+        self.rpc_handled
+            .get_or_create(&vec![
+                ("grpc_method", method.to_owned()),
+                ("grpc_code", code),
+            ])
+            .inc();
+        self.rpc_latency
+            .get_or_create(&vec![("grpc_method", method.to_owned())])
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Records one GC pass.
+    pub fn gc(&self, stats: GcStats) {
+        self.gc_runs.inc();
+        self.gc_clusters.inc_by(stats.clusters as u64);
+        self.gc_affiliates.inc_by(stats.affiliates as u64);
+    }
+
+    /// Records one snapshot operation (`save` / `load`) and its outcome.
+    pub fn storage(&self, operation: &'static str, ok: bool) {
+        let status = if ok { "success" } else { "error" };
+        self.storage_ops
+            .get_or_create(&vec![
+                ("operation", operation.to_owned()),
+                ("status", status.to_owned()),
+            ])
+            .inc();
+    }
+
+    /// Renders the text exposition with the state gauges set from `counts`.
+    #[must_use]
+    pub fn render(&self, counts: Counts) -> String {
+        self.clusters.set(gauge(counts.clusters));
+        self.affiliates.set(gauge(counts.affiliates));
+        self.endpoints.set(gauge(counts.endpoints));
+        self.subscriptions.set(gauge(counts.subscriptions));
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+fn gauge(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// The `client_version` label: `vMAJOR.MINOR`, `-pre` appended when the version had a
+/// `-suffix`, else `unknown`. MAJOR (≤ 2 chars) and MINOR (≤ 3 chars) must be digits
+/// here (upstream only checks lengths) so the label set stays bounded whatever
+/// clients send.
+#[must_use]
+pub fn version_label(version: &str) -> String {
+    let (base, pre) = match version.split_once('-') {
+        Some((base, _)) => (base, true),
+        None => (version, false),
+    };
+    let Some(rest) = base.strip_prefix('v') else {
+        return "unknown".into();
+    };
+    let Some((major, after)) = rest.split_once('.') else {
+        return "unknown".into();
+    };
+    let Some((minor, _)) = after.split_once('.') else {
+        return "unknown".into();
+    };
+    let digits = |s: &str, max: usize| {
+        !s.is_empty() && s.len() <= max && s.bytes().all(|b| b.is_ascii_digit())
+    };
+    if !digits(major, 2) || !digits(minor, 3) {
+        return "unknown".into();
+    }
+    format!("v{major}.{minor}{}", if pre { "-pre" } else { "" })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_labels() {
+        assert_eq!(version_label("v1.8.3"), "v1.8");
+        assert_eq!(version_label("v1.8.0-beta.1"), "v1.8-pre");
+        assert_eq!(version_label("v1.2"), "unknown");
+        assert_eq!(version_label(""), "unknown");
+        assert_eq!(version_label("v12.345.6"), "v12.345");
+        assert_eq!(version_label("v123.4.5"), "unknown");
+        assert_eq!(version_label("v1.2345.6"), "unknown");
+        assert_eq!(version_label("1.8.3"), "unknown");
+        assert_eq!(version_label("va.b.c"), "unknown");
+    }
+
+    #[test]
+    fn render_has_state_gauges_and_counters() {
+        let m = Metrics::new();
+        m.hello("v1.8.3");
+        m.rpc("Hello", tonic::Code::Ok, Duration::from_millis(1));
+        let text = m.render(Counts {
+            clusters: 2,
+            affiliates: 3,
+            endpoints: 4,
+            subscriptions: 5,
+        });
+        assert!(text.contains("discovery_state_clusters 2"), "{text}");
+        assert!(text.contains("discovery_state_subscriptions 5"), "{text}");
+        assert!(
+            text.contains("discovery_server_hello_requests_total{client_version=\"v1.8\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("grpc_server_handled_total{grpc_method=\"Hello\",grpc_code=\"Ok\"} 1"),
+            "{text}"
+        );
+    }
+}

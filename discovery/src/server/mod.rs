@@ -1,0 +1,352 @@
+//! The discovery server: wire-compatible with the upstream
+//! `sidero.discovery.server.Cluster` service (spec: `discovery-wire.md` §7).
+//!
+//! - [`state`]: the pure state machine (merge rules, limits, expiry, GC, fan-out).
+//! - [`ratelimit`]: per-address token buckets, pure.
+//! - [`snapshot`]: the upstream snapshot file format.
+//! - `service`: the tonic shell; `web`: metrics, landing and inspect pages.
+
+use std::{
+    net::SocketAddr,
+    path::PathBuf,
+    sync::Arc,
+    time::{Duration, Instant, SystemTime},
+};
+
+use tokio::{net::TcpListener, task::JoinHandle};
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tonic::transport::{server::TcpIncoming, Identity, Server, ServerTlsConfig};
+
+mod error;
+pub mod metrics;
+pub mod ratelimit;
+mod service;
+pub mod snapshot;
+pub mod state;
+mod web;
+
+pub use error::{RequestError, ServerError, SnapshotError};
+pub use service::{client_address, grpc_timeout};
+
+use crate::proto::server::cluster_server::ClusterServer;
+use service::{ClusterService, Shared};
+
+/// How long shutdown waits for connections to drain before stopping hard.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+/// TLS material: PEM files of the server certificate chain and its private key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// Certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Private key (PEM).
+    pub key: PathBuf,
+}
+
+/// Server options. [`Default`] gives the upstream defaults, except that the snapshot
+/// is off (upstream writes `/var/discovery-service/state.binpb` by default; the CLI
+/// asks for a path explicitly).
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Interval between garbage collection passes (one also runs at start).
+    pub gc_interval: Duration,
+    /// Per-client-address rate limit (15/s, burst 60).
+    pub rate_limit: bool,
+    /// Returned to every Hello as the endpoint to use instead.
+    pub redirect_endpoint: Option<String>,
+    /// Snapshot file; `None` disables persistence.
+    pub snapshot_path: Option<PathBuf>,
+    /// Interval between snapshot saves (one more is written at shutdown).
+    pub snapshot_interval: Duration,
+    /// Report the client's address in Hello.
+    pub report_client_ip: bool,
+    /// Take the client address from `X-Real-IP` (spoofable unless behind a proxy).
+    pub trust_x_real_ip: bool,
+    /// Take the client address from the first `X-Forwarded-For` entry (spoofable
+    /// unless behind a proxy).
+    pub trust_x_forwarded_for: bool,
+    /// Events queued per watcher before it is aborted as too slow.
+    pub watch_queue: usize,
+    /// Serve TLS (ALPN `h2`) instead of plaintext h2c.
+    pub tls: Option<TlsFiles>,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            gc_interval: Duration::from_secs(60),
+            rate_limit: true,
+            redirect_endpoint: None,
+            snapshot_path: None,
+            snapshot_interval: Duration::from_secs(600),
+            report_client_ip: true,
+            trust_x_real_ip: true,
+            trust_x_forwarded_for: true,
+            watch_queue: state::WATCH_QUEUE,
+            tls: None,
+        }
+    }
+}
+
+/// A server running in the background on the current tokio runtime.
+pub struct RunningServer {
+    local_addr: SocketAddr,
+    metrics_addr: Option<SocketAddr>,
+    shared: Arc<Shared>,
+    grpc: JoinHandle<Result<(), tonic::transport::Error>>,
+    web: Option<JoinHandle<std::io::Result<()>>>,
+    background: JoinHandle<()>,
+    // Stops everything if the handle is dropped without `shutdown`.
+    _stop_on_drop: DropGuard,
+}
+
+impl std::fmt::Debug for RunningServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningServer")
+            .field("local_addr", &self.local_addr)
+            .field("metrics_addr", &self.metrics_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunningServer {
+    /// The gRPC listener's address.
+    #[must_use]
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The metrics/web listener's address, if one was given.
+    #[must_use]
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Current state sizes.
+    #[must_use]
+    pub fn counts(&self) -> state::Counts {
+        self.shared.state().counts()
+    }
+
+    /// Runs one GC pass now (the periodic one keeps its schedule).
+    pub fn gc_now(&self) -> state::GcStats {
+        run_gc(&self.shared)
+    }
+
+    /// Graceful stop: stop accepting, end Watch streams with OK, wait for connections
+    /// to drain (at most [`SHUTDOWN_GRACE`], then stop hard), save the snapshot if
+    /// configured.
+    ///
+    /// # Errors
+    /// The transport failed while serving, or the snapshot could not be saved.
+    pub async fn shutdown(mut self) -> Result<(), ServerError> {
+        self.shared.shutdown.cancel();
+        self.shared.state().close_subscriptions();
+        let served = match tokio::time::timeout(SHUTDOWN_GRACE, &mut self.grpc).await {
+            Ok(Ok(result)) => result.map_err(ServerError::from),
+            Ok(Err(join)) => Err(ServerError::Task(join.to_string())),
+            Err(_) => {
+                tracing::warn!("connections did not drain in time, stopping hard");
+                self.grpc.abort();
+                Ok(())
+            }
+        };
+        if let Some(web) = self.web.take() {
+            if tokio::time::timeout(Duration::from_secs(1), web)
+                .await
+                .is_err()
+            {
+                tracing::warn!("metrics listener did not stop in time");
+            }
+        }
+        self.background.abort();
+        let saved = match self.shared.config.snapshot_path.clone() {
+            Some(path) => save_snapshot(Arc::clone(&self.shared), path).await,
+            None => Ok(()),
+        };
+        served?;
+        saved
+    }
+}
+
+async fn save_snapshot(shared: Arc<Shared>, path: PathBuf) -> Result<(), ServerError> {
+    let start = Instant::now();
+    let result = tokio::task::spawn_blocking(move || {
+        let r = snapshot::save(&path, &shared.state);
+        shared.metrics.storage("save", r.is_ok());
+        r
+    })
+    .await
+    .map_err(|e| ServerError::Task(e.to_string()))?;
+    match result {
+        Ok(stats) => {
+            tracing::info!(
+                clusters = stats.clusters,
+                bytes = stats.bytes,
+                elapsed_ms = start.elapsed().as_millis() as u64,
+                "snapshot saved"
+            );
+            Ok(())
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "snapshot save failed");
+            Err(e.into())
+        }
+    }
+}
+
+fn run_gc(shared: &Shared) -> state::GcStats {
+    let stats = shared.state().gc(Instant::now());
+    shared.metrics.gc(stats);
+    if stats != state::GcStats::default() {
+        tracing::debug!(
+            clusters = stats.clusters,
+            affiliates = stats.affiliates,
+            endpoints = stats.endpoints,
+            "gc"
+        );
+    }
+    stats
+}
+
+/// Loads the snapshot, if configured; never fails the start.
+fn restore(config: &ServerConfig) -> state::State {
+    let Some(path) = &config.snapshot_path else {
+        return state::State::new();
+    };
+    match snapshot::load(path, Instant::now(), SystemTime::now()) {
+        snapshot::LoadOutcome::Missing => {
+            tracing::info!(path = %path.display(), "no snapshot, starting empty");
+            state::State::new()
+        }
+        snapshot::LoadOutcome::Loaded(state) => {
+            let c = state.counts();
+            tracing::info!(
+                path = %path.display(),
+                clusters = c.clusters,
+                affiliates = c.affiliates,
+                "snapshot restored"
+            );
+            state
+        }
+        snapshot::LoadOutcome::Corrupt { error, moved_to } => {
+            tracing::error!(
+                path = %path.display(),
+                moved_to = ?moved_to,
+                error = %error,
+                "snapshot unreadable, moved aside; starting empty"
+            );
+            state::State::new()
+        }
+    }
+}
+
+async fn background(shared: Arc<Shared>) {
+    let gc_every = shared.config.gc_interval.max(Duration::from_millis(10));
+    let mut gc = tokio::time::interval_at(tokio::time::Instant::now() + gc_every, gc_every);
+    gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut limiter = tokio::time::interval(Duration::from_secs(60));
+    limiter.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let snapshot_every = shared.config.snapshot_interval.max(Duration::from_secs(1));
+    let mut snapshot =
+        tokio::time::interval_at(tokio::time::Instant::now() + snapshot_every, snapshot_every);
+    snapshot.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = gc.tick() => { run_gc(&shared); }
+            _ = limiter.tick() => {
+                shared.limiter.lock().unwrap_or_else(std::sync::PoisonError::into_inner).cleanup(Instant::now());
+            }
+            _ = snapshot.tick(), if shared.config.snapshot_path.is_some() => {
+                if let Some(path) = shared.config.snapshot_path.clone() {
+                    // Errors are logged inside; the next interval tries again.
+                    let _ = save_snapshot(Arc::clone(&shared), path).await;
+                }
+            }
+        }
+    }
+}
+
+fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig, ServerError> {
+    let read = |path: &PathBuf| {
+        std::fs::read(path).map_err(|source| ServerError::TlsFile {
+            path: path.clone(),
+            source,
+        })
+    };
+    let identity = Identity::from_pem(read(&files.cert)?, read(&files.key)?);
+    Ok(ServerTlsConfig::new().identity(identity))
+}
+
+/// Serves gRPC (plaintext h2c, or TLS if `config.tls` is set) on `listener` until
+/// shutdown.
+///
+/// # Errors
+/// The listener has no local address, or the TLS files are unreadable or invalid.
+pub async fn spawn(
+    config: ServerConfig,
+    listener: TcpListener,
+) -> Result<RunningServer, ServerError> {
+    spawn_with_metrics(config, listener, None).await
+}
+
+/// Like [`spawn`], and also serves `/metrics`, `/` and `/inspect` on
+/// `metrics_listener`.
+///
+/// # Errors
+/// As [`spawn`], or the metrics listener has no local address.
+pub async fn spawn_with_metrics(
+    config: ServerConfig,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+) -> Result<RunningServer, ServerError> {
+    let local_addr = listener.local_addr().map_err(ServerError::LocalAddr)?;
+    let metrics_addr = metrics_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()
+        .map_err(ServerError::Web)?;
+    let mut builder = Server::builder();
+    if let Some(files) = &config.tls {
+        builder = builder.tls_config(tls_config(files)?)?;
+    }
+    let state = restore(&config);
+    let token = CancellationToken::new();
+    let shared = Arc::new(Shared::new(config, state, token.clone()));
+    let svc = ClusterServer::new(ClusterService {
+        shared: Arc::clone(&shared),
+    });
+    // GC at start (before serving, so it cannot race the first requests), then every
+    // interval.
+    run_gc(&shared);
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    // No server-initiated pings and no ping-rate enforcement: hyper/h2 never answers
+    // client pings with GOAWAY too_many_pings, which is laxer than upstream's 10 s
+    // minimum, as the protocol allows.
+    let grpc = tokio::spawn(
+        builder
+            .add_service(svc)
+            .serve_with_incoming_shutdown(incoming, token.clone().cancelled_owned()),
+    );
+    let web = metrics_listener.map(|l| {
+        let router = web::router(Arc::clone(&shared));
+        let stop = token.clone().cancelled_owned();
+        tokio::spawn(async move { axum::serve(l, router).with_graceful_shutdown(stop).await })
+    });
+    let background = tokio::spawn(background(Arc::clone(&shared)));
+    tracing::info!(
+        addr = %local_addr,
+        metrics = ?metrics_addr,
+        tls = shared.config.tls.is_some(),
+        "discovery server listening"
+    );
+    Ok(RunningServer {
+        local_addr,
+        metrics_addr,
+        shared,
+        grpc,
+        web,
+        background,
+        _stop_on_drop: token.drop_guard(),
+    })
+}

@@ -1,0 +1,644 @@
+//! The discovery client against the project's real discovery server on loopback.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
+
+use aes::cipher::{Array, BlockCipherEncrypt, KeyInit};
+use aes_gcm::{aead::Aead, Aes256Gcm};
+use anyhow::{bail, Context, Result};
+use tokio::{net::TcpListener, sync::watch};
+use tokio_util::sync::CancellationToken;
+use wirespan_discovery::{
+    client::{
+        AffiliateInfo, Client, ClientConfig, ClusterSecret, ConnectionState, DiscoveryState,
+        KubeSpanInfo, MachineType,
+    },
+    proto::server::{cluster_client::ClusterClient, AffiliateUpdateRequest, ListRequest},
+    server::{self, RunningServer, ServerConfig, TlsFiles},
+};
+
+const WAIT: Duration = Duration::from_secs(15);
+
+fn secret() -> ClusterSecret {
+    ClusterSecret::from_bytes(std::array::from_fn(|i| u8::try_from(i).unwrap()))
+}
+
+async fn start_server(redirect: Option<String>) -> Result<RunningServer> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    start_on(listener, redirect).await
+}
+
+async fn start_on(listener: TcpListener, redirect: Option<String>) -> Result<RunningServer> {
+    let config = ServerConfig {
+        rate_limit: false,
+        redirect_endpoint: redirect,
+        ..ServerConfig::default()
+    };
+    Ok(server::spawn(config, listener).await?)
+}
+
+struct Node {
+    client: Client,
+    state: watch::Receiver<DiscoveryState>,
+    cancel: CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Node {
+    fn start(server: SocketAddr, cluster: &str, id: &str, key: ClusterSecret) -> Result<Self> {
+        Self::with_config(config(&format!("http://{server}"), cluster, id, key))
+    }
+
+    fn with_config(config: ClientConfig) -> Result<Self> {
+        let client = Client::new(config)?;
+        let cancel = CancellationToken::new();
+        let task = client.spawn(cancel.clone());
+        Ok(Self {
+            state: client.subscribe(),
+            client,
+            cancel,
+            task,
+        })
+    }
+
+    async fn wait_for(&mut self, what: &str, f: impl Fn(&DiscoveryState) -> bool) -> Result<()> {
+        let ok = matches!(
+            tokio::time::timeout(WAIT, self.state.wait_for(|s| f(s))).await,
+            Ok(Ok(_))
+        );
+        if !ok {
+            bail!("{what}: timed out; last state {:#?}", *self.state.borrow());
+        }
+        Ok(())
+    }
+
+    async fn stop(self) {
+        self.cancel.cancel();
+        let _ = self.task.await;
+    }
+}
+
+fn config(endpoint: &str, cluster: &str, id: &str, key: ClusterSecret) -> ClientConfig {
+    ClientConfig {
+        endpoint: endpoint.into(),
+        insecure: true,
+        ca_pem: None,
+        cluster_id: cluster.into(),
+        secret: key,
+        affiliate_id: id.into(),
+        ttl: Duration::from_secs(60),
+        client_version: "v0.1.0".into(),
+    }
+}
+
+fn info(id: &str, n: u8) -> AffiliateInfo {
+    AffiliateInfo {
+        node_id: id.into(),
+        addresses: vec![IpAddr::from([10, 0, 0, n])],
+        hostname: format!("{id}.test"),
+        nodename: id.into(),
+        machine_type: MachineType::Worker,
+        operating_system: "wirespan (test)".into(),
+        kubespan: Some(KubeSpanInfo {
+            public_key: format!("key-{id}"),
+            address: format!("fd00::{n}").parse().unwrap(),
+            additional_addresses: vec![format!("10.244.{n}.0/24").parse().unwrap()],
+        }),
+        control_plane: None,
+    }
+}
+
+fn v4_endpoint(n: u8) -> SocketAddr {
+    SocketAddr::from(([192, 0, 2, n], 51820))
+}
+
+fn v6_endpoint(n: u8) -> SocketAddr {
+    format!("[2001:db8::{n}]:51820").parse().unwrap()
+}
+
+/// Every node sees exactly the others, with their data.
+async fn converge(nodes: &mut [Node], ids: &[String]) -> Result<()> {
+    for (i, node) in nodes.iter_mut().enumerate() {
+        let expected: Vec<String> = ids.iter().filter(|x| **x != ids[i]).cloned().collect();
+        node.wait_for(&format!("{} sees the others", ids[i]), |s| {
+            s.affiliates.keys().cloned().collect::<Vec<_>>() == expected
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn two_clients_see_each_other_updates_and_deletes() -> Result<()> {
+    let server = start_server(None).await?;
+    let addr = server.local_addr();
+    let mut a = Node::start(addr, "two", "node-a", secret())?;
+    let mut b = Node::start(addr, "two", "node-b", secret())?;
+    a.wait_for("a connected", |s| {
+        s.connection == ConnectionState::Connected
+    })
+    .await?;
+    assert!(
+        a.state.borrow().affiliates.is_empty(),
+        "empty snapshot first"
+    );
+    assert_eq!(
+        a.state.borrow().public_ip,
+        Some(IpAddr::from([127, 0, 0, 1])),
+        "Hello client_ip is reported"
+    );
+
+    assert!(a
+        .client
+        .set_local_data(info("node-a", 1), vec![v4_endpoint(1)])?);
+    assert!(b.client.set_local_data(info("node-b", 2), vec![])?);
+    b.wait_for("b sees a", |s| s.affiliates.contains_key("node-a"))
+        .await?;
+    let seen = b.state.borrow().affiliates["node-a"].clone();
+    assert_eq!(seen.info, info("node-a", 1));
+    assert_eq!(seen.endpoints, vec![v4_endpoint(1)]);
+    a.wait_for("a sees b", |s| s.affiliates.contains_key("node-b"))
+        .await?;
+
+    // Equal data: not sent again (b's view does not change).
+    let version_before = b.state.borrow().clone();
+    assert!(!a
+        .client
+        .set_local_data(info("node-a", 1), vec![v4_endpoint(1)])?);
+
+    // An endpoint added later propagates.
+    assert!(a
+        .client
+        .set_local_data(info("node-a", 1), vec![v4_endpoint(1), v6_endpoint(1)])?);
+    b.wait_for("b sees a's second endpoint", |s| {
+        s.affiliates
+            .get("node-a")
+            .is_some_and(|x| x.endpoints == [v4_endpoint(1), v6_endpoint(1)])
+    })
+    .await?;
+    assert_ne!(*b.state.borrow(), version_before);
+
+    // Delete propagates.
+    a.client.delete_own_affiliate();
+    b.wait_for("b sees a deleted", |s| !s.affiliates.contains_key("node-a"))
+        .await?;
+
+    a.stop().await;
+    b.stop().await;
+    server.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn five_clients_with_harvested_endpoints_converge() -> Result<()> {
+    let server = start_server(None).await?;
+    let n = 5u8;
+    let ids: Vec<String> = (0..n).map(|i| format!("node-{i}")).collect();
+    let mut nodes = Vec::new();
+    for i in 0..n {
+        let node = Node::start(server.local_addr(), "five", &ids[usize::from(i)], secret())?;
+        node.client
+            .set_local_data(info(&ids[usize::from(i)], i + 1), vec![v4_endpoint(i + 1)])?;
+        // Each node reports an IPv6 endpoint for its neighbour, as harvesting would.
+        let next = (i + 1) % n;
+        node.client.set_other_endpoints(BTreeMap::from([(
+            ids[usize::from(next)].clone(),
+            vec![v6_endpoint(next + 1)],
+        )]));
+        nodes.push(node);
+    }
+    converge(&mut nodes, &ids).await?;
+    for (i, node) in nodes.iter_mut().enumerate() {
+        node.wait_for(&format!("{} sees 2 endpoints per peer", ids[i]), |s| {
+            s.affiliates.iter().all(|(id, a)| {
+                let k: u8 = id.trim_start_matches("node-").parse().unwrap();
+                // Server order is arrival order: own and harvested updates race.
+                let mut got = a.endpoints.clone();
+                got.sort();
+                got == [v4_endpoint(k + 1), v6_endpoint(k + 1)]
+            })
+        })
+        .await?;
+    }
+    for node in nodes {
+        node.stop().await;
+    }
+    server.shutdown().await?;
+    Ok(())
+}
+
+/// An affiliate built in the test straight from the spec's byte layout (hand-made
+/// protobuf, AES-GCM and AES-ECB from the cipher crates, not the client's encoder)
+/// is decoded by the client.
+#[tokio::test]
+async fn affiliate_encoded_from_spec_bytes_is_decoded() -> Result<()> {
+    let server = start_server(None).await?;
+    let addr = server.local_addr();
+    let key: [u8; 32] = std::array::from_fn(|i| u8::try_from(i).unwrap());
+
+    // Spec §6 (c) plaintext: node_id "node-a", addresses [10.0.0.1], hostname "a",
+    // kubespan {public_key "PUBKEY=", address fd00::1}; then an unknown field 15.
+    let mut plaintext = Vec::new();
+    plaintext.extend_from_slice(&[0x0a, 6]);
+    plaintext.extend_from_slice(b"node-a");
+    plaintext.extend_from_slice(&[0x12, 4, 10, 0, 0, 1]);
+    plaintext.extend_from_slice(&[0x1a, 1, b'a']);
+    plaintext.extend_from_slice(&[0x3a, 0x1b, 0x0a, 7]);
+    plaintext.extend_from_slice(b"PUBKEY=");
+    plaintext.extend_from_slice(&[0x12, 16, 0xfd]);
+    plaintext.extend_from_slice(&[0; 14]);
+    plaintext.push(1);
+    plaintext.extend_from_slice(&[0x7a, 2, b'x', b'y']);
+    let nonce = [7u8; 12];
+    let gcm = Aes256Gcm::new(&Array::from(key));
+    let mut data = nonce.to_vec();
+    data.extend(
+        gcm.encrypt(&Array::from(nonce), plaintext.as_slice())
+            .unwrap(),
+    );
+
+    // Spec §6 (a) endpoint 1.2.3.4:5678: length byte, protobuf, zero padding, ECB.
+    let mut block = Array::from([
+        0x09, 0x0a, 0x04, 1, 2, 3, 4, 0x10, 0xae, 0x2c, 0, 0, 0, 0, 0, 0,
+    ]);
+    aes::Aes256::new(&Array::from(key)).encrypt_block(&mut block);
+    assert_eq!(
+        block.as_slice(),
+        [
+            0xbc, 0x14, 0x90, 0x92, 0xd7, 0x74, 0x78, 0xce, 0xce, 0x88, 0x09, 0xc3, 0xe0, 0x15,
+            0x38, 0x00
+        ],
+        "spec vector (a)"
+    );
+
+    let mut raw = ClusterClient::connect(format!("http://{addr}")).await?;
+    raw.affiliate_update(AffiliateUpdateRequest {
+        cluster_id: "bytes".into(),
+        affiliate_id: "node-a".into(),
+        affiliate_data: Some(data),
+        affiliate_endpoints: vec![block.to_vec()],
+        ttl: Some(prost_types::Duration {
+            seconds: 60,
+            nanos: 0,
+        }),
+    })
+    .await?;
+
+    let mut b = Node::start(addr, "bytes", "node-b", secret())?;
+    b.wait_for("b decodes the hand-made affiliate", |s| {
+        s.affiliates.contains_key("node-a")
+    })
+    .await?;
+    let a = b.state.borrow().affiliates["node-a"].clone();
+    assert_eq!(
+        a.info,
+        AffiliateInfo {
+            node_id: "node-a".into(),
+            addresses: vec![IpAddr::from([10, 0, 0, 1])],
+            hostname: "a".into(),
+            kubespan: Some(KubeSpanInfo {
+                public_key: "PUBKEY=".into(),
+                address: "fd00::1".parse().unwrap(),
+                additional_addresses: vec![],
+            }),
+            ..AffiliateInfo::default()
+        }
+    );
+    assert_eq!(a.endpoints, vec!["1.2.3.4:5678".parse::<SocketAddr>()?]);
+    b.stop().await;
+    server.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn client_with_wrong_secret_is_ignored_while_others_work() -> Result<()> {
+    let server = start_server(None).await?;
+    let addr = server.local_addr();
+    let mut a = Node::start(addr, "mixed", "node-a", secret())?;
+    let mut b = Node::start(addr, "mixed", "node-b", secret())?;
+    let mut x = Node::start(
+        addr,
+        "mixed",
+        "node-x",
+        ClusterSecret::from_bytes([0xee; 32]),
+    )?;
+    a.client
+        .set_local_data(info("node-a", 1), vec![v4_endpoint(1)])?;
+    b.client
+        .set_local_data(info("node-b", 2), vec![v4_endpoint(2)])?;
+    x.client
+        .set_local_data(info("node-x", 9), vec![v4_endpoint(9)])?;
+    a.wait_for("a sees b", |s| s.affiliates.contains_key("node-b"))
+        .await?;
+    b.wait_for("b sees a", |s| s.affiliates.contains_key("node-a"))
+        .await?;
+    x.wait_for("x connected", |s| {
+        s.connection == ConnectionState::Connected
+    })
+    .await?;
+
+    // x's data is on the server, yet nobody with the right key shows it.
+    let mut raw = ClusterClient::connect(format!("http://{addr}")).await?;
+    let listed = raw
+        .list(ListRequest {
+            cluster_id: "mixed".into(),
+        })
+        .await?
+        .into_inner();
+    assert_eq!(listed.affiliates.len(), 3);
+    for node in [&a, &b] {
+        let keys: Vec<String> = node.state.borrow().affiliates.keys().cloned().collect();
+        assert!(!keys.contains(&"node-x".to_string()), "{keys:?}");
+    }
+    assert!(x.state.borrow().affiliates.is_empty(), "x decrypts nothing");
+    for n in [a, b, x] {
+        n.stop().await;
+    }
+    server.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn server_restart_on_same_port_reconnects_and_republishes() -> Result<()> {
+    let server = start_server(None).await?;
+    let addr = server.local_addr();
+    let mut a = Node::start(addr, "restart", "node-a", secret())?;
+    let mut b = Node::start(addr, "restart", "node-b", secret())?;
+    a.client
+        .set_local_data(info("node-a", 1), vec![v4_endpoint(1)])?;
+    b.client
+        .set_local_data(info("node-b", 2), vec![v4_endpoint(2)])?;
+    a.wait_for("a sees b", |s| s.affiliates.contains_key("node-b"))
+        .await?;
+    b.wait_for("b sees a", |s| s.affiliates.contains_key("node-a"))
+        .await?;
+
+    server.shutdown().await?;
+    a.wait_for("a notices", |s| s.connection != ConnectionState::Connected)
+        .await?;
+
+    // Same port, empty state (no snapshot file).
+    let listener = TcpListener::bind(addr).await.context("rebind same port")?;
+    let server = start_on(listener, None).await?;
+    a.wait_for("a reconnected", |s| {
+        s.connection == ConnectionState::Connected
+    })
+    .await?;
+    b.wait_for("b reconnected", |s| {
+        s.connection == ConnectionState::Connected
+    })
+    .await?;
+
+    // Both republished without being told to: the new server holds both.
+    let mut raw = ClusterClient::connect(format!("http://{addr}")).await?;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let listed = raw
+            .list(ListRequest {
+                cluster_id: "restart".into(),
+            })
+            .await?
+            .into_inner();
+        let mut ids: Vec<String> = listed.affiliates.into_iter().map(|a| a.id).collect();
+        ids.sort();
+        if ids == ["node-a", "node-b"] {
+            break;
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("server after restart holds {ids:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    a.wait_for("a sees b again", |s| s.affiliates.contains_key("node-b"))
+        .await?;
+    b.wait_for("b sees a again", |s| s.affiliates.contains_key("node-a"))
+        .await?;
+    a.stop().await;
+    b.stop().await;
+    server.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn redirect_is_followed() -> Result<()> {
+    let target = start_server(None).await?;
+    let target_addr = target.local_addr();
+    let redirector = start_server(Some(target_addr.to_string())).await?;
+    let mut a = Node::start(redirector.local_addr(), "redir", "node-a", secret())?;
+    let mut b = Node::start(redirector.local_addr(), "redir", "node-b", secret())?;
+    a.client.set_local_data(info("node-a", 1), vec![])?;
+    b.client.set_local_data(info("node-b", 2), vec![])?;
+    for (name, node) in [("a", &mut a), ("b", &mut b)] {
+        node.wait_for(&format!("{name} on the target"), |s| {
+            s.connection == ConnectionState::Connected && s.endpoint.port == target_addr.port()
+        })
+        .await?;
+    }
+    a.wait_for("a sees b", |s| s.affiliates.contains_key("node-b"))
+        .await?;
+    b.wait_for("b sees a", |s| s.affiliates.contains_key("node-a"))
+        .await?;
+
+    // Data went to the target, not to the redirecting instance.
+    let mut raw = ClusterClient::connect(format!("http://{}", redirector.local_addr())).await?;
+    let listed = raw
+        .list(ListRequest {
+            cluster_id: "redir".into(),
+        })
+        .await?
+        .into_inner();
+    assert!(listed.affiliates.is_empty(), "{listed:?}");
+
+    // The old server drains; updates still propagate through the target.
+    redirector.shutdown().await?;
+    a.client
+        .set_local_data(info("node-a", 1), vec![v4_endpoint(1)])?;
+    b.wait_for("b sees a's new endpoint", |s| {
+        s.affiliates
+            .get("node-a")
+            .is_some_and(|x| x.endpoints == [v4_endpoint(1)])
+    })
+    .await?;
+    a.stop().await;
+    b.stop().await;
+    target.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn stopped_client_with_short_ttl_disappears_via_gc() -> Result<()> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let server = server::spawn(
+        ServerConfig {
+            rate_limit: false,
+            gc_interval: Duration::from_millis(200),
+            ..ServerConfig::default()
+        },
+        listener,
+    )
+    .await?;
+    let addr = format!("http://{}", server.local_addr());
+    let short = Node::with_config(ClientConfig {
+        ttl: Duration::from_secs(1),
+        ..config(&addr, "gc", "short", secret())
+    })?;
+    let mut watcher = Node::start(server.local_addr(), "gc", "watcher", secret())?;
+    short.client.set_local_data(info("short", 1), vec![])?;
+    watcher
+        .wait_for("watcher sees short", |s| s.affiliates.contains_key("short"))
+        .await?;
+    // While running, refreshes every TTL/2 keep it alive past several TTLs.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert!(watcher.state.borrow().affiliates.contains_key("short"));
+    short.stop().await;
+    watcher
+        .wait_for("short expires", |s| !s.affiliates.contains_key("short"))
+        .await?;
+    watcher.stop().await;
+    server.shutdown().await?;
+    Ok(())
+}
+
+/// A CA and a leaf for `localhost`/127.0.0.1, made with the openssl CLI.
+fn make_certs(dir: &std::path::Path) -> Result<Option<Vec<u8>>> {
+    let run = |args: &[&str]| -> Result<bool> {
+        match std::process::Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+        {
+            Ok(out) if out.status.success() => Ok(true),
+            Ok(out) => bail!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    };
+    std::fs::write(
+        dir.join("leaf.ext"),
+        "basicConstraints=CA:FALSE\nsubjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+    )?;
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+    ];
+    let steps: [Vec<&str>; 3] = [
+        [
+            &["req", "-x509"][..],
+            &ec,
+            &[
+                "-subj",
+                "/CN=test-ca",
+                "-days",
+                "1",
+                "-keyout",
+                "ca.key",
+                "-out",
+                "ca.pem",
+            ],
+        ]
+        .concat(),
+        [
+            &["req"][..],
+            &ec,
+            &[
+                "-subj",
+                "/CN=localhost",
+                "-keyout",
+                "leaf.key",
+                "-out",
+                "leaf.csr",
+            ],
+        ]
+        .concat(),
+        vec![
+            "x509",
+            "-req",
+            "-in",
+            "leaf.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "leaf.ext",
+            "-out",
+            "leaf.pem",
+        ],
+    ];
+    for step in &steps {
+        if !run(step)? {
+            return Ok(None);
+        }
+    }
+    Ok(Some(std::fs::read(dir.join("ca.pem"))?))
+}
+
+#[tokio::test]
+async fn tls_endpoint_with_custom_roots() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let Some(ca) = make_certs(dir.path())? else {
+        eprintln!("skipping: openssl CLI not installed");
+        return Ok(());
+    };
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let server = server::spawn(
+        ServerConfig {
+            rate_limit: false,
+            tls: Some(TlsFiles {
+                cert: dir.path().join("leaf.pem"),
+                key: dir.path().join("leaf.key"),
+            }),
+            ..ServerConfig::default()
+        },
+        listener,
+    )
+    .await?;
+    let url = format!("https://localhost:{}", server.local_addr().port());
+    let mut a = Node::with_config(ClientConfig {
+        ca_pem: Some(ca.clone()),
+        ..config(&url, "tls", "node-a", secret())
+    })?;
+    let mut b = Node::with_config(ClientConfig {
+        ca_pem: Some(ca),
+        // Bare host:port means TLS unless `insecure`.
+        insecure: false,
+        ..config(
+            &format!("localhost:{}", server.local_addr().port()),
+            "tls",
+            "node-b",
+            secret(),
+        )
+    })?;
+    a.client.set_local_data(info("node-a", 1), vec![])?;
+    b.client.set_local_data(info("node-b", 2), vec![])?;
+    a.wait_for("a sees b over TLS", |s| s.affiliates.contains_key("node-b"))
+        .await?;
+    b.wait_for("b sees a over TLS", |s| s.affiliates.contains_key("node-a"))
+        .await?;
+
+    // A client that does not trust the CA never connects (and never panics).
+    let other_dir = tempfile::tempdir()?;
+    let wrong_ca = make_certs(other_dir.path())?.expect("openssl worked above");
+    let c = Node::with_config(ClientConfig {
+        ca_pem: Some(wrong_ca),
+        ..config(&url, "tls", "node-c", secret())
+    })?;
+    c.client.set_local_data(info("node-c", 3), vec![])?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_ne!(c.state.borrow().connection, ConnectionState::Connected);
+    assert!(!a.state.borrow().affiliates.contains_key("node-c"));
+    for n in [a, b, c] {
+        n.stop().await;
+    }
+    server.shutdown().await?;
+    Ok(())
+}
