@@ -64,7 +64,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     init_tracing(&cli);
     match cli.command {
-        Command::Discovery(args) => cmd::discovery::run(&args),
+        Command::Discovery(args) => cmd::discovery::run(args),
         Command::Bench(bench) => cmd::bench::run(&bench),
         Command::Node(args) => cmd::node::run(&args, &cli.socket),
         Command::Get(args) => cmd::get::run(&args, &cli.socket, false),
