@@ -244,9 +244,9 @@ impl<R: RngCore> Machine<R> {
         if self.phase != Phase::Hello {
             return;
         }
-        if let Some(ip) = parse_client_ip(&response.client_ip) {
-            self.public_ip = Some(ip);
-        }
+        // Like upstream, the latest Hello wins: a server that stopped reporting
+        // the address clears it rather than leaving a stale candidate.
+        self.public_ip = parse_client_ip(&response.client_ip);
         if let Some(redirect) = response
             .redirect
             .as_ref()
@@ -1021,6 +1021,11 @@ mod tests {
         };
         m.hello_succeeded(now, &redirect);
         assert_eq!(m.public_ip(), Some("1.2.3.4".parse().unwrap()));
+        // An IPv4-mapped 16-byte address is reported as IPv4.
+        let mut mapped = vec![0u8; 10];
+        mapped.extend_from_slice(&[0xff, 0xff, 1, 2, 3, 4]);
+        assert_eq!(parse_client_ip(&mapped), Some("1.2.3.4".parse().unwrap()));
+        assert_eq!(parse_client_ip(&[1, 2, 3]), None);
         assert_eq!(m.connection_state(), ConnectionState::Backoff);
         now = m.poll_timeout();
         m.handle_timeout(now);
@@ -1051,6 +1056,7 @@ mod tests {
         m.hello_succeeded(now, &wire::HelloResponse::default());
         assert!(matches!(drain(&mut m)[..], [Action::Watch(_)]));
         assert_eq!(m.current_endpoint(), &target);
+        assert_eq!(m.public_ip(), None, "a Hello without client_ip clears it");
     }
 
     #[test]
