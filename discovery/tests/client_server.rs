@@ -122,7 +122,8 @@ fn v6_endpoint(n: u8) -> SocketAddr {
 /// Every node sees exactly the others, with their data.
 async fn converge(nodes: &mut [Node], ids: &[String]) -> Result<()> {
     for (i, node) in nodes.iter_mut().enumerate() {
-        let expected: Vec<String> = ids.iter().filter(|x| **x != ids[i]).cloned().collect();
+        let mut expected: Vec<String> = ids.iter().filter(|x| **x != ids[i]).cloned().collect();
+        expected.sort(); // the map iterates in key order
         node.wait_for(&format!("{} sees the others", ids[i]), |s| {
             s.affiliates.keys().cloned().collect::<Vec<_>>() == expected
         })
@@ -192,14 +193,20 @@ async fn two_clients_see_each_other_updates_and_deletes() -> Result<()> {
     Ok(())
 }
 
-#[tokio::test]
-async fn five_clients_with_harvested_endpoints_converge() -> Result<()> {
+/// Spec §9: n clients, each publishing an own IPv4 endpoint and an "other" IPv6
+/// endpoint for its neighbour; everyone sees n−1 peers with exactly 2 endpoints.
+async fn cluster_with_harvested_endpoints_converges(n: u8) -> Result<()> {
     let server = start_server(None).await?;
-    let n = 5u8;
+    let cluster = format!("harvest-{n}");
     let ids: Vec<String> = (0..n).map(|i| format!("node-{i}")).collect();
     let mut nodes = Vec::new();
     for i in 0..n {
-        let node = Node::start(server.local_addr(), "five", &ids[usize::from(i)], secret())?;
+        let node = Node::start(
+            server.local_addr(),
+            &cluster,
+            &ids[usize::from(i)],
+            secret(),
+        )?;
         node.client
             .set_local_data(info(&ids[usize::from(i)], i + 1), vec![v4_endpoint(i + 1)])?;
         // Each node reports an IPv6 endpoint for its neighbour, as harvesting would.
@@ -227,6 +234,28 @@ async fn five_clients_with_harvested_endpoints_converge() -> Result<()> {
         node.stop().await;
     }
     server.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn five_clients_with_harvested_endpoints_converge() -> Result<()> {
+    cluster_with_harvested_endpoints_converges(5).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn fifteen_clients_with_harvested_endpoints_converge() -> Result<()> {
+    cluster_with_harvested_endpoints_converges(15).await?;
+    Ok(())
+}
+
+/// 50 watchers each receive ~100 events in a burst, which can exceed the server's
+/// 32-event watch queue; an aborted watcher recovers through a fresh Hello and
+/// snapshot. (Like every test here, bounded only by the generous wait timeout:
+/// speed targets belong in benchmarks.)
+#[tokio::test]
+async fn fifty_clients_with_harvested_endpoints_converge() -> Result<()> {
+    cluster_with_harvested_endpoints_converges(50).await?;
     Ok(())
 }
 
