@@ -13,8 +13,8 @@ use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 use wirespan_discovery::{
     client::{
-        AffiliateInfo, Client, ClientConfig, ClusterSecret, ConnectionState, DiscoveryState,
-        KubeSpanInfo, MachineType,
+        crypto::Cipher, AffiliateInfo, Client, ClientConfig, ClusterSecret, ConnectionState,
+        DiscoveryState, KubeSpanInfo, MachineType,
     },
     proto::server::{cluster_client::ClusterClient, AffiliateUpdateRequest, ListRequest},
     server::{self, RunningServer, ServerConfig, TlsFiles},
@@ -667,6 +667,66 @@ async fn tls_endpoint_with_custom_roots() -> Result<()> {
     assert!(!a.state.borrow().affiliates.contains_key("node-c"));
     for n in [a, b, c] {
         n.stop().await;
+    }
+    server.shutdown().await?;
+    Ok(())
+}
+
+/// With a one-event watch queue the server aborts watchers on every burst; the
+/// clients must recover (re-Hello, fresh snapshot) until everyone converges.
+#[tokio::test]
+async fn aborted_watchers_recover_with_a_fresh_snapshot() -> Result<()> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let server = server::spawn(
+        ServerConfig {
+            rate_limit: false,
+            watch_queue: 1,
+            ..ServerConfig::default()
+        },
+        listener,
+    )
+    .await?;
+    let ids: Vec<String> = (0..8).map(|i| format!("node-{i}")).collect();
+    let mut nodes = Vec::new();
+    for (i, id) in (1u8..).zip(&ids) {
+        let node = Node::start(server.local_addr(), "abort", id, secret())?;
+        node.client
+            .set_local_data(info(id, i), vec![v4_endpoint(i)])?;
+        nodes.push(node);
+    }
+    converge(&mut nodes, &ids).await?;
+
+    // A burst of concurrent updates overflows every one-event queue.
+    let cipher = Cipher::new(&secret());
+    let mut rng = rand::thread_rng();
+    let raw = ClusterClient::connect(format!("http://{}", server.local_addr())).await?;
+    let mut burst = tokio::task::JoinSet::new();
+    let mut all = ids.clone();
+    for k in 0..30u8 {
+        let id = format!("burst-{k:02}");
+        all.push(id.clone());
+        let data = cipher.seal_affiliate(&info(&id, 100 + k).encode(), &mut rng);
+        let mut raw = raw.clone();
+        burst.spawn(async move {
+            raw.affiliate_update(AffiliateUpdateRequest {
+                cluster_id: "abort".into(),
+                affiliate_id: id,
+                affiliate_data: Some(data),
+                affiliate_endpoints: vec![],
+                ttl: Some(prost_types::Duration {
+                    seconds: 60,
+                    nanos: 0,
+                }),
+            })
+            .await
+        });
+    }
+    while let Some(result) = burst.join_next().await {
+        result??;
+    }
+    converge(&mut nodes, &all).await?;
+    for node in nodes {
+        node.stop().await;
     }
     server.shutdown().await?;
     Ok(())
