@@ -245,7 +245,7 @@ pub(super) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
             (actions, machine.poll_timeout())
         };
         for action in actions {
-            tracing::trace!(?action, "discovery client action");
+            tracing::trace!(action = action.kind(), "discovery client action");
             io.execute(action, &shared);
         }
         shared.publish();

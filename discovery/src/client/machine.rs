@@ -84,6 +84,20 @@ pub enum Action {
     Refresh(Vec<RefreshCall>),
 }
 
+impl Action {
+    /// Short name for logs (the requests carry blobs that logs do not need).
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Connect(_) => "connect",
+            Self::Hello(_) => "hello",
+            Self::Watch(_) => "watch",
+            Self::CancelWatch => "cancel-watch",
+            Self::Refresh(_) => "refresh",
+        }
+    }
+}
+
 /// One call of a refresh batch.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RefreshCall {
@@ -233,8 +247,11 @@ impl<R: RngCore> Machine<R> {
         self.connected = false;
         self.refresh_in_flight = false;
         self.refresh_due = true;
-        if !matches!(self.phase, Phase::Backoff { .. }) {
-            self.enter_backoff(now);
+        // A delay also precedes the first Hello of a run started long after the
+        // machine was created (the initial delay has expired by then).
+        match self.phase {
+            Phase::Backoff { until } if until > now => {}
+            _ => self.enter_backoff(now),
         }
         self.actions.clear();
     }
@@ -1134,6 +1151,32 @@ mod tests {
         }));
         let ids: Vec<&String> = m.affiliates().keys().collect();
         assert_eq!(ids, ["c"]);
+    }
+
+    #[test]
+    fn restart_waits_a_backoff_and_reconnects() {
+        let t0 = Instant::now();
+        let mut m = machine(t0);
+        let now = connect(&mut m, t0, &[]);
+        m.set_local_data(info("self"), vec![]).unwrap();
+        drain(&mut m);
+        // The driver stopped and starts again much later: calls in flight are gone.
+        let later = now + Duration::from_secs(600);
+        m.reset_connection(later);
+        assert_eq!(m.connection_state(), ConnectionState::Backoff);
+        assert!(m.poll_timeout() > later, "a delay before the first Hello");
+        let at = m.poll_timeout();
+        m.handle_timeout(at);
+        assert!(matches!(
+            drain(&mut m)[..],
+            [Action::Connect(_), Action::Hello(_)]
+        ));
+        m.refresh_done(at, true);
+        m.hello_succeeded(at, &wire::HelloResponse::default());
+        assert!(
+            matches!(drain(&mut m)[..], [Action::Watch(_), Action::Refresh(_)]),
+            "the earlier refresh result was ignored and the data is republished"
+        );
     }
 
     #[test]
