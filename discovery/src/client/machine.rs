@@ -269,27 +269,38 @@ impl<R: RngCore> Machine<R> {
             .as_ref()
             .filter(|r| !r.endpoint.is_empty())
         {
-            self.redirects += 1;
-            if self.redirects > MAX_REDIRECTS {
+            if self.redirects >= MAX_REDIRECTS {
+                if self.endpoint != self.config.endpoint {
+                    tracing::warn!(
+                        redirects = self.redirects,
+                        endpoint = %self.config.endpoint,
+                        "too many consecutive redirects, falling back to the configured endpoint"
+                    );
+                    self.endpoint = self.config.endpoint.clone();
+                    self.connected = false;
+                    self.enter_backoff(now);
+                    return;
+                }
+                // The redirecting instance keeps serving every RPC (§7.5), so
+                // stay on it for this session instead of cycling forever.
                 tracing::warn!(
                     redirects = self.redirects,
-                    endpoint = %self.config.endpoint,
-                    "too many consecutive redirects, falling back to the configured endpoint"
+                    "ignoring redirect after too many consecutive redirects"
                 );
-                self.redirects = 0;
-                self.endpoint = self.config.endpoint.clone();
             } else {
                 match self.endpoint.redirected(&redirect.endpoint) {
                     Ok(next) => {
                         tracing::info!(from = %self.endpoint, to = %next, "discovery server redirected");
+                        self.redirects += 1;
                         self.endpoint = next;
+                        self.connected = false;
+                        self.enter_backoff(now);
+                        return;
                     }
+                    // Same reasoning: the current server still works.
                     Err(e) => tracing::warn!(error = %e, "ignoring invalid redirect"),
                 }
             }
-            self.connected = false;
-            self.enter_backoff(now);
-            return;
         }
         self.redirects = 0;
         self.actions.push_back(Action::Watch(wire::WatchRequest {
@@ -1051,7 +1062,8 @@ mod tests {
             matches!(&drain(&mut m)[..], [Action::Connect(a), Action::Hello(_)] if *a == target)
         );
         assert_eq!(m.current_endpoint(), &target);
-        // The target keeps redirecting: after MAX_REDIRECTS the configured one is used.
+        // The target keeps redirecting (to itself): after MAX_REDIRECTS the
+        // configured endpoint is used, and its redirect is then ignored.
         for _ in 1..MAX_REDIRECTS {
             m.hello_succeeded(now, &redirect);
             now = m.poll_timeout();
@@ -1065,15 +1077,48 @@ mod tests {
         assert!(
             matches!(&drain(&mut m)[..], [Action::Connect(a), Action::Hello(_)] if *a == config().endpoint)
         );
-        // A plain answer at the redirect target is where the client stays.
+        m.hello_succeeded(now, &redirect);
+        assert!(
+            matches!(drain(&mut m)[..], [Action::Watch(_)]),
+            "stays on the configured server"
+        );
+        assert_eq!(m.current_endpoint(), &config().endpoint);
+
+        // Next session: redirects are followed again; a plain answer at the target
+        // is where the client stays.
+        m.watch_ended(now);
+        now = m.poll_timeout();
+        m.handle_timeout(now);
+        drain(&mut m);
         m.hello_succeeded(now, &redirect);
         now = m.poll_timeout();
         m.handle_timeout(now);
         drain(&mut m);
+        assert_eq!(m.current_endpoint(), &target);
         m.hello_succeeded(now, &wire::HelloResponse::default());
         assert!(matches!(drain(&mut m)[..], [Action::Watch(_)]));
         assert_eq!(m.current_endpoint(), &target);
         assert_eq!(m.public_ip(), None, "a Hello without client_ip clears it");
+    }
+
+    #[test]
+    fn invalid_redirect_is_ignored() {
+        let t0 = Instant::now();
+        let mut m = machine(t0);
+        let now = m.poll_timeout();
+        m.handle_timeout(now);
+        drain(&mut m);
+        m.hello_succeeded(
+            now,
+            &wire::HelloResponse {
+                redirect: Some(wire::RedirectMessage {
+                    endpoint: "no-port".into(),
+                }),
+                client_ip: vec![],
+            },
+        );
+        assert!(matches!(drain(&mut m)[..], [Action::Watch(_)]));
+        assert_eq!(m.current_endpoint(), &config().endpoint);
     }
 
     #[test]
