@@ -187,7 +187,10 @@ async fn two_clients_see_each_other_updates_and_deletes() -> Result<()> {
     b.wait_for("b sees a deleted", |s| !s.affiliates.contains_key("node-a"))
         .await?;
 
+    // A stopped client no longer reports itself connected.
+    let state = a.client.subscribe();
     a.stop().await;
+    assert_eq!(state.borrow().connection, ConnectionState::Backoff);
     b.stop().await;
     server.shutdown().await?;
     Ok(())

@@ -250,7 +250,13 @@ pub(super) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
         }
         shared.publish();
         tokio::select! {
-            () = cancel.cancelled() => return,
+            () = cancel.cancelled() => {
+                // Calls are dropped with `io`; subscribers must not keep seeing
+                // "connected" from a client that stopped.
+                shared.lock().reset_connection(now());
+                shared.publish();
+                return;
+            }
             () = tokio::time::sleep_until(timeout.into()) => {}
             () = shared.notify.notified() => {}
             result = optional(&mut io.hello) => {
