@@ -13,8 +13,8 @@ use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 use wirespan_discovery::{
     client::{
-        AffiliateInfo, Client, ClientConfig, ClusterSecret, ConnectionState, DiscoveryState,
-        KubeSpanInfo, MachineType,
+        crypto::Cipher, AffiliateInfo, Client, ClientConfig, ClusterSecret, ConnectionState,
+        DiscoveryState, KubeSpanInfo, MachineType,
     },
     proto::server::{cluster_client::ClusterClient, AffiliateUpdateRequest, ListRequest},
     server::{self, RunningServer, ServerConfig, TlsFiles},
@@ -122,7 +122,8 @@ fn v6_endpoint(n: u8) -> SocketAddr {
 /// Every node sees exactly the others, with their data.
 async fn converge(nodes: &mut [Node], ids: &[String]) -> Result<()> {
     for (i, node) in nodes.iter_mut().enumerate() {
-        let expected: Vec<String> = ids.iter().filter(|x| **x != ids[i]).cloned().collect();
+        let mut expected: Vec<String> = ids.iter().filter(|x| **x != ids[i]).cloned().collect();
+        expected.sort(); // the map iterates in key order
         node.wait_for(&format!("{} sees the others", ids[i]), |s| {
             s.affiliates.keys().cloned().collect::<Vec<_>>() == expected
         })
@@ -186,20 +187,29 @@ async fn two_clients_see_each_other_updates_and_deletes() -> Result<()> {
     b.wait_for("b sees a deleted", |s| !s.affiliates.contains_key("node-a"))
         .await?;
 
+    // A stopped client no longer reports itself connected.
+    let state = a.client.subscribe();
     a.stop().await;
+    assert_eq!(state.borrow().connection, ConnectionState::Backoff);
     b.stop().await;
     server.shutdown().await?;
     Ok(())
 }
 
-#[tokio::test]
-async fn five_clients_with_harvested_endpoints_converge() -> Result<()> {
+/// Spec §9: n clients, each publishing an own IPv4 endpoint and an "other" IPv6
+/// endpoint for its neighbour; everyone sees n−1 peers with exactly 2 endpoints.
+async fn cluster_with_harvested_endpoints_converges(n: u8) -> Result<()> {
     let server = start_server(None).await?;
-    let n = 5u8;
+    let cluster = format!("harvest-{n}");
     let ids: Vec<String> = (0..n).map(|i| format!("node-{i}")).collect();
     let mut nodes = Vec::new();
     for i in 0..n {
-        let node = Node::start(server.local_addr(), "five", &ids[usize::from(i)], secret())?;
+        let node = Node::start(
+            server.local_addr(),
+            &cluster,
+            &ids[usize::from(i)],
+            secret(),
+        )?;
         node.client
             .set_local_data(info(&ids[usize::from(i)], i + 1), vec![v4_endpoint(i + 1)])?;
         // Each node reports an IPv6 endpoint for its neighbour, as harvesting would.
@@ -227,6 +237,28 @@ async fn five_clients_with_harvested_endpoints_converge() -> Result<()> {
         node.stop().await;
     }
     server.shutdown().await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn five_clients_with_harvested_endpoints_converge() -> Result<()> {
+    cluster_with_harvested_endpoints_converges(5).await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn fifteen_clients_with_harvested_endpoints_converge() -> Result<()> {
+    cluster_with_harvested_endpoints_converges(15).await?;
+    Ok(())
+}
+
+/// 50 watchers each receive ~100 events in a burst, which can exceed the server's
+/// 32-event watch queue; an aborted watcher recovers through a fresh Hello and
+/// snapshot. (Like every test here, bounded only by the generous wait timeout:
+/// speed targets belong in benchmarks.)
+#[tokio::test]
+async fn fifty_clients_with_harvested_endpoints_converge() -> Result<()> {
+    cluster_with_harvested_endpoints_converges(50).await?;
     Ok(())
 }
 
@@ -638,6 +670,66 @@ async fn tls_endpoint_with_custom_roots() -> Result<()> {
     assert!(!a.state.borrow().affiliates.contains_key("node-c"));
     for n in [a, b, c] {
         n.stop().await;
+    }
+    server.shutdown().await?;
+    Ok(())
+}
+
+/// With a one-event watch queue the server aborts watchers on every burst; the
+/// clients must recover (re-Hello, fresh snapshot) until everyone converges.
+#[tokio::test]
+async fn aborted_watchers_recover_with_a_fresh_snapshot() -> Result<()> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let server = server::spawn(
+        ServerConfig {
+            rate_limit: false,
+            watch_queue: 1,
+            ..ServerConfig::default()
+        },
+        listener,
+    )
+    .await?;
+    let ids: Vec<String> = (0..8).map(|i| format!("node-{i}")).collect();
+    let mut nodes = Vec::new();
+    for (i, id) in (1u8..).zip(&ids) {
+        let node = Node::start(server.local_addr(), "abort", id, secret())?;
+        node.client
+            .set_local_data(info(id, i), vec![v4_endpoint(i)])?;
+        nodes.push(node);
+    }
+    converge(&mut nodes, &ids).await?;
+
+    // A burst of concurrent updates overflows every one-event queue.
+    let cipher = Cipher::new(&secret());
+    let mut rng = rand::thread_rng();
+    let raw = ClusterClient::connect(format!("http://{}", server.local_addr())).await?;
+    let mut burst = tokio::task::JoinSet::new();
+    let mut all = ids.clone();
+    for k in 0..30u8 {
+        let id = format!("burst-{k:02}");
+        all.push(id.clone());
+        let data = cipher.seal_affiliate(&info(&id, 100 + k).encode(), &mut rng);
+        let mut raw = raw.clone();
+        burst.spawn(async move {
+            raw.affiliate_update(AffiliateUpdateRequest {
+                cluster_id: "abort".into(),
+                affiliate_id: id,
+                affiliate_data: Some(data),
+                affiliate_endpoints: vec![],
+                ttl: Some(prost_types::Duration {
+                    seconds: 60,
+                    nanos: 0,
+                }),
+            })
+            .await
+        });
+    }
+    while let Some(result) = burst.join_next().await {
+        result??;
+    }
+    converge(&mut nodes, &all).await?;
+    for node in nodes {
+        node.stop().await;
     }
     server.shutdown().await?;
     Ok(())

@@ -161,3 +161,45 @@ async fn corrupt_snapshot_is_moved_aside_and_server_starts_empty() {
     assert_eq!(server.counts().clusters, 0);
     server.shutdown().await.unwrap();
 }
+
+fn saves(server: &wirespan_discovery::server::RunningServer) -> u32 {
+    let text = server.metrics_text();
+    text.lines()
+        .find(|l| {
+            l.starts_with("discovery_storage_operations_total")
+                && l.contains("operation=\"save\"")
+                && l.contains("status=\"success\"")
+        })
+        .map_or(0, |l| l.rsplit(' ').next().unwrap().parse().unwrap())
+}
+
+/// The save schedule on tokio's paused clock: 10-min interval, +13 min ⇒ 1 save,
+/// +10 min ⇒ 2, shutdown ⇒ 3.
+#[tokio::test(start_paused = true)]
+async fn save_schedule_on_a_paused_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("state.binpb");
+    let server = start(config(&path)).await;
+    assert_eq!(saves(&server), 0);
+    tokio::time::sleep(Duration::from_secs(13 * 60)).await;
+    wait_for_saves(&server, 1).await;
+    tokio::time::sleep(Duration::from_secs(10 * 60)).await;
+    wait_for_saves(&server, 2).await;
+    // The third save is the one at shutdown: the file comes back after removal.
+    std::fs::remove_file(&path).unwrap();
+    server.shutdown().await.unwrap();
+    assert!(path.exists());
+}
+
+async fn wait_for_saves(server: &wirespan_discovery::server::RunningServer, n: u32) {
+    // The save itself runs on a blocking thread, outside the paused clock.
+    for _ in 0..200 {
+        if saves(server) >= n {
+            assert_eq!(saves(server), n);
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+        tokio::task::yield_now().await;
+    }
+    panic!("expected {n} saves, saw {}", saves(server));
+}

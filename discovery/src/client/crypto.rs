@@ -34,7 +34,9 @@ const BLOCK: usize = 16;
 /// The cluster secret: exactly 32 raw bytes, the AES-256 key of every blob.
 ///
 /// `Debug` never shows the bytes, and they are wiped when the value is dropped.
-#[derive(Clone, PartialEq, Eq)]
+/// No `PartialEq`: comparing secrets is not something callers should need, and a
+/// derived comparison would not be constant-time.
+#[derive(Clone)]
 pub struct ClusterSecret([u8; KEY_LEN]);
 
 impl ClusterSecret {

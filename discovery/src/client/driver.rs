@@ -245,12 +245,18 @@ pub(super) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
             (actions, machine.poll_timeout())
         };
         for action in actions {
-            tracing::trace!(?action, "discovery client action");
+            tracing::trace!(action = action.kind(), "discovery client action");
             io.execute(action, &shared);
         }
         shared.publish();
         tokio::select! {
-            () = cancel.cancelled() => return,
+            () = cancel.cancelled() => {
+                // Calls are dropped with `io`; subscribers must not keep seeing
+                // "connected" from a client that stopped.
+                shared.lock().reset_connection(now());
+                shared.publish();
+                return;
+            }
             () = tokio::time::sleep_until(timeout.into()) => {}
             () = shared.notify.notified() => {}
             result = optional(&mut io.hello) => {

@@ -84,6 +84,20 @@ pub enum Action {
     Refresh(Vec<RefreshCall>),
 }
 
+impl Action {
+    /// Short name for logs (the requests carry blobs that logs do not need).
+    #[must_use]
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Connect(_) => "connect",
+            Self::Hello(_) => "hello",
+            Self::Watch(_) => "watch",
+            Self::CancelWatch => "cancel-watch",
+            Self::Refresh(_) => "refresh",
+        }
+    }
+}
+
 /// One call of a refresh batch.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RefreshCall {
@@ -233,8 +247,11 @@ impl<R: RngCore> Machine<R> {
         self.connected = false;
         self.refresh_in_flight = false;
         self.refresh_due = true;
-        if !matches!(self.phase, Phase::Backoff { .. }) {
-            self.enter_backoff(now);
+        // A delay also precedes the first Hello of a run started long after the
+        // machine was created (the initial delay has expired by then).
+        match self.phase {
+            Phase::Backoff { until } if until > now => {}
+            _ => self.enter_backoff(now),
         }
         self.actions.clear();
     }
@@ -244,35 +261,46 @@ impl<R: RngCore> Machine<R> {
         if self.phase != Phase::Hello {
             return;
         }
-        if let Some(ip) = parse_client_ip(&response.client_ip) {
-            self.public_ip = Some(ip);
-        }
+        // Like upstream, the latest Hello wins: a server that stopped reporting
+        // the address clears it rather than leaving a stale candidate.
+        self.public_ip = parse_client_ip(&response.client_ip);
         if let Some(redirect) = response
             .redirect
             .as_ref()
             .filter(|r| !r.endpoint.is_empty())
         {
-            self.redirects += 1;
-            if self.redirects > MAX_REDIRECTS {
+            if self.redirects >= MAX_REDIRECTS {
+                if self.endpoint != self.config.endpoint {
+                    tracing::warn!(
+                        redirects = self.redirects,
+                        endpoint = %self.config.endpoint,
+                        "too many consecutive redirects, falling back to the configured endpoint"
+                    );
+                    self.endpoint = self.config.endpoint.clone();
+                    self.connected = false;
+                    self.enter_backoff(now);
+                    return;
+                }
+                // The redirecting instance keeps serving every RPC (§7.5), so
+                // stay on it for this session instead of cycling forever.
                 tracing::warn!(
                     redirects = self.redirects,
-                    endpoint = %self.config.endpoint,
-                    "too many consecutive redirects, falling back to the configured endpoint"
+                    "ignoring redirect after too many consecutive redirects"
                 );
-                self.redirects = 0;
-                self.endpoint = self.config.endpoint.clone();
             } else {
                 match self.endpoint.redirected(&redirect.endpoint) {
                     Ok(next) => {
                         tracing::info!(from = %self.endpoint, to = %next, "discovery server redirected");
+                        self.redirects += 1;
                         self.endpoint = next;
+                        self.connected = false;
+                        self.enter_backoff(now);
+                        return;
                     }
+                    // Same reasoning: the current server still works.
                     Err(e) => tracing::warn!(error = %e, "ignoring invalid redirect"),
                 }
             }
-            self.connected = false;
-            self.enter_backoff(now);
-            return;
         }
         self.redirects = 0;
         self.actions.push_back(Action::Watch(wire::WatchRequest {
@@ -1021,6 +1049,11 @@ mod tests {
         };
         m.hello_succeeded(now, &redirect);
         assert_eq!(m.public_ip(), Some("1.2.3.4".parse().unwrap()));
+        // An IPv4-mapped 16-byte address is reported as IPv4.
+        let mut mapped = vec![0u8; 10];
+        mapped.extend_from_slice(&[0xff, 0xff, 1, 2, 3, 4]);
+        assert_eq!(parse_client_ip(&mapped), Some("1.2.3.4".parse().unwrap()));
+        assert_eq!(parse_client_ip(&[1, 2, 3]), None);
         assert_eq!(m.connection_state(), ConnectionState::Backoff);
         now = m.poll_timeout();
         m.handle_timeout(now);
@@ -1029,7 +1062,8 @@ mod tests {
             matches!(&drain(&mut m)[..], [Action::Connect(a), Action::Hello(_)] if *a == target)
         );
         assert_eq!(m.current_endpoint(), &target);
-        // The target keeps redirecting: after MAX_REDIRECTS the configured one is used.
+        // The target keeps redirecting (to itself): after MAX_REDIRECTS the
+        // configured endpoint is used, and its redirect is then ignored.
         for _ in 1..MAX_REDIRECTS {
             m.hello_succeeded(now, &redirect);
             now = m.poll_timeout();
@@ -1043,14 +1077,48 @@ mod tests {
         assert!(
             matches!(&drain(&mut m)[..], [Action::Connect(a), Action::Hello(_)] if *a == config().endpoint)
         );
-        // A plain answer at the redirect target is where the client stays.
+        m.hello_succeeded(now, &redirect);
+        assert!(
+            matches!(drain(&mut m)[..], [Action::Watch(_)]),
+            "stays on the configured server"
+        );
+        assert_eq!(m.current_endpoint(), &config().endpoint);
+
+        // Next session: redirects are followed again; a plain answer at the target
+        // is where the client stays.
+        m.watch_ended(now);
+        now = m.poll_timeout();
+        m.handle_timeout(now);
+        drain(&mut m);
         m.hello_succeeded(now, &redirect);
         now = m.poll_timeout();
         m.handle_timeout(now);
         drain(&mut m);
+        assert_eq!(m.current_endpoint(), &target);
         m.hello_succeeded(now, &wire::HelloResponse::default());
         assert!(matches!(drain(&mut m)[..], [Action::Watch(_)]));
         assert_eq!(m.current_endpoint(), &target);
+        assert_eq!(m.public_ip(), None, "a Hello without client_ip clears it");
+    }
+
+    #[test]
+    fn invalid_redirect_is_ignored() {
+        let t0 = Instant::now();
+        let mut m = machine(t0);
+        let now = m.poll_timeout();
+        m.handle_timeout(now);
+        drain(&mut m);
+        m.hello_succeeded(
+            now,
+            &wire::HelloResponse {
+                redirect: Some(wire::RedirectMessage {
+                    endpoint: "no-port".into(),
+                }),
+                client_ip: vec![],
+            },
+        );
+        assert!(matches!(drain(&mut m)[..], [Action::Watch(_)]));
+        assert_eq!(m.current_endpoint(), &config().endpoint);
     }
 
     #[test]
@@ -1128,6 +1196,32 @@ mod tests {
         }));
         let ids: Vec<&String> = m.affiliates().keys().collect();
         assert_eq!(ids, ["c"]);
+    }
+
+    #[test]
+    fn restart_waits_a_backoff_and_reconnects() {
+        let t0 = Instant::now();
+        let mut m = machine(t0);
+        let now = connect(&mut m, t0, &[]);
+        m.set_local_data(info("self"), vec![]).unwrap();
+        drain(&mut m);
+        // The driver stopped and starts again much later: calls in flight are gone.
+        let later = now + Duration::from_secs(600);
+        m.reset_connection(later);
+        assert_eq!(m.connection_state(), ConnectionState::Backoff);
+        assert!(m.poll_timeout() > later, "a delay before the first Hello");
+        let at = m.poll_timeout();
+        m.handle_timeout(at);
+        assert!(matches!(
+            drain(&mut m)[..],
+            [Action::Connect(_), Action::Hello(_)]
+        ));
+        m.refresh_done(at, true);
+        m.hello_succeeded(at, &wire::HelloResponse::default());
+        assert!(
+            matches!(drain(&mut m)[..], [Action::Watch(_), Action::Refresh(_)]),
+            "the earlier refresh result was ignored and the data is republished"
+        );
     }
 
     #[test]

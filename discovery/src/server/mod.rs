@@ -128,6 +128,13 @@ impl RunningServer {
         self.shared.state().counts()
     }
 
+    /// The Prometheus text exposition (what `/metrics` serves).
+    #[must_use]
+    pub fn metrics_text(&self) -> String {
+        let counts = self.shared.state().counts();
+        self.shared.metrics.render(counts)
+    }
+
     /// Runs one GC pass now (the periodic one keeps its schedule).
     pub fn gc_now(&self) -> state::GcStats {
         run_gc(&self.shared)
@@ -172,6 +179,10 @@ impl RunningServer {
 async fn save_snapshot(shared: Arc<Shared>, path: PathBuf) -> Result<(), ServerError> {
     let start = Instant::now();
     let result = tokio::task::spawn_blocking(move || {
+        let _one_at_a_time = shared
+            .save_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let r = snapshot::save(&path, &shared.state);
         shared.metrics.storage("save", r.is_ok());
         r

@@ -28,6 +28,9 @@ pub(crate) struct Shared {
     pub(crate) limiter: Mutex<RateLimiter>,
     pub(crate) metrics: Metrics,
     pub(crate) shutdown: CancellationToken,
+    /// Serialises snapshot saves: a periodic save still running when shutdown saves
+    /// must not share the temp file with it.
+    pub(crate) save_lock: Mutex<()>,
 }
 
 impl Shared {
@@ -38,6 +41,7 @@ impl Shared {
             limiter: Mutex::new(RateLimiter::default()),
             metrics: Metrics::new(),
             shutdown,
+            save_lock: Mutex::new(()),
         }
     }
 
