@@ -54,7 +54,7 @@ impl Controller for IntToStr {
                         rt.add_finalizer(&ptr, &[&name])?;
                         let v = i.spec.value.to_string();
                         rt.modify::<StrResource>(OUT, &i.metadata.id, |r| {
-                            r.spec.value.clone_from(&v)
+                            r.spec.value.clone_from(&v);
                         })?;
                     } else {
                         let gone = match rt.get_opt::<StrResource>(OUT, &out.id)? {
@@ -371,12 +371,10 @@ impl Controller for Trespasser {
     }
     fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            let mut errs = Vec::new();
-            errs.push(
-                rt.modify::<IntResource>(IN, "x", |r| r.spec.value = 1)
-                    .unwrap_err()
-                    .to_string(),
-            );
+            let mut errs = vec![rt
+                .modify::<IntResource>(IN, "x", |r| r.spec.value = 1)
+                .unwrap_err()
+                .to_string()];
             errs.push(rt.list::<IntResource>(IN).unwrap_err().to_string());
             errs.push(rt.get::<IntResource>(IN, "other").unwrap_err().to_string());
             errs.push(
