@@ -578,3 +578,136 @@ fn dependency_graph_edges_are_sorted_outputs_first() {
         ]
     );
 }
+
+/// Counts rounds with only a DestroyReady input.
+struct DestroyReadyCounter(Arc<AtomicUsize>);
+
+impl Controller for DestroyReadyCounter {
+    fn name(&self) -> &str {
+        "DestroyReadyCounter"
+    }
+    fn inputs(&self) -> Vec<Input> {
+        vec![Input::of::<StrResource>(OUT, InputKind::DestroyReady)]
+    }
+    fn outputs(&self) -> Vec<Output> {
+        vec![]
+    }
+    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+        Box::pin(async move {
+            while rt.next_round().await {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(())
+        })
+    }
+}
+
+async fn settle() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn destroy_ready_wakes_only_when_tearing_down_without_finalizers() {
+    let rounds = Arc::new(AtomicUsize::new(0));
+    let mut rt = Runtime::new(Store::default());
+    rt.register(DestroyReadyCounter(Arc::clone(&rounds)))
+        .unwrap();
+    let h = Harness::start(rt);
+    let s = h.store.clone();
+    settle().await;
+    assert_eq!(rounds.load(Ordering::SeqCst), 1, "registration round");
+    let p = Pointer::new(OUT, StrResource::TYPE, "x");
+    s.create(
+        Resource::<StrResource>::new(OUT, "x", Default::default()),
+        "o",
+    )
+    .unwrap();
+    s.modify::<StrResource>(OUT, "x", "o", |r| r.spec.value = "1".into())
+        .unwrap();
+    s.add_finalizer(&p, &["f"]).unwrap();
+    assert!(!s.teardown(&p, "o").unwrap());
+    settle().await;
+    assert_eq!(
+        rounds.load(Ordering::SeqCst),
+        1,
+        "woken before destroy-ready"
+    );
+    s.remove_finalizer(&p, &["f"]).unwrap();
+    settle().await;
+    assert_eq!(
+        rounds.load(Ordering::SeqCst),
+        2,
+        "not woken when destroy-ready"
+    );
+    h.stop().await.unwrap();
+}
+
+/// Waits on its wake-up and on an external channel in one select (sub-task pattern).
+struct Selecting(Option<tokio::sync::mpsc::Receiver<i64>>);
+
+impl Controller for Selecting {
+    fn name(&self) -> &str {
+        "SelectingController"
+    }
+    fn inputs(&self) -> Vec<Input> {
+        vec![]
+    }
+    fn outputs(&self) -> Vec<Output> {
+        vec![Output::exclusive::<IntResource>()]
+    }
+    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+        Box::pin(async move {
+            let mut rx = self.0.take().expect("runs once");
+            loop {
+                tokio::select! {
+                    () = rt.cancelled() => return Ok(()),
+                    () = rt.changed() => {
+                        rt.modify::<IntResource>(OUT, "wakeups", |r| r.spec.value += 1)?;
+                    }
+                    Some(v) = rx.recv() => {
+                        rt.modify::<IntResource>(OUT, "result", |r| r.spec.value = v)?;
+                        rt.queue_reconcile();
+                    }
+                }
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn wake_up_is_usable_in_select_with_sub_task_results() {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let mut rt = Runtime::new(Store::default());
+    rt.register(Selecting(Some(rx))).unwrap();
+    let h = Harness::start(rt);
+    let s = h.store.clone();
+    assert_resource::<IntResource>(&s, OUT, "wakeups", |r| {
+        if r.spec.value == 1 {
+            Ok(())
+        } else {
+            Err(r.spec.value.to_string())
+        }
+    })
+    .await;
+    tx.send(42).await.unwrap();
+    assert_resource::<IntResource>(&s, OUT, "result", |r| {
+        if r.spec.value == 42 {
+            Ok(())
+        } else {
+            Err(r.spec.value.to_string())
+        }
+    })
+    .await;
+    // queue_reconcile from the result branch produced a second wake-up.
+    assert_resource::<IntResource>(&s, OUT, "wakeups", |r| {
+        if r.spec.value == 2 {
+            Ok(())
+        } else {
+            Err(r.spec.value.to_string())
+        }
+    })
+    .await;
+    h.stop().await.unwrap();
+}
