@@ -286,6 +286,8 @@ async fn panicking_and_failing_controllers_restart_with_backoff() {
     let mut rt = Runtime::new(Store::default());
     rt.register(Flaky(Arc::clone(&runs))).unwrap();
     rt.register(Dynamic).unwrap_err(); // same output type, exclusive: rejected
+    let healthy = Arc::new(AtomicUsize::new(0));
+    rt.register(Counter(Arc::clone(&healthy))).unwrap();
     let h = Harness::start(rt);
     let start = tokio::time::Instant::now();
     assert_resource::<StrResource>(&h.store, OUT, "flaky", |r| {
@@ -303,6 +305,16 @@ async fn panicking_and_failing_controllers_restart_with_backoff() {
         start.elapsed()
     );
     assert_eq!(runs.load(Ordering::SeqCst), 3);
+    // The failures did not take the runtime down: another controller still reacts.
+    let before = healthy.load(Ordering::SeqCst);
+    h.store.create(int(IN, "poke", 1), "").unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while healthy.load(Ordering::SeqCst) == before {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap();
     h.stop().await.unwrap();
 }
 

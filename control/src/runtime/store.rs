@@ -748,17 +748,19 @@ impl Store {
         let ptr = ptr.clone();
         let t = token.clone();
         tokio::spawn(async move {
-            let ev = store
-                .watch_for(&ptr, |ev| match ev {
-                    Event::Destroyed(_) | Event::Errored(_) => true,
-                    Event::Created(r) | Event::Updated { new: r, .. } => {
-                        r.metadata().phase == Phase::TearingDown
-                    }
-                    _ => false,
-                })
-                .await;
-            let _ = ev;
-            t.cancel();
+            let wait = store.watch_for(&ptr, |ev| match ev {
+                Event::Destroyed(_) | Event::Errored(_) => true,
+                Event::Created(r) | Event::Updated { new: r, .. } => {
+                    r.metadata().phase == Phase::TearingDown
+                }
+                _ => false,
+            });
+            // Any outcome, including a failed watch, ends the context; a caller that
+            // cancels the token itself ends this task.
+            tokio::select! {
+                _ = wait => t.cancel(),
+                () = t.cancelled() => {}
+            }
         });
         token
     }
