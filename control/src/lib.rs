@@ -1,8 +1,12 @@
 //! wirespan-control: the node's control plane.
 //!
-//! A COSI-style resource runtime (resources, an in-memory watchable store, controllers
-//! with declared inputs and outputs), the resources and controllers of the mesh, the
-//! configuration model and the resource API served to the CLI.
+//! * [`runtime`]: a COSI-style resource runtime — resources with metadata, an in-memory
+//!   watchable store, controllers with declared inputs and outputs (spec
+//!   `resource-runtime.md` §1–§3).
+//! * [`resources`]: the resource types of the node and the controllers that need no
+//!   data plane (node identity), plus the `meta` definitions and namespaces.
+//! * [`api`]: the resource API (tonic over a unix socket) served to the CLI.
+//! * [`testing`]: assert-eventually helpers and a runtime harness for controller tests.
 
 pub mod api;
 pub mod resources;

@@ -54,7 +54,7 @@ impl Controller for IntToStr {
                         rt.add_finalizer(&ptr, &[&name])?;
                         let v = i.spec.value.to_string();
                         rt.modify::<StrResource>(OUT, &i.metadata.id, |r| {
-                            r.spec.value.clone_from(&v)
+                            r.spec.value.clone_from(&v);
                         })?;
                     } else {
                         let gone = match rt.get_opt::<StrResource>(OUT, &out.id)? {
@@ -286,6 +286,8 @@ async fn panicking_and_failing_controllers_restart_with_backoff() {
     let mut rt = Runtime::new(Store::default());
     rt.register(Flaky(Arc::clone(&runs))).unwrap();
     rt.register(Dynamic).unwrap_err(); // same output type, exclusive: rejected
+    let healthy = Arc::new(AtomicUsize::new(0));
+    rt.register(Counter(Arc::clone(&healthy))).unwrap();
     let h = Harness::start(rt);
     let start = tokio::time::Instant::now();
     assert_resource::<StrResource>(&h.store, OUT, "flaky", |r| {
@@ -303,6 +305,16 @@ async fn panicking_and_failing_controllers_restart_with_backoff() {
         start.elapsed()
     );
     assert_eq!(runs.load(Ordering::SeqCst), 3);
+    // The failures did not take the runtime down: another controller still reacts.
+    let before = healthy.load(Ordering::SeqCst);
+    h.store.create(int(IN, "poke", 1), "").unwrap();
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while healthy.load(Ordering::SeqCst) == before {
+            tokio::task::yield_now().await;
+        }
+    })
+    .await
+    .unwrap();
     h.stop().await.unwrap();
 }
 
@@ -371,12 +383,10 @@ impl Controller for Trespasser {
     }
     fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            let mut errs = Vec::new();
-            errs.push(
-                rt.modify::<IntResource>(IN, "x", |r| r.spec.value = 1)
-                    .unwrap_err()
-                    .to_string(),
-            );
+            let mut errs = vec![rt
+                .modify::<IntResource>(IN, "x", |r| r.spec.value = 1)
+                .unwrap_err()
+                .to_string()];
             errs.push(rt.list::<IntResource>(IN).unwrap_err().to_string());
             errs.push(rt.get::<IntResource>(IN, "other").unwrap_err().to_string());
             errs.push(
@@ -579,4 +589,137 @@ fn dependency_graph_edges_are_sorted_outputs_first() {
             "InputDestroyReady out StrResources.test.wirespan.dev",
         ]
     );
+}
+
+/// Counts rounds with only a DestroyReady input.
+struct DestroyReadyCounter(Arc<AtomicUsize>);
+
+impl Controller for DestroyReadyCounter {
+    fn name(&self) -> &str {
+        "DestroyReadyCounter"
+    }
+    fn inputs(&self) -> Vec<Input> {
+        vec![Input::of::<StrResource>(OUT, InputKind::DestroyReady)]
+    }
+    fn outputs(&self) -> Vec<Output> {
+        vec![]
+    }
+    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+        Box::pin(async move {
+            while rt.next_round().await {
+                self.0.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(())
+        })
+    }
+}
+
+async fn settle() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test]
+async fn destroy_ready_wakes_only_when_tearing_down_without_finalizers() {
+    let rounds = Arc::new(AtomicUsize::new(0));
+    let mut rt = Runtime::new(Store::default());
+    rt.register(DestroyReadyCounter(Arc::clone(&rounds)))
+        .unwrap();
+    let h = Harness::start(rt);
+    let s = h.store.clone();
+    settle().await;
+    assert_eq!(rounds.load(Ordering::SeqCst), 1, "registration round");
+    let p = Pointer::new(OUT, StrResource::TYPE, "x");
+    s.create(
+        Resource::<StrResource>::new(OUT, "x", Default::default()),
+        "o",
+    )
+    .unwrap();
+    s.modify::<StrResource>(OUT, "x", "o", |r| r.spec.value = "1".into())
+        .unwrap();
+    s.add_finalizer(&p, &["f"]).unwrap();
+    assert!(!s.teardown(&p, "o").unwrap());
+    settle().await;
+    assert_eq!(
+        rounds.load(Ordering::SeqCst),
+        1,
+        "woken before destroy-ready"
+    );
+    s.remove_finalizer(&p, &["f"]).unwrap();
+    settle().await;
+    assert_eq!(
+        rounds.load(Ordering::SeqCst),
+        2,
+        "not woken when destroy-ready"
+    );
+    h.stop().await.unwrap();
+}
+
+/// Waits on its wake-up and on an external channel in one select (sub-task pattern).
+struct Selecting(Option<tokio::sync::mpsc::Receiver<i64>>);
+
+impl Controller for Selecting {
+    fn name(&self) -> &str {
+        "SelectingController"
+    }
+    fn inputs(&self) -> Vec<Input> {
+        vec![]
+    }
+    fn outputs(&self) -> Vec<Output> {
+        vec![Output::exclusive::<IntResource>()]
+    }
+    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+        Box::pin(async move {
+            let mut rx = self.0.take().expect("runs once");
+            loop {
+                tokio::select! {
+                    () = rt.cancelled() => return Ok(()),
+                    () = rt.changed() => {
+                        rt.modify::<IntResource>(OUT, "wakeups", |r| r.spec.value += 1)?;
+                    }
+                    Some(v) = rx.recv() => {
+                        rt.modify::<IntResource>(OUT, "result", |r| r.spec.value = v)?;
+                        rt.queue_reconcile();
+                    }
+                }
+            }
+        })
+    }
+}
+
+#[tokio::test]
+async fn wake_up_is_usable_in_select_with_sub_task_results() {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    let mut rt = Runtime::new(Store::default());
+    rt.register(Selecting(Some(rx))).unwrap();
+    let h = Harness::start(rt);
+    let s = h.store.clone();
+    assert_resource::<IntResource>(&s, OUT, "wakeups", |r| {
+        if r.spec.value == 1 {
+            Ok(())
+        } else {
+            Err(r.spec.value.to_string())
+        }
+    })
+    .await;
+    tx.send(42).await.unwrap();
+    assert_resource::<IntResource>(&s, OUT, "result", |r| {
+        if r.spec.value == 42 {
+            Ok(())
+        } else {
+            Err(r.spec.value.to_string())
+        }
+    })
+    .await;
+    // queue_reconcile from the result branch produced a second wake-up.
+    assert_resource::<IntResource>(&s, OUT, "wakeups", |r| {
+        if r.spec.value == 2 {
+            Ok(())
+        } else {
+            Err(r.spec.value.to_string())
+        }
+    })
+    .await;
+    h.stop().await.unwrap();
 }

@@ -66,7 +66,7 @@ fn update_versions_and_conflicts() {
     // Future version.
     r.metadata.version = 9;
     assert!(matches!(
-        s.update(r.clone(), "", Some(Phase::Running)),
+        s.update(r, "", Some(Phase::Running)),
         Err(StateError::VersionConflict { .. })
     ));
     // Identical content still bumps on plain Update.
@@ -125,7 +125,7 @@ fn teardown_ready_idempotent_and_phase_rules() {
     assert_eq!(cur.metadata.phase, Phase::TearingDown);
     // Tearing down: not updatable unless any phase is allowed.
     assert!(s
-        .update(cur.clone(), "o", Some(Phase::Running))
+        .update(cur, "o", Some(Phase::Running))
         .unwrap_err()
         .is_phase_conflict());
     let e = s
@@ -292,7 +292,7 @@ async fn overrun_errors_once_and_ends_the_watch() {
     }
     match w.recv().await.unwrap() {
         Event::Errored(e @ StateError::Overrun { .. }) => {
-            assert!(e.to_string().contains("buffer overrun"))
+            assert!(e.to_string().contains("buffer overrun"));
         }
         e => panic!("{e:?}"),
     }

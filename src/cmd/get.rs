@@ -83,6 +83,10 @@ pub fn run(args: &Args, socket: &Path, force_watch: bool) -> anyhow::Result<()> 
                     proto::EventType::Errored => anyhow::bail!("watch failed: {}", msg.error),
                 };
                 if let Some(r) = &msg.resource {
+                    // A watch of one missing id starts with a tombstone (version 0).
+                    if mark == "-" && r.metadata.as_ref().is_some_and(|m| m.version == 0) {
+                        continue;
+                    }
                     println!("{}", p.render(r, Some(mark))?);
                 }
             }

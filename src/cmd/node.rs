@@ -37,26 +37,42 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
     tracing::info!(socket = %socket.display(), state_dir = %args.state_dir.display(), "node started");
 
     let cancel = CancellationToken::new();
-    let rt_task = tokio::spawn(runtime.run(cancel.clone()));
-    let api_task = tokio::spawn({
+    let mut rt_task = tokio::spawn(runtime.run(cancel.clone()));
+    let mut api_task = tokio::spawn({
         let cancel = cancel.clone();
         let socket = socket.to_owned();
         async move { serve(listener, &socket, api, cancel).await }
     });
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM, shutting down"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT, shutting down"),
-        () = cancel.cancelled() => {}
-    }
-    cancel.cancel();
-    let rt_res = rt_task.await.context("runtime task")?;
-    let api_res = api_task.await.context("API task")?;
+    // Whichever ends first (a signal, the runtime failing, the server failing) stops
+    // everything; the other half is then awaited so its tasks finish cleanly.
+    let (rt_res, api_res) = tokio::select! {
+        _ = term.recv() => {
+            tracing::info!("SIGTERM, shutting down");
+            cancel.cancel();
+            (rt_task.await, api_task.await)
+        }
+        _ = tokio::signal::ctrl_c() => {
+            tracing::info!("SIGINT, shutting down");
+            cancel.cancel();
+            (rt_task.await, api_task.await)
+        }
+        r = &mut rt_task => {
+            cancel.cancel();
+            (r, api_task.await)
+        }
+        a = &mut api_task => {
+            cancel.cancel();
+            (rt_task.await, a)
+        }
+    };
     // The server removes its socket; make sure even on error.
     let _ = std::fs::remove_file(socket);
-    rt_res?;
-    api_res?;
+    rt_res
+        .context("runtime task")?
+        .context("controller runtime")?;
+    api_res.context("API task")??;
     tracing::info!("node stopped");
     Ok(())
 }

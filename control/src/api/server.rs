@@ -146,7 +146,6 @@ impl proto::resource_service_server::ResourceService for ResourceApi {
             self.store.watch(&kind.pointer(req.id.clone()))
         };
         let (tx, rx) = mpsc::channel(64);
-        let single = !req.id.is_empty();
         tokio::spawn(async move {
             let mut first = Some(proto::Definition::from(&def));
             loop {
@@ -165,7 +164,6 @@ impl proto::resource_service_server::ResourceService for ResourceApi {
                     Event::Bootstrapped => (proto::EventType::Bootstrapped, None, String::new()),
                     Event::Errored(e) => (proto::EventType::Errored, None, e.to_string()),
                 };
-                let _ = single;
                 let resource = match res {
                     Some(r) => match encode(&**r, &def, req.format, req.include_sensitive) {
                         Ok(r) => Some(r),

@@ -65,7 +65,7 @@ pub struct NamespaceSpec {
 pub fn register(store: &Store, definitions: &[Definition]) -> Result<(), StateError> {
     for d in definitions {
         store.modify::<ResourceDefinition>(META, &d.r#type, OWNER, |r| {
-            r.spec = DefinitionSpec(d.clone())
+            r.spec = DefinitionSpec(d.clone());
         })?;
     }
     for (ns, desc) in NAMESPACES {

@@ -229,9 +229,6 @@ pub enum RegistrationError {
     /// Two controllers with one name.
     #[error("controller {0:?} is already registered")]
     DuplicateName(String),
-    /// Registration after `run` started.
-    #[error("controller {0:?} registered after the runtime started")]
-    AlreadyRunning(String),
 }
 
 /// Errors that stop the runtime.

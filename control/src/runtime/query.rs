@@ -82,7 +82,7 @@ impl LabelTerm {
 
     /// The negated term.
     #[must_use]
-    pub fn not(mut self) -> Self {
+    pub fn inverted(mut self) -> Self {
         self.invert = !self.invert;
         self
     }
@@ -207,19 +207,21 @@ mod tests {
         let l = labels(&[("a", "1"), ("size", "2Ki")]);
         assert!(LabelTerm::exists("a").matches(&l));
         assert!(!LabelTerm::exists("b").matches(&l));
-        assert!(LabelTerm::exists("b").not().matches(&l));
+        assert!(LabelTerm::exists("b").inverted().matches(&l));
         assert!(LabelTerm::equal("a", "1").matches(&l));
         assert!(LabelTerm::is_in("a", ["0", "1"]).matches(&l));
-        assert!(LabelTerm::is_in("z", ["0"]).not().matches(&l));
+        assert!(LabelTerm::is_in("z", ["0"]).inverted().matches(&l));
         // Comparisons on a missing label are false even inverted.
         assert!(!LabelTerm::compare("z", LabelOp::Lt, "5").matches(&l));
-        assert!(!LabelTerm::compare("z", LabelOp::Lt, "5").not().matches(&l));
+        assert!(!LabelTerm::compare("z", LabelOp::Lt, "5")
+            .inverted()
+            .matches(&l));
         assert!(LabelTerm::compare("size", LabelOp::LtNumeric, "3k").matches(&l));
         assert!(!LabelTerm::compare("size", LabelOp::LtNumeric, "2k").matches(&l));
         assert!(LabelTerm::compare("size", LabelOp::LteNumeric, "2048").matches(&l));
         // Unparsable number: false even inverted.
         assert!(!LabelTerm::compare("size", LabelOp::LtNumeric, "x")
-            .not()
+            .inverted()
             .matches(&l));
         assert!(LabelTerm::compare("a", LabelOp::Lte, "1").matches(&l));
     }

@@ -99,7 +99,7 @@ impl Definition {
         let n = name.to_lowercase();
         n == self.r#type.to_lowercase()
             || n == self.display_type.to_lowercase()
-            || self.aliases.iter().any(|a| *a == n)
+            || self.aliases.contains(&n)
     }
 }
 

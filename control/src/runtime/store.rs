@@ -277,7 +277,15 @@ impl Store {
     /// # Errors
     /// `AlreadyExists`.
     pub fn create_dyn(&self, res: &dyn AnyResource, owner: &str) -> Result<Metadata, StateError> {
-        let md = res.metadata();
+        self.create_inner(res.metadata(), owner, |md| res.with_metadata(md))
+    }
+
+    fn create_inner(
+        &self,
+        md: &Metadata,
+        owner: &str,
+        make: impl FnOnce(Metadata) -> Arc<dyn AnyResource>,
+    ) -> Result<Metadata, StateError> {
         let k = self.kind(&md.namespace, &md.r#type);
         let mut st = k.lock();
         if st.resources.contains_key(&md.id) {
@@ -291,7 +299,7 @@ impl Store {
         let now = SystemTime::now();
         new_md.created = now;
         new_md.updated = now;
-        let stored = res.with_metadata(new_md.clone());
+        let stored = make(new_md.clone());
         st.resources.insert(new_md.id.clone(), Arc::clone(&stored));
         k.push(&mut st, RingEvent::Created(stored));
         drop(st);
@@ -310,7 +318,18 @@ impl Store {
         owner: &str,
         expected_phase: Option<Phase>,
     ) -> Result<Metadata, StateError> {
-        let md = res.metadata();
+        self.update_inner(res.metadata(), owner, expected_phase, |md| {
+            res.with_metadata(md)
+        })
+    }
+
+    fn update_inner(
+        &self,
+        md: &Metadata,
+        owner: &str,
+        expected_phase: Option<Phase>,
+        make: impl FnOnce(Metadata) -> Arc<dyn AnyResource>,
+    ) -> Result<Metadata, StateError> {
         let k = self.kind(&md.namespace, &md.r#type);
         let mut st = k.lock();
         let Some(cur) = st.resources.get(&md.id) else {
@@ -345,7 +364,7 @@ impl Store {
         new_md.version = cur_md.version + 1;
         new_md.created = cur_md.created;
         new_md.updated = SystemTime::now();
-        let stored = res.with_metadata(new_md.clone());
+        let stored = make(new_md.clone());
         let old = st
             .resources
             .get_mut(&md.id)
@@ -468,7 +487,10 @@ impl Store {
         res: Resource<K>,
         owner: &str,
     ) -> Result<Metadata, StateError> {
-        self.create_dyn(&res, owner)
+        let Resource { metadata, spec } = res;
+        self.create_inner(&metadata, owner, move |md| {
+            Arc::new(Resource::<K> { metadata: md, spec })
+        })
     }
 
     /// Typed Update.
@@ -481,7 +503,10 @@ impl Store {
         owner: &str,
         expected_phase: Option<Phase>,
     ) -> Result<Metadata, StateError> {
-        self.update_dyn(&res, owner, expected_phase)
+        let Resource { metadata, spec } = res;
+        self.update_inner(&metadata, owner, expected_phase, move |md| {
+            Arc::new(Resource::<K> { metadata: md, spec })
+        })
     }
 
     /// UpdateWithConflicts (spec §2.3): read-modify-write that retries version conflicts
@@ -723,17 +748,19 @@ impl Store {
         let ptr = ptr.clone();
         let t = token.clone();
         tokio::spawn(async move {
-            let ev = store
-                .watch_for(&ptr, |ev| match ev {
-                    Event::Destroyed(_) | Event::Errored(_) => true,
-                    Event::Created(r) | Event::Updated { new: r, .. } => {
-                        r.metadata().phase == Phase::TearingDown
-                    }
-                    _ => false,
-                })
-                .await;
-            let _ = ev;
-            t.cancel();
+            let wait = store.watch_for(&ptr, |ev| match ev {
+                Event::Destroyed(_) | Event::Errored(_) => true,
+                Event::Created(r) | Event::Updated { new: r, .. } => {
+                    r.metadata().phase == Phase::TearingDown
+                }
+                _ => false,
+            });
+            // Any outcome, including a failed watch, ends the context; a caller that
+            // cancels the token itself ends this task.
+            tokio::select! {
+                _ = wait => t.cancel(),
+                () = t.cancelled() => {}
+            }
         });
         token
     }

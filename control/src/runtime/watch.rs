@@ -160,7 +160,7 @@ impl KindWatch {
         }
         let skip = usize::try_from(self.pos - st.start).unwrap_or(usize::MAX);
         let before = self.pending.len();
-        for ev in st.ring.iter().skip(skip) {
+        for ev in st.ring.range(skip..) {
             if self.id.as_deref().is_some_and(|id| id != ev.id()) {
                 continue;
             }
