@@ -74,6 +74,10 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
     // Throughput.
     let server = ServerProcess::start(&exe)?;
     let measure = Duration::from_secs(args.seconds.max(1));
+    // Warm-up (discarded): connection setup, allocator and page-cache effects of a
+    // fresh process would otherwise land on the first measured point.
+    throughput(server.addr, 16, Duration::from_secs(1), Rpc::Hello).await?;
+    throughput(server.addr, 16, Duration::from_secs(1), Rpc::Update).await?;
     let mut rows = Vec::new();
     for clients in [1, 16, 128] {
         let hello = throughput(server.addr, clients, measure, Rpc::Hello).await?;

@@ -28,21 +28,23 @@ async fn exhaust(
     ip: &str,
 ) {
     // 60 calls pass from the burst (a few more may pass as tokens refill meanwhile);
-    // with a 10 ms deadline a call then fails instead of waiting ~67 ms.
+    // with a 40 ms deadline a call then fails at once instead of waiting ~67 ms.
     let mut passed = 0;
     loop {
         match c
-            .hello(hello(header, ip, Some(Duration::from_millis(10))))
+            .hello(hello(header, ip, Some(Duration::from_millis(40))))
             .await
         {
             Ok(_) => passed += 1,
+            // The client's own deadline on a loaded machine, not the limiter.
+            Err(status) if status.code() == Code::Cancelled => {}
             Err(status) => {
                 assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
                 assert_eq!(status.message(), "rate limit exceeds request timeout");
                 break;
             }
         }
-        assert!(passed <= 70, "the limit never kicked in");
+        assert!(passed <= 80, "the limit never kicked in");
     }
     assert!(passed >= 60, "only {passed} calls passed");
 }
@@ -51,18 +53,11 @@ async fn exhaust(
 async fn sixty_first_call_fails_within_deadline() {
     let server = start(ServerConfig::default()).await;
     let mut c = client(&server).await;
-    exhaust(&mut c, "x-real-ip", "10.1.1.1").await;
     exhaust(&mut c, "x-forwarded-for", "10.2.2.2, 10.9.9.9").await;
+    exhaust(&mut c, "x-real-ip", "10.1.1.1").await;
 
-    // Other identities are unaffected.
-    c.hello(hello(
-        "x-real-ip",
-        "10.3.3.3",
-        Some(Duration::from_millis(10)),
-    ))
-    .await
-    .unwrap();
-    // Without a deadline a limited caller waits for its token instead of failing.
+    // Without a deadline a limited caller waits for its tokens (≥ 2.6/15 s for
+    // three) instead of failing.
     let start = std::time::Instant::now();
     for _ in 0..3 {
         c.hello(hello("x-real-ip", "10.1.1.1", None)).await.unwrap();
@@ -78,11 +73,15 @@ async fn sixty_first_call_fails_within_deadline() {
     });
     list.metadata_mut()
         .insert("x-real-ip", "10.1.1.1".parse().unwrap());
-    list.set_timeout(Duration::from_millis(5));
+    list.set_timeout(Duration::from_millis(40));
     assert_eq!(
         c.list(list).await.unwrap_err().code(),
         Code::ResourceExhausted
     );
+    // Other identities are unaffected.
+    c.hello(hello("x-real-ip", "10.3.3.3", Some(Duration::from_secs(2))))
+        .await
+        .unwrap();
     server.shutdown().await.unwrap();
 }
 
