@@ -92,8 +92,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         med(|r| r.start),
     ));
     rows.push(Row::info("from empty: WireGuard peers", med(|r| r.wg)));
-    rows.push(Row::info("from empty: nftables table + sets", med(|r| r.nft)));
-    rows.push(Row::info("from empty: link, rules, routes", med(|r| r.routing)));
+    rows.push(Row::info(
+        "from empty: nftables table + sets",
+        med(|r| r.nft),
+    ));
+    rows.push(Row::info(
+        "from empty: link, rules, routes",
+        med(|r| r.routing),
+    ));
     rows.push(Row::target(
         "from empty: total apply",
         total,
@@ -277,7 +283,9 @@ fn p99(v: &mut [Duration]) -> Duration {
 fn prefixes_of(i: usize, per: usize) -> Vec<IpNet> {
     let i32_ = u32::try_from(i).unwrap_or(u32::MAX);
     let mut v = vec![
-        IpNet::V4(Ipv4Net::new(Ipv4Addr::from(0x6440_0000 | (i32_ & 0xffff)), 32).unwrap_or_default()),
+        IpNet::V4(
+            Ipv4Net::new(Ipv4Addr::from(0x6440_0000 | (i32_ & 0xffff)), 32).unwrap_or_default(),
+        ),
         IpNet::V6(
             Ipv6Net::new(
                 Ipv6Addr::from(0xfd00_0001_0000_0000_0000_0000_0000_0000u128 | u128::from(i32_)),
@@ -287,7 +295,7 @@ fn prefixes_of(i: usize, per: usize) -> Vec<IpNet> {
         ),
     ];
     for k in 0..per.saturating_sub(2) {
-        v.push(cidr(i * per + k, k % 2 == 0));
+        v.push(cidr(i * per + k, k.is_multiple_of(2)));
     }
     v
 }
@@ -296,7 +304,10 @@ fn prefixes_of(i: usize, per: usize) -> Vec<IpNet> {
 fn cidr(j: usize, v4: bool) -> IpNet {
     let j = u32::try_from(j).unwrap_or(u32::MAX);
     if v4 {
-        IpNet::V4(Ipv4Net::new(Ipv4Addr::from(0x0a00_0000 | ((j & 0x3_ffff) << 6)), 26).unwrap_or_default())
+        IpNet::V4(
+            Ipv4Net::new(Ipv4Addr::from(0x0a00_0000 | ((j & 0x3_ffff) << 6)), 26)
+                .unwrap_or_default(),
+        )
     } else {
         let hi = 0xfd10_0000_u128 << 96;
         IpNet::V6(Ipv6Net::new(Ipv6Addr::from(hi | (u128::from(j) << 64)), 64).unwrap_or_default())
@@ -348,7 +359,9 @@ impl Desired {
             },
             routing: RoutingSpec {
                 link: name.to_owned(),
-                addresses: vec!["fd7f:175a:b97c:5602::1/64".parse().unwrap_or_else(|_| unreachable!())],
+                addresses: vec!["fd7f:175a:b97c:5602::1/64"
+                    .parse()
+                    .unwrap_or_else(|_| unreachable!())],
                 ..RoutingSpec::default()
             },
         };
@@ -449,13 +462,11 @@ fn one_peer_change(n: usize, per: usize, changes: usize) -> anyhow::Result<Chang
     node.apply(&d)?;
     pb.inc(1);
     let (mut total, mut wg, mut nft) = (Vec::new(), Vec::new(), Vec::new());
-    // Fresh CIDRs beyond every peer's range.
-    let mut next = n * per;
     for c in 0..changes {
         let p = (c * 7919) % n;
         let slot = per - 1;
-        d.dev.peers[p].allowed_ips[slot] = cidr(next, slot % 2 == 0);
-        next += 1;
+        // A fresh CIDR beyond every peer's range.
+        d.dev.peers[p].allowed_ips[slot] = cidr(n * per + c, slot.is_multiple_of(2));
         // The desired-state recomputation is part of the cost a controller pays.
         let t = Instant::now();
         d.sync_marking();

@@ -13,6 +13,7 @@ pub mod error;
 pub mod fake;
 pub mod marking;
 pub mod netns;
+mod nfnl;
 pub mod routing;
 pub mod watch;
 pub mod wireguard;

@@ -5,7 +5,10 @@
 //! our table with `nft -j list table`, and then either changes only set elements (the
 //! steady state: chains are never touched) or, when the structure differs (first
 //! apply, MTU or mark change, someone flushed or edited the table), replaces the whole
-//! table. Either way it is one `nft -j -f -` transaction touching only our table.
+//! table. Either way it is one atomic transaction touching only our table: small
+//! element changes go straight to the kernel as one nf_tables netlink batch (`nft`
+//! would fetch every element first), everything else is one `nft -j -f -`. While the
+//! ruleset generation shows no transaction but ours, the table is not read at all.
 //!
 //! Every rule carries a comment naming what it does and its parameters
 //! (`wirespan:mss:v4_hosts:1368`); the comments of the listed rules are compared with
@@ -719,74 +722,6 @@ pub fn expected_state(rs: &Ruleset) -> TableState {
     }
 }
 
-/// The nf_tables ruleset generation of a namespace (`NFT_MSG_GETGEN`): bumped by every
-/// committed transaction, by anyone. Reading it costs one tiny netlink round trip,
-/// whatever the size of our sets, whereas `nft list` costs time proportional to them.
-mod genid {
-    use rtnetlink::sys::{protocols::NETLINK_NETFILTER, Socket, SocketAddr};
-
-    const NFNL_SUBSYS_NFTABLES: u16 = 10;
-    const NFT_MSG_GETGEN: u16 = 16;
-    const NFT_MSG_NEWGEN: u16 = 15;
-    const NFTA_GEN_ID: u16 = 1;
-    const NLMSG_ERROR: u16 = 2;
-
-    pub(super) fn open() -> std::io::Result<Socket> {
-        let mut sock = Socket::new(NETLINK_NETFILTER)?;
-        sock.bind_auto()?;
-        Ok(sock)
-    }
-
-    pub(super) fn read(sock: &Socket, seq: u32) -> std::io::Result<u32> {
-        let mut req = Vec::with_capacity(20);
-        req.extend_from_slice(&20u32.to_ne_bytes());
-        req.extend_from_slice(&((NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_GETGEN).to_ne_bytes());
-        req.extend_from_slice(&1u16.to_ne_bytes()); // NLM_F_REQUEST
-        req.extend_from_slice(&seq.to_ne_bytes());
-        req.extend_from_slice(&0u32.to_ne_bytes());
-        req.extend_from_slice(&[0, 0, 0, 0]); // nfgenmsg: AF_UNSPEC, v0, res_id 0
-        sock.send_to(&req, &SocketAddr::new(0, 0), 0)?;
-        loop {
-            let (buf, _) = sock.recv_from_full()?;
-            let mut off = 0;
-            while off + 16 <= buf.len() {
-                let len =
-                    u32::from_ne_bytes(buf[off..off + 4].try_into().unwrap_or_default()) as usize;
-                let kind = u16::from_ne_bytes([buf[off + 4], buf[off + 5]]);
-                let mseq =
-                    u32::from_ne_bytes(buf[off + 8..off + 12].try_into().unwrap_or_default());
-                if len < 16 || off + len > buf.len() {
-                    break;
-                }
-                let body = &buf[off + 16..off + len];
-                if mseq == seq && kind == NLMSG_ERROR && body.len() >= 4 {
-                    let errno = i32::from_ne_bytes(body[..4].try_into().unwrap_or_default());
-                    return Err(std::io::Error::from_raw_os_error(-errno));
-                }
-                if mseq == seq && kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN {
-                    // Skip nfgenmsg (4 bytes), then walk the attributes.
-                    let mut a = 4;
-                    while a + 4 <= body.len() {
-                        let alen = usize::from(u16::from_ne_bytes([body[a], body[a + 1]]));
-                        let atype = u16::from_ne_bytes([body[a + 2], body[a + 3]]) & 0x3fff;
-                        if alen < 4 || a + alen > body.len() {
-                            break;
-                        }
-                        if atype == NFTA_GEN_ID && alen >= 8 {
-                            return Ok(u32::from_be_bytes(
-                                body[a + 4..a + 8].try_into().unwrap_or_default(),
-                            ));
-                        }
-                        a += (alen + 3) & !3;
-                    }
-                    return Err(std::io::Error::other("NEWGEN without NFTA_GEN_ID"));
-                }
-                off += (len + 3) & !3;
-            }
-        }
-    }
-}
-
 /// Errors of the nftables adapter.
 #[derive(Debug, thiserror::Error)]
 pub enum MarkingError {
@@ -796,6 +731,10 @@ pub enum MarkingError {
     /// `nft` could not be run.
     #[error("cannot run nft: {0}")]
     Spawn(#[source] std::io::Error),
+    /// The nf_tables netlink socket failed mid-transaction; the next apply re-reads the
+    /// table.
+    #[error("nf_tables netlink: {0}")]
+    Netlink(#[source] std::io::Error),
     /// `nft` refused a command; the kernel keeps its previous state (transactions are
     /// atomic).
     #[error("nft {op} failed: {stderr}")]
@@ -881,10 +820,10 @@ impl NftMarking {
     fn generation(&mut self) -> Option<u32> {
         if self.gen_sock.is_none() {
             let thread = crate::netns::NetnsThread::spawn(&self.netns).ok()?;
-            self.gen_sock = thread.run(genid::open).ok()?.ok();
+            self.gen_sock = thread.run(crate::nfnl::open).ok()?.ok();
         }
         self.gen_seq = self.gen_seq.wrapping_add(1);
-        match genid::read(self.gen_sock.as_ref()?, self.gen_seq) {
+        match crate::nfnl::generation(self.gen_sock.as_ref()?, self.gen_seq) {
             Ok(g) => Some(g),
             Err(e) => {
                 tracing::debug!(error = %e, "cannot read nftables generation");
@@ -991,6 +930,10 @@ impl Marking for NftMarking {
                     .iter()
                     .fold((0, 0), |(a, d), s| (a + s.add.len(), d + s.delete.len()));
                 tracing::debug!(table = %spec.table, add, delete = del, "updating set elements");
+                if self.commit_elements_netlink(&spec.table, &diffs)? {
+                    self.after_commit(gen_before, &rs);
+                    return Ok(true);
+                }
                 (element_batch(&spec.table, &diffs), "update set elements")
             }
             Plan::Rebuild => {
@@ -1002,13 +945,7 @@ impl Marking for NftMarking {
         };
         self.cache = None;
         self.commit(&batch.0, batch.1)?;
-        // Our transaction is exactly one generation; anything more means someone else
-        // committed too, and the next apply reads the table again.
-        if let (Some(before), Some(after)) = (gen_before, self.generation()) {
-            if after == before.wrapping_add(1) {
-                self.cache = Some((after, expected_state(&rs)));
-            }
-        }
+        self.after_commit(gen_before, &rs);
         Ok(true)
     }
 
@@ -1045,6 +982,61 @@ impl Marking for NftMarking {
 }
 
 impl NftMarking {
+    /// Our transaction is exactly one generation; anything more means someone else
+    /// committed too, and the next apply reads the table again.
+    fn after_commit(&mut self, gen_before: Option<u32>, rs: &Ruleset) {
+        if let (Some(before), Some(after)) = (gen_before, self.generation()) {
+            if after == before.wrapping_add(1) {
+                self.cache = Some((after, expected_state(rs)));
+            }
+        }
+    }
+
+    /// Commits small element changes straight over netlink (one round trip, whatever
+    /// the set sizes). `Ok(false)`: not attempted (too big, or no netlink socket), the
+    /// caller goes through `nft`.
+    fn commit_elements_netlink(
+        &mut self,
+        table: &str,
+        diffs: &[SetDiff],
+    ) -> Result<bool, MarkingError> {
+        self.cache = None;
+        let changes: Vec<crate::nfnl::SetChange<'_>> = diffs
+            .iter()
+            .map(|d| crate::nfnl::SetChange {
+                set: d.name,
+                interval: d.interval,
+                add: &d.add,
+                delete: &d.delete,
+            })
+            .collect();
+        if crate::nfnl::entry_count(&changes) > crate::nfnl::MAX_BATCH_ENTRIES {
+            return Ok(false);
+        }
+        let Some(sock) = self.gen_sock.as_ref() else {
+            return Ok(false);
+        };
+        let (batch, acks) = crate::nfnl::element_batch(table, &changes, &mut self.gen_seq);
+        match crate::nfnl::commit(sock, &batch, &acks) {
+            Ok(()) => {
+                self.transactions += 1;
+                Ok(true)
+            }
+            Err(crate::nfnl::BatchError::Refused(errno)) => Err(MarkingError::Nft {
+                op: "update set elements",
+                stderr: format!(
+                    "kernel refused the element batch: {}",
+                    std::io::Error::from_raw_os_error(errno)
+                ),
+            }),
+            Err(crate::nfnl::BatchError::Io(e)) => {
+                // Outcome unknown: the next apply re-reads the table and re-plans.
+                self.gen_sock = None;
+                Err(MarkingError::Netlink(e))
+            }
+        }
+    }
+
     /// Deletes table `name` in our namespace if it exists; forgets nothing else.
     ///
     /// # Errors

@@ -285,3 +285,122 @@ fn invalid_spec_writes_nothing() {
     assert_eq!(m.transactions(), 1);
     assert_eq!(ns.run_stdout("nft", &["list", "ruleset"]).unwrap(), before);
 }
+
+/// The prefixes nft lists for one set (intervals as `addr/len`, hosts bare).
+fn listed(ns: &NetnsGuard, set: &str) -> Vec<String> {
+    let v: Value = serde_json::from_str(
+        &ns.run_stdout("nft", &["-j", "list", "set", "inet", "wirespan", set])
+            .unwrap(),
+    )
+    .unwrap();
+    let mut out: Vec<String> = objects(&v, "set")
+        .first()
+        .and_then(|s| s["elem"].as_array())
+        .map(|a| {
+            a.iter()
+                .map(|e| match e.get("prefix") {
+                    Some(p) => format!("{}/{}", p["addr"].as_str().unwrap(), p["len"]),
+                    None => e.as_str().unwrap().to_owned(),
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+fn sorted(v: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = v.iter().map(|s| (*s).to_owned()).collect();
+    v.sort();
+    v
+}
+
+/// Small element changes go to the kernel as one netlink batch: adjacent intervals,
+/// deletes, a prefix replaced by a covering one, both families. What nft lists
+/// afterwards is exactly the desired set, the kernel finds addresses inside the
+/// intervals, and a fresh adapter (nothing cached) sees nothing to do.
+#[test]
+fn netlink_element_updates_match_nft_listing() {
+    let ns = NetnsGuard::new("wsnft").unwrap();
+    let mut m = NftMarking::new(ns.netns().clone());
+    let mut s = spec(
+        &["10.9.0.1/32", "10.0.0.0/26"],
+        &["fd00::1/128", "fd10::/64"],
+    );
+    m.apply(&s).unwrap();
+
+    let steps: [(&[&str], &[&str]); 4] = [
+        // Adjacent /26 after an existing /26, a second host, a second v6 /64.
+        (
+            &["10.9.0.1/32", "10.9.0.2/32", "10.0.0.0/26", "10.0.0.64/26"],
+            &["fd00::1/128", "fd10::/64", "fd10:0:0:1::/64"],
+        ),
+        // Delete the first /26 and a host.
+        (&["10.9.0.2/32", "10.0.0.64/26"], &["fd10:0:0:1::/64"]),
+        // Replace the /26 by a covering /24 in one transaction.
+        (&["10.9.0.2/32", "10.0.0.0/24"], &["fd10::/56"]),
+        // Top of the address space (no interval-end entry).
+        (&["10.9.0.2/32", "255.255.255.0/24"], &["fd10::/56"]),
+    ];
+    for (i, (v4, v6)) in steps.iter().enumerate() {
+        s = spec(v4, v6);
+        let before = m.transactions();
+        assert!(m.apply(&s).unwrap(), "step {i} wrote nothing");
+        assert_eq!(m.transactions(), before + 1, "step {i}: one transaction");
+        let want = |fam4: bool, interval: bool| -> Vec<String> {
+            let all: &[&str] = if fam4 { v4 } else { v6 };
+            let host = if fam4 { "/32" } else { "/128" };
+            let picked: Vec<&str> = all
+                .iter()
+                .filter(|p| p.ends_with(host) != interval)
+                .map(|p| {
+                    if interval {
+                        *p
+                    } else {
+                        p.split('/').next().unwrap()
+                    }
+                })
+                .collect();
+            sorted(&picked)
+        };
+        assert_eq!(listed(&ns, "v4_hosts"), want(true, false), "step {i}");
+        assert_eq!(listed(&ns, "v4_nets"), want(true, true), "step {i}");
+        assert_eq!(listed(&ns, "v6_hosts"), want(false, false), "step {i}");
+        assert_eq!(listed(&ns, "v6_nets"), want(false, true), "step {i}");
+        let mut fresh = NftMarking::new(ns.netns().clone());
+        assert!(
+            !fresh.apply(&s).unwrap(),
+            "step {i}: kernel differs from plan"
+        );
+    }
+
+    // Kernel lookups inside and outside the last intervals.
+    let get = |set: &str, addr: &str| {
+        ns.run(
+            "nft",
+            &["get", "element", "inet", "wirespan", set, "{", addr, "}"],
+        )
+        .is_ok()
+    };
+    assert!(get("v4_nets", "255.255.255.255"));
+    assert!(!get("v4_nets", "10.0.0.70"));
+    assert!(get("v6_nets", "fd10:0:0:ff::1"));
+    assert!(!get("v6_nets", "fd10:0:0:100::1"));
+}
+
+/// A change bigger than one netlink batch goes through nft and ends the same.
+#[test]
+fn large_element_change_goes_through_nft() {
+    let ns = NetnsGuard::new("wsnft").unwrap();
+    let mut m = NftMarking::new(ns.netns().clone());
+    let mut s = spec(&["10.9.0.1/32"], &[]);
+    m.apply(&s).unwrap();
+    s.prefixes_v4.extend(
+        (0..3000u32).map(|i| {
+            IpNet::new(std::net::Ipv4Addr::from(0x0a00_0000 + (i << 8)).into(), 24).unwrap()
+        }),
+    );
+    assert!(m.apply(&s).unwrap());
+    assert_eq!(listed(&ns, "v4_nets").len(), 3000);
+    assert!(!NftMarking::new(ns.netns().clone()).apply(&s).unwrap());
+}

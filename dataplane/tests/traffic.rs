@@ -128,6 +128,15 @@ fn marked_traffic_crosses_tunnel_unmarked_does_not() {
                 ..RoutingSpec::default()
             })
             .unwrap();
+        // Placeholders first, so the routed hosts arrive as an element update (the
+        // netlink batch path), not with the table.
+        n.marking
+            .apply(&MarkingSpec {
+                prefixes_v4: vec!["192.0.2.99/32".parse().unwrap()],
+                prefixes_v6: vec!["2001:db8::99/128".parse().unwrap()],
+                ..MarkingSpec::default()
+            })
+            .unwrap();
         n.marking
             .apply(&MarkingSpec {
                 prefixes_v4: vec![format!("192.168.50.{i}/32").parse().unwrap()],
