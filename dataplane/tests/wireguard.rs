@@ -237,3 +237,32 @@ fn supervisor_restarts_dead_daemon_and_teardown_kills_it() {
     );
     assert!(!wg.observe().unwrap().present);
 }
+
+/// Steady state: after the first read, applies diff against what the backend wrote
+/// (no `get=1` of every peer); `observe` re-reads, so drift it sees is repaired by
+/// the next apply.
+#[test]
+fn steady_state_applies_without_reading_and_observe_resyncs() {
+    let (ns, mut wg, mut dev) = setup(51820);
+    assert!(wg.apply(&dev).unwrap());
+    let reads = wg.reads();
+    assert!(!wg.apply(&dev).unwrap());
+    dev.peers[0].allowed_ips = vec![
+        "10.1.0.1/32".parse().unwrap(),
+        "10.250.0.0/16".parse().unwrap(),
+    ];
+    assert!(wg.apply(&dev).unwrap());
+    assert_eq!(wg.reads(), reads, "steady-state applies read the device");
+    let (_, peers) = dump(&ns, &dev.name);
+    assert_eq!(find(&peers, &dev.peers[0])[3], "10.1.0.1/32,10.250.0.0/16");
+
+    // Someone removes a peer behind our back; observe sees it, apply restores it.
+    let key = dev.peers[1].public_key.to_base64();
+    ns.run("wg", &["set", &dev.name, "peer", &key, "remove"])
+        .unwrap();
+    assert_eq!(wg.observe().unwrap().peers.len(), 1);
+    assert!(wg.apply(&dev).unwrap());
+    let (_, peers) = dump(&ns, &dev.name);
+    assert_eq!(peers.len(), 2);
+    assert_eq!(find(&peers, &dev.peers[1])[2], "192.0.2.10:51820");
+}

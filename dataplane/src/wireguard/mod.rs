@@ -385,6 +385,108 @@ pub fn diff(current: &DeviceState, desired: &WgDevice) -> WgUpdate {
     up
 }
 
+/// Updates `state` to what the device holds after `up` was written successfully
+/// (pure; the inverse view of [`diff`]).
+pub fn apply_update(state: &mut DeviceState, up: &WgUpdate) {
+    if let Some(p) = up.listen_port {
+        state.listen_port = p;
+    }
+    if let Some(m) = up.fwmark {
+        state.fwmark = m;
+    }
+    if let Some(k) = &up.private_key {
+        state.private_key = Some(k.clone());
+    }
+    let removed: std::collections::HashSet<&PublicKey> = up
+        .peers
+        .iter()
+        .filter(|p| p.remove)
+        .map(|p| &p.public_key)
+        .collect();
+    if !removed.is_empty() {
+        state.peers.retain(|p| !removed.contains(&p.public_key));
+    }
+    let mut index: std::collections::HashMap<PublicKey, usize> = state
+        .peers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.public_key.clone(), i))
+        .collect();
+    for u in up.peers.iter().filter(|p| !p.remove) {
+        let i = *index.entry(u.public_key.clone()).or_insert_with(|| {
+            state.peers.push(PeerState {
+                public_key: u.public_key.clone(),
+                preshared_key: None,
+                endpoint: None,
+                persistent_keepalive: 0,
+                allowed_ips: Vec::new(),
+                last_handshake: None,
+                rx_bytes: 0,
+                tx_bytes: 0,
+            });
+            state.peers.len() - 1
+        });
+        let peer = &mut state.peers[i];
+        if let Some(k) = &u.preshared_key {
+            peer.preshared_key.clone_from(k);
+        }
+        if let Some(k) = u.persistent_keepalive {
+            peer.persistent_keepalive = k;
+        }
+        if let Some(e) = u.endpoint {
+            peer.endpoint = Some(e);
+        }
+        if let Some(ips) = &u.allowed_ips {
+            peer.allowed_ips.clone_from(ips);
+        }
+    }
+}
+
+/// How long a backend trusts the device state it last read or wrote: within this, a
+/// steady-state apply costs a diff in memory and one write, not a read of every peer.
+/// Every [`WireGuard::observe`] refreshes it; any error drops it.
+pub const RESYNC_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The device state a backend last read (when) or wrote.
+#[derive(Debug, Default)]
+pub(crate) struct KnownState {
+    known: Option<(std::time::Instant, u64, DeviceState)>,
+}
+
+impl KnownState {
+    /// Takes the remembered state out if it was read within [`RESYNC_INTERVAL`] of
+    /// `now` and the device's incarnation (daemon restarts) is unchanged; returns
+    /// when it was read. Forgets it otherwise.
+    pub(crate) fn take_fresh(
+        &mut self,
+        now: std::time::Instant,
+        incarnation: u64,
+    ) -> Option<(std::time::Instant, DeviceState)> {
+        match self.known.take() {
+            Some((at, inc, st))
+                if inc == incarnation && now.saturating_duration_since(at) < RESYNC_INTERVAL =>
+            {
+                Some((at, st))
+            }
+            _ => None,
+        }
+    }
+
+    /// Remembers `state`, read (or derived from a read) at `at`.
+    pub(crate) fn remember(
+        &mut self,
+        at: std::time::Instant,
+        incarnation: u64,
+        state: DeviceState,
+    ) {
+        self.known = Some((at, incarnation, state));
+    }
+
+    pub(crate) fn forget(&mut self) {
+        self.known = None;
+    }
+}
+
 /// Errors of the WireGuard backends.
 #[derive(Debug, thiserror::Error)]
 pub enum WgError {
@@ -550,6 +652,50 @@ mod tests {
             fwmark: 0x20,
             peers,
         }
+    }
+
+    #[test]
+    fn applying_the_diff_to_the_state_leaves_nothing_to_do() {
+        let from = device(vec![
+            peer(1, &["10.0.0.1/32"]),
+            peer(2, &["10.0.0.2/32", "10.2.0.0/16"]),
+            peer(3, &["10.0.0.3/32"]),
+        ]);
+        let mut to = device(vec![
+            // Peer 1 gone, peer 2 changed everywhere, peer 3 same, peer 4 new.
+            WgPeer {
+                preshared_key: None,
+                persistent_keepalive: 0,
+                endpoint: Some("192.0.2.2:51820".parse().unwrap()),
+                ..peer(2, &["10.0.0.2/32", "10.3.0.0/16"])
+            },
+            peer(3, &["10.0.0.3/32"]),
+            peer(4, &["10.0.0.4/32"]),
+        ]);
+        to.listen_port = 51821;
+        to.private_key = PrivateKey([8; 32]);
+        let mut st = state_of(&from);
+        let up = diff(&st, &to);
+        apply_update(&mut st, &up);
+        assert!(diff(&st, &to).is_empty(), "{:?}", diff(&st, &to));
+        assert_eq!(st.peers.len(), 3);
+        let p2 = st.peers.iter().find(|p| p.public_key == key(2)).unwrap();
+        assert_eq!(p2.preshared_key, None);
+        assert_eq!(p2.endpoint, to.peers[0].endpoint);
+    }
+
+    #[test]
+    fn known_state_expires_and_follows_incarnation() {
+        let t0 = std::time::Instant::now();
+        let mut k = KnownState::default();
+        k.remember(t0, 0, DeviceState::default());
+        assert!(k.take_fresh(t0 + RESYNC_INTERVAL / 2, 0).is_some());
+        // Taken out: gone until remembered again.
+        assert!(k.take_fresh(t0, 0).is_none());
+        k.remember(t0, 0, DeviceState::default());
+        assert!(k.take_fresh(t0 + RESYNC_INTERVAL, 0).is_none());
+        k.remember(t0, 0, DeviceState::default());
+        assert!(k.take_fresh(t0, 1).is_none(), "daemon restarted");
     }
 
     #[test]

@@ -21,9 +21,9 @@ use std::{
 };
 
 use super::{
-    diff,
+    apply_update, diff,
     uapi::{self, GetError},
-    DeviceState, WgDevice, WgError, WgPeer, WgStatus, WireGuard,
+    DeviceState, KnownState, WgDevice, WgError, WgPeer, WgStatus, WireGuard,
 };
 use crate::netns::Netns;
 
@@ -75,6 +75,8 @@ pub struct UserspaceBackend {
     opts: UserspaceOptions,
     sup: Option<Supervisor>,
     writes: u64,
+    reads: std::sync::atomic::AtomicU64,
+    known: KnownState,
 }
 
 impl UserspaceBackend {
@@ -94,6 +96,8 @@ impl UserspaceBackend {
             opts,
             sup: None,
             writes: 0,
+            reads: std::sync::atomic::AtomicU64::new(0),
+            known: KnownState::default(),
         }
     }
 
@@ -103,6 +107,13 @@ impl UserspaceBackend {
         let sup = self.sup.as_ref()?;
         let st = sup.shared.0.lock().unwrap_or_else(PoisonError::into_inner);
         st.child.as_ref().map(Child::id)
+    }
+
+    /// Number of full device reads (`get=1`) so far: a steady-state apply within
+    /// [`super::RESYNC_INTERVAL`] of the last read needs none.
+    #[must_use]
+    pub fn reads(&self) -> u64 {
+        self.reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// How many times the supervisor restarted wireguard-go.
@@ -204,6 +215,7 @@ impl UserspaceBackend {
     }
 
     fn stop(&mut self) {
+        self.known.forget();
         if let Some(mut sup) = self.sup.take() {
             {
                 let (lock, cv) = &*sup.shared;
@@ -256,6 +268,8 @@ impl UserspaceBackend {
     }
 
     fn read(&self) -> Result<DeviceState, WgError> {
+        self.reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let text = self.exchange("get=1\n\n", "get")?;
         uapi::parse_get(&text).map_err(|e| match e {
             GetError::Errno(errno) => WgError::Refused {
@@ -394,9 +408,15 @@ impl WireGuard for UserspaceBackend {
             ));
         }
         self.ensure()?;
-        let current = self.read()?;
+        let incarnation = self.restarts();
+        let now = Instant::now();
+        let (read_at, current) = match self.known.take_fresh(now, incarnation) {
+            Some(known) => known,
+            None => (now, self.read()?),
+        };
         let up = diff(&current, desired);
         if up.is_empty() {
+            self.known.remember(read_at, incarnation, current);
             return Ok(false);
         }
         let removed = up.peers.iter().filter(|p| p.remove).count();
@@ -417,6 +437,9 @@ impl WireGuard for UserspaceBackend {
                 errno,
             });
         }
+        let mut after = current;
+        apply_update(&mut after, &up);
+        self.known.remember(read_at, incarnation, after);
         Ok(true)
     }
 
@@ -424,7 +447,11 @@ impl WireGuard for UserspaceBackend {
         if !self.running() {
             return Ok(WgStatus::default());
         }
-        Ok(WgStatus::from(&self.read()?))
+        let now = Instant::now();
+        let st = self.read()?;
+        let status = WgStatus::from(&st);
+        self.known.remember(now, self.restarts(), st);
+        Ok(status)
     }
 
     fn teardown(&mut self) -> Result<(), WgError> {
