@@ -9,8 +9,9 @@ use clap::{Parser, Subcommand};
 #[command(name = "wirespan", version, about, propagate_version = true)]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `wirespan_control=debug`.
-    #[arg(long, global = true, env = "WIRESPAN_LOG", default_value = "info")]
-    log: String,
+    /// Default: `info` for the daemons, `warn` for the CLI and benchmarks.
+    #[arg(long, global = true, env = "WIRESPAN_LOG")]
+    log: Option<String>,
 
     /// Log format.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
@@ -48,9 +49,15 @@ enum Command {
     Bench(cmd::bench::Bench),
 }
 
-fn init_tracing(cli: &Cli) {
-    let filter = tracing_subscriber::EnvFilter::try_new(&cli.log)
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+fn init_tracing(cli: &Cli) -> anyhow::Result<()> {
+    let default = match cli.command {
+        Command::Discovery(_) | Command::Node(_) => "info",
+        // Reports and tables on stdout; only trouble on stderr.
+        _ => "warn",
+    };
+    let text = cli.log.as_deref().unwrap_or(default);
+    let filter = tracing_subscriber::EnvFilter::try_new(text)
+        .map_err(|e| anyhow::anyhow!("--log {text:?} is not a valid log filter: {e}"))?;
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -58,11 +65,12 @@ fn init_tracing(cli: &Cli) {
         LogFormat::Text => builder.init(),
         LogFormat::Json => builder.json().init(),
     }
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_tracing(&cli);
+    init_tracing(&cli)?;
     match cli.command {
         Command::Discovery(args) => cmd::discovery::run(args),
         Command::Bench(bench) => cmd::bench::run(&bench),

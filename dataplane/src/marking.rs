@@ -669,9 +669,7 @@ pub fn plan(rs: &Ruleset, current: Option<&TableState>) -> Plan {
         if *fam != s.family || *interval != s.interval {
             return Plan::Rebuild;
         }
-        let want: BTreeSet<IpNet> = s.elements.iter().copied().collect();
-        let add: Vec<IpNet> = want.difference(have).copied().collect();
-        let delete: Vec<IpNet> = have.difference(&want).copied().collect();
+        let (add, delete) = sorted_difference(&s.elements, have);
         if !add.is_empty() || !delete.is_empty() {
             diffs.push(SetDiff {
                 name: s.name,
@@ -685,6 +683,60 @@ pub fn plan(rs: &Ruleset, current: Option<&TableState>) -> Plan {
         Plan::Nothing
     } else {
         Plan::Elements(diffs)
+    }
+}
+
+/// (in `want` only, in `have` only). Linear when `want` is strictly ascending, as
+/// rendered sets are; no set is built.
+fn sorted_difference(want: &[IpNet], have: &BTreeSet<IpNet>) -> (Vec<IpNet>, Vec<IpNet>) {
+    if !want.windows(2).all(|w| w[0] < w[1]) {
+        let want: BTreeSet<IpNet> = want.iter().copied().collect();
+        return (
+            want.difference(have).copied().collect(),
+            have.difference(&want).copied().collect(),
+        );
+    }
+    let (mut add, mut delete) = (Vec::new(), Vec::new());
+    let (mut w, mut h) = (want.iter().peekable(), have.iter().peekable());
+    loop {
+        match (w.peek(), h.peek()) {
+            (None, None) => break,
+            (Some(a), None) => {
+                add.push(**a);
+                w.next();
+            }
+            (None, Some(b)) => {
+                delete.push(**b);
+                h.next();
+            }
+            (Some(a), Some(b)) => match a.cmp(b) {
+                std::cmp::Ordering::Less => {
+                    add.push(**a);
+                    w.next();
+                }
+                std::cmp::Ordering::Greater => {
+                    delete.push(**b);
+                    h.next();
+                }
+                std::cmp::Ordering::Equal => {
+                    w.next();
+                    h.next();
+                }
+            },
+        }
+    }
+    (add, delete)
+}
+
+/// Applies committed element changes to a remembered table state.
+fn apply_diffs(st: &mut TableState, diffs: &[SetDiff]) {
+    for d in diffs {
+        if let Some((_, _, _, Some(elems))) = st.sets.iter_mut().find(|s| s.0 == d.name) {
+            for p in &d.delete {
+                elems.remove(p);
+            }
+            elems.extend(d.add.iter().copied());
+        }
     }
 }
 
@@ -899,14 +951,13 @@ impl Marking for NftMarking {
         self.table = Some(spec.table.clone());
         // Trust the cache only if no transaction at all happened since our last one.
         let gen_before = self.generation();
-        let cached = match (&self.cache, gen_before) {
-            (Some((g, st)), Some(now)) if *g == now => Some(st.clone()),
+        let cached = match (self.cache.take(), gen_before) {
+            (Some((g, st)), Some(now)) if g == now => Some(st),
             _ => None,
         };
         let current = match cached {
             Some(st) => Some(st),
             None => {
-                self.cache = None;
                 self.reads += 1;
                 match self.list(&spec.table)?.map(|j| parse_table(&j)) {
                     None => None,
@@ -918,10 +969,10 @@ impl Marking for NftMarking {
                 }
             }
         };
-        let batch = match plan(&rs, current.as_ref()) {
+        let (batch, op, next) = match plan(&rs, current.as_ref()) {
             Plan::Nothing => {
-                if let (None, Some(g)) = (&self.cache, gen_before) {
-                    self.cache = Some((g, expected_state(&rs)));
+                if let (Some(g), Some(st)) = (gen_before, current) {
+                    self.cache = Some((g, st));
                 }
                 return Ok(false);
             }
@@ -930,22 +981,34 @@ impl Marking for NftMarking {
                     .iter()
                     .fold((0, 0), |(a, d), s| (a + s.add.len(), d + s.delete.len()));
                 tracing::debug!(table = %spec.table, add, delete = del, "updating set elements");
+                // What the table holds after this transaction, without re-deriving it
+                // from every element.
+                let next = match current {
+                    Some(mut st) => {
+                        apply_diffs(&mut st, &diffs);
+                        st
+                    }
+                    None => expected_state(&rs),
+                };
                 if self.commit_elements_netlink(&spec.table, &diffs)? {
-                    self.after_commit(gen_before, &rs);
+                    self.after_commit(gen_before, next);
                     return Ok(true);
                 }
-                (element_batch(&spec.table, &diffs), "update set elements")
+                (
+                    element_batch(&spec.table, &diffs),
+                    "update set elements",
+                    next,
+                )
             }
             Plan::Rebuild => {
                 if current.is_some() {
                     tracing::info!(table = %spec.table, "nftables table differs from desired, replacing it");
                 }
-                (full_batch(&rs), "replace table")
+                (full_batch(&rs), "replace table", expected_state(&rs))
             }
         };
-        self.cache = None;
-        self.commit(&batch.0, batch.1)?;
-        self.after_commit(gen_before, &rs);
+        self.commit(&batch, op)?;
+        self.after_commit(gen_before, next);
         Ok(true)
     }
 
@@ -984,10 +1047,10 @@ impl Marking for NftMarking {
 impl NftMarking {
     /// Our transaction is exactly one generation; anything more means someone else
     /// committed too, and the next apply reads the table again.
-    fn after_commit(&mut self, gen_before: Option<u32>, rs: &Ruleset) {
+    fn after_commit(&mut self, gen_before: Option<u32>, state: TableState) {
         if let (Some(before), Some(after)) = (gen_before, self.generation()) {
             if after == before.wrapping_add(1) {
-                self.cache = Some((after, expected_state(rs)));
+                self.cache = Some((after, state));
             }
         }
     }

@@ -347,9 +347,13 @@ pub fn diff(current: &DeviceState, desired: &WgDevice) -> WgUpdate {
             });
         }
     }
-    let mut desired_peers: Vec<&WgPeer> = desired.peers.iter().collect();
-    desired_peers.sort_by(|a, b| a.public_key.cmp(&b.public_key));
-    for p in desired_peers {
+    let removed = up.peers.len();
+    for p in &desired.peers {
+        if let Some(cur) = have.get(&p.public_key) {
+            if unchanged(cur, p) {
+                continue;
+            }
+        }
         let ips = normalise(&p.allowed_ips);
         let change = match have.get(&p.public_key) {
             None => PeerUpdate {
@@ -382,7 +386,26 @@ pub fn diff(current: &DeviceState, desired: &WgDevice) -> WgUpdate {
             up.peers.push(change);
         }
     }
+    // Deterministic order of the written lines (desired order is the caller's).
+    up.peers[removed..].sort_by(|a, b| a.public_key.cmp(&b.public_key));
     up
+}
+
+/// Cheap check, without allocating, that a current peer already is as desired (the
+/// steady state of almost every peer). `false` only means "compare in full".
+fn unchanged(cur: &PeerState, p: &WgPeer) -> bool {
+    const SMALL: usize = 16;
+    cur.preshared_key == p.preshared_key
+        && cur.persistent_keepalive == p.persistent_keepalive
+        && p.endpoint.is_none_or(|e| cur.endpoint == Some(e))
+        && cur.allowed_ips.len() == p.allowed_ips.len()
+        && p.allowed_ips.len() <= SMALL
+        // Same length, every desired prefix (canonical, no duplicates) present.
+        && p.allowed_ips.iter().enumerate().all(|(i, ip)| {
+            *ip == ip.trunc()
+                && !p.allowed_ips[..i].contains(ip)
+                && cur.allowed_ips.contains(ip)
+        })
 }
 
 /// Updates `state` to what the device holds after `up` was written successfully
