@@ -44,6 +44,9 @@ enum Command {
     /// Inspect a running node.
     #[command(subcommand)]
     Inspect(cmd::inspect::Inspect),
+    /// Generate cluster secrets, WireGuard keys and node IDs.
+    #[command(subcommand)]
+    Gen(cmd::gen::Gen),
     /// Run benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
@@ -74,6 +77,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Discovery(args) => cmd::discovery::run(args),
         Command::Bench(bench) => cmd::bench::run(&bench),
+        Command::Gen(g) => cmd::gen::run(&g),
         Command::Node(args) => cmd::node::run(&args, &cli.socket),
         Command::Get(args) => cmd::get::run(&args, &cli.socket, false),
         Command::Watch(args) => cmd::get::run(&args, &cli.socket, true),

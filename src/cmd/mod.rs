@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod discovery;
+pub mod gen;
 pub mod get;
 pub mod inspect;
 pub mod node;

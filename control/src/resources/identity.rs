@@ -121,6 +121,14 @@ pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     res
 }
 
+/// A fresh node ID: 32 random bytes in [`base62`].
+#[must_use]
+pub fn generate_node_id() -> String {
+    let mut raw = [0u8; 32];
+    rand::thread_rng().fill_bytes(&mut raw);
+    base62(&raw)
+}
+
 /// Loads the node ID from `dir/node-id`, generating and persisting it when missing.
 ///
 /// # Errors
@@ -141,9 +149,7 @@ pub fn load_or_generate(dir: &Path) -> Result<String, IdentityError> {
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             fs::create_dir_all(dir).map_err(io)?;
-            let mut raw = [0u8; 32];
-            rand::thread_rng().fill_bytes(&mut raw);
-            let id = base62(&raw);
+            let id = generate_node_id();
             write_atomic(&path, format!("{id}\n").as_bytes()).map_err(io)?;
             tracing::info!(path = %path.display(), "generated node identity");
             Ok(id)

@@ -1,0 +1,76 @@
+//! `wirespan gen`: secrets land in 0600 files and never on the terminal.
+
+use std::{os::unix::fs::PermissionsExt, process::Command};
+
+fn gen(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_wirespan"))
+        .arg("gen")
+        .args(args)
+        .output()
+        .expect("run wirespan gen")
+}
+
+#[test]
+fn key_is_written_0600_and_only_the_public_key_is_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("wg.key");
+    let k = key.to_str().unwrap();
+    let out = gen(&["key", "--out", k]);
+    assert!(out.status.success(), "{out:?}");
+    let private = std::fs::read_to_string(&key).unwrap();
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let all = format!("{printed}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(!all.contains(private.trim()), "private key printed");
+    // `pubkey` derives the same public key from the file.
+    let again = gen(&["pubkey", "--key", k]);
+    assert!(again.status.success());
+    assert_eq!(String::from_utf8(again.stdout).unwrap(), printed);
+    assert_eq!(printed.trim().len(), 44);
+
+    // No silent overwrite.
+    let refused = gen(&["key", "--out", k]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--force"));
+    assert_eq!(std::fs::read_to_string(&key).unwrap(), private);
+    assert!(gen(&["key", "--out", k, "--force"]).status.success());
+    assert_ne!(std::fs::read_to_string(&key).unwrap(), private);
+}
+
+#[test]
+fn secret_is_written_not_printed_and_bad_key_file_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.secret");
+    let out = gen(&["secret", "--out", path.to_str().unwrap()]);
+    assert!(out.status.success(), "{out:?}");
+    let secret = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(secret.trim().len(), 44);
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!all.contains(secret.trim()));
+
+    let bad = dir.path().join("bad.key");
+    std::fs::write(&bad, "not a key\n").unwrap();
+    let out = gen(&["pubkey", "--key", bad.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("bad.key") && err.contains("not a base64"),
+        "{err}"
+    );
+    assert!(!err.contains("not a key"), "file contents echoed: {err}");
+}
+
+#[test]
+fn node_ids_are_fresh_base62() {
+    let a = String::from_utf8(gen(&["node-id"]).stdout).unwrap();
+    let b = String::from_utf8(gen(&["node-id"]).stdout).unwrap();
+    assert_ne!(a, b);
+    assert!(a.trim().len() >= 43 && a.trim().bytes().all(|c| c.is_ascii_alphanumeric()));
+}
