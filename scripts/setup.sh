@@ -16,6 +16,8 @@ have ping         || need+=(iputils-ping)
 have nsenter      || need+=(util-linux)
 have curl         || need+=(curl)
 have ss           || need+=(iproute2)
+have sysctl       || need+=(procps)
+have openssl      || need+=(openssl)
 
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
