@@ -535,16 +535,18 @@ async fn stopped_client_with_short_ttl_disappears_via_gc() -> Result<()> {
 }
 
 /// A CA and a leaf for `localhost`/127.0.0.1, made with the openssl CLI.
-fn make_certs(dir: &std::path::Path) -> Result<Option<Vec<u8>>> {
-    let run = |args: &[&str]| -> Result<bool> {
+fn make_certs(dir: &std::path::Path) -> Result<Vec<u8>> {
+    let run = |args: &[&str]| -> Result<()> {
         match std::process::Command::new("openssl")
             .args(args)
             .current_dir(dir)
             .output()
         {
-            Ok(out) if out.status.success() => Ok(true),
+            Ok(out) if out.status.success() => Ok(()),
             Ok(out) => bail!("openssl {args:?}: {}", String::from_utf8_lossy(&out.stderr)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                bail!("the openssl CLI is missing (scripts/setup.sh installs it)")
+            }
             Err(e) => Err(e.into()),
         }
     };
@@ -607,20 +609,15 @@ fn make_certs(dir: &std::path::Path) -> Result<Option<Vec<u8>>> {
         ],
     ];
     for step in &steps {
-        if !run(step)? {
-            return Ok(None);
-        }
+        run(step)?;
     }
-    Ok(Some(std::fs::read(dir.join("ca.pem"))?))
+    Ok(std::fs::read(dir.join("ca.pem"))?)
 }
 
 #[tokio::test]
 async fn tls_endpoint_with_custom_roots() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let Some(ca) = make_certs(dir.path())? else {
-        eprintln!("skipping: openssl CLI not installed");
-        return Ok(());
-    };
+    let ca = make_certs(dir.path())?;
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let server = server::spawn(
         ServerConfig {
@@ -659,7 +656,7 @@ async fn tls_endpoint_with_custom_roots() -> Result<()> {
 
     // A client that does not trust the CA never connects (and never panics).
     let other_dir = tempfile::tempdir()?;
-    let wrong_ca = make_certs(other_dir.path())?.expect("openssl worked above");
+    let wrong_ca = make_certs(other_dir.path())?;
     let c = Node::with_config(ClientConfig {
         ca_pem: Some(wrong_ca),
         ..config(&url, "tls", "node-c", secret())
