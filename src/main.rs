@@ -71,8 +71,7 @@ fn init_tracing(cli: &Cli) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn run(cli: Cli) -> anyhow::Result<()> {
     init_tracing(&cli)?;
     match cli.command {
         Command::Discovery(args) => cmd::discovery::run(args),
@@ -82,5 +81,17 @@ fn main() -> anyhow::Result<()> {
         Command::Get(args) => cmd::get::run(&args, &cli.socket, false),
         Command::Watch(args) => cmd::get::run(&args, &cli.socket, true),
         Command::Inspect(c) => cmd::inspect::run(&c, &cli.socket),
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            // The cause chain on one line; no stack trace for operators.
+            eprintln!("Error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
     }
 }

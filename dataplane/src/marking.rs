@@ -279,7 +279,9 @@ fn device_mark_accept(spec: &MarkingSpec) -> RuleDef {
 
 /// Sorts, de-duplicates and (for interval sets) drops prefixes covered by another.
 fn normalise(mut prefixes: Vec<IpNet>, interval: bool) -> Vec<IpNet> {
-    prefixes.sort_unstable_by_key(|p| (p.network(), p.prefix_len()));
+    // Validated prefixes carry no host bits, so `IpNet`'s order is (network, length);
+    // it is also the order `plan` merges in.
+    prefixes.sort_unstable();
     prefixes.dedup();
     if !interval {
         return prefixes;
@@ -1080,8 +1082,10 @@ impl NftMarking {
             return Ok(false);
         };
         let (batch, acks) = crate::nfnl::element_batch(table, &changes, &mut self.gen_seq);
+        let started = std::time::Instant::now();
         match crate::nfnl::commit(sock, &batch, &acks) {
             Ok(()) => {
+                tracing::debug!(table, bytes = batch.len(), elapsed = ?started.elapsed(), "element batch committed over netlink");
                 self.transactions += 1;
                 Ok(true)
             }
