@@ -19,6 +19,7 @@ use tonic::transport::{server::TcpIncoming, Identity, Server, ServerTlsConfig};
 
 mod error;
 pub mod metrics;
+mod panic;
 pub mod ratelimit;
 mod service;
 pub mod snapshot;
@@ -30,6 +31,9 @@ pub use service::{client_address, grpc_timeout};
 
 use crate::proto::server::cluster_server::ClusterServer;
 use service::{ClusterService, Shared};
+
+/// How long the snapshot save at shutdown may take (upstream: 10 s).
+pub const SHUTDOWN_SAVE_BUDGET: Duration = Duration::from_secs(10);
 
 /// How long shutdown waits for connections to drain before stopping hard.
 pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -168,7 +172,22 @@ impl RunningServer {
         }
         self.background.abort();
         let saved = match self.shared.config.snapshot_path.clone() {
-            Some(path) => save_snapshot(Arc::clone(&self.shared), path).await,
+            Some(path) => {
+                match tokio::time::timeout(
+                    SHUTDOWN_SAVE_BUDGET,
+                    save_snapshot(Arc::clone(&self.shared), path),
+                )
+                .await
+                {
+                    Ok(r) => r,
+                    Err(_) => {
+                        tracing::error!(budget = ?SHUTDOWN_SAVE_BUDGET, "snapshot save at shutdown did not finish in time");
+                        Err(ServerError::Task(format!(
+                            "snapshot save exceeded the {SHUTDOWN_SAVE_BUDGET:?} shutdown budget"
+                        )))
+                    }
+                }
+            }
             None => Ok(()),
         };
         served?;
@@ -336,6 +355,7 @@ pub async fn spawn_with_metrics(
     // minimum, as the protocol allows.
     let grpc = tokio::spawn(
         builder
+            .layer(panic::CatchPanicLayer)
             .add_service(svc)
             .serve_with_incoming_shutdown(incoming, token.clone().cancelled_owned()),
     );
