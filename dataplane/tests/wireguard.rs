@@ -1,12 +1,14 @@
-//! Kernel tests of the userspace WireGuard backend (wireguard-go), each in a fresh
-//! network namespace with a uniquely named interface.
+//! Kernel tests of the WireGuard backends (wireguard-go here; the kernel backend where
+//! the kernel has WireGuard), each in a fresh network namespace with a uniquely named
+//! interface.
 
 use std::net::UdpSocket;
 
 use wirespan_dataplane::{
     netns::{unique_name, NetnsGuard, NetnsThread},
     wireguard::{
-        userspace::UserspaceBackend, PresharedKey, PrivateKey, WgDevice, WgError, WgPeer, WireGuard,
+        self, kernel, userspace::UserspaceBackend, BackendChoice, PresharedKey, PrivateKey,
+        WgDevice, WgError, WgPeer, WireGuard,
     },
 };
 
@@ -265,4 +267,79 @@ fn steady_state_applies_without_reading_and_observe_resyncs() {
     let (_, peers) = dump(&ns, &dev.name);
     assert_eq!(peers.len(), 2);
     assert_eq!(find(&peers, &dev.peers[1])[2], "192.0.2.10:51820");
+}
+
+/// Whether this kernel can make a WireGuard link, asked with `ip` (independent of the
+/// crate's own probe).
+fn kernel_has_wireguard(ns: &NetnsGuard) -> bool {
+    let ok = ns
+        .run("ip", &["link", "add", "wsprobe0", "type", "wireguard"])
+        .is_ok();
+    if ok {
+        ns.run("ip", &["link", "del", "wsprobe0"]).unwrap();
+    }
+    ok
+}
+
+/// Auto selection takes the kernel when it has WireGuard and wireguard-go otherwise:
+/// either way the device works, and a wireguard-go process runs in the namespace
+/// exactly when the kernel lacks WireGuard.
+#[test]
+fn auto_selection_follows_kernel_support() {
+    let ns = NetnsGuard::new("wswg").unwrap();
+    let kernel = kernel_has_wireguard(&ns);
+    assert_eq!(kernel::supported(ns.netns()), kernel);
+    let name = unique_name("wsa");
+    let mut wg = wireguard::select(BackendChoice::Auto, &name, ns.netns()).unwrap();
+    let dev = WgDevice {
+        name: name.clone(),
+        private_key: PrivateKey::generate(),
+        listen_port: 51821,
+        fwmark: 0x20,
+        peers: vec![peer(&["10.1.0.1/32"])],
+    };
+    assert!(wg.apply(&dev).unwrap());
+    assert!(!wg.apply(&dev).unwrap());
+    let (iface, peers) = dump(&ns, &name);
+    assert_eq!(iface[1], dev.private_key.public_key().to_base64());
+    assert_eq!(peers.len(), 1);
+    let pids = ns.run_stdout("ip", &["netns", "pids", ns.name()]).unwrap();
+    let wireguard_go = pids.split_whitespace().any(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/comm"))
+            .is_ok_and(|c| c.trim().starts_with("wireguard-go"))
+    });
+    assert_eq!(wireguard_go, !kernel, "kernel WireGuard: {kernel}");
+    wg.teardown().unwrap();
+    assert!(ns.run("ip", &["link", "show", &name]).is_err());
+}
+
+/// Forcing the kernel backend where the kernel has no WireGuard fails with an error
+/// naming the link and leaves nothing behind; where it has, the kernel backend applies
+/// incrementally like the userspace one.
+#[test]
+fn forced_kernel_backend() {
+    let ns = NetnsGuard::new("wswg").unwrap();
+    let name = unique_name("wsk");
+    let mut wg = wireguard::select(BackendChoice::Kernel, &name, ns.netns()).unwrap();
+    let mut dev = WgDevice {
+        name: name.clone(),
+        private_key: PrivateKey::generate(),
+        listen_port: 51822,
+        fwmark: 0x20,
+        peers: vec![peer(&["10.1.0.1/32"])],
+    };
+    if !kernel_has_wireguard(&ns) {
+        let err = wg.apply(&dev).unwrap_err().to_string();
+        assert!(err.contains(&name), "{err}");
+        assert!(ns.run("ip", &["link", "show", &name]).is_err());
+        return;
+    }
+    assert!(wg.apply(&dev).unwrap());
+    assert!(!wg.apply(&dev).unwrap());
+    dev.peers.push(peer(&["10.1.0.2/32"]));
+    assert!(wg.apply(&dev).unwrap());
+    let (_, peers) = dump(&ns, &name);
+    assert_eq!(peers.len(), 2);
+    wg.teardown().unwrap();
+    assert!(ns.run("ip", &["link", "show", &name]).is_err());
 }
