@@ -19,7 +19,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use indicatif::{ProgressBar, ProgressStyle};
+use crate::bar;
 use wirespan_dataplane::{
     ipnet::{IpNet, Ipv4Net, Ipv6Net},
     marking::{Marking, MarkingSpec, NftMarking, SetLayout},
@@ -255,17 +255,6 @@ impl Row {
             ok: Some(ok),
         }
     }
-}
-
-fn bar(len: usize, what: &str) -> ProgressBar {
-    let pb = ProgressBar::new(len as u64);
-    pb.set_style(
-        ProgressStyle::with_template("{msg:>28} [{bar:30}] {pos}/{len} {elapsed}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    pb.set_message(what.to_owned());
-    pb
 }
 
 fn median(v: &mut [Duration]) -> Duration {

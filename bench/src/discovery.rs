@@ -19,7 +19,8 @@ use std::{
 };
 
 use anyhow::{bail, Context as _};
-use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::bar;
 use tonic::{transport::Channel, Code};
 use wirespan_discovery::proto::server::{cluster_client::ClusterClient, *};
 
@@ -191,17 +192,6 @@ fn verdict(ok: bool) -> &'static str {
 
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
-}
-
-fn bar(len: usize, what: &str) -> ProgressBar {
-    let pb = ProgressBar::new(len as u64);
-    pb.set_style(
-        ProgressStyle::with_template("{msg:>28} [{bar:30}] {pos}/{len} {elapsed}")
-            .unwrap_or_else(|_| ProgressStyle::default_bar())
-            .progress_chars("=> "),
-    );
-    pb.set_message(what.to_owned());
-    pb
 }
 
 /// The server as a child process, killed on drop.

@@ -5,3 +5,15 @@
 pub mod dataplane;
 pub mod discovery;
 pub mod runtime;
+
+/// A progress bar for one phase of a benchmark (on stderr, so reports stay clean).
+pub(crate) fn bar(len: usize, what: &str) -> indicatif::ProgressBar {
+    let pb = indicatif::ProgressBar::new(len as u64);
+    pb.set_style(
+        indicatif::ProgressStyle::with_template("{msg:>28} [{bar:30}] {pos}/{len} {elapsed}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    pb.set_message(what.to_owned());
+    pb
+}

@@ -287,7 +287,7 @@ async fn panicking_and_failing_controllers_restart_with_backoff() {
     rt.register(Flaky(Arc::clone(&runs))).unwrap();
     rt.register(Dynamic).unwrap_err(); // same output type, exclusive: rejected
     let healthy = Arc::new(AtomicUsize::new(0));
-    rt.register(Counter(Arc::clone(&healthy))).unwrap();
+    rt.register(RoundCounter::weak(&healthy)).unwrap();
     let h = Harness::start(rt);
     let start = tokio::time::Instant::now();
     assert_resource::<StrResource>(&h.store, OUT, "flaky", |r| {
@@ -504,15 +504,30 @@ fn registration_conflicts() {
     ));
 }
 
-/// Counts rounds.
-struct Counter(Arc<AtomicUsize>);
+/// Counts the rounds of a controller with one input and no outputs.
+struct RoundCounter {
+    name: &'static str,
+    input: Input,
+    rounds: Arc<AtomicUsize>,
+}
 
-impl Controller for Counter {
+impl RoundCounter {
+    /// Wakes on every change of an `IntResource` in `IN`.
+    fn weak(rounds: &Arc<AtomicUsize>) -> Self {
+        Self {
+            name: "Counter",
+            input: Input::of::<IntResource>(IN, InputKind::Weak),
+            rounds: Arc::clone(rounds),
+        }
+    }
+}
+
+impl Controller for RoundCounter {
     fn name(&self) -> &str {
-        "Counter"
+        self.name
     }
     fn inputs(&self) -> Vec<Input> {
-        vec![Input::of::<IntResource>(IN, InputKind::Weak)]
+        vec![self.input.clone()]
     }
     fn outputs(&self) -> Vec<Output> {
         vec![]
@@ -520,7 +535,7 @@ impl Controller for Counter {
     fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
             while rt.next_round().await {
-                self.0.fetch_add(1, Ordering::SeqCst);
+                self.rounds.fetch_add(1, Ordering::SeqCst);
             }
             Ok(())
         })
@@ -531,7 +546,7 @@ impl Controller for Counter {
 async fn wake_ups_coalesce() {
     let rounds = Arc::new(AtomicUsize::new(0));
     let mut rt = Runtime::new(Store::default());
-    rt.register(Counter(Arc::clone(&rounds))).unwrap();
+    rt.register(RoundCounter::weak(&rounds)).unwrap();
     let h = Harness::start(rt);
     // Let the first (registration) round run.
     while rounds.load(Ordering::SeqCst) == 0 {
@@ -555,7 +570,7 @@ async fn watch_overrun_stops_the_runtime() {
     let mut rt = Runtime::new(Store::new(StoreOptions {
         history_capacity: 10,
     }));
-    rt.register(Counter(Arc::clone(&rounds))).unwrap();
+    rt.register(RoundCounter::weak(&rounds)).unwrap();
     let h = Harness::start(rt);
     while rounds.load(Ordering::SeqCst) == 0 {
         tokio::task::yield_now().await;
@@ -591,29 +606,6 @@ fn dependency_graph_edges_are_sorted_outputs_first() {
     );
 }
 
-/// Counts rounds with only a DestroyReady input.
-struct DestroyReadyCounter(Arc<AtomicUsize>);
-
-impl Controller for DestroyReadyCounter {
-    fn name(&self) -> &str {
-        "DestroyReadyCounter"
-    }
-    fn inputs(&self) -> Vec<Input> {
-        vec![Input::of::<StrResource>(OUT, InputKind::DestroyReady)]
-    }
-    fn outputs(&self) -> Vec<Output> {
-        vec![]
-    }
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
-        Box::pin(async move {
-            while rt.next_round().await {
-                self.0.fetch_add(1, Ordering::SeqCst);
-            }
-            Ok(())
-        })
-    }
-}
-
 async fn settle() {
     for _ in 0..50 {
         tokio::task::yield_now().await;
@@ -624,8 +616,12 @@ async fn settle() {
 async fn destroy_ready_wakes_only_when_tearing_down_without_finalizers() {
     let rounds = Arc::new(AtomicUsize::new(0));
     let mut rt = Runtime::new(Store::default());
-    rt.register(DestroyReadyCounter(Arc::clone(&rounds)))
-        .unwrap();
+    rt.register(RoundCounter {
+        name: "DestroyReadyCounter",
+        input: Input::of::<StrResource>(OUT, InputKind::DestroyReady),
+        rounds: Arc::clone(&rounds),
+    })
+    .unwrap();
     let h = Harness::start(rt);
     let s = h.store.clone();
     settle().await;

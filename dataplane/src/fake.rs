@@ -18,7 +18,8 @@ use crate::{
     routing::{Routing, RoutingChanges, RoutingError, RoutingSpec, RoutingStatus},
     watch::NetEvent,
     wireguard::{
-        diff, DeviceState, PeerState, PublicKey, WgDevice, WgError, WgStatus, WgUpdate, WireGuard,
+        apply_update, diff, DeviceState, PeerState, PublicKey, WgDevice, WgError, WgStatus,
+        WgUpdate, WireGuard,
     },
 };
 
@@ -209,52 +210,6 @@ struct WgInner {
 pub struct FakeWireGuard {
     name: String,
     inner: Arc<Mutex<WgInner>>,
-}
-
-/// Applies `up` to an in-memory device the way WireGuard does.
-fn apply_update(d: &mut DeviceState, up: &WgUpdate) {
-    if let Some(p) = up.listen_port {
-        d.listen_port = p;
-    }
-    if let Some(m) = up.fwmark {
-        d.fwmark = m;
-    }
-    if let Some(k) = &up.private_key {
-        d.private_key = Some(k.clone());
-    }
-    for p in &up.peers {
-        if p.remove {
-            d.peers.retain(|x| x.public_key != p.public_key);
-            continue;
-        }
-        let idx = d.peers.iter().position(|x| x.public_key == p.public_key);
-        let idx = idx.unwrap_or_else(|| {
-            d.peers.push(PeerState {
-                public_key: p.public_key.clone(),
-                preshared_key: None,
-                endpoint: None,
-                persistent_keepalive: 0,
-                allowed_ips: Vec::new(),
-                last_handshake: None,
-                rx_bytes: 0,
-                tx_bytes: 0,
-            });
-            d.peers.len() - 1
-        });
-        let peer = &mut d.peers[idx];
-        if let Some(psk) = &p.preshared_key {
-            peer.preshared_key.clone_from(psk);
-        }
-        if let Some(e) = p.endpoint {
-            peer.endpoint = Some(e);
-        }
-        if let Some(k) = p.persistent_keepalive {
-            peer.persistent_keepalive = k;
-        }
-        if let Some(ips) = &p.allowed_ips {
-            peer.allowed_ips.clone_from(ips);
-        }
-    }
 }
 
 impl FakeWireGuard {

@@ -206,6 +206,23 @@ pub struct PeerState {
     pub tx_bytes: u64,
 }
 
+impl PeerState {
+    /// A peer with only its key: no PSK, endpoint, keepalive, allowed IPs or traffic.
+    #[must_use]
+    pub fn new(public_key: PublicKey) -> Self {
+        Self {
+            public_key,
+            preshared_key: None,
+            endpoint: None,
+            persistent_keepalive: 0,
+            allowed_ips: Vec::new(),
+            last_handshake: None,
+            rx_bytes: 0,
+            tx_bytes: 0,
+        }
+    }
+}
+
 /// The device as it is.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct DeviceState {
@@ -437,16 +454,7 @@ pub fn apply_update(state: &mut DeviceState, up: &WgUpdate) {
         .collect();
     for u in up.peers.iter().filter(|p| !p.remove) {
         let i = *index.entry(u.public_key.clone()).or_insert_with(|| {
-            state.peers.push(PeerState {
-                public_key: u.public_key.clone(),
-                preshared_key: None,
-                endpoint: None,
-                persistent_keepalive: 0,
-                allowed_ips: Vec::new(),
-                last_handshake: None,
-                rx_bytes: 0,
-                tx_bytes: 0,
-            });
+            state.peers.push(PeerState::new(u.public_key.clone()));
             state.peers.len() - 1
         });
         let peer = &mut state.peers[i];

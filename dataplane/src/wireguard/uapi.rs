@@ -114,16 +114,9 @@ pub fn parse_get(text: &str) -> Result<DeviceState, GetError> {
                 finish(peer.take(), hs_sec, hs_nsec, &mut d);
                 hs_sec = 0;
                 hs_nsec = 0;
-                peer = Some(PeerState {
-                    public_key: PublicKey::from_bytes(hex32(k, v).map_err(GetError::Parse)?),
-                    preshared_key: None,
-                    endpoint: None,
-                    persistent_keepalive: 0,
-                    allowed_ips: Vec::new(),
-                    last_handshake: None,
-                    rx_bytes: 0,
-                    tx_bytes: 0,
-                });
+                peer = Some(PeerState::new(PublicKey::from_bytes(
+                    hex32(k, v).map_err(GetError::Parse)?,
+                )));
             }
             "preshared_key" => {
                 cur(&mut peer)?;
