@@ -9,10 +9,11 @@
 //! - one-peer change on top (one CIDR of one peer replaced: a WireGuard allowed-IPs
 //!   replacement plus one nft element out and one in) at N = 100, 1,000 and 10,000
 //!   peers, which must not grow with N;
-//! - the nftables set layouts side by side for the same prefixes: host addresses in
-//!   hash sets plus CIDRs in interval sets (ours) vs one interval set per family
-//!   (upstream), from-empty and one-element update, and a full table rebuild for
-//!   contrast with the element update.
+//! - the nftables set layouts side by side for the same prefixes (10,000 and 100,000):
+//!   host addresses in hash sets plus CIDRs in interval sets (ours) vs one interval
+//!   set per family (upstream); from empty, one host and one CIDR update (same
+//!   in-memory work, so the difference is the kernel's set backend), and a full
+//!   table rebuild for contrast with element updates.
 
 use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
@@ -146,29 +147,34 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
     }
 
-    // Set layouts for the from-empty prefixes.
-    let prefixes = peer_set(0, args.peers, args.prefixes_per_peer)
-        .into_iter()
-        .flat_map(|(_, p)| p)
-        .collect::<Vec<_>>();
-    for layout in [SetLayout::Split, SetLayout::Interval] {
-        let l = layout_figures(&prefixes, layout, args.changes)?;
-        let name = match layout {
-            SetLayout::Split => "hash+interval",
-            SetLayout::Interval => "interval only",
-        };
-        rows.push(Row::info(
-            format!("nft {name}: {} prefixes from empty", prefixes.len()),
-            l.from_empty,
-        ));
-        rows.push(Row::info(
-            format!("nft {name}: one-element update, median"),
-            l.update,
-        ));
-        rows.push(Row::info(
-            format!("nft {name}: full table rebuild, median"),
-            l.rebuild,
-        ));
+    // Set layouts for the from-empty prefixes and ten times as many: a host address
+    // change touches a hash set in the split layout, a CIDR change an interval set;
+    // the in-memory work is the same for both, so their difference is the kernel's.
+    for scale in [1, 10] {
+        let prefixes = peer_set(0, args.peers * scale, args.prefixes_per_peer)
+            .into_iter()
+            .flat_map(|(_, p)| p)
+            .collect::<Vec<_>>();
+        let n = prefixes.len();
+        for layout in [SetLayout::Split, SetLayout::Interval] {
+            let l = layout_figures(&prefixes, layout, args.changes)?;
+            let name = match layout {
+                SetLayout::Split => "hash+interval",
+                SetLayout::Interval => "interval only",
+            };
+            rows.push(Row::info(
+                format!("nft {name}, {n} prefixes: from empty"),
+                l.from_empty,
+            ));
+            rows.push(Row::info(
+                format!("nft {name}, {n} prefixes: host / CIDR update"),
+                Measured::Pair(l.host, l.net),
+            ));
+            rows.push(Row::info(
+                format!("nft {name}, {n} prefixes: full table rebuild"),
+                l.rebuild,
+            ));
+        }
     }
 
     println!();
@@ -477,7 +483,10 @@ fn one_peer_change(n: usize, per: usize, changes: usize) -> anyhow::Result<Chang
 
 struct LayoutFigures {
     from_empty: Duration,
-    update: Duration,
+    /// One host address replaced.
+    host: Duration,
+    /// One CIDR replaced.
+    net: Duration,
     rebuild: Duration,
 }
 
@@ -486,7 +495,12 @@ fn layout_figures(
     layout: SetLayout,
     changes: usize,
 ) -> anyhow::Result<LayoutFigures> {
-    let pb = bar(2 * changes + 1, &format!("nft {layout:?}"));
+    // Full rebuilds are slow at scale and their median settles quickly.
+    let rebuilds = changes.min(5);
+    let pb = bar(
+        2 * changes + rebuilds + 1,
+        &format!("nft {layout:?}, {}", prefixes.len()),
+    );
     let ns = NetnsGuard::new("wsbench")
         .map_err(|e| anyhow::anyhow!("cannot create a network namespace: {e}"))?;
     let mut m = NftMarking::new(ns.netns().clone());
@@ -502,18 +516,30 @@ fn layout_figures(
     m.apply(&spec)?;
     let from_empty = t.elapsed();
     pb.inc(1);
-    let mut update = Vec::new();
-    let slot = spec.prefixes_v4.len() - 1;
-    for c in 0..changes {
-        spec.prefixes_v4[slot] = cidr(1 << 17 | c, true);
-        let t = Instant::now();
-        anyhow::ensure!(m.apply(&spec)?, "element update wrote nothing");
-        update.push(t.elapsed());
-        pb.inc(1);
-    }
+    // One host address replaced (slot 0 is peer 0's node address), then one CIDR.
+    let mut timed = |spec: &mut MarkingSpec, change: &dyn Fn(&mut MarkingSpec, usize)| {
+        let mut v = Vec::new();
+        for c in 0..changes {
+            change(spec, c);
+            let t = Instant::now();
+            anyhow::ensure!(m.apply(spec)?, "element update wrote nothing");
+            v.push(t.elapsed());
+            pb.inc(1);
+        }
+        Ok::<_, anyhow::Error>(median(&mut v))
+    };
+    let host = timed(&mut spec, &|s, c| {
+        let c = u32::try_from(c).unwrap_or(0) & 0xffff;
+        s.prefixes_v4[0] =
+            IpNet::V4(Ipv4Net::new(Ipv4Addr::from(0x647f_0000 | c), 32).unwrap_or_default());
+    })?;
+    let last = spec.prefixes_v4.len() - 1;
+    let net = timed(&mut spec, &|s, c| {
+        s.prefixes_v4[last] = cidr(1 << 17 | c, true);
+    })?;
     // An MTU change alters the MSS clamp rules: the whole table is replaced.
     let mut rebuild = Vec::new();
-    for c in 0..changes {
+    for c in 0..rebuilds {
         spec.mtu = if c % 2 == 0 { 1400 } else { 1420 };
         let t = Instant::now();
         anyhow::ensure!(m.apply(&spec)?, "rebuild wrote nothing");
@@ -525,7 +551,8 @@ fn layout_figures(
     drop(ns);
     Ok(LayoutFigures {
         from_empty,
-        update: median(&mut update),
+        host,
+        net,
         rebuild: median(&mut rebuild),
     })
 }
