@@ -348,6 +348,25 @@ pub fn diff(current: &DeviceState, desired: &WgDevice) -> WgUpdate {
     if current.private_key.as_ref() != Some(&desired.private_key) {
         up.private_key = Some(desired.private_key.clone());
     }
+    // Fast path: the same peers in the same order (a backend keeps its remembered state
+    // in the caller's order, see `align_order`): compare pairwise, no maps.
+    if current.peers.len() == desired.peers.len()
+        && current
+            .peers
+            .iter()
+            .zip(&desired.peers)
+            .all(|(c, d)| c.public_key == d.public_key)
+    {
+        up.peers.extend(
+            current
+                .peers
+                .iter()
+                .zip(&desired.peers)
+                .filter_map(|(c, d)| peer_update(Some(c), d)),
+        );
+        up.peers.sort_by(|a, b| a.public_key.cmp(&b.public_key));
+        return up;
+    }
     let have: std::collections::HashMap<&PublicKey, &PeerState> =
         current.peers.iter().map(|p| (&p.public_key, p)).collect();
     let want: std::collections::HashSet<&PublicKey> =
@@ -365,64 +384,106 @@ pub fn diff(current: &DeviceState, desired: &WgDevice) -> WgUpdate {
         }
     }
     let removed = up.peers.len();
-    for p in &desired.peers {
-        if let Some(cur) = have.get(&p.public_key) {
-            if unchanged(cur, p) {
-                continue;
-            }
-        }
-        let ips = normalise(&p.allowed_ips);
-        let change = match have.get(&p.public_key) {
-            None => PeerUpdate {
-                public_key: p.public_key.clone(),
-                remove: false,
-                preshared_key: p.preshared_key.clone().map(Some),
-                persistent_keepalive: (p.persistent_keepalive != 0)
-                    .then_some(p.persistent_keepalive),
-                endpoint: p.endpoint,
-                allowed_ips: Some(ips),
-            },
-            Some(cur) => PeerUpdate {
-                public_key: p.public_key.clone(),
-                remove: false,
-                preshared_key: (cur.preshared_key != p.preshared_key)
-                    .then(|| p.preshared_key.clone()),
-                persistent_keepalive: (cur.persistent_keepalive != p.persistent_keepalive)
-                    .then_some(p.persistent_keepalive),
-                endpoint: p.endpoint.filter(|e| cur.endpoint != Some(*e)),
-                allowed_ips: (normalise(&cur.allowed_ips) != ips).then_some(ips),
-            },
-        };
-        let is_new = !have.contains_key(&p.public_key);
-        if is_new
-            || change.preshared_key.is_some()
-            || change.persistent_keepalive.is_some()
-            || change.endpoint.is_some()
-            || change.allowed_ips.is_some()
-        {
-            up.peers.push(change);
-        }
-    }
+    up.peers.extend(
+        desired
+            .peers
+            .iter()
+            .filter_map(|p| peer_update(have.get(&p.public_key).copied(), p)),
+    );
     // Deterministic order of the written lines (desired order is the caller's).
     up.peers[removed..].sort_by(|a, b| a.public_key.cmp(&b.public_key));
     up
 }
 
+/// The change that makes `cur` (absent: a new peer) into `p`, if any.
+fn peer_update(cur: Option<&PeerState>, p: &WgPeer) -> Option<PeerUpdate> {
+    let Some(cur) = cur else {
+        return Some(PeerUpdate {
+            public_key: p.public_key.clone(),
+            remove: false,
+            preshared_key: p.preshared_key.clone().map(Some),
+            persistent_keepalive: (p.persistent_keepalive != 0).then_some(p.persistent_keepalive),
+            endpoint: p.endpoint,
+            allowed_ips: Some(normalise(&p.allowed_ips)),
+        });
+    };
+    if unchanged(cur, p) {
+        return None;
+    }
+    let ips = normalise(&p.allowed_ips);
+    let change = PeerUpdate {
+        public_key: p.public_key.clone(),
+        remove: false,
+        preshared_key: (cur.preshared_key != p.preshared_key).then(|| p.preshared_key.clone()),
+        persistent_keepalive: (cur.persistent_keepalive != p.persistent_keepalive)
+            .then_some(p.persistent_keepalive),
+        endpoint: p.endpoint.filter(|e| cur.endpoint != Some(*e)),
+        allowed_ips: (normalise(&cur.allowed_ips) != ips).then_some(ips),
+    };
+    (change.preshared_key.is_some()
+        || change.persistent_keepalive.is_some()
+        || change.endpoint.is_some()
+        || change.allowed_ips.is_some())
+    .then_some(change)
+}
+
+/// Puts the peers of `state` in the order of `desired` (those `desired` does not name
+/// last), and each peer's allowed IPs in the caller's order where they are the same
+/// set, so the next [`diff`] against the same caller compares pairwise and slice by
+/// slice. Call it on a remembered state after a successful write.
+pub(crate) fn align_order(state: &mut DeviceState, desired: &WgDevice) {
+    let same_order = |state: &DeviceState| {
+        state.peers.len() == desired.peers.len()
+            && state
+                .peers
+                .iter()
+                .zip(&desired.peers)
+                .all(|(c, d)| c.public_key == d.public_key)
+    };
+    if !same_order(state) {
+        sort_like(state, desired);
+    }
+    if same_order(state) {
+        for (c, d) in state.peers.iter_mut().zip(&desired.peers) {
+            if c.allowed_ips != d.allowed_ips && same_ips(&c.allowed_ips, &d.allowed_ips) {
+                c.allowed_ips.clone_from(&d.allowed_ips);
+            }
+        }
+    }
+}
+
+fn sort_like(state: &mut DeviceState, desired: &WgDevice) {
+    let rank: std::collections::HashMap<&PublicKey, usize> = desired
+        .peers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (&p.public_key, i))
+        .collect();
+    state
+        .peers
+        .sort_by_key(|p| rank.get(&p.public_key).copied().unwrap_or(usize::MAX));
+}
+
 /// Cheap check, without allocating, that a current peer already is as desired (the
 /// steady state of almost every peer). `false` only means "compare in full".
 fn unchanged(cur: &PeerState, p: &WgPeer) -> bool {
-    const SMALL: usize = 16;
     cur.preshared_key == p.preshared_key
         && cur.persistent_keepalive == p.persistent_keepalive
         && p.endpoint.is_none_or(|e| cur.endpoint == Some(e))
-        && cur.allowed_ips.len() == p.allowed_ips.len()
-        && p.allowed_ips.len() <= SMALL
+        && (cur.allowed_ips == p.allowed_ips || same_ips(&cur.allowed_ips, &p.allowed_ips))
+}
+
+/// Whether `have` (as a device holds them: canonical, no duplicates) and `want` are the
+/// same set, for short lists without allocating. `false` only means "compare in full".
+fn same_ips(have: &[IpNet], want: &[IpNet]) -> bool {
+    const SMALL: usize = 16;
+    have.len() == want.len()
+        && want.len() <= SMALL
         // Same length, every desired prefix (canonical, no duplicates) present.
-        && p.allowed_ips.iter().enumerate().all(|(i, ip)| {
-            *ip == ip.trunc()
-                && !p.allowed_ips[..i].contains(ip)
-                && cur.allowed_ips.contains(ip)
-        })
+        && want
+            .iter()
+            .enumerate()
+            .all(|(i, ip)| *ip == ip.trunc() && !want[..i].contains(ip) && have.contains(ip))
 }
 
 /// Updates `state` to what the device holds after `up` was written successfully
@@ -446,16 +507,31 @@ pub fn apply_update(state: &mut DeviceState, up: &WgUpdate) {
     if !removed.is_empty() {
         state.peers.retain(|p| !removed.contains(&p.public_key));
     }
-    let mut index: std::collections::HashMap<PublicKey, usize> = state
-        .peers
-        .iter()
-        .enumerate()
-        .map(|(i, p)| (p.public_key.clone(), i))
-        .collect();
+    // A few changed peers (the steady state) are found by a scan; many through a map.
+    let mut index: Option<std::collections::HashMap<PublicKey, usize>> =
+        (up.peers.len() > 8).then(|| {
+            state
+                .peers
+                .iter()
+                .enumerate()
+                .map(|(i, p)| (p.public_key.clone(), i))
+                .collect()
+        });
     for u in up.peers.iter().filter(|p| !p.remove) {
-        let i = *index.entry(u.public_key.clone()).or_insert_with(|| {
+        let found = match &index {
+            Some(m) => m.get(&u.public_key).copied(),
+            None => state
+                .peers
+                .iter()
+                .position(|p| p.public_key == u.public_key),
+        };
+        let i = found.unwrap_or_else(|| {
             state.peers.push(PeerState::new(u.public_key.clone()));
-            state.peers.len() - 1
+            let i = state.peers.len() - 1;
+            if let Some(m) = &mut index {
+                m.insert(u.public_key.clone(), i);
+            }
+            i
         });
         let peer = &mut state.peers[i];
         if let Some(k) = &u.preshared_key {
@@ -713,6 +789,34 @@ mod tests {
         let p2 = st.peers.iter().find(|p| p.public_key == key(2)).unwrap();
         assert_eq!(p2.preshared_key, None);
         assert_eq!(p2.endpoint, to.peers[0].endpoint);
+    }
+
+    #[test]
+    fn pairwise_and_keyed_diffs_agree_and_align_order_enables_pairwise() {
+        let from = device(vec![
+            peer(1, &["10.0.0.1/32"]),
+            peer(2, &["10.0.0.2/32"]),
+            peer(3, &["10.0.0.3/32"]),
+        ]);
+        let mut to = device(from.peers.clone());
+        to.peers[1].allowed_ips = vec![
+            "10.0.0.2/32".parse().unwrap(),
+            "10.9.0.0/16".parse().unwrap(),
+        ];
+        to.peers[2].endpoint = Some("192.0.2.3:51820".parse().unwrap());
+        let in_order = state_of(&from);
+        let mut shuffled = state_of(&from);
+        shuffled.peers.rotate_left(1);
+        let pairwise = diff(&in_order, &to);
+        assert_eq!(pairwise, diff(&shuffled, &to));
+        assert_eq!(pairwise.peers.len(), 2);
+        align_order(&mut shuffled, &to);
+        assert_eq!(shuffled, in_order);
+        // Peers the caller does not name go last.
+        let mut extra = state_of(&device(vec![peer(9, &["10.0.0.9/32"])]));
+        extra.peers.extend(state_of(&from).peers);
+        align_order(&mut extra, &from);
+        assert_eq!(extra.peers.last().unwrap().public_key, key(9));
     }
 
     #[test]

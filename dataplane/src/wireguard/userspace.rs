@@ -21,7 +21,7 @@ use std::{
 };
 
 use super::{
-    apply_update, diff,
+    align_order, apply_update, diff,
     uapi::{self, GetError},
     DeviceState, KnownState, WgDevice, WgError, WgPeer, WgStatus, WireGuard,
 };
@@ -439,6 +439,7 @@ impl WireGuard for UserspaceBackend {
         }
         let mut after = current;
         apply_update(&mut after, &up);
+        align_order(&mut after, desired);
         self.known.remember(read_at, incarnation, after);
         Ok(true)
     }
