@@ -33,6 +33,8 @@ use serde_json::json;
 
 use crate::{error::Invalid, netns::Netns};
 
+mod incremental;
+
 /// Default table name (ours alone, not shared with the host firewall).
 pub const DEFAULT_TABLE: &str = "wirespan";
 /// Name of the prerouting chain.
@@ -845,6 +847,8 @@ pub struct NftMarking {
     gen_seq: u32,
     /// What our table holds, valid while the ruleset generation is still `.0`.
     cache: Option<(u32, TableState)>,
+    /// The last spec and its rendering (pure: independent of the kernel).
+    render: Option<incremental::RenderCache>,
 }
 
 impl NftMarking {
@@ -859,6 +863,7 @@ impl NftMarking {
             gen_sock: None,
             gen_seq: 0,
             cache: None,
+            render: None,
         }
     }
 
@@ -943,75 +948,21 @@ impl NftMarking {
 
 impl Marking for NftMarking {
     fn apply(&mut self, spec: &MarkingSpec) -> Result<bool, MarkingError> {
-        spec.validate()?;
-        let rs = render(spec);
-        // A renamed table: the old one is ours too and goes first (own transaction; if
-        // the rest fails the mesh is unmarked, which a retry repairs).
-        if let Some(old) = self.table.clone().filter(|t| *t != spec.table) {
-            self.remove_table(&old)?;
-        }
-        self.table = Some(spec.table.clone());
-        // Trust the cache only if no transaction at all happened since our last one.
-        let gen_before = self.generation();
-        let cached = match (self.cache.take(), gen_before) {
-            (Some((g, st)), Some(now)) if g == now => Some(st),
-            _ => None,
-        };
-        let current = match cached {
-            Some(st) => Some(st),
+        // Re-render incrementally when only a few prefixes changed since last time.
+        let cache = match self
+            .render
+            .take()
+            .and_then(|mut c| c.update(spec).then_some(c))
+        {
+            Some(c) => c,
             None => {
-                self.reads += 1;
-                match self.list(&spec.table)?.map(|j| parse_table(&j)) {
-                    None => None,
-                    Some(None) => {
-                        tracing::warn!(table = %spec.table, "nftables table unreadable, replacing it");
-                        None
-                    }
-                    Some(Some(st)) => Some(st),
-                }
+                spec.validate()?;
+                incremental::RenderCache::new(spec)
             }
         };
-        let (batch, op, next) = match plan(&rs, current.as_ref()) {
-            Plan::Nothing => {
-                if let (Some(g), Some(st)) = (gen_before, current) {
-                    self.cache = Some((g, st));
-                }
-                return Ok(false);
-            }
-            Plan::Elements(diffs) => {
-                let (add, del) = diffs
-                    .iter()
-                    .fold((0, 0), |(a, d), s| (a + s.add.len(), d + s.delete.len()));
-                tracing::debug!(table = %spec.table, add, delete = del, "updating set elements");
-                // What the table holds after this transaction, without re-deriving it
-                // from every element.
-                let next = match current {
-                    Some(mut st) => {
-                        apply_diffs(&mut st, &diffs);
-                        st
-                    }
-                    None => expected_state(&rs),
-                };
-                if self.commit_elements_netlink(&spec.table, &diffs)? {
-                    self.after_commit(gen_before, next);
-                    return Ok(true);
-                }
-                (
-                    element_batch(&spec.table, &diffs),
-                    "update set elements",
-                    next,
-                )
-            }
-            Plan::Rebuild => {
-                if current.is_some() {
-                    tracing::info!(table = %spec.table, "nftables table differs from desired, replacing it");
-                }
-                (full_batch(&rs), "replace table", expected_state(&rs))
-            }
-        };
-        self.commit(&batch, op)?;
-        self.after_commit(gen_before, next);
-        Ok(true)
+        let result = self.apply_rendered(spec, cache.ruleset());
+        self.render = Some(cache);
+        result
     }
 
     fn observe(&mut self) -> Result<MarkingStatus, MarkingError> {
@@ -1043,6 +994,79 @@ impl Marking for NftMarking {
 
     fn transactions(&self) -> u64 {
         self.transactions
+    }
+}
+
+impl NftMarking {
+    /// Makes the kernel hold `rs` (rendered from `spec`) with the least change.
+    fn apply_rendered(&mut self, spec: &MarkingSpec, rs: &Ruleset) -> Result<bool, MarkingError> {
+        // A renamed table: the old one is ours too and goes first (own transaction; if
+        // the rest fails the mesh is unmarked, which a retry repairs).
+        if let Some(old) = self.table.clone().filter(|t| *t != spec.table) {
+            self.remove_table(&old)?;
+        }
+        self.table = Some(spec.table.clone());
+        // Trust the cache only if no transaction at all happened since our last one.
+        let gen_before = self.generation();
+        let cached = match (self.cache.take(), gen_before) {
+            (Some((g, st)), Some(now)) if g == now => Some(st),
+            _ => None,
+        };
+        let current = match cached {
+            Some(st) => Some(st),
+            None => {
+                self.reads += 1;
+                match self.list(&spec.table)?.map(|j| parse_table(&j)) {
+                    None => None,
+                    Some(None) => {
+                        tracing::warn!(table = %spec.table, "nftables table unreadable, replacing it");
+                        None
+                    }
+                    Some(Some(st)) => Some(st),
+                }
+            }
+        };
+        let (batch, op, next) = match plan(rs, current.as_ref()) {
+            Plan::Nothing => {
+                if let (Some(g), Some(st)) = (gen_before, current) {
+                    self.cache = Some((g, st));
+                }
+                return Ok(false);
+            }
+            Plan::Elements(diffs) => {
+                let (add, del) = diffs
+                    .iter()
+                    .fold((0, 0), |(a, d), s| (a + s.add.len(), d + s.delete.len()));
+                tracing::debug!(table = %spec.table, add, delete = del, "updating set elements");
+                // What the table holds after this transaction, without re-deriving it
+                // from every element.
+                let next = match current {
+                    Some(mut st) => {
+                        apply_diffs(&mut st, &diffs);
+                        st
+                    }
+                    None => expected_state(rs),
+                };
+                if self.commit_elements_netlink(&spec.table, &diffs)? {
+                    self.after_commit(gen_before, next);
+                    return Ok(true);
+                }
+                (
+                    element_batch(&spec.table, &diffs),
+                    "update set elements",
+                    next,
+                )
+            }
+            Plan::Rebuild => {
+                if current.is_some() {
+                    tracing::info!(table = %spec.table, "nftables table differs from desired, replacing it");
+                }
+                (full_batch(rs), "replace table", expected_state(rs))
+            }
+        };
+        self.commit(&batch, op)?;
+        self.after_commit(gen_before, next);
+        Ok(true)
     }
 }
 
