@@ -5,6 +5,7 @@ const PROTOS: &[&str] = &[
     "proto/sidero/discovery/server/server.proto",
     "proto/sidero/discovery/client/affiliate.proto",
     "proto/sidero/discovery/storage/storage.proto",
+    "proto/grpc/health/v1/health.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -22,7 +22,10 @@ use anyhow::{bail, Context as _};
 
 use crate::bar;
 use tonic::{transport::Channel, Code};
-use wirespan_discovery::proto::server::{cluster_client::ClusterClient, *};
+use wirespan_discovery::proto::{
+    health::{health_client::HealthClient, HealthCheckRequest},
+    server::{cluster_client::ClusterClient, *},
+};
 
 /// Options of `wirespan bench discovery`.
 #[derive(Debug, Clone, clap::Args)]
@@ -77,32 +80,35 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
     let measure = Duration::from_secs(args.seconds.max(1));
     // Warm-up (discarded): connection setup, allocator and page-cache effects of a
     // fresh process would otherwise land on the first measured point.
-    throughput(server.addr, 16, Duration::from_secs(1), Rpc::Hello).await?;
-    throughput(server.addr, 16, Duration::from_secs(1), Rpc::Update).await?;
+    for rpc in [Rpc::Check, Rpc::Hello, Rpc::Update] {
+        throughput(server.addr, 16, Duration::from_secs(1), rpc).await?;
+    }
     let mut rows = Vec::new();
     for clients in [1, 16, 128] {
+        let empty = throughput(server.addr, clients, measure, Rpc::Check).await?;
         let hello = throughput(server.addr, clients, measure, Rpc::Hello).await?;
         let update = throughput(server.addr, clients, measure, Rpc::Update).await?;
-        rows.push((clients, hello, update));
+        rows.push((clients, empty, hello, update));
     }
     println!();
     println!(
         "AffiliateUpdate throughput ({DATA_LEN} B data + 1 endpoint, one cluster per client, \
-         one HTTP/2 connection per client), ceiling = Hello on the same stack"
+         one HTTP/2 connection per client); ceiling = the empty unary RPC on the same stack \
+         (grpc.health.v1 Health/Check), Hello for comparison"
     );
     println!(
-        "{:>8}  {:>14}  {:>18}  {:>7}  target",
-        "clients", "Hello/s", "AffiliateUpdate/s", "ratio"
+        "{:>8}  {:>14}  {:>10}  {:>18}  {:>7}  target",
+        "clients", "empty RPC/s", "Hello/s", "AffiliateUpdate/s", "ratio"
     );
-    for (clients, hello, update) in &rows {
-        let ratio = update / hello;
+    for (clients, empty, hello, update) in &rows {
+        let ratio = update / empty;
         let target = if *clients == 128 {
             format!("≥ 70 %  {}", verdict(ratio >= 0.70))
         } else {
             String::new()
         };
         println!(
-            "{clients:>8}  {hello:>14.0}  {update:>18.0}  {:>6.1}%  {target}",
+            "{clients:>8}  {empty:>14.0}  {hello:>10.0}  {update:>18.0}  {:>6.1}%  {target}",
             ratio * 100.0
         );
     }
@@ -251,25 +257,25 @@ impl Drop for ServerProcess {
     }
 }
 
-async fn connect(addr: SocketAddr) -> anyhow::Result<ClusterClient<Channel>> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+async fn connect_channel(addr: SocketAddr) -> anyhow::Result<Channel> {
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
         .tcp_nodelay(true)
         .connect()
         .await
-        .with_context(|| format!("connecting to {addr}"))?;
-    Ok(ClusterClient::new(channel))
+        .with_context(|| format!("connecting to {addr}"))
 }
 
-async fn connect_many(
-    addr: SocketAddr,
-    n: usize,
-    what: &str,
-) -> anyhow::Result<Vec<ClusterClient<Channel>>> {
+async fn connect(addr: SocketAddr) -> anyhow::Result<ClusterClient<Channel>> {
+    Ok(ClusterClient::new(connect_channel(addr).await?))
+}
+
+/// `n` connections (one HTTP/2 connection each).
+async fn connect_channels(addr: SocketAddr, n: usize, what: &str) -> anyhow::Result<Vec<Channel>> {
     let pb = bar(n, what);
     let mut out = Vec::with_capacity(n);
     // Chunks keep the accept backlog small.
     for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
-        let conns = futures::future::join_all(chunk.iter().map(|_| connect(addr))).await;
+        let conns = futures::future::join_all(chunk.iter().map(|_| connect_channel(addr))).await;
         for c in conns {
             out.push(c?);
             pb.inc(1);
@@ -277,6 +283,18 @@ async fn connect_many(
     }
     pb.finish_and_clear();
     Ok(out)
+}
+
+async fn connect_many(
+    addr: SocketAddr,
+    n: usize,
+    what: &str,
+) -> anyhow::Result<Vec<ClusterClient<Channel>>> {
+    Ok(connect_channels(addr, n, what)
+        .await?
+        .into_iter()
+        .map(ClusterClient::new)
+        .collect())
 }
 
 fn ttl() -> Option<prost_types::Duration> {
@@ -288,6 +306,8 @@ fn ttl() -> Option<prost_types::Duration> {
 
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Rpc {
+    /// `grpc.health.v1.Health/Check`: the empty unary RPC, the stack's ceiling.
+    Check,
     Hello,
     Update,
 }
@@ -300,11 +320,13 @@ async fn throughput(
     measure: Duration,
     rpc: Rpc,
 ) -> anyhow::Result<f64> {
-    let conns = connect_many(addr, clients, "connecting").await?;
+    let conns = connect_channels(addr, clients, "connecting").await?;
     let count = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
-    for (i, mut c) in conns.into_iter().enumerate() {
+    for (i, channel) in conns.into_iter().enumerate() {
+        let mut health = HealthClient::new(channel.clone());
+        let mut c = ClusterClient::new(channel);
         let (count, stop) = (Arc::clone(&count), Arc::clone(&stop));
         tasks.push(tokio::spawn(async move {
             let cluster = format!("tp-{clients}-{i}");
@@ -312,6 +334,12 @@ async fn throughput(
             let endpoint = vec![0xe0; 16];
             while !stop.load(Ordering::Relaxed) {
                 let r = match rpc {
+                    Rpc::Check => health
+                        .check(HealthCheckRequest {
+                            service: String::new(),
+                        })
+                        .await
+                        .map(|_| ()),
                     Rpc::Hello => c
                         .hello(HelloRequest {
                             cluster_id: cluster.clone(),
@@ -337,6 +365,7 @@ async fn throughput(
         }));
     }
     let name = match rpc {
+        Rpc::Check => "Health.Check",
         Rpc::Hello => "Hello",
         Rpc::Update => "AffiliateUpdate",
     };

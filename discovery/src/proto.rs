@@ -19,6 +19,12 @@ pub mod storage {
     tonic::include_proto!("sidero.discovery.storage");
 }
 
+/// `grpc.health.v1`: the standard health checking service.
+#[allow(clippy::all, clippy::pedantic, missing_docs, rust_2018_idioms)]
+pub mod health {
+    tonic::include_proto!("grpc.health.v1");
+}
+
 #[cfg(test)]
 mod tests {
     //! The protocol's test vectors (d): deterministic encodings of transport messages.

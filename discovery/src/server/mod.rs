@@ -18,6 +18,7 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tonic::transport::{server::TcpIncoming, Identity, Server, ServerTlsConfig};
 
 mod error;
+mod health;
 pub mod metrics;
 mod panic;
 pub mod ratelimit;
@@ -357,6 +358,11 @@ pub async fn spawn_with_metrics(
         builder
             .layer(panic::CatchPanicLayer)
             .add_service(svc)
+            .add_service(crate::proto::health::health_server::HealthServer::new(
+                health::HealthService {
+                    shutdown: token.clone(),
+                },
+            ))
             .serve_with_incoming_shutdown(incoming, token.clone().cancelled_owned()),
     );
     let web = metrics_listener.map(|l| {
