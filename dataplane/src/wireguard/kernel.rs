@@ -135,6 +135,22 @@ fn to_update(up: &WgUpdate) -> DeviceUpdate {
 }
 
 impl KernelBackend {
+    fn create_link(&self) -> Result<(), WgError> {
+        let name = self.name.clone();
+        self.thread
+            .block_on(move || async move {
+                let (conn, h, _) = rtnetlink::new_connection()?;
+                tokio::spawn(conn);
+                h.link()
+                    .add(LinkWireguard::new(&name).build())
+                    .execute()
+                    .await
+                    .map_err(std::io::Error::other)
+            })
+            .map_err(io("create link", &self.name))?
+            .map_err(io("create link", &self.name))
+    }
+
     /// A backend for `name` in `netns`.
     ///
     /// # Errors
@@ -172,28 +188,22 @@ impl WireGuard for KernelBackend {
     }
 
     fn ensure(&mut self) -> Result<(), WgError> {
-        if self.read()?.is_some() {
-            return Ok(());
+        if self.read()?.is_none() {
+            self.create_link()?;
         }
-        let name = self.name.clone();
-        self.thread
-            .block_on(move || async move {
-                let (conn, h, _) = rtnetlink::new_connection()?;
-                tokio::spawn(conn);
-                h.link()
-                    .add(LinkWireguard::new(&name).build())
-                    .execute()
-                    .await
-                    .map_err(std::io::Error::other)
-            })
-            .map_err(io("create link", &self.name))?
-            .map_err(io("create link", &self.name))
+        Ok(())
     }
 
     fn apply(&mut self, desired: &WgDevice) -> Result<bool, WgError> {
         desired.validate()?;
-        self.ensure()?;
-        let current = self.read()?.unwrap_or_default();
+        // One read serves as the existence check and the diff base.
+        let current = match self.read()? {
+            Some(st) => st,
+            None => {
+                self.create_link()?;
+                DeviceState::default()
+            }
+        };
         let up = diff(&current, desired);
         if up.is_empty() {
             return Ok(false);
