@@ -97,10 +97,13 @@ pub enum IdentityError {
 /// I/O errors.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
+    // Unique per process and call: concurrent writers never share a temp file.
+    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp = dir.join(format!(
-        ".{}.tmp{}",
+        ".{}.tmp{}.{}",
         path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
-        std::process::id()
+        std::process::id(),
+        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     ));
     let res = (|| {
         let mut f = fs::OpenOptions::new()
@@ -219,6 +222,34 @@ mod tests {
         }
         assert_eq!(base62(&[0xff; 32]).len(), 52);
         assert_eq!(base62(&[0; 32]).len(), 43);
+    }
+
+    #[test]
+    fn concurrent_atomic_writes_leave_one_whole_file_and_no_temp_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        std::thread::scope(|s| {
+            for i in 0..8u8 {
+                let path = &path;
+                s.spawn(move || {
+                    for _ in 0..50 {
+                        write_atomic(path, &[b'a' + i; 4096]).unwrap();
+                    }
+                });
+            }
+        });
+        let data = fs::read(&path).unwrap();
+        assert_eq!(data.len(), 4096);
+        assert!(data.iter().all(|b| *b == data[0]), "interleaved writes");
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("secret")]);
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
     }
 
     #[test]
