@@ -640,23 +640,7 @@ pub fn plan(rs: &Ruleset, current: Option<&TableState>) -> Plan {
     let Some(cur) = current else {
         return Plan::Rebuild;
     };
-    let want_chains: Vec<_> = rs
-        .chains
-        .iter()
-        .map(|c| {
-            (
-                c.name.to_owned(),
-                format!("{:?}", c.kind),
-                format!("{:?}", c.hook),
-                0,
-                format!("{:?}", NfChainPolicy::Accept),
-                c.rules
-                    .iter()
-                    .map(|r| r.comment.clone())
-                    .collect::<Vec<_>>(),
-            )
-        })
-        .collect();
+    let want_chains: Vec<_> = rs.chains.iter().map(chain_state).collect();
     let mut have_chains = cur.chains.clone();
     have_chains.sort();
     let mut want_sorted = want_chains;
@@ -746,6 +730,18 @@ fn apply_diffs(st: &mut TableState, diffs: &[SetDiff]) {
     }
 }
 
+/// How [`parse_table`] reports a chain that holds exactly `c`.
+fn chain_state(c: &ChainDef) -> (String, String, String, i32, String, Vec<String>) {
+    (
+        c.name.to_owned(),
+        format!("{:?}", c.kind),
+        format!("{:?}", c.hook),
+        0,
+        format!("{:?}", NfChainPolicy::Accept),
+        c.rules.iter().map(|r| r.comment.clone()).collect(),
+    )
+}
+
 /// The state [`parse_table`] would report for a table that holds exactly `rs`.
 #[must_use]
 pub fn expected_state(rs: &Ruleset) -> TableState {
@@ -762,20 +758,7 @@ pub fn expected_state(rs: &Ruleset) -> TableState {
                 )
             })
             .collect(),
-        chains: rs
-            .chains
-            .iter()
-            .map(|c| {
-                (
-                    c.name.to_owned(),
-                    format!("{:?}", c.kind),
-                    format!("{:?}", c.hook),
-                    0,
-                    format!("{:?}", NfChainPolicy::Accept),
-                    c.rules.iter().map(|r| r.comment.clone()).collect(),
-                )
-            })
-            .collect(),
+        chains: rs.chains.iter().map(chain_state).collect(),
         counters: Vec::new(),
     }
 }
@@ -1317,36 +1300,7 @@ mod tests {
         let s1 = spec(&["10.0.0.1/32"], &[]);
         let rs1 = render(&s1);
         assert_eq!(plan(&rs1, None), Plan::Rebuild);
-        let state = |rs: &Ruleset| TableState {
-            sets: rs
-                .sets
-                .iter()
-                .map(|s| {
-                    (
-                        s.name.to_owned(),
-                        s.family,
-                        s.interval,
-                        Some(s.elements.iter().copied().collect()),
-                    )
-                })
-                .collect(),
-            chains: rs
-                .chains
-                .iter()
-                .map(|c| {
-                    (
-                        c.name.to_owned(),
-                        format!("{:?}", c.kind),
-                        format!("{:?}", c.hook),
-                        0,
-                        "Accept".to_owned(),
-                        c.rules.iter().map(|r| r.comment.clone()).collect(),
-                    )
-                })
-                .collect(),
-            counters: vec![],
-        };
-        let st1 = state(&rs1);
+        let st1 = expected_state(&rs1);
         assert_eq!(plan(&rs1, Some(&st1)), Plan::Nothing);
         let rs2 = render(&spec(&["10.0.0.2/32"], &[]));
         assert_eq!(
