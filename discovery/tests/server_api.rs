@@ -69,25 +69,13 @@ async fn watch_snapshot_then_one_affiliate_per_event() {
     let mut c = client(&server).await;
 
     // Empty snapshot is still sent first.
-    let mut empty = c
-        .watch(WatchRequest {
-            cluster_id: "other".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut empty = open_watch(&mut c, "other").await;
     assert_eq!(next(&mut empty).await, WatchResponse::default());
 
     c.affiliate_update(update("c1", "af1", b"d1", &[b"e1"], 60))
         .await
         .unwrap();
-    let mut w = c
-        .watch(WatchRequest {
-            cluster_id: "c1".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut w = open_watch(&mut c, "c1").await;
     assert_eq!(
         next(&mut w).await,
         WatchResponse {

@@ -20,13 +20,7 @@ async fn one_second_ttl_expires_via_gc() {
     })
     .await;
     let mut c = client(&server).await;
-    let mut w = c
-        .watch(WatchRequest {
-            cluster_id: "c".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut w = open_watch(&mut c, "c").await;
     assert!(next(&mut w).await.affiliates.is_empty());
     c.affiliate_update(update("c", "short", b"d", &[], 1))
         .await
@@ -71,13 +65,7 @@ async fn cluster_removed_only_without_affiliates_and_watchers() {
     let server = start(ServerConfig::default()).await;
     let mut c = client(&server).await;
     list(&mut c, "read-only").await;
-    let mut w = c
-        .watch(WatchRequest {
-            cluster_id: "watched".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut w = open_watch(&mut c, "watched").await;
     next(&mut w).await;
     assert_eq!(server.counts().clusters, 2);
     assert_eq!(server.gc_now().clusters, 1);
@@ -228,13 +216,7 @@ async fn slow_watcher_is_aborted_fast_one_sees_everything() {
         .into_inner();
     assert!(next(&mut slow).await.affiliates.is_empty());
     let mut c = client(&server).await;
-    let mut fast = c
-        .watch(WatchRequest {
-            cluster_id: "c".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut fast = open_watch(&mut c, "c").await;
     next(&mut fast).await;
 
     const EVENTS: usize = 300;
@@ -287,13 +269,7 @@ async fn frequent_client_pings_do_not_break_the_connection() {
         .await
         .unwrap();
     let mut c = ClusterClient::new(channel);
-    let mut w = c
-        .watch(WatchRequest {
-            cluster_id: "c".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut w = open_watch(&mut c, "c").await;
     next(&mut w).await;
     tokio::time::sleep(Duration::from_millis(3500)).await;
     c.affiliate_update(update("c", "a", b"d", &[], 60))

@@ -49,13 +49,7 @@ async fn metrics_landing_and_inspect() {
         .affiliate_update(update("", "x", b"d", &[], 60))
         .await
         .unwrap_err();
-    let mut w = c
-        .watch(WatchRequest {
-            cluster_id: "c".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut w = open_watch(&mut c, "c").await;
     next(&mut w).await;
 
     let (status, text) = get(web, "/metrics").await;
@@ -147,13 +141,7 @@ async fn tls_with_self_signed_certificate() {
         .unwrap()
         .into_inner();
     assert_eq!(resp.client_ip, [127, 0, 0, 1]);
-    let mut w = c
-        .watch(WatchRequest {
-            cluster_id: "c".into(),
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let mut w = open_watch(&mut c, "c").await;
     next(&mut w).await;
     c.affiliate_update(update("c", "a", b"d", &[], 60))
         .await

@@ -33,6 +33,20 @@ pub async fn client(server: &RunningServer) -> ClusterClient<Channel> {
     ClusterClient::new(channel)
 }
 
+/// Opens a Watch on `cluster`.
+pub async fn open_watch(
+    client: &mut ClusterClient<Channel>,
+    cluster: &str,
+) -> tonic::Streaming<WatchResponse> {
+    client
+        .watch(WatchRequest {
+            cluster_id: cluster.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
 pub fn ttl(secs: i64) -> Option<prost_types::Duration> {
     Some(prost_types::Duration {
         seconds: secs,
