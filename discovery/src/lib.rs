@@ -8,3 +8,16 @@
 pub mod client;
 pub mod proto;
 pub mod server;
+
+/// Helpers of the unit tests.
+#[cfg(test)]
+mod test_util {
+    /// Bytes from hex text; whitespace is ignored (vectors are wrapped for reading).
+    pub(crate) fn hex(s: &str) -> Vec<u8> {
+        let s: String = s.split_whitespace().collect();
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    }
+}

@@ -32,14 +32,7 @@ mod tests {
     use prost::Message;
 
     use super::server::*;
-
-    fn hex(s: &str) -> Vec<u8> {
-        let s: String = s.split_whitespace().collect();
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
-    }
+    use crate::test_util::hex;
 
     const BLOB_C: &str = "000102030405060708090a0b\
         4d04b874a180ef7a9f459d8bb1e8626ce2ec9c3ef72b0a3e7322bcb80f79fdb20110aefcafc1129874a47fed8886\

@@ -257,6 +257,7 @@ mod tests {
     use rand::{rngs::StdRng, SeedableRng};
 
     use super::*;
+    use crate::test_util::hex;
 
     fn key() -> ClusterSecret {
         let mut k = [0u8; KEY_LEN];
@@ -264,14 +265,6 @@ mod tests {
             *b = u8::try_from(i).unwrap();
         }
         ClusterSecret::from_bytes(k)
-    }
-
-    fn hex(s: &str) -> Vec<u8> {
-        let s: String = s.split_whitespace().collect();
-        (0..s.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
-            .collect()
     }
 
     #[test]
