@@ -148,6 +148,23 @@ impl KindState {
     pub(crate) fn head(&self) -> u64 {
         self.start + self.ring.len() as u64
     }
+
+    /// The metadata of `ptr`'s resource, if it exists and `owner` owns it.
+    fn owned(&self, ptr: &Pointer, owner: &str) -> Result<&Metadata, StateError> {
+        let Some(cur) = self.resources.get(&ptr.id) else {
+            return Err(StateError::NotFound {
+                pointer: ptr.clone(),
+            });
+        };
+        let md = cur.metadata();
+        if md.owner != owner {
+            return Err(StateError::OwnerConflict {
+                pointer: ptr.clone(),
+                owner: md.owner.clone(),
+            });
+        }
+        Ok(md)
+    }
 }
 
 pub(crate) struct KindShared {
@@ -332,18 +349,7 @@ impl Store {
     ) -> Result<Metadata, StateError> {
         let k = self.kind(&md.namespace, &md.r#type);
         let mut st = k.lock();
-        let Some(cur) = st.resources.get(&md.id) else {
-            return Err(StateError::NotFound {
-                pointer: md.pointer(),
-            });
-        };
-        let cur_md = cur.metadata();
-        if cur_md.owner != owner {
-            return Err(StateError::OwnerConflict {
-                pointer: md.pointer(),
-                owner: cur_md.owner.clone(),
-            });
-        }
+        let cur_md = st.owned(&md.pointer(), owner)?;
         if md.version != cur_md.version {
             return Err(StateError::VersionConflict {
                 pointer: md.pointer(),
@@ -383,18 +389,7 @@ impl Store {
     pub fn destroy(&self, ptr: &Pointer, owner: &str) -> Result<(), StateError> {
         let k = self.kind(&ptr.namespace, &ptr.r#type);
         let mut st = k.lock();
-        let Some(cur) = st.resources.get(&ptr.id) else {
-            return Err(StateError::NotFound {
-                pointer: ptr.clone(),
-            });
-        };
-        let md = cur.metadata();
-        if md.owner != owner {
-            return Err(StateError::OwnerConflict {
-                pointer: ptr.clone(),
-                owner: md.owner.clone(),
-            });
-        }
+        let md = st.owned(ptr, owner)?;
         if !md.finalizers.is_empty() {
             return Err(StateError::PendingFinalizers {
                 pointer: ptr.clone(),
