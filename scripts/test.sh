@@ -8,6 +8,8 @@ bash scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+# Doc tests first, so the run ends on the summary of the whole suite.
+cargo test --workspace --locked --doc
 if cargo nextest --version >/dev/null 2>&1; then
   # nextest runs each test in its own process: kernel tests that enter namespaces
   # cannot leak that state into their neighbours.
@@ -15,4 +17,3 @@ if cargo nextest --version >/dev/null 2>&1; then
 else
   cargo test --workspace --locked --no-fail-fast
 fi
-cargo test --workspace --locked --doc

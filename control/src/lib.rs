@@ -5,10 +5,14 @@
 //!   `resource-runtime.md` §1–§3).
 //! * [`resources`]: the resource types of the node and the controllers that need no
 //!   data plane (node identity), plus the `meta` definitions and namespaces.
+//! * [`config`]: the multi-document YAML config and its validation.
+//! * [`secret`]: secret values that never print.
 //! * [`api`]: the resource API (tonic over a unix socket) served to the CLI.
 //! * [`testing`]: assert-eventually helpers and a runtime harness for controller tests.
 
 pub mod api;
+pub mod config;
 pub mod resources;
 pub mod runtime;
+pub mod secret;
 pub mod testing;

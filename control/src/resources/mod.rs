@@ -1,7 +1,11 @@
 //! Resource types of the node and the controllers that do not need the data plane.
 
+pub mod cluster;
+pub mod config;
 pub mod identity;
+pub mod kubespan;
 pub mod meta;
+pub mod network;
 
 use crate::runtime::{Definition, ResourceKind};
 
@@ -12,6 +16,17 @@ pub fn definitions() -> Vec<Definition> {
         meta::ResourceDefinition::definition(),
         meta::Namespace::definition(),
         identity::NodeIdentity::definition(),
+        config::MachineConfig::definition(),
+        network::LinkSpec::definition(),
+        network::AddressSpec::definition(),
+        network::RouteSpec::definition(),
+        network::RoutingRuleSpec::definition(),
+        network::NodeAddress::definition(),
+        cluster::ClusterIdentity::definition(),
+        cluster::Affiliate::definition(),
+        kubespan::KubeSpanIdentity::definition(),
+        kubespan::KubeSpanConfig::definition(),
+        kubespan::KubeSpanEndpoint::definition(),
     ]
 }
 

@@ -1,0 +1,351 @@
+//! `KubeSpanConfig` and `KubeSpanEndpointsConfig` documents (spec
+//! `kubespan-dataplane.md` §1), and the endpoint filter of §4.2.
+//!
+//! ```yaml
+//! apiVersion: v1alpha1
+//! kind: KubeSpanConfig
+//! enabled: true
+//! advertisedNetworks: [10.244.1.0/24]
+//! filters:
+//!   endpoints: ["0.0.0.0/0", "!192.168.0.0/16"]
+//! fastPath: ebpf
+//! ```
+
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use super::{check_link_name, ConfigDocument, FieldError};
+
+/// How cluster-bound packets are marked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FastPath {
+    /// nftables sets in prerouting and output (upstream's way).
+    #[default]
+    Nftables,
+    /// A tc eBPF classifier marks forwarded traffic; nftables keeps the output chain.
+    Ebpf,
+}
+
+/// Filters of the `KubeSpanConfig` document.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct KubeSpanFilters {
+    /// `[!]CIDR-or-IP` entries filtering the own advertised endpoints; unset = no
+    /// filtering, an empty list drops every address-derived endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub endpoints: Option<Vec<String>>,
+    /// Networks peers should not route to this node.
+    #[serde(default)]
+    pub exclude_advertised_networks: Vec<IpNet>,
+}
+
+/// The mesh settings (singleton). Defaults are upstream's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct KubeSpanConfig {
+    /// Run the mesh.
+    pub enabled: bool,
+    /// Advertise this node's pod CIDRs (`advertisedNetworks`) to peers.
+    pub advertise_kubernetes_networks: bool,
+    /// This node's pod CIDRs (static; there is no Kubernetes API here).
+    pub advertised_networks: Vec<IpNet>,
+    /// Mark only peers that are up; others are reached outside the tunnel.
+    pub allow_down_peer_bypass: bool,
+    /// Publish endpoints observed for other peers.
+    pub harvest_extra_endpoints: bool,
+    /// Link MTU (≥ 1280).
+    pub mtu: u32,
+    /// Endpoint and advertised-network filters.
+    pub filters: KubeSpanFilters,
+    /// Name of the WireGuard link.
+    pub link_name: String,
+    /// WireGuard UDP port, also the port of advertised endpoints.
+    pub listen_port: u16,
+    /// Mark WireGuard puts on its own UDP.
+    pub device_mark: u32,
+    /// Mark that sends a packet into the mesh.
+    pub route_mark: u32,
+    /// Mask covering both marks.
+    pub mark_mask: u32,
+    /// Routing table of the mesh routes.
+    pub routing_table: u32,
+    /// Priority of the fwmark rules.
+    pub rule_priority: u32,
+    /// Marking implementation for forwarded traffic.
+    pub fast_path: FastPath,
+    /// Link whose MAC derives the KubeSpan address (default: spec §3.2 rule).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub identity_link: Option<String>,
+}
+
+impl Default for KubeSpanConfig {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            advertise_kubernetes_networks: false,
+            advertised_networks: Vec::new(),
+            allow_down_peer_bypass: false,
+            harvest_extra_endpoints: false,
+            mtu: 1420,
+            filters: KubeSpanFilters::default(),
+            link_name: "kubespan".to_owned(),
+            listen_port: 51820,
+            device_mark: 0x20,
+            route_mark: 0x40,
+            mark_mask: 0x60,
+            routing_table: 180,
+            rule_priority: 32500,
+            fast_path: FastPath::Nftables,
+            identity_link: None,
+        }
+    }
+}
+
+impl ConfigDocument for KubeSpanConfig {
+    const KIND: &'static str = "KubeSpanConfig";
+    const SINGLETON: bool = true;
+
+    fn validate(&self) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        if !(1280..=65535).contains(&self.mtu) {
+            errs.push(FieldError::new(
+                "mtu",
+                format!("{} is out of range (1280–65535)", self.mtu),
+            ));
+        }
+        check_link_name("linkName", &self.link_name, &mut errs);
+        if let Some(l) = &self.identity_link {
+            check_link_name("identityLink", l, &mut errs);
+        }
+        if self.listen_port == 0 {
+            errs.push(FieldError::new("listenPort", "must not be 0"));
+        }
+        if self.mark_mask == 0 {
+            errs.push(FieldError::new("markMask", "must not be 0"));
+        }
+        for (field, mark) in [
+            ("deviceMark", self.device_mark),
+            ("routeMark", self.route_mark),
+        ] {
+            if mark == 0 || mark & !self.mark_mask != 0 {
+                errs.push(FieldError::new(
+                    field,
+                    format!(
+                        "{mark:#x} must be non-zero and inside markMask {:#x}",
+                        self.mark_mask
+                    ),
+                ));
+            }
+        }
+        if self.device_mark == self.route_mark {
+            errs.push(FieldError::new(
+                "routeMark",
+                format!("{:#x} must differ from deviceMark", self.route_mark),
+            ));
+        }
+        if matches!(self.routing_table, 0 | 253..=255) {
+            errs.push(FieldError::new(
+                "routingTable",
+                format!(
+                    "{} is reserved (unspec, default, main, local)",
+                    self.routing_table
+                ),
+            ));
+        }
+        if matches!(self.rule_priority, 0 | 32766 | 32767) {
+            errs.push(FieldError::new(
+                "rulePriority",
+                format!(
+                    "{} is reserved by the kernel (0, 32766, 32767)",
+                    self.rule_priority
+                ),
+            ));
+        }
+        for (i, f) in self.filters.endpoints.iter().flatten().enumerate() {
+            if let Err(e) = EndpointFilter::parse(f) {
+                errs.push(FieldError::new(format!("filters.endpoints[{i}]"), e));
+            }
+        }
+        errs
+    }
+}
+
+impl KubeSpanConfig {
+    /// The parsed endpoint filters; `None` when unset (no filtering).
+    ///
+    /// Valid documents always parse (validation checked every entry).
+    #[must_use]
+    pub fn endpoint_filters(&self) -> Option<Vec<EndpointFilter>> {
+        self.filters.endpoints.as_ref().map(|list| {
+            list.iter()
+                .filter_map(|f| EndpointFilter::parse(f).ok())
+                .collect()
+        })
+    }
+}
+
+/// Extra endpoints to advertise (NAT port forwards). May appear several times; the
+/// endpoints of all documents are used.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase", default)]
+pub struct KubeSpanEndpointsConfig {
+    /// `ip:port` endpoints appended to the advertised list.
+    pub extra_announced_endpoints: Vec<SocketAddr>,
+}
+
+impl ConfigDocument for KubeSpanEndpointsConfig {
+    const KIND: &'static str = "KubeSpanEndpointsConfig";
+    const SINGLETON: bool = false;
+
+    fn validate(&self) -> Vec<FieldError> {
+        self.extra_announced_endpoints
+            .iter()
+            .enumerate()
+            .filter(|(_, e)| e.port() == 0 || e.ip().is_unspecified())
+            .map(|(i, e)| {
+                FieldError::new(
+                    format!("extraAnnouncedEndpoints[{i}]"),
+                    format!("{e} needs a port and a specified address"),
+                )
+            })
+            .collect()
+    }
+}
+
+/// One `[!]CIDR-or-IP` entry of `filters.endpoints`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EndpointFilter {
+    /// A `!` entry removes what it matches.
+    pub negate: bool,
+    /// What it matches (a bare IP is a /32 or /128).
+    pub net: IpNet,
+}
+
+impl EndpointFilter {
+    /// Parses one entry.
+    ///
+    /// # Errors
+    /// A message naming the text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let (negate, rest) = match text.trim().strip_prefix('!') {
+            Some(r) => (true, r.trim()),
+            None => (false, text.trim()),
+        };
+        let net = rest
+            .parse::<IpNet>()
+            .or_else(|_| rest.parse::<IpAddr>().map(IpNet::from))
+            .map_err(|_| format!("{text:?} is not an IP, CIDR, !IP or !CIDR"))?;
+        Ok(Self { negate, net })
+    }
+}
+
+/// Applies endpoint filters (upstream `FilterIPs`, spec §4.2): for each filter in
+/// order, each input IP it matches is appended (positive, if not yet present) or
+/// removed (negative). IPs matched by no positive entry are dropped.
+#[must_use]
+pub fn filter_ips(ips: &[IpAddr], filters: &[EndpointFilter]) -> Vec<IpAddr> {
+    let mut out: Vec<IpAddr> = Vec::new();
+    for f in filters {
+        for ip in ips.iter().filter(|ip| f.net.contains(*ip)) {
+            if f.negate {
+                out.retain(|o| o != ip);
+            } else if !out.contains(ip) {
+                out.push(*ip);
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::parse;
+
+    #[test]
+    fn defaults_are_upstream_and_hex_marks_parse() {
+        let cfg = parse("apiVersion: v1alpha1\nkind: KubeSpanConfig\nenabled: true\ndeviceMark: 0x20\nfastPath: ebpf\n")
+            .unwrap();
+        let k = cfg.singleton::<KubeSpanConfig>().unwrap();
+        assert_eq!(
+            *k,
+            KubeSpanConfig {
+                enabled: true,
+                fast_path: FastPath::Ebpf,
+                ..KubeSpanConfig::default()
+            }
+        );
+        assert_eq!((k.mtu, k.listen_port, k.routing_table), (1420, 51820, 180));
+    }
+
+    #[test]
+    fn invalid_fields_are_named() {
+        let k = KubeSpanConfig {
+            mtu: 0,
+            listen_port: 0,
+            route_mark: 0x80,
+            rule_priority: 32766,
+            routing_table: 254,
+            filters: KubeSpanFilters {
+                endpoints: Some(vec!["10.0.0.0/8".into(), "!nope".into()]),
+                ..KubeSpanFilters::default()
+            },
+            ..KubeSpanConfig::default()
+        };
+        let fields: Vec<_> = k.validate().into_iter().map(|e| e.field).collect();
+        assert_eq!(
+            fields,
+            [
+                "mtu",
+                "listenPort",
+                "routeMark",
+                "routingTable",
+                "rulePriority",
+                "filters.endpoints[1]"
+            ]
+        );
+        let err = parse("apiVersion: v1alpha1\nkind: KubeSpanConfig\nfastPath: xdp\n").unwrap_err();
+        assert_eq!(err.documents[0].errors[0].field, "fastPath", "{err}");
+    }
+
+    #[test]
+    fn filter_follows_the_spec_example() {
+        let ips: Vec<IpAddr> = [
+            "10.5.0.1",
+            "192.168.1.10",
+            "172.20.0.2",
+            "2001:123:4567::1",
+            "fd00::5",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+        let filters: Vec<_> = ["0.0.0.0/0", "!192.168.0.0/16", "2001::/16"]
+            .iter()
+            .map(|f| EndpointFilter::parse(f).unwrap())
+            .collect();
+        let want: Vec<IpAddr> = ["10.5.0.1", "172.20.0.2", "2001:123:4567::1"]
+            .iter()
+            .map(|s| s.parse().unwrap())
+            .collect();
+        assert_eq!(filter_ips(&ips, &filters), want);
+        // A later positive entry re-adds a removed IP; an empty filter list drops all.
+        let readd: Vec<_> = ["0.0.0.0/0", "!192.168.0.0/16", "192.168.1.10"]
+            .iter()
+            .map(|f| EndpointFilter::parse(f).unwrap())
+            .collect();
+        assert!(filter_ips(&ips, &readd).contains(&ips[1]));
+        assert!(filter_ips(&ips, &[]).is_empty());
+    }
+
+    #[test]
+    fn extra_endpoints_need_a_port() {
+        let e = KubeSpanEndpointsConfig {
+            extra_announced_endpoints: vec!["1.2.3.4:0".parse().unwrap()],
+        };
+        assert_eq!(e.validate()[0].field, "extraAnnouncedEndpoints[0]");
+    }
+}

@@ -1,0 +1,457 @@
+//! The node's configuration: one multi-document YAML file.
+//!
+//! Every document has `apiVersion: v1alpha1`, a `kind` and, for kinds that may appear
+//! several times, a `name`. [`parse`] reads the whole file and either returns every
+//! document, validated, or a [`ConfigError`] listing every problem of every document,
+//! each naming the document (position, kind and name) and the field: a config is taken
+//! whole or not at all, so a bad file never half-applies.
+//!
+//! Adding a kind: a type implementing [`ConfigDocument`] (with
+//! `#[serde(deny_unknown_fields, rename_all = "camelCase")]`) and one line in the
+//! `documents!` list below.
+
+use std::fmt;
+
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+use serde_yaml_ng::Value;
+
+pub mod duration;
+pub mod kubespan;
+
+/// The only `apiVersion` this build reads.
+pub const API_VERSION: &str = "v1alpha1";
+
+/// One problem with one field of a document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldError {
+    /// Dotted path of the field inside the document (`filters.endpoints[1]`); empty
+    /// when the problem is the document as a whole.
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl FieldError {
+    /// A problem with `field`.
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+impl fmt::Display for FieldError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.field, self.message)
+        }
+    }
+}
+
+/// Every problem of one document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DocumentError {
+    /// Position of the document in the file, from 1.
+    pub position: usize,
+    /// Its `kind`, when it has a readable one.
+    pub kind: Option<String>,
+    /// Its `name`, when it has one.
+    pub name: Option<String>,
+    /// The problems, all of them.
+    pub errors: Vec<FieldError>,
+}
+
+impl fmt::Display for DocumentError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "document {}", self.position)?;
+        match (&self.kind, &self.name) {
+            (Some(k), Some(n)) => write!(f, " ({k} {n:?})")?,
+            (Some(k), None) => write!(f, " ({k})")?,
+            _ => {}
+        }
+        f.write_str(": ")?;
+        for (i, e) in self.errors.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A config that was rejected, with every problem found.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ConfigError {
+    /// Problems per document, in file order.
+    pub documents: Vec<DocumentError>,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("invalid config: ")?;
+        for (i, d) in self.documents.iter().enumerate() {
+            if i > 0 {
+                f.write_str(" | ")?;
+            }
+            write!(f, "{d}")?;
+        }
+        Ok(())
+    }
+}
+
+/// One kind of config document.
+pub trait ConfigDocument:
+    Clone + PartialEq + fmt::Debug + Serialize + DeserializeOwned + Send + Sync + 'static
+{
+    /// The `kind` field.
+    const KIND: &'static str;
+    /// Singleton kinds appear at most once per config; other kinds may repeat, with
+    /// distinct names when they have names.
+    const SINGLETON: bool;
+    /// The document's name, for kinds that have one.
+    fn name(&self) -> Option<&str> {
+        None
+    }
+    /// Every problem of the document (all reported together), fields relative to it.
+    fn validate(&self) -> Vec<FieldError>;
+}
+
+/// Access to one variant of [`Document`]; implemented by `documents!`.
+pub trait DocumentVariant: ConfigDocument {
+    /// The document if it is of this kind.
+    fn from_document(doc: &Document) -> Option<&Self>;
+}
+
+/// Deserializes one document body (without `apiVersion` and `kind`), naming the field
+/// that failed.
+fn deserialize<D: ConfigDocument>(value: Value) -> Result<D, FieldError> {
+    serde_path_to_error::deserialize::<_, D>(value).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." { String::new() } else { path };
+        FieldError::new(field, e.into_inner().to_string())
+    })
+}
+
+macro_rules! documents {
+    ($($variant:ident => $ty:ty),* $(,)?) => {
+        /// One config document of any kind.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(tag = "kind")]
+        pub enum Document {
+            $(
+                #[doc = concat!("A `", stringify!($variant), "` document.")]
+                $variant($ty),
+            )*
+        }
+
+        impl Document {
+            /// Every kind this build reads.
+            pub const KINDS: &'static [&'static str] = &[$(<$ty as ConfigDocument>::KIND),*];
+
+            /// The document's kind.
+            #[must_use]
+            pub fn kind(&self) -> &'static str {
+                match self { $(Self::$variant(_) => <$ty as ConfigDocument>::KIND,)* }
+            }
+
+            /// The document's name, if its kind has names.
+            #[must_use]
+            pub fn name(&self) -> Option<&str> {
+                match self { $(Self::$variant(d) => d.name(),)* }
+            }
+
+            fn singleton(&self) -> bool {
+                match self { $(Self::$variant(_) => <$ty as ConfigDocument>::SINGLETON,)* }
+            }
+
+            fn validate(&self) -> Vec<FieldError> {
+                match self { $(Self::$variant(d) => d.validate(),)* }
+            }
+
+            fn parse(kind: &str, body: Value) -> Option<Result<Self, FieldError>> {
+                $(
+                    if kind == <$ty as ConfigDocument>::KIND {
+                        return Some(deserialize::<$ty>(body).map(Self::$variant));
+                    }
+                )*
+                None
+            }
+        }
+
+        $(
+            impl DocumentVariant for $ty {
+                fn from_document(doc: &Document) -> Option<&Self> {
+                    #[allow(unreachable_patterns)]
+                    match doc {
+                        Document::$variant(d) => Some(d),
+                        _ => None,
+                    }
+                }
+            }
+        )*
+    };
+}
+
+documents! {
+    KubeSpanConfig => kubespan::KubeSpanConfig,
+    KubeSpanEndpointsConfig => kubespan::KubeSpanEndpointsConfig,
+}
+
+/// A parsed, validated configuration: its documents in file order.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MachineConfig {
+    /// The documents.
+    pub documents: Vec<Document>,
+}
+
+impl MachineConfig {
+    /// Every document of kind `D`, in file order.
+    pub fn documents_of<D: DocumentVariant>(&self) -> impl Iterator<Item = &D> {
+        self.documents.iter().filter_map(D::from_document)
+    }
+
+    /// The document of singleton kind `D`, if present.
+    #[must_use]
+    pub fn singleton<D: DocumentVariant>(&self) -> Option<&D> {
+        self.documents_of::<D>().next()
+    }
+}
+
+/// Parses and validates a whole config file.
+///
+/// # Errors
+/// Every problem of every document, each naming the document and the field.
+pub fn parse(text: &str) -> Result<MachineConfig, ConfigError> {
+    let mut documents = Vec::new();
+    let mut errors = Vec::new();
+    for (i, de) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let position = i + 1;
+        let fail =
+            |kind: Option<String>, name: Option<String>, errs: Vec<FieldError>| DocumentError {
+                position,
+                kind,
+                name,
+                errors: errs,
+            };
+        let value = match Value::deserialize(de) {
+            Ok(v) => v,
+            Err(e) => {
+                // A syntax error ends the stream: later documents cannot be found.
+                errors.push(fail(
+                    None,
+                    None,
+                    vec![FieldError::new("", format!("not valid YAML: {e}"))],
+                ));
+                break;
+            }
+        };
+        match parse_document(value) {
+            Ok(None) => {}
+            Ok(Some(doc)) => documents.push((position, doc)),
+            Err((kind, name, errs)) => errors.push(fail(kind, name, errs)),
+        }
+    }
+    check_duplicates(&documents, &mut errors);
+    if errors.is_empty() {
+        Ok(MachineConfig {
+            documents: documents.into_iter().map(|(_, d)| d).collect(),
+        })
+    } else {
+        errors.sort_by_key(|e| e.position);
+        Err(ConfigError { documents: errors })
+    }
+}
+
+type Rejected = (Option<String>, Option<String>, Vec<FieldError>);
+
+/// One document: `Ok(None)` for an empty one (a trailing `---`).
+fn parse_document(value: Value) -> Result<Option<Document>, Rejected> {
+    let mut map = match value {
+        Value::Null => return Ok(None),
+        Value::Mapping(m) => m,
+        _ => {
+            return Err((
+                None,
+                None,
+                vec![FieldError::new("", "a document must be a mapping")],
+            ))
+        }
+    };
+    let name = map.get("name").and_then(Value::as_str).map(str::to_owned);
+    let kind = map.remove("kind");
+    let api = map.remove("apiVersion");
+    let Some(kind) = kind.as_ref().and_then(Value::as_str).map(str::to_owned) else {
+        return Err((
+            None,
+            name,
+            vec![FieldError::new("kind", "is required (a string)")],
+        ));
+    };
+    let mut errs = Vec::new();
+    match api.as_ref().and_then(Value::as_str) {
+        Some(API_VERSION) => {}
+        Some(other) => errs.push(FieldError::new(
+            "apiVersion",
+            format!("{other:?} is not supported (want {API_VERSION:?})"),
+        )),
+        None => errs.push(FieldError::new(
+            "apiVersion",
+            format!("is required ({API_VERSION:?})"),
+        )),
+    }
+    let doc = match Document::parse(&kind, Value::Mapping(map)) {
+        None => {
+            errs.push(FieldError::new(
+                "kind",
+                format!(
+                    "unknown kind {kind:?} (known: {})",
+                    Document::KINDS.join(", ")
+                ),
+            ));
+            None
+        }
+        Some(Err(e)) => {
+            errs.push(e);
+            None
+        }
+        Some(Ok(doc)) => {
+            errs.extend(doc.validate());
+            Some(doc)
+        }
+    };
+    match doc {
+        Some(doc) if errs.is_empty() => Ok(Some(doc)),
+        _ => Err((Some(kind), name, errs)),
+    }
+}
+
+fn check_duplicates(documents: &[(usize, Document)], errors: &mut Vec<DocumentError>) {
+    let mut seen: Vec<(&'static str, Option<&str>, usize)> = Vec::new();
+    for (position, doc) in documents {
+        let key_name = if doc.singleton() { None } else { doc.name() };
+        if !doc.singleton() && key_name.is_none() {
+            continue;
+        }
+        if let Some((_, _, first)) = seen
+            .iter()
+            .find(|(k, n, _)| *k == doc.kind() && *n == key_name)
+        {
+            let what = if doc.singleton() {
+                format!("{} may appear only once", doc.kind())
+            } else {
+                format!("duplicate name (also document {first})")
+            };
+            errors.push(DocumentError {
+                position: *position,
+                kind: Some(doc.kind().to_owned()),
+                name: doc.name().map(str::to_owned),
+                errors: vec![FieldError::new(
+                    if doc.singleton() { "" } else { "name" },
+                    if doc.singleton() {
+                        format!("{what} (also document {first})")
+                    } else {
+                        what
+                    },
+                )],
+            });
+        } else {
+            seen.push((doc.kind(), key_name, *position));
+        }
+    }
+}
+
+/// Checks that an interface name is one the kernel accepts.
+pub fn check_link_name(field: &str, name: &str, errors: &mut Vec<FieldError>) {
+    if name.is_empty()
+        || name.len() > 15
+        || name == "."
+        || name == ".."
+        || name.contains(['/', ':'])
+        || name.chars().any(|c| c.is_whitespace() || c.is_control())
+    {
+        errors.push(FieldError::new(
+            field,
+            format!(
+                "{name:?} is not a valid interface name (1–15 characters, no '/', ':' or spaces)"
+            ),
+        ));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn variant_names_are_the_kinds() {
+        // The serde tag of `Document` is the variant name; it must be the kind.
+        for doc in [
+            Document::KubeSpanConfig(kubespan::KubeSpanConfig::default()),
+            Document::KubeSpanEndpointsConfig(kubespan::KubeSpanEndpointsConfig::default()),
+        ] {
+            let v = serde_json::to_value(&doc).unwrap();
+            assert_eq!(v["kind"], doc.kind());
+        }
+    }
+
+    #[test]
+    fn every_problem_of_every_document_is_reported_with_kind_name_and_field() {
+        let text = "\
+apiVersion: v1alpha1
+kind: KubeSpanConfig
+enabled: true
+mtu: 1000
+linkName: 'a/b'
+---
+apiVersion: v2
+kind: NoSuchConfig
+name: x
+---
+kind: KubeSpanConfig
+apiVersion: v1alpha1
+bogus: 1
+---
+- a list
+";
+        let err = parse(text).unwrap_err();
+        let text = err.to_string();
+        assert_eq!(err.documents.len(), 4, "{text}");
+        let d1 = &err.documents[0];
+        assert_eq!(d1.kind.as_deref(), Some("KubeSpanConfig"));
+        let fields: Vec<_> = d1.errors.iter().map(|e| e.field.as_str()).collect();
+        assert_eq!(fields, ["mtu", "linkName"], "{text}");
+        let d2 = &err.documents[1];
+        assert_eq!(d2.name.as_deref(), Some("x"));
+        assert_eq!(d2.errors[0].field, "apiVersion");
+        assert_eq!(d2.errors[1].field, "kind");
+        assert!(d2.errors[1].message.contains("KubeSpanConfig"), "{text}");
+        assert!(
+            err.documents[2].errors[0].message.contains("bogus"),
+            "{text}"
+        );
+        assert!(err.documents[3].errors[0].message.contains("mapping"));
+        assert!(text.contains("document 1 (KubeSpanConfig): mtu:"), "{text}");
+    }
+
+    #[test]
+    fn singletons_once_and_empty_documents_skipped() {
+        let one = "apiVersion: v1alpha1\nkind: KubeSpanConfig\nenabled: true\n";
+        let cfg = parse(&format!("---\n{one}---\n")).unwrap();
+        assert!(cfg.singleton::<kubespan::KubeSpanConfig>().unwrap().enabled);
+        let err = parse(&format!("{one}---\n{one}")).unwrap_err();
+        assert_eq!(err.documents[0].position, 2);
+        assert!(err.to_string().contains("only once"), "{err}");
+        assert_eq!(parse("").unwrap(), MachineConfig::default());
+    }
+
+    #[test]
+    fn yaml_syntax_errors_name_the_document() {
+        let err = parse("apiVersion: v1alpha1\nkind: [\n").unwrap_err();
+        assert_eq!(err.documents[0].position, 1);
+        assert!(err.to_string().contains("not valid YAML"), "{err}");
+    }
+}

@@ -1,0 +1,111 @@
+//! Cluster identity and affiliates (spec `discovery-wire.md` §4,
+//! `kubespan-dataplane.md` §4–§5).
+//!
+//! Raw affiliates, one per (discovery service, node), live in `cluster-raw` with ids
+//! `<service>/<node id>`; merged affiliates in `cluster` with id = node id.
+
+use std::net::{IpAddr, SocketAddr};
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::{
+    runtime::{Definition, ResourceKind},
+    secret::Key32,
+};
+
+/// Namespace of merged affiliates, members and the identities.
+pub const NS: &str = "cluster";
+/// Namespace of per-service raw affiliates.
+pub const NS_RAW: &str = "cluster-raw";
+
+/// The cluster this node belongs to (`cluster/ClusterIdentity cluster`).
+#[derive(Debug)]
+pub struct ClusterIdentity;
+
+/// Id of the one cluster identity.
+pub const CLUSTER: &str = "cluster";
+
+impl ResourceKind for ClusterIdentity {
+    const TYPE: &'static str = "ClusterIdentities.cluster.wirespan.dev";
+    const DEFAULT_NAMESPACE: &'static str = NS;
+    type Spec = ClusterIdentitySpec;
+    fn definition() -> Definition {
+        Definition::new(Self::TYPE, "ClusterIdentity", Self::DEFAULT_NAMESPACE)
+            .column("Cluster ID", ".clusterId")
+    }
+}
+
+/// Spec of [`ClusterIdentity`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterIdentitySpec {
+    /// Opaque cluster ID (used raw for the ULA hash and discovery).
+    pub cluster_id: String,
+    /// The 32-byte cluster secret: discovery AES-256 key and WireGuard PSK. Never
+    /// serialized.
+    #[serde(skip)]
+    pub secret: Key32,
+}
+
+/// An affiliate: a node of the cluster as discovery describes it.
+#[derive(Debug)]
+pub struct Affiliate;
+
+impl ResourceKind for Affiliate {
+    const TYPE: &'static str = "Affiliates.cluster.wirespan.dev";
+    const DEFAULT_NAMESPACE: &'static str = NS;
+    type Spec = AffiliateSpec;
+    fn definition() -> Definition {
+        Definition::new(Self::TYPE, "Affiliate", Self::DEFAULT_NAMESPACE)
+            .column("Hostname", ".hostname")
+            .column("Machine Type", ".machineType")
+            .column("Addresses", ".addresses")
+    }
+}
+
+/// Spec of [`Affiliate`] (the decrypted discovery payload).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AffiliateSpec {
+    /// Node ID (= the affiliate ID).
+    pub node_id: String,
+    /// FQDN.
+    pub hostname: String,
+    /// Kubernetes node name (peer label).
+    pub nodename: String,
+    /// `controlplane`, `worker`, `init` or `unknown`.
+    pub machine_type: String,
+    /// Free text, `<name> (<version>)`.
+    pub operating_system: String,
+    /// Routed node addresses.
+    pub addresses: Vec<IpAddr>,
+    /// Mesh data, when the node runs the mesh.
+    pub kubespan: Option<KubeSpanAffiliateSpec>,
+    /// Control-plane data, on control-plane nodes.
+    pub control_plane: Option<ControlPlaneSpec>,
+}
+
+/// Mesh part of an affiliate.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeSpanAffiliateSpec {
+    /// WireGuard public key (base64).
+    pub public_key: String,
+    /// The node's KubeSpan ULA.
+    pub address: Option<IpAddr>,
+    /// Pod CIDRs the node advertises.
+    pub additional_addresses: Vec<IpNet>,
+    /// Networks the node asks peers not to route to it.
+    pub exclude_advertised_networks: Vec<IpNet>,
+    /// WireGuard endpoints, in the order to try them.
+    pub endpoints: Vec<SocketAddr>,
+}
+
+/// Control-plane part of an affiliate.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ControlPlaneSpec {
+    /// Kubernetes API server port.
+    pub api_server_port: u16,
+}
