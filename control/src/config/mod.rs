@@ -15,6 +15,7 @@ use std::fmt;
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_yaml_ng::Value;
 
+pub mod cluster;
 pub mod duration;
 pub mod kubespan;
 
@@ -197,6 +198,8 @@ macro_rules! documents {
 }
 
 documents! {
+    ClusterConfig => cluster::ClusterConfig,
+    DiscoveryServiceConfig => cluster::DiscoveryServiceConfig,
     KubeSpanConfig => kubespan::KubeSpanConfig,
     KubeSpanEndpointsConfig => kubespan::KubeSpanEndpointsConfig,
 }
@@ -391,6 +394,7 @@ mod tests {
         // The serde tag of `Document` is the variant name; it must be the kind.
         for doc in [
             Document::KubeSpanConfig(kubespan::KubeSpanConfig::default()),
+            Document::ClusterConfig(cluster::ClusterConfig::default()),
             Document::KubeSpanEndpointsConfig(kubespan::KubeSpanEndpointsConfig::default()),
         ] {
             let v = serde_json::to_value(&doc).unwrap();

@@ -22,6 +22,7 @@ pub fn definitions() -> Vec<Definition> {
         network::RouteSpec::definition(),
         network::RoutingRuleSpec::definition(),
         network::NodeAddress::definition(),
+        network::HostnameStatus::definition(),
         cluster::ClusterIdentity::definition(),
         cluster::Affiliate::definition(),
         kubespan::KubeSpanIdentity::definition(),

@@ -127,6 +127,8 @@ network_kind!(RouteSpec, RouteSpecSpec, "RouteSpecs.net.wirespan.dev", "RouteSpe
     ["Destination" => ".destination", "Gateway" => ".gateway", "Link" => ".outLinkName", "Table" => ".table", "Layer" => ".layer"]);
 network_kind!(RoutingRuleSpec, RoutingRuleSpecSpec, "RoutingRuleSpecs.net.wirespan.dev", "RoutingRuleSpec", NS,
     ["Priority" => ".priority", "FwMark" => ".fwMark", "Table" => ".table", "Layer" => ".layer"]);
+network_kind!(HostnameStatus, HostnameStatusSpec, "HostnameStatuses.net.wirespan.dev", "HostnameStatus", NS,
+    ["Hostname" => ".hostname", "Domainname" => ".domainname"]);
 network_kind!(NodeAddress, NodeAddressSpec, "NodeAddresses.net.wirespan.dev", "NodeAddress", NS,
     ["Addresses" => ".addresses"]);
 
@@ -266,6 +268,31 @@ impl RoutingRuleSpecSpec {
     #[must_use]
     pub fn key(&self) -> String {
         format!("{}/{:05}", self.family, self.priority)
+    }
+}
+
+/// Id of the one hostname status.
+pub const HOSTNAME: &str = "hostname";
+
+/// The node's hostname as the kernel has it (`network/HostnameStatus hostname`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostnameStatusSpec {
+    /// Short host name.
+    pub hostname: String,
+    /// Domain name (may be empty).
+    pub domainname: String,
+}
+
+impl HostnameStatusSpec {
+    /// `hostname.domainname`, or the hostname alone.
+    #[must_use]
+    pub fn fqdn(&self) -> String {
+        if self.domainname.is_empty() {
+            self.hostname.clone()
+        } else {
+            format!("{}.{}", self.hostname, self.domainname)
+        }
     }
 }
 
