@@ -48,6 +48,27 @@ pub struct Args {
     /// One-peer changes timed at each size.
     #[arg(long, default_value_t = 40)]
     pub changes: usize,
+    /// A smoke run with small sizes (the test suite runs it once); its figures are not
+    /// the benchmark's.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+impl Args {
+    /// The sizes actually used: small ones with `--quick`.
+    fn effective(&self) -> Self {
+        if self.quick {
+            Self {
+                peers: self.peers.min(100),
+                rounds: 1,
+                sizes: vec![10, 100],
+                changes: self.changes.min(5),
+                ..self.clone()
+            }
+        } else {
+            self.clone()
+        }
+    }
 }
 
 /// Runs the benchmark and prints its report.
@@ -55,6 +76,8 @@ pub struct Args {
 /// # Errors
 /// Not root, a missing tool (`ip`, `nft`, `wireguard-go`), or a failed apply.
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    let args = &args.effective();
+    crate::quick_notice(args.quick);
     anyhow::ensure!(
         args.prefixes_per_peer >= 2,
         "--prefixes-per-peer must be at least 2 (the node addresses), got {}",
@@ -150,7 +173,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     // Set layouts for the from-empty prefixes and ten times as many: a host address
     // change touches a hash set in the split layout, a CIDR change an interval set;
     // the in-memory work is the same for both, so their difference is the kernel's.
-    for scale in [1, 10] {
+    let scales: &[usize] = if args.quick { &[1] } else { &[1, 10] };
+    for &scale in scales {
         let prefixes = peer_set(0, args.peers * scale, args.prefixes_per_peer)
             .into_iter()
             .flat_map(|(_, p)| p)

@@ -45,6 +45,43 @@ pub struct Args {
     /// Server binary (default: this executable, run as `… discovery`).
     #[arg(long)]
     pub server_bin: Option<PathBuf>,
+    /// A smoke run with small counts and fewer points (the test suite runs it once);
+    /// its figures are not the benchmark's.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+impl Args {
+    /// The counts actually used: small ones with `--quick`.
+    fn effective(&self) -> Self {
+        if self.quick {
+            Self {
+                seconds: 1,
+                affiliates: self.affiliates.min(5_000),
+                storm_nodes: self.storm_nodes.min(64),
+                fanout_events: self.fanout_events.min(10),
+                ..self.clone()
+            }
+        } else {
+            self.clone()
+        }
+    }
+
+    fn client_points(&self) -> &'static [usize] {
+        if self.quick {
+            &[1, 16]
+        } else {
+            &[1, 16, 128]
+        }
+    }
+
+    fn watcher_points(&self) -> &'static [usize] {
+        if self.quick {
+            &[100]
+        } else {
+            &[100, 1000]
+        }
+    }
 }
 
 /// Runs the benchmark and prints its report.
@@ -56,7 +93,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("starting the tokio runtime")?;
-    runtime.block_on(run_async(args))
+    crate::quick_notice(args.quick);
+    runtime.block_on(run_async(&args.effective()))
 }
 
 const DATA_LEN: usize = 256;
@@ -80,11 +118,16 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
     let measure = Duration::from_secs(args.seconds.max(1));
     // Warm-up (discarded): connection setup, allocator and page-cache effects of a
     // fresh process would otherwise land on the first measured point.
+    let warm_up = if args.quick {
+        Duration::from_millis(200)
+    } else {
+        Duration::from_secs(1)
+    };
     for rpc in [Rpc::Check, Rpc::Hello, Rpc::Update] {
-        throughput(server.addr, 16, Duration::from_secs(1), rpc).await?;
+        throughput(server.addr, 16, warm_up, rpc).await?;
     }
     let mut rows = Vec::new();
-    for clients in [1, 16, 128] {
+    for &clients in args.client_points() {
         let empty = throughput(server.addr, clients, measure, Rpc::Check).await?;
         let hello = throughput(server.addr, clients, measure, Rpc::Hello).await?;
         let update = throughput(server.addr, clients, measure, Rpc::Update).await?;
@@ -124,7 +167,7 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
         "{:>8}  {:>9}  {:>9}  {:>9}  {:>8}  target",
         "watchers", "p50", "p99", "max", "aborted"
     );
-    for watchers in [100, 1000] {
+    for &watchers in args.watcher_points() {
         let f = fanout(server.addr, watchers, args.fanout_events.max(1)).await?;
         let target = if watchers == 1000 {
             format!(

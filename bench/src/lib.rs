@@ -17,3 +17,10 @@ pub(crate) fn bar(len: usize, what: &str) -> indicatif::ProgressBar {
     pb.set_message(what.to_owned());
     pb
 }
+
+/// Says, before any figure, that a `--quick` run is a smoke test.
+pub(crate) fn quick_notice(quick: bool) {
+    if quick {
+        println!("--quick: small counts to check that the benchmark runs; the figures below are not the benchmark's, and targets are not judged by them");
+    }
+}

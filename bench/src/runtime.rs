@@ -38,6 +38,26 @@ pub struct Args {
     /// Distinct resource ids the updates rotate over.
     #[arg(long, default_value_t = 1_000)]
     pub ids: u64,
+    /// A few seconds' smoke run with small counts (the test suite runs it once); its
+    /// figures are not the benchmark's.
+    #[arg(long)]
+    pub quick: bool,
+}
+
+impl Args {
+    /// The counts actually used: small ones with `--quick`.
+    fn effective(&self) -> Self {
+        if self.quick {
+            Self {
+                updates: self.updates.min(20_000),
+                noops: self.noops.min(50_000),
+                chain_rounds: self.chain_rounds.min(200),
+                ..self.clone()
+            }
+        } else {
+            self.clone()
+        }
+    }
 }
 
 const NS: &str = "bench";
@@ -47,6 +67,8 @@ const NS: &str = "bench";
 /// # Errors
 /// Whatever stops the benchmark from producing a valid report.
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    let args = &args.effective();
+    crate::quick_notice(args.quick);
     let cpus = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(cpus)

@@ -1,0 +1,64 @@
+//! Every benchmark runs once in `--quick` mode, through the real binary, so none can
+//! rot unnoticed. The figures are not checked (a debug build on a shared machine);
+//! that each section ran and printed its rows is.
+
+mod common;
+
+use std::process::Command;
+
+fn bench(args: &[&str]) -> String {
+    let out = Command::new(common::BIN)
+        .arg("bench")
+        .args(args)
+        .arg("--quick")
+        .output()
+        .expect("running wirespan bench");
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "wirespan bench {args:?} --quick failed: {}\nstdout:\n{stdout}\nstderr:\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("--quick"), "no quick notice:\n{stdout}");
+    stdout
+}
+
+#[test]
+fn bench_runtime_quick_runs_every_section() {
+    let out = bench(&["runtime"]);
+    for needle in [
+        "updates/s, 0 kind watchers",
+        "updates/s, 64 kind watchers",
+        "no-op",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?}:\n{out}");
+    }
+}
+
+#[test]
+fn bench_discovery_quick_runs_every_section() {
+    let out = bench(&["discovery"]);
+    for needle in [
+        "AffiliateUpdate throughput",
+        "Watch fan-out",
+        "Memory:",
+        "Join storm",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?}:\n{out}");
+    }
+}
+
+#[test]
+fn bench_dataplane_quick_runs_every_section() {
+    // Root only: it builds namespaces, a userspace WireGuard device and nft tables.
+    let out = bench(&["dataplane"]);
+    for needle in [
+        "from empty",
+        "one-peer change",
+        "hash+interval",
+        "interval only",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?}:\n{out}");
+    }
+}
