@@ -25,6 +25,8 @@ pub fn definitions() -> Vec<Definition> {
         network::HostnameStatus::definition(),
         cluster::ClusterIdentity::definition(),
         cluster::Affiliate::definition(),
+        cluster::Member::definition(),
+        cluster::DiscoveryServiceStatus::definition(),
         kubespan::KubeSpanIdentity::definition(),
         kubespan::KubeSpanConfig::definition(),
         kubespan::KubeSpanEndpoint::definition(),
