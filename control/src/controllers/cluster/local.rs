@@ -282,3 +282,177 @@ fn desired(
         public_ip,
     })))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::kubespan::KubeSpanConfig as Doc;
+
+    fn nets(list: &[&str]) -> Vec<IpNet> {
+        list.iter().map(|s| s.parse().unwrap()).collect()
+    }
+
+    fn identity() -> KubeSpanIdentitySpec {
+        KubeSpanIdentitySpec {
+            address: Some("fd00:1::5/128".parse().unwrap()),
+            public_key: "A".repeat(43) + "=",
+            ..KubeSpanIdentitySpec::default()
+        }
+    }
+
+    fn eps(spec: &AffiliateSpec) -> Vec<String> {
+        spec.kubespan
+            .as_ref()
+            .unwrap()
+            .endpoints
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    #[test]
+    fn endpoints_follow_the_spec_order_filters_and_extras() {
+        let mut doc = Doc {
+            enabled: true,
+            listen_port: 51821,
+            ..Doc::default()
+        };
+        let ks = KubeSpanConfigSpec {
+            config: doc.clone(),
+            extra_announced_endpoints: vec![
+                "203.0.113.9:4000".parse().unwrap(),
+                "10.5.0.1:51821".parse().unwrap(),
+            ],
+        };
+        let current = nets(&[
+            "10.5.0.1/24",
+            "192.168.1.10/24",
+            "fd00:1::5/128",
+            "fdae:41e4:649b:9303::7/64",
+            "2001:123:4567::1/64",
+        ]);
+        let id = identity();
+        let inputs = LocalInputs {
+            node_id: "n",
+            hostname: None,
+            routed: &current[..2],
+            current: &current,
+            kubespan_identity: Some(&id),
+            kubespan_config: Some(&ks),
+            public_ip: Some("198.51.100.4".parse().unwrap()),
+        };
+        let spec = local_affiliate(&inputs);
+        assert_eq!(
+            eps(&spec),
+            [
+                "10.5.0.1:51821",
+                "192.168.1.10:51821",
+                "[2001:123:4567::1]:51821",
+                "198.51.100.4:51821",
+                "203.0.113.9:4000"
+            ],
+            "own ULA and SideroLink dropped, public IP appended, extras without duplicates"
+        );
+        assert_eq!(spec.addresses.len(), 2);
+        assert_eq!(spec.machine_type, "worker");
+
+        // Spec §4.2 example: filter order, then input order.
+        doc.filters.endpoints = Some(vec![
+            "0.0.0.0/0".into(),
+            "!192.168.0.0/16".into(),
+            "2001::/16".into(),
+        ]);
+        let ks = KubeSpanConfigSpec {
+            config: doc.clone(),
+            extra_announced_endpoints: Vec::new(),
+        };
+        let spec = local_affiliate(&LocalInputs {
+            kubespan_config: Some(&ks),
+            public_ip: None,
+            ..inputs
+        });
+        assert_eq!(eps(&spec), ["10.5.0.1:51821", "[2001:123:4567::1]:51821"]);
+        // An explicitly empty filter list drops every address-derived endpoint.
+        doc.filters.endpoints = Some(Vec::new());
+        let ks = KubeSpanConfigSpec {
+            config: doc,
+            extra_announced_endpoints: vec!["203.0.113.9:4000".parse().unwrap()],
+        };
+        let spec = local_affiliate(&LocalInputs {
+            kubespan_config: Some(&ks),
+            ..inputs
+        });
+        assert_eq!(eps(&spec), ["203.0.113.9:4000"]);
+    }
+
+    #[test]
+    fn kubespan_part_needs_the_mesh_enabled_and_an_identity() {
+        let ks = KubeSpanConfigSpec::default();
+        let id = identity();
+        let inputs = LocalInputs {
+            node_id: "n",
+            hostname: None,
+            routed: &[],
+            current: &[],
+            kubespan_identity: Some(&id),
+            kubespan_config: Some(&ks),
+            public_ip: None,
+        };
+        assert!(local_affiliate(&inputs).kubespan.is_none(), "disabled");
+        let on = KubeSpanConfigSpec {
+            config: Doc {
+                enabled: true,
+                ..Doc::default()
+            },
+            ..KubeSpanConfigSpec::default()
+        };
+        let with = LocalInputs {
+            kubespan_config: Some(&on),
+            ..inputs
+        };
+        assert!(local_affiliate(&with).kubespan.is_some());
+        let without = LocalInputs {
+            kubespan_identity: None,
+            ..with
+        };
+        assert!(local_affiliate(&without).kubespan.is_none(), "no identity");
+    }
+
+    #[test]
+    fn exclusions_and_pod_networks_are_subtracted_before_publishing() {
+        let on = KubeSpanConfigSpec {
+            config: Doc {
+                enabled: true,
+                advertise_kubernetes_networks: true,
+                advertised_networks: nets(&["10.244.0.0/16"]),
+                filters: crate::config::kubespan::KubeSpanFilters {
+                    endpoints: None,
+                    exclude_advertised_networks: nets(&["10.244.128.0/17", "192.168.0.0/16"]),
+                },
+                ..Doc::default()
+            },
+            ..KubeSpanConfigSpec::default()
+        };
+        let routed = nets(&["10.244.1.1/24", "192.168.1.10/24", "10.5.0.1/24"]);
+        let id = identity();
+        let spec = local_affiliate(&LocalInputs {
+            node_id: "n",
+            hostname: None,
+            routed: &routed,
+            current: &routed,
+            kubespan_identity: Some(&id),
+            kubespan_config: Some(&on),
+            public_ip: None,
+        });
+        let addrs: Vec<String> = spec.addresses.iter().map(ToString::to_string).collect();
+        assert_eq!(addrs, ["10.5.0.1"]);
+        assert_eq!(
+            spec.kubespan.unwrap().additional_addresses,
+            nets(&["10.244.0.0/17"])
+        );
+        assert_eq!(
+            subtract_nets(&nets(&["10.0.0.0/30"]), &nets(&["10.0.0.1/32"])),
+            nets(&["10.0.0.0/32", "10.0.0.2/31"])
+        );
+    }
+}
