@@ -434,3 +434,105 @@ async fn two_services_one_down_still_converge() {
     stop_all(nodes).await;
     up.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unchanged_local_data_is_not_reencrypted_and_harvested_endpoints_are_published() {
+    use wirespan_control::resources::kubespan::{KubeSpanEndpoint, KubeSpanEndpointSpec};
+    use wirespan_discovery::proto::server::WatchRequest;
+
+    let server = start_server().await;
+    let addr = server.local_addr();
+    let nodes = start_nodes(2, &[("lab", url(addr))]);
+    let want = ids(&nodes);
+    for n in &nodes {
+        n.wait_members(&want).await;
+    }
+    let (a, b) = (&nodes[0], &nodes[1]);
+    // Wait until both nodes published their final data (public IP endpoint included).
+    for n in &nodes {
+        let peer = if n.node_id == a.node_id {
+            &b.node_id
+        } else {
+            &a.node_id
+        };
+        n.wait_until(
+            "peer has both endpoints",
+            &Kind::new(NS, Affiliate::TYPE),
+            |s| {
+                s.get::<Affiliate>(NS, peer).is_ok_and(|r| {
+                    r.spec
+                        .kubespan
+                        .as_ref()
+                        .is_some_and(|k| k.endpoints.len() == 2)
+                })
+            },
+        )
+        .await;
+    }
+    let mut grpc = ClusterClient::connect(url(addr)).await.unwrap();
+    let mut watch = grpc
+        .watch(WatchRequest {
+            cluster_id: CLUSTER_ID.into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let snapshot = watch.message().await.unwrap().unwrap();
+    assert_eq!(snapshot.affiliates.len(), 2);
+
+    // A harvested endpoint for b wakes a's discovery controller, which hands the same
+    // local data to its client again; it must not be re-encrypted (spec §8.7).
+    set::<KubeSpanEndpoint>(
+        &a.store,
+        KubeSpanEndpoint::DEFAULT_NAMESPACE,
+        &format!("{:0>43}=", 1),
+        KubeSpanEndpointSpec {
+            affiliate_id: b.node_id.clone(),
+            endpoint: Some("192.0.2.77:51820".parse().unwrap()),
+        },
+    );
+    let a_blob = snapshot
+        .affiliates
+        .iter()
+        .find(|x| x.id == a.node_id)
+        .map(|x| x.data.clone())
+        .unwrap();
+    // The refresh resends a's data (the server announces every data update, as
+    // upstream does), but it must be the very same bytes: no new nonce.
+    let deadline = tokio::time::Instant::now() + discovery_common::WAIT;
+    loop {
+        let next = tokio::time::timeout_at(deadline, watch.message())
+            .await
+            .expect("b's harvested endpoint never arrived")
+            .unwrap()
+            .unwrap();
+        for x in &next.affiliates {
+            if x.id == a.node_id {
+                assert_eq!(x.data, a_blob, "a re-encrypted unchanged local data");
+            }
+        }
+        if next
+            .affiliates
+            .iter()
+            .any(|x| x.id == b.node_id && x.endpoints.len() == 3)
+        {
+            break;
+        }
+    }
+    // And a sees the harvested endpoint on b's record.
+    a.wait_until(
+        "harvested endpoint visible",
+        &Kind::new(NS, Affiliate::TYPE),
+        |s| {
+            s.get::<Affiliate>(NS, &b.node_id).is_ok_and(|r| {
+                r.spec
+                    .kubespan
+                    .as_ref()
+                    .is_some_and(|k| k.endpoints.contains(&"192.0.2.77:51820".parse().unwrap()))
+            })
+        },
+    )
+    .await;
+    stop_all(nodes).await;
+    server.shutdown().await.unwrap();
+}
