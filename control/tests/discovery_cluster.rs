@@ -536,3 +536,52 @@ async fn unchanged_local_data_is_not_reencrypted_and_harvested_endpoints_are_pub
     stop_all(nodes).await;
     server.shutdown().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_service_stops_its_client_and_removes_what_it_discovered() {
+    let (s1, s2) = (start_server().await, start_server().await);
+    let both = [("one", url(s1.local_addr())), ("two", url(s2.local_addr()))];
+    let nodes = start_nodes(2, &both);
+    let want = ids(&nodes);
+    for n in &nodes {
+        n.wait_members(&want).await;
+    }
+    let a = &nodes[0];
+    let raw_kind = Kind::new(
+        wirespan_control::resources::cluster::NS_RAW,
+        Affiliate::TYPE,
+    );
+    let raw_ids = |s: &wirespan_control::runtime::Store| -> BTreeSet<String> {
+        s.list::<Affiliate>(wirespan_control::resources::cluster::NS_RAW, &Filter::all())
+            .iter()
+            .map(|r| r.metadata.id.clone())
+            .collect()
+    };
+    let peer = nodes[1].node_id.clone();
+    a.wait_until("records from both services", &raw_kind, |s| {
+        raw_ids(s).len() == 3
+    })
+    .await;
+
+    // Drop service "two": its records and status go, "one" keeps the member set.
+    discovery_common::set_config(&a.store, &config_text(SECRET, &both[..1]));
+    a.wait_until("only service one", &raw_kind, |s| {
+        raw_ids(s) == BTreeSet::from([a.node_id.clone(), format!("one/{peer}")])
+    })
+    .await;
+    a.wait_until(
+        "status of two removed",
+        &Kind::new(NS, DiscoveryServiceStatus::TYPE),
+        |s| s.get::<DiscoveryServiceStatus>(NS, "two").is_err(),
+    )
+    .await;
+    assert_eq!(a.members(), want);
+
+    // No service at all: nothing is published or discovered.
+    discovery_common::set_config(&a.store, &config_text(SECRET, &[]));
+    a.wait_members(&BTreeSet::new()).await;
+    assert!(raw_ids(&a.store).is_empty());
+    stop_all(nodes).await;
+    s1.shutdown().await.unwrap();
+    s2.shutdown().await.unwrap();
+}

@@ -7,7 +7,7 @@ use futures::future::BoxFuture;
 use super::{put, retire_stale};
 use crate::{
     resources::cluster::{Affiliate, AffiliateSpec, Member, MemberSpec, NS},
-    runtime::{Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output},
+    runtime::{Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output, Phase},
 };
 
 /// The member view of a merged affiliate.
@@ -48,6 +48,10 @@ impl Controller for MemberController {
             while rt.next_round().await {
                 let mut keep = BTreeSet::new();
                 for a in rt.list::<Affiliate>(NS)? {
+                    // An affiliate on its way out is no longer a member.
+                    if a.metadata.phase != Phase::Running {
+                        continue;
+                    }
                     put::<Member>(rt, NS, &a.metadata.id, &member_of(&a.spec))?;
                     keep.insert(a.metadata.id.clone());
                 }
