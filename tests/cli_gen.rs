@@ -74,3 +74,83 @@ fn node_ids_are_fresh_base62() {
     assert_ne!(a, b);
     assert!(a.trim().len() >= 43 && a.trim().bytes().all(|c| c.is_ascii_alphanumeric()));
 }
+
+#[test]
+fn cluster_config_is_a_ready_0600_config_and_never_printed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("cluster.yaml");
+    let p = path.to_str().unwrap();
+    let out = gen(&[
+        "cluster",
+        "--out",
+        p,
+        "--discovery",
+        "http://10.99.0.1:3000",
+        "--discovery",
+        "backup=https://discovery.example:8443",
+    ]);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let text = std::fs::read_to_string(&path).unwrap();
+    let config = wirespan_control::config::parse(&text).expect("the file loads as a node config");
+    let cluster = config
+        .singleton::<wirespan_control::config::cluster::ClusterConfig>()
+        .unwrap();
+    let secret = cluster.secret.expose().to_owned();
+    assert_eq!(secret.len(), 44);
+    assert_eq!(cluster.id.len(), 44);
+    assert!(
+        !cluster.id.contains(['+', '/']),
+        "cluster ID is URL-safe base64"
+    );
+    let services: Vec<(String, String)> = config
+        .documents_of::<wirespan_control::config::cluster::DiscoveryServiceConfig>()
+        .map(|d| (d.name.clone(), d.endpoint.clone()))
+        .collect();
+    assert_eq!(
+        services,
+        [
+            (
+                "10.99.0.1-3000".to_owned(),
+                "http://10.99.0.1:3000".to_owned()
+            ),
+            (
+                "backup".to_owned(),
+                "https://discovery.example:8443".to_owned()
+            )
+        ]
+    );
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!all.contains(&secret), "secret printed");
+
+    // Fresh material every time; no silent overwrite.
+    let refused = gen(&["cluster", "--out", p]);
+    assert!(!refused.status.success());
+    assert!(gen(&["cluster", "--out", p, "--force"]).status.success());
+    assert_ne!(std::fs::read_to_string(&path).unwrap(), text);
+
+    // Without --discovery: a cluster document only (no public default service).
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert!(!text.contains("DiscoveryServiceConfig"));
+
+    // A bad URL names the document and field, and nothing is written.
+    let bad = dir.path().join("bad.yaml");
+    let out = gen(&[
+        "cluster",
+        "--out",
+        bad.to_str().unwrap(),
+        "--discovery",
+        "ftp://x",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("endpoint"), "{err}");
+    assert!(!bad.exists());
+}

@@ -32,6 +32,7 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
         .context("registering resource definitions")?;
     let mut runtime = Runtime::new(store.clone());
     runtime.register(NodeIdentityController::new(args.state_dir.clone()))?;
+    wirespan_control::controllers::cluster::register(&mut runtime, Default::default())?;
     let api = ResourceApi::new(store, Some(runtime.graph()));
     let listener = bind(socket)?;
     tracing::info!(socket = %socket.display(), state_dir = %args.state_dir.display(), "node started");

@@ -109,3 +109,86 @@ pub struct ControlPlaneSpec {
     /// Kubernetes API server port.
     pub api_server_port: u16,
 }
+
+/// A member of the cluster (`cluster/Member <node id>`): the merged affiliate reduced
+/// to what operators want to see. Derived from every merged affiliate, including this
+/// node's own.
+#[derive(Debug)]
+pub struct Member;
+
+impl ResourceKind for Member {
+    const TYPE: &'static str = "Members.cluster.wirespan.dev";
+    const DEFAULT_NAMESPACE: &'static str = NS;
+    type Spec = MemberSpec;
+    fn definition() -> Definition {
+        Definition::new(Self::TYPE, "Member", Self::DEFAULT_NAMESPACE)
+            .column("Hostname", ".hostname")
+            .column("Nodename", ".nodename")
+            .column("Machine Type", ".machineType")
+            .column("OS", ".operatingSystem")
+            .column("Addresses", ".addresses")
+    }
+}
+
+/// Spec of [`Member`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberSpec {
+    /// Node ID (= the resource id).
+    pub node_id: String,
+    /// FQDN.
+    pub hostname: String,
+    /// Node name (peer label).
+    pub nodename: String,
+    /// `controlplane`, `worker`, `init` or `unknown`.
+    pub machine_type: String,
+    /// Free text.
+    pub operating_system: String,
+    /// Node addresses as advertised.
+    pub addresses: Vec<IpAddr>,
+}
+
+/// The state of one configured discovery service's client
+/// (`cluster/DiscoveryServiceStatus <service name>`).
+#[derive(Debug)]
+pub struct DiscoveryServiceStatus;
+
+impl ResourceKind for DiscoveryServiceStatus {
+    const TYPE: &'static str = "DiscoveryServiceStatuses.cluster.wirespan.dev";
+    const DEFAULT_NAMESPACE: &'static str = NS;
+    type Spec = DiscoveryServiceStatusSpec;
+    fn definition() -> Definition {
+        Definition::new(
+            Self::TYPE,
+            "DiscoveryServiceStatus",
+            Self::DEFAULT_NAMESPACE,
+        )
+        .alias("discoveryservices")
+        .alias("discoveryservice")
+        .column("Endpoint", ".endpoint")
+        .column("Connected", ".connected")
+        .column("Public IP", ".publicIp")
+        .column("Affiliates", ".affiliateCount")
+        .column("Last Error", ".lastError")
+    }
+}
+
+/// Spec of [`DiscoveryServiceStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiscoveryServiceStatusSpec {
+    /// The configured endpoint URL.
+    pub endpoint: String,
+    /// `host:port` in use (differs from the configured one after a redirect).
+    pub current_endpoint: String,
+    /// Watch snapshot received: the discovered set is live.
+    pub connected: bool,
+    /// `backoff`, `connecting` or `connected`.
+    pub connection: String,
+    /// Most recent failure since the last successful connection.
+    pub last_error: Option<String>,
+    /// This node's address as the server saw it (Hello).
+    pub public_ip: Option<IpAddr>,
+    /// Affiliates of other nodes this service currently lists (decoded ones only).
+    pub affiliate_count: usize,
+}

@@ -28,7 +28,12 @@ impl ResourceKind for NodeIdentity {
     const DEFAULT_NAMESPACE: &'static str = "cluster";
     type Spec = NodeIdentitySpec;
     fn definition() -> Definition {
-        Definition::new(Self::TYPE, "NodeIdentity", Self::DEFAULT_NAMESPACE).column("ID", ".nodeId")
+        // `identities` (as in Talos) means this node's identity; the cluster's is
+        // `clusteridentities`, the mesh key `kubespanidentities`.
+        Definition::new(Self::TYPE, "NodeIdentity", Self::DEFAULT_NAMESPACE)
+            .alias("identities")
+            .alias("identity")
+            .column("ID", ".nodeId")
     }
 }
 

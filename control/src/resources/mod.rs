@@ -25,6 +25,8 @@ pub fn definitions() -> Vec<Definition> {
         network::HostnameStatus::definition(),
         cluster::ClusterIdentity::definition(),
         cluster::Affiliate::definition(),
+        cluster::Member::definition(),
+        cluster::DiscoveryServiceStatus::definition(),
         kubespan::KubeSpanIdentity::definition(),
         kubespan::KubeSpanConfig::definition(),
         kubespan::KubeSpanEndpoint::definition(),
@@ -47,3 +49,36 @@ pub const NAMESPACES: &[(&str, &str)] = &[
     ),
     ("meta", "resource definitions and namespaces"),
 ];
+
+#[cfg(test)]
+mod tests {
+    use crate::api::resolve;
+
+    #[test]
+    fn cluster_aliases_resolve_to_the_obvious_type_and_do_not_collide() {
+        let defs = super::definitions();
+        for (alias, want) in [
+            ("affiliates", "Affiliates.cluster.wirespan.dev"),
+            ("members", "Members.cluster.wirespan.dev"),
+            ("identities", "NodeIdentities.cluster.wirespan.dev"),
+            ("identity", "NodeIdentities.cluster.wirespan.dev"),
+            (
+                "clusteridentities",
+                "ClusterIdentities.cluster.wirespan.dev",
+            ),
+            (
+                "discoveryservices",
+                "DiscoveryServiceStatuses.cluster.wirespan.dev",
+            ),
+            ("dss", "DiscoveryServiceStatuses.cluster.wirespan.dev"),
+        ] {
+            assert_eq!(resolve(&defs, alias).unwrap().r#type, want, "{alias}");
+            let claimants: Vec<&str> = defs
+                .iter()
+                .filter(|d| d.matches(alias))
+                .map(|d| d.r#type.as_str())
+                .collect();
+            assert_eq!(claimants, [want], "{alias} is ambiguous");
+        }
+    }
+}

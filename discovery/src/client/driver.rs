@@ -265,6 +265,7 @@ pub(super) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
                     Ok(response) => shared.lock().hello_succeeded(now(), &response),
                     Err(status) => {
                         tracing::warn!(code = ?status.code(), message = status.message(), "discovery hello failed");
+                        shared.record_error("hello", &status);
                         io.client = None;
                         shared.lock().hello_failed(now());
                     }
@@ -276,6 +277,7 @@ pub(super) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
                     Ok(stream) => io.watch = Some(stream),
                     Err(status) => {
                         tracing::warn!(code = ?status.code(), message = status.message(), "discovery watch failed");
+                        shared.record_error("watch", &status);
                         io.cancel_watch();
                         shared.lock().watch_ended(now());
                     }
@@ -289,6 +291,7 @@ pub(super) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
                     match other {
                         Some(Err(status)) if status.code() != tonic::Code::Cancelled => {
                             tracing::warn!(code = ?status.code(), message = status.message(), "discovery watch ended");
+                            shared.record_error("watch", &status);
                         }
                         _ => tracing::info!("discovery watch ended"),
                     }
@@ -300,6 +303,7 @@ pub(super) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
                 io.refresh = None;
                 if let Err(status) = &result {
                     tracing::warn!(code = ?status.code(), message = status.message(), "discovery refresh failed");
+                    shared.record_error("refresh", status);
                 }
                 shared.lock().refresh_done(now(), result.is_ok());
             }

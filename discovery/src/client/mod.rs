@@ -140,7 +140,15 @@ pub struct DiscoveryState {
     pub connection: ConnectionState,
     /// Server in use (differs from the configured one after a redirect).
     pub endpoint: ServerAddress,
+    /// The most recent failure (Hello, Watch or refresh) since the client last
+    /// became [`ConnectionState::Connected`]; at most [`MAX_ERROR_LEN`] bytes of the
+    /// server's message.
+    pub last_error: Option<String>,
 }
+
+/// Longest error text kept in [`DiscoveryState::last_error`] (a hostile server
+/// chooses the message).
+pub const MAX_ERROR_LEN: usize = 256;
 
 /// `run` was called while another `run` of the same client is active.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -155,6 +163,7 @@ struct Shared {
     ttl: Duration,
     client_version: String,
     ca_pem: Option<Vec<u8>>,
+    last_error: Mutex<Option<String>>,
 }
 
 impl Shared {
@@ -166,14 +175,40 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Records a failure for [`DiscoveryState::last_error`] (published with the
+    /// next state).
+    fn record_error(&self, what: &str, status: &tonic::Status) {
+        let mut text = format!("{what}: {:?}: {}", status.code(), status.message());
+        if text.len() > MAX_ERROR_LEN {
+            let mut end = MAX_ERROR_LEN;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+        }
+        *self
+            .last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(text);
+    }
+
     fn publish(&self) {
         let next = {
             let m = self.lock();
+            let connection = m.connection_state();
+            let mut last_error = self
+                .last_error
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if connection == ConnectionState::Connected {
+                *last_error = None;
+            }
             DiscoveryState {
                 affiliates: Arc::clone(m.affiliates()),
                 public_ip: m.public_ip(),
-                connection: m.connection_state(),
+                connection,
                 endpoint: m.current_endpoint().clone(),
+                last_error: last_error.clone(),
             }
         };
         self.state.send_if_modified(|current| {
@@ -183,6 +218,7 @@ impl Shared {
                 && current.public_ip == next.public_ip
                 && current.connection == next.connection
                 && current.endpoint == next.endpoint
+                && current.last_error == next.last_error
             {
                 return false;
             }
@@ -247,6 +283,7 @@ impl Client {
             public_ip: None,
             connection: ConnectionState::Backoff,
             endpoint,
+            last_error: None,
         });
         Ok(Self {
             shared: Arc::new(Shared {
@@ -257,6 +294,7 @@ impl Client {
                 ttl: config.ttl,
                 client_version: config.client_version,
                 ca_pem: config.ca_pem,
+                last_error: Mutex::new(None),
             }),
         })
     }

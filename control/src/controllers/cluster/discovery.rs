@@ -1,0 +1,373 @@
+//! One discovery client per `DiscoveryServiceConfig` document, run as sub-tasks of one
+//! controller (spec `resource-runtime.md` §3.8, `discovery-wire.md` §8.7).
+//!
+//! Every round the controller diffs the wanted clients against the running ones
+//! (stopping changed or removed ones, starting new ones), hands each client the local
+//! affiliate and the harvested endpoints (the client itself ignores unchanged data, so
+//! nothing is re-encrypted), and mirrors each client's discovered set into
+//! `cluster-raw/Affiliate <service>/<node id>` plus a `DiscoveryServiceStatus`. A
+//! sub-task per client wakes the controller whenever that client's state changes.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    time::Duration,
+};
+
+use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
+use wirespan_discovery::client::{
+    self as dclient, AffiliateInfo, Client, ClientConfig, ClusterSecret, ConnectionState,
+    ControlPlaneInfo, DiscoveryState, KubeSpanInfo, MachineType,
+};
+
+use super::{merge::raw_id, put, retire_stale};
+use crate::{
+    config::cluster::DiscoveryServiceConfig,
+    resources::{
+        cluster::{
+            Affiliate, AffiliateSpec, ClusterIdentity, ControlPlaneSpec, DiscoveryServiceStatus,
+            DiscoveryServiceStatusSpec, KubeSpanAffiliateSpec, CLUSTER, NS, NS_RAW,
+        },
+        config::{MachineConfig, ACTIVE},
+        identity::{NodeIdentity, LOCAL},
+        kubespan::KubeSpanEndpoint,
+    },
+    runtime::{
+        Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind, Output,
+        ResourceKind, Waker,
+    },
+};
+
+/// Tunables of the discovery clients.
+#[derive(Debug, Clone)]
+pub struct DiscoveryOptions {
+    /// TTL of published data (refreshed every TTL/2); at most 30 min.
+    pub ttl: Duration,
+}
+
+impl Default for DiscoveryOptions {
+    fn default() -> Self {
+        Self {
+            ttl: dclient::DEFAULT_TTL,
+        }
+    }
+}
+
+/// What a client is started from; a change of any field restarts it.
+#[derive(Clone, PartialEq, Eq)]
+struct ClientSpec {
+    endpoint: String,
+    cluster_id: String,
+    secret: [u8; 32],
+    node_id: String,
+}
+
+struct RunningClient {
+    spec: ClientSpec,
+    client: Option<Client>,
+    start_error: Option<String>,
+    cancel: CancellationToken,
+}
+
+impl Drop for RunningClient {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+fn start_client(
+    name: &str,
+    spec: ClientSpec,
+    options: &DiscoveryOptions,
+    parent: &CancellationToken,
+    waker: Waker,
+) -> RunningClient {
+    let cancel = parent.child_token();
+    let config = ClientConfig {
+        endpoint: spec.endpoint.clone(),
+        insecure: false,
+        ca_pem: None,
+        cluster_id: spec.cluster_id.clone(),
+        secret: ClusterSecret::from_bytes(spec.secret),
+        affiliate_id: spec.node_id.clone(),
+        ttl: options.ttl,
+        client_version: format!("v{}", env!("CARGO_PKG_VERSION")),
+    };
+    match Client::new(config) {
+        Ok(client) => {
+            tracing::info!(service = name, endpoint = %spec.endpoint, "starting discovery client");
+            drop(client.spawn(cancel.clone()));
+            let mut state = client.subscribe();
+            let stop = cancel.clone();
+            tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = stop.cancelled() => return,
+                        changed = state.changed() => {
+                            if changed.is_err() {
+                                return;
+                            }
+                            waker.wake();
+                        }
+                    }
+                }
+            });
+            RunningClient {
+                spec,
+                client: Some(client),
+                start_error: None,
+                cancel,
+            }
+        }
+        Err(e) => {
+            tracing::warn!(service = name, error = %e, "cannot start discovery client");
+            RunningClient {
+                spec,
+                client: None,
+                start_error: Some(e.to_string()),
+                cancel,
+            }
+        }
+    }
+}
+
+/// Converts a merged/raw affiliate spec to the client's plaintext model plus its own
+/// endpoints (sent only with a KubeSpan public key, spec §8.7).
+#[must_use]
+pub fn to_wire(spec: &AffiliateSpec) -> (AffiliateInfo, Vec<dclient::Endpoint>) {
+    let kubespan = spec.kubespan.as_ref().filter(|k| !k.public_key.is_empty());
+    let info = AffiliateInfo {
+        node_id: spec.node_id.clone(),
+        addresses: spec.addresses.clone(),
+        hostname: spec.hostname.clone(),
+        nodename: spec.nodename.clone(),
+        machine_type: MachineType::from_wire(&spec.machine_type),
+        operating_system: spec.operating_system.clone(),
+        kubespan: kubespan.map(|k| KubeSpanInfo {
+            public_key: k.public_key.clone(),
+            address: match k.address {
+                Some(IpAddr::V6(a)) => a,
+                _ => std::net::Ipv6Addr::UNSPECIFIED,
+            },
+            additional_addresses: k.additional_addresses.clone(),
+        }),
+        control_plane: spec.control_plane.as_ref().map(|c| ControlPlaneInfo {
+            api_server_port: c.api_server_port,
+        }),
+    };
+    let endpoints = kubespan.map(|k| k.endpoints.clone()).unwrap_or_default();
+    (info, endpoints)
+}
+
+/// Converts a decoded affiliate to the resource spec; endpoints are kept only with a
+/// KubeSpan part (they are WireGuard endpoints).
+#[must_use]
+pub fn from_wire(affiliate: &dclient::Affiliate) -> AffiliateSpec {
+    let info = &affiliate.info;
+    AffiliateSpec {
+        node_id: info.node_id.clone(),
+        hostname: info.hostname.clone(),
+        nodename: info.nodename.clone(),
+        machine_type: info.machine_type.as_str().to_owned(),
+        operating_system: info.operating_system.clone(),
+        addresses: info.addresses.clone(),
+        kubespan: info.kubespan.as_ref().map(|k| KubeSpanAffiliateSpec {
+            public_key: k.public_key.clone(),
+            address: (!k.address.is_unspecified()).then_some(IpAddr::V6(k.address)),
+            additional_addresses: k.additional_addresses.clone(),
+            exclude_advertised_networks: Vec::new(),
+            endpoints: affiliate.endpoints.clone(),
+        }),
+        control_plane: info.control_plane.map(|c| ControlPlaneSpec {
+            api_server_port: c.api_server_port,
+        }),
+    }
+}
+
+fn status_of(endpoint: &str, state: &DiscoveryState) -> DiscoveryServiceStatusSpec {
+    DiscoveryServiceStatusSpec {
+        endpoint: endpoint.to_owned(),
+        current_endpoint: state.endpoint.to_string(),
+        connected: state.connection == ConnectionState::Connected,
+        connection: match state.connection {
+            ConnectionState::Backoff => "backoff",
+            ConnectionState::Connecting => "connecting",
+            ConnectionState::Connected => "connected",
+        }
+        .to_owned(),
+        last_error: state.last_error.clone(),
+        public_ip: state.public_ip,
+        affiliate_count: state.affiliates.len(),
+    }
+}
+
+/// Runs the discovery clients and mirrors what they discover.
+#[derive(Debug, Default)]
+pub struct DiscoveryController {
+    options: DiscoveryOptions,
+}
+
+impl DiscoveryController {
+    /// A controller whose clients use `options`.
+    #[must_use]
+    pub fn new(options: DiscoveryOptions) -> Self {
+        Self { options }
+    }
+}
+
+impl Controller for DiscoveryController {
+    fn name(&self) -> &str {
+        "cluster.DiscoveryController"
+    }
+
+    fn inputs(&self) -> Vec<Input> {
+        vec![
+            Input::id_of::<MachineConfig>(
+                MachineConfig::DEFAULT_NAMESPACE,
+                ACTIVE,
+                InputKind::Weak,
+            ),
+            Input::id_of::<ClusterIdentity>(NS, CLUSTER, InputKind::Weak),
+            Input::id_of::<NodeIdentity>(NodeIdentity::DEFAULT_NAMESPACE, LOCAL, InputKind::Weak),
+            // The local affiliate, and DestroyReady of the own raw records.
+            Input::of::<Affiliate>(NS_RAW, InputKind::Weak),
+            Input::of::<KubeSpanEndpoint>(KubeSpanEndpoint::DEFAULT_NAMESPACE, InputKind::Weak),
+            Input::of::<DiscoveryServiceStatus>(NS, InputKind::DestroyReady),
+        ]
+    }
+
+    fn outputs(&self) -> Vec<Output> {
+        vec![
+            Output::shared::<Affiliate>(),
+            Output::exclusive::<DiscoveryServiceStatus>(),
+        ]
+    }
+
+    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+        Box::pin(async move {
+            // Dropped on every exit (cancel, error, panic): each drop stops its client.
+            let mut running: BTreeMap<String, RunningClient> = BTreeMap::new();
+            let parent = rt.cancellation();
+            while rt.next_round().await {
+                let wanted = wanted_clients(rt)?;
+                running.retain(|name, r| {
+                    let keep = wanted.get(name) == Some(&r.spec);
+                    if !keep {
+                        tracing::info!(service = name.as_str(), "stopping discovery client");
+                    }
+                    keep
+                });
+                for (name, spec) in wanted {
+                    if let std::collections::btree_map::Entry::Vacant(slot) = running.entry(name) {
+                        let r = start_client(slot.key(), spec, &self.options, &parent, rt.waker());
+                        slot.insert(r);
+                    }
+                }
+                publish_local(rt, &running)?;
+                mirror(rt, &running)?;
+                rt.reset_restart_backoff();
+            }
+            Ok(())
+        })
+    }
+}
+
+fn wanted_clients(rt: &ControllerRuntime) -> Result<BTreeMap<String, ClientSpec>, ControllerError> {
+    let mut wanted = BTreeMap::new();
+    let config = rt.get_opt::<MachineConfig>(MachineConfig::DEFAULT_NAMESPACE, ACTIVE)?;
+    let cluster = rt.get_opt::<ClusterIdentity>(NS, CLUSTER)?;
+    let node = rt.get_opt::<NodeIdentity>(NodeIdentity::DEFAULT_NAMESPACE, LOCAL)?;
+    let (Some(config), Some(cluster), Some(node)) = (config, cluster, node) else {
+        return Ok(wanted);
+    };
+    for doc in config.spec.config.documents_of::<DiscoveryServiceConfig>() {
+        wanted.insert(
+            doc.name.clone(),
+            ClientSpec {
+                endpoint: doc.endpoint.clone(),
+                cluster_id: cluster.spec.cluster_id.clone(),
+                secret: *cluster.spec.secret.bytes(),
+                node_id: node.spec.node_id.clone(),
+            },
+        );
+    }
+    Ok(wanted)
+}
+
+/// Hands the local affiliate and the harvested endpoints to every client; each client
+/// ignores data equal to what it already has (spec §8.7).
+fn publish_local(
+    rt: &ControllerRuntime,
+    running: &BTreeMap<String, RunningClient>,
+) -> Result<(), ControllerError> {
+    let Some(node) = rt.get_opt::<NodeIdentity>(NodeIdentity::DEFAULT_NAMESPACE, LOCAL)? else {
+        return Ok(());
+    };
+    let local = rt.get_opt::<Affiliate>(NS_RAW, &node.spec.node_id)?;
+    let mut others: BTreeMap<String, Vec<dclient::Endpoint>> = BTreeMap::new();
+    for e in rt.list::<KubeSpanEndpoint>(KubeSpanEndpoint::DEFAULT_NAMESPACE)? {
+        if let Some(ep) = e.spec.endpoint {
+            let list = others.entry(e.spec.affiliate_id.clone()).or_default();
+            if !list.contains(&ep) {
+                list.push(ep);
+            }
+        }
+    }
+    let wire = local.as_ref().map(|l| to_wire(&l.spec));
+    for (name, r) in running {
+        let Some(client) = &r.client else { continue };
+        if let Some((info, endpoints)) = &wire {
+            match client.set_local_data(info.clone(), endpoints.clone()) {
+                Ok(true) => tracing::debug!(
+                    service = name.as_str(),
+                    "local affiliate changed, publishing"
+                ),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(service = name.as_str(), error = %e, "cannot publish the local affiliate");
+                }
+            }
+        }
+        client.set_other_endpoints(others.clone());
+    }
+    Ok(())
+}
+
+/// Writes each client's discovered affiliates and its status; removes records of
+/// stopped clients and vanished affiliates.
+fn mirror(
+    rt: &mut ControllerRuntime,
+    running: &BTreeMap<String, RunningClient>,
+) -> Result<(), ControllerError> {
+    let mut keep_raw = BTreeSet::new();
+    let mut keep_status = BTreeSet::new();
+    for (name, r) in running {
+        let status = match &r.client {
+            Some(client) => {
+                let state = client.state();
+                for (id, affiliate) in state.affiliates.iter() {
+                    // A record claiming another node's ID is not trusted (spec §5.1 MAY).
+                    if affiliate.info.node_id != *id {
+                        continue;
+                    }
+                    let rid = raw_id(name, id);
+                    put::<Affiliate>(rt, NS_RAW, &rid, &from_wire(affiliate))?;
+                    keep_raw.insert(rid);
+                }
+                status_of(&r.spec.endpoint, &state)
+            }
+            None => DiscoveryServiceStatusSpec {
+                endpoint: r.spec.endpoint.clone(),
+                connection: "stopped".to_owned(),
+                last_error: r.start_error.clone(),
+                ..DiscoveryServiceStatusSpec::default()
+            },
+        };
+        put::<DiscoveryServiceStatus>(rt, NS, name, &status)?;
+        keep_status.insert(name.clone());
+    }
+    retire_stale::<Affiliate>(rt, NS_RAW, &keep_raw)?;
+    retire_stale::<DiscoveryServiceStatus>(rt, NS, &keep_status)?;
+    Ok(())
+}

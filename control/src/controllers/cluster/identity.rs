@@ -1,0 +1,70 @@
+//! `cluster/ClusterIdentity cluster` from the `ClusterConfig` document.
+
+use std::collections::BTreeSet;
+
+use futures::future::BoxFuture;
+
+use super::{put, retire_stale};
+use crate::{
+    config::cluster::ClusterConfig,
+    resources::{
+        cluster::{ClusterIdentity, ClusterIdentitySpec, CLUSTER, NS},
+        config::{MachineConfig, ACTIVE},
+    },
+    runtime::{
+        Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output, ResourceKind,
+    },
+};
+
+/// Publishes the cluster identity (ID and secret) while the active config has a
+/// `ClusterConfig` document; removes it when the document goes away.
+#[derive(Debug, Default)]
+pub struct ClusterIdentityController;
+
+impl Controller for ClusterIdentityController {
+    fn name(&self) -> &str {
+        "cluster.ClusterIdentityController"
+    }
+
+    fn inputs(&self) -> Vec<Input> {
+        vec![
+            Input::id_of::<MachineConfig>(
+                MachineConfig::DEFAULT_NAMESPACE,
+                ACTIVE,
+                InputKind::Weak,
+            ),
+            Input::of::<ClusterIdentity>(NS, InputKind::DestroyReady),
+        ]
+    }
+
+    fn outputs(&self) -> Vec<Output> {
+        vec![Output::exclusive::<ClusterIdentity>()]
+    }
+
+    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+        Box::pin(async move {
+            while rt.next_round().await {
+                let config =
+                    rt.get_opt::<MachineConfig>(MachineConfig::DEFAULT_NAMESPACE, ACTIVE)?;
+                let desired = config.as_ref().and_then(|c| {
+                    let doc = c.spec.config.singleton::<ClusterConfig>()?;
+                    // Valid documents always decode; a config that did not validate never
+                    // becomes active.
+                    let secret = doc.secret_key()?;
+                    Some(ClusterIdentitySpec {
+                        cluster_id: doc.id.clone(),
+                        secret,
+                    })
+                });
+                let mut keep = BTreeSet::new();
+                if let Some(spec) = desired {
+                    put::<ClusterIdentity>(rt, NS, CLUSTER, &spec)?;
+                    keep.insert(CLUSTER.to_owned());
+                }
+                retire_stale::<ClusterIdentity>(rt, NS, &keep)?;
+                rt.reset_restart_backoff();
+            }
+            Ok(())
+        })
+    }
+}

@@ -1,0 +1,3 @@
+//! Controllers of the node, one module per family.
+
+pub mod cluster;
