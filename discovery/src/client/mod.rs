@@ -178,7 +178,14 @@ impl Shared {
     /// Records a failure for [`DiscoveryState::last_error`] (published with the
     /// next state).
     fn record_error(&self, what: &str, status: &tonic::Status) {
-        let mut text = format!("{what}: {:?}: {}", status.code(), status.message());
+        // The server chooses the message: control characters (terminal escapes) are
+        // replaced so that `wirespan get` prints it harmlessly.
+        let message: String = status
+            .message()
+            .chars()
+            .map(|c| if c.is_control() { '\u{fffd}' } else { c })
+            .collect();
+        let mut text = format!("{what}: {:?}: {message}", status.code());
         if text.len() > MAX_ERROR_LEN {
             let mut end = MAX_ERROR_LEN;
             while !text.is_char_boundary(end) {
@@ -439,6 +446,19 @@ mod tests {
         let cfg = format!("{:?}", config());
         assert!(cfg.contains("ClusterSecret(<redacted>)"));
         assert!(!format!("{c:?}").contains("secret"));
+    }
+
+    #[tokio::test]
+    async fn server_error_text_is_cut_and_stripped_of_control_characters() {
+        let c = Client::new(config()).unwrap();
+        let hostile = format!("\u{1b}]0;owned\u{7}\u{1b}[2J{}", "x".repeat(1000));
+        c.shared
+            .record_error("hello", &tonic::Status::unavailable(hostile));
+        c.shared.publish();
+        let e = c.state().last_error.unwrap();
+        assert!(e.starts_with("hello: Unavailable: "), "{e}");
+        assert!(!e.chars().any(char::is_control), "{e:?}");
+        assert!(e.len() <= MAX_ERROR_LEN);
     }
 
     #[tokio::test]
