@@ -282,7 +282,7 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
     }
     let state = LabState {
         name: name.as_str().to_owned(),
-        dir: dir.clone(),
+        dir,
         cluster_config,
         fast_path: match opts.fast_path {
             FastPath::Nftables => "nftables".into(),
