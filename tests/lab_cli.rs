@@ -340,6 +340,28 @@ fn up_builds_nodes_underlay_discovery_and_daemons_and_down_removes_them() {
     // The discovery server answers on the underlay (its landing page).
     let page = lab.exec_ok("node1", &["curl", "-sf", "http://10.99.1.2:2122/"]);
     assert!(page.contains("wirespan discovery"), "{page}");
+    // And its gRPC API: grpc.health.v1.Health/Check with an empty request (one
+    // uncompressed frame of length 0) gets SERVING (field 1 = 1).
+    let tmp = tempfile::tempdir().unwrap();
+    let request = tmp.path().join("health-check.grpc");
+    std::fs::write(&request, [0u8; 5]).unwrap();
+    let o = lab.exec(
+        "node1",
+        &[
+            "curl",
+            "-sf",
+            "--http2-prior-knowledge",
+            "-H",
+            "content-type: application/grpc",
+            "-H",
+            "te: trailers",
+            "--data-binary",
+            &format!("@{}", request.display()),
+            "http://10.99.1.2:3000/grpc.health.v1.Health/Check",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.stdout, [0, 0, 0, 0, 2, 0x08, 0x01], "not SERVING");
     // The host's namespace is not on the underlay.
     let o = Command::new("ping")
         .args(["-n", "-c", "1", "-W", "1", "10.99.1.12"])
@@ -366,24 +388,38 @@ fn up_builds_nodes_underlay_discovery_and_daemons_and_down_removes_them() {
 
 #[test]
 fn down_removes_everything_after_up_was_killed_midway() {
-    let lab = Lab::new();
-    let mut up = lab
-        .cmd(&["up", "--nodes", "3", "--no-wait"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let node1 = PathBuf::from(format!("/run/netns/{}node1", lab.prefix()));
-    // node1's namespace comes after the discovery server started: a process runs.
-    wait_until("node1's namespace", || node1.exists());
-    up.kill().unwrap();
-    up.wait().unwrap();
-    let pids = lab.pids();
-    assert!(!pids.is_empty(), "no process was running yet");
-    assert!(!lab.namespaces().is_empty());
-    let out = lab.ok(&["down"]);
-    assert!(out.contains("removed"), "{out}");
-    lab.assert_gone(&pids);
+    // `up` is fast; kill it as soon as node1's namespace exists (the discovery server
+    // runs by then) and retry when it got as far as writing its state file anyway.
+    for _ in 0..5 {
+        let lab = Lab::new();
+        let mut up = lab
+            .cmd(&["up", "--nodes", "3", "--no-wait"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let node1 = PathBuf::from(format!("/run/netns/{}node1", lab.prefix()));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !node1.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "node1's namespace never appeared"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        up.kill().unwrap();
+        up.wait().unwrap();
+        let midway = !lab.dir().join("state.json").exists();
+        let pids = lab.pids();
+        assert!(!pids.is_empty(), "no process was running yet");
+        let out = lab.ok(&["down"]);
+        assert!(out.contains("removed"), "{out}");
+        lab.assert_gone(&pids);
+        if midway {
+            return;
+        }
+    }
+    panic!("`up` always finished before it could be killed");
 }
 
 #[test]
