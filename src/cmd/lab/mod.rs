@@ -192,6 +192,6 @@ fn load_state(name: &LabName) -> anyhow::Result<LabState> {
 /// loader); the lab then passes each node its config file.
 fn node_has_config_flag() -> bool {
     let cmd = <super::node::Args as clap::Args>::augment_args(clap::Command::new("node"));
-    let found = cmd.get_arguments().any(|a| a.get_id() == "config");
+    let found = cmd.get_arguments().any(|a| a.get_long() == Some("config"));
     found
 }

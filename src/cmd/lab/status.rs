@@ -230,3 +230,96 @@ pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
         "nodes": nodes,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{net::SocketAddr, path::PathBuf};
+
+    use super::*;
+    use crate::cmd::lab::{
+        observe::PeerView,
+        plan::{DiscoveryState, NodeState},
+    };
+
+    fn lab(n: usize) -> LabState {
+        let addr: SocketAddr = "10.99.1.2:3000".parse().unwrap();
+        LabState {
+            name: "t".into(),
+            dir: PathBuf::from("/run/wirespan-lab/t"),
+            cluster_config: PathBuf::from("/run/wirespan-lab/t/cluster.yaml"),
+            fast_path: "nftables".into(),
+            underlay_namespace: "wsl-t-underlay".into(),
+            discovery: DiscoveryState {
+                namespace: "wsl-t-disco".into(),
+                address: addr,
+                endpoint: format!("http://{addr}"),
+                metrics_address: addr,
+                pid: 0,
+                log: PathBuf::new(),
+            },
+            nodes: (1..=n)
+                .map(|i| NodeState {
+                    name: format!("node{i}"),
+                    namespace: format!("wsl-t-node{i}"),
+                    mount_namespace: PathBuf::new(),
+                    uts_namespace: PathBuf::new(),
+                    socket: PathBuf::new(),
+                    config: PathBuf::new(),
+                    state_dir: PathBuf::new(),
+                    log: PathBuf::new(),
+                    pid: 0,
+                    link: "eth0".into(),
+                    underlay: Vec::new(),
+                })
+                .collect(),
+        }
+    }
+
+    fn view(key: &str, up: &[&str]) -> NodeView {
+        NodeView {
+            api: true,
+            public_key: key.into(),
+            peers: up
+                .iter()
+                .map(|k| PeerView {
+                    public_key: (*k).into(),
+                    label: String::new(),
+                    endpoint: String::new(),
+                    state: "up".into(),
+                })
+                .collect(),
+            ..NodeView::default()
+        }
+    }
+
+    #[test]
+    fn pending_is_empty_only_when_every_node_sees_every_other_up() {
+        let state = lab(3);
+        let all = [
+            view("k1", &["k2", "k3"]),
+            view("k2", &["k1", "k3"]),
+            view("k3", &["k1", "k2"]),
+        ];
+        assert!(pending(&state, &all).iter().all(|(_, p)| p.is_empty()));
+
+        let mut some = all.clone();
+        some[2].peers.pop();
+        some[1] = NodeView::default();
+        let p = pending(&state, &some);
+        // node2's key is unknown while its API is down: nobody can be checked against it.
+        assert_eq!(p[0].1, ["node2: no KubeSpan identity yet"]);
+        assert_eq!(
+            p[1].1,
+            [
+                "node1: the node's API does not answer",
+                "node3: the node's API does not answer"
+            ]
+        );
+        assert_eq!(p[2].1, ["node2: no KubeSpan identity yet"]);
+
+        // Peer rows are named by the node owning the key.
+        let json = to_json(&state, &all);
+        assert_eq!(json["nodes"][0]["peers"][1]["node"], "node3");
+        assert_eq!(json["nodes"][2]["publicKey"], "k3");
+    }
+}
