@@ -20,7 +20,7 @@ if [ "${WIRESPAN_LAB_KEEP:-0}" != 1 ]; then
   trap '"$bin" lab down' EXIT
 fi
 
-if ! "$bin" lab up --nodes 3 "$@"; then
+if ! "$bin" lab up --nodes 3 --no-hints "$@"; then
   echo "main: the lab did not converge; its state:" >&2
   "$bin" lab status >&2 || true
   exit 1

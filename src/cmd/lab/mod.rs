@@ -19,11 +19,14 @@ use wirespan_control::{config::kubespan::FastPath, resources::identity::write_at
 
 use self::plan::{LabName, LabState};
 
+/// The lab's name when `--name` is not given.
+const DEFAULT_NAME: &str = "lab";
+
 /// Options of `wirespan lab`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Name of the lab (lowercase letters and digits); several labs can run at once.
-    #[arg(long, global = true, env = "WIRESPAN_LAB", default_value = "lab")]
+    #[arg(long, global = true, env = "WIRESPAN_LAB", default_value = DEFAULT_NAME)]
     name: String,
     #[command(subcommand)]
     command: Lab,
@@ -60,6 +63,9 @@ enum Lab {
         /// Return once the daemons answer, without waiting for the mesh.
         #[arg(long)]
         no_wait: bool,
+        /// Leave out the how-to-look-around lines (scripts print their own).
+        #[arg(long)]
+        no_hints: bool,
     },
     /// Every node's peers with their state.
     Status {
@@ -89,6 +95,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             fast_path,
             timeout,
             no_wait,
+            no_hints,
         } => up::run(
             &name,
             &up::Options {
@@ -99,6 +106,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 },
                 timeout: *timeout,
                 no_wait: *no_wait,
+                no_hints: *no_hints,
             },
         ),
         Lab::Status { output } => {

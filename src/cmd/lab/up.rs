@@ -5,7 +5,7 @@ use std::{
     fs,
     net::{IpAddr, SocketAddr},
     os::unix::fs::{DirBuilderExt as _, PermissionsExt as _},
-    path::{Path, PathBuf},
+    path::Path,
     process::Child,
     time::{Duration, Instant},
 };
@@ -31,6 +31,8 @@ pub struct Options {
     pub timeout: Duration,
     /// Return once the daemons answer, without waiting for the mesh.
     pub no_wait: bool,
+    /// Leave out the how-to-look-around lines (scripts print their own).
+    pub no_hints: bool,
 }
 
 /// How long a process may take to start answering.
@@ -79,8 +81,10 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
     print!("{}", status::render_nodes(&state, &views));
     println!();
     print!("{}", ping_matrix(&state, &views));
-    println!();
-    print!("{}", hints(&state));
+    if !opts.no_hints {
+        println!();
+        print!("{}", hints(&state));
+    }
     Ok(())
 }
 
@@ -488,20 +492,24 @@ fn ping_matrix(state: &LabState, views: &[observe::NodeView]) -> String {
 }
 
 fn hints(state: &LabState) -> String {
-    let name = &state.name;
+    let exe = std::env::current_exe()
+        .map(|e| e.display().to_string())
+        .unwrap_or_else(|_| "wirespan".into());
+    let lab = if state.name == super::DEFAULT_NAME {
+        format!("{exe} lab")
+    } else {
+        format!("{exe} lab --name {}", state.name)
+    };
     let n1 = &state.nodes[0];
-    let socket: PathBuf = n1.socket.clone();
     format!(
         "Look around:\n  \
-         wirespan lab status --name {name}            # every node's peers (-o json for scripts)\n  \
-         wirespan lab exec --name {name} {node} -- ip addr   # any command inside a node\n  \
-         wirespan lab exec --name {name} {node} -- wirespan get peers\n  \
-         wirespan --socket {sock} get kubespanidentities\n  \
+         {lab} status [-o json]                  # every node's peers and their state\n  \
+         {lab} exec {node} -- wirespan get peers  # any command inside a node\n  \
+         {lab} exec {node} -- wg show kubespan    # the node's WireGuard device\n  \
          logs: {dir}/node*/node.log, {dir}/discovery.log\n\
          Tear down:\n  \
-         wirespan lab down --name {name}\n",
+         {lab} down\n",
         node = n1.name,
-        sock = socket.display(),
         dir = state.dir.display(),
     )
 }
