@@ -459,6 +459,26 @@ fn up_that_times_out_names_the_peers_and_leaves_the_lab_up() {
 }
 
 #[test]
+fn up_of_one_node_has_no_peers_to_wait_for_and_prints_the_summary() {
+    let lab = Lab::new();
+    let o = lab.run(&["up", "--nodes", "1", "--timeout", "10s"]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("every peer up"), "{err}");
+    let summary = out.lines().nth(1).unwrap();
+    assert_eq!(
+        summary.split_whitespace().next_back(),
+        Some("running"),
+        "{out}"
+    );
+    assert!(out.contains("ping underlay"), "{out}");
+    assert!(out.contains(&format!("--name {} down", lab.name)), "{out}");
+}
+
+#[test]
 fn bad_names_and_unknown_nodes_are_refused() {
     let o = Command::new(BIN)
         .args(["lab", "up", "--name", "Bad-Name"])

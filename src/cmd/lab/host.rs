@@ -114,6 +114,12 @@ pub fn is_mount_point(dir: &Path) -> bool {
 pub fn ensure_private_mount(dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let d = dir.to_str().context("non-UTF-8 lab root")?;
+    // Labs created at the same time must not both bind it.
+    let lock_path = dir.with_extension("lock");
+    let lock =
+        File::create(&lock_path).with_context(|| format!("creating {}", lock_path.display()))?;
+    lock.lock()
+        .with_context(|| format!("locking {}", lock_path.display()))?;
     if !is_mount_point(dir) {
         run("mount", &["--bind", d, d])?;
     }
