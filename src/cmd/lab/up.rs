@@ -242,6 +242,34 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
                 "/run/wireguard",
             ],
         )?;
+        // A sysfs of the node's network namespace (as `ip netns exec` mounts), so
+        // /sys/class/net shows the node's links, and a bpffs of its own, so pinned
+        // BPF objects of one node never meet another's.
+        host::run(
+            "nsenter",
+            &[
+                &format!("--net=/run/netns/{ns}"),
+                &format!("--mount={m}"),
+                "--",
+                "mount",
+                "-t",
+                "sysfs",
+                "wirespan-lab",
+                "/sys",
+            ],
+        )?;
+        host::run(
+            "nsenter",
+            &[
+                &format!("--mount={m}"),
+                "--",
+                "mount",
+                "-t",
+                "bpf",
+                "wirespan-lab",
+                "/sys/fs/bpf",
+            ],
+        )?;
         host::run("nsenter", &[&format!("--uts={u}"), "--", "hostname", &node])?;
         nodes.push(NodeState {
             name: node.clone(),
