@@ -1,8 +1,7 @@
 //! `wirespan lab`: a local mesh on one machine. Each node is a network namespace with
-//! its own mount namespace (a private `/run/wireguard`, its own `/sys` and bpffs) and UTS
-//! namespace (hostname =
-//! node name), on a bridge in an underlay namespace, with a discovery server in a
-//! namespace of its own. Nothing is routed to the host's network.
+//! its own mount namespace (a private `/run/wireguard`, its own `/sys` and bpffs) and
+//! UTS namespace (hostname = node name), on a bridge in an underlay namespace, with a
+//! discovery server in a namespace of its own. Nothing is routed to the host's network.
 
 mod down;
 mod host;
