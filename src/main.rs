@@ -50,6 +50,8 @@ enum Command {
     /// Run benchmarks.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
+    /// A local mesh of namespaced nodes: up, status, exec, down.
+    Lab(cmd::lab::Args),
 }
 
 fn init_tracing(cli: &Cli) -> anyhow::Result<()> {
@@ -81,6 +83,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Get(args) => cmd::get::run(&args, &cli.socket, false),
         Command::Watch(args) => cmd::get::run(&args, &cli.socket, true),
         Command::Inspect(c) => cmd::inspect::run(&c, &cli.socket),
+        Command::Lab(args) => cmd::lab::run(&args),
     }
 }
 

@@ -5,6 +5,7 @@ pub mod discovery;
 pub mod gen;
 pub mod get;
 pub mod inspect;
+pub mod lab;
 pub mod node;
 
 /// Runs a CLI future on a small current-thread runtime.

@@ -1,0 +1,205 @@
+//! `wirespan lab`: a local mesh on one machine. Each node is a network namespace with
+//! its own mount namespace (a private `/run/wireguard`, its own `/sys` and bpffs) and
+//! UTS namespace (hostname = node name), on a bridge in an underlay namespace, with a
+//! discovery server in a namespace of its own. Nothing is routed to the host's network.
+
+mod down;
+mod host;
+mod observe;
+mod ping;
+mod plan;
+mod status;
+mod up;
+
+use std::{path::PathBuf, process::Stdio, time::Duration};
+
+use anyhow::Context as _;
+use clap::Subcommand;
+use wirespan_control::{config::kubespan::FastPath, resources::identity::write_atomic};
+
+use self::plan::{LabName, LabState};
+
+/// The lab's name when `--name` is not given.
+const DEFAULT_NAME: &str = "lab";
+
+/// Options of `wirespan lab`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Name of the lab (lowercase letters and digits); several labs can run at once.
+    #[arg(long, global = true, env = "WIRESPAN_LAB", default_value = DEFAULT_NAME)]
+    name: String,
+    #[command(subcommand)]
+    command: Lab,
+}
+
+/// Marking implementation of the lab's nodes.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum FastPathArg {
+    Nftables,
+    Ebpf,
+}
+
+/// Output of `status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Lab {
+    /// Create the lab and start its daemons; wait until every peer is up, then print a
+    /// summary and a ping matrix.
+    Up {
+        /// Number of nodes.
+        #[arg(long, default_value_t = 3)]
+        nodes: usize,
+        /// Marking implementation of the nodes.
+        #[arg(long, value_enum, default_value_t = FastPathArg::Nftables)]
+        fast_path: FastPathArg,
+        /// How long to wait for every peer to be up (the lab stays up on timeout).
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        timeout: Duration,
+        /// Return once the daemons answer, without waiting for the mesh.
+        #[arg(long)]
+        no_wait: bool,
+        /// Leave out the how-to-look-around lines (scripts print their own).
+        #[arg(long)]
+        no_hints: bool,
+    },
+    /// Every node's peers with their state.
+    Status {
+        /// Output format (`json` for scripts: lab dir, config, namespaces, sockets,
+        /// addresses, keys and peer states).
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
+    /// Run a command inside a node's namespaces (network, mount, hostname), with
+    /// WIRESPAN_SOCKET set to the node's API socket.
+    Exec {
+        /// Node name (`node1`, …).
+        node: String,
+        /// The command and its arguments (after `--`).
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Remove everything the lab made (also after a crash); idempotent.
+    Down,
+}
+
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let name = LabName::parse(&args.name).map_err(anyhow::Error::msg)?;
+    match &args.command {
+        Lab::Up {
+            nodes,
+            fast_path,
+            timeout,
+            no_wait,
+            no_hints,
+        } => up::run(
+            &name,
+            &up::Options {
+                nodes: *nodes,
+                fast_path: match fast_path {
+                    FastPathArg::Nftables => FastPath::Nftables,
+                    FastPathArg::Ebpf => FastPath::Ebpf,
+                },
+                timeout: *timeout,
+                no_wait: *no_wait,
+                no_hints: *no_hints,
+            },
+        ),
+        Lab::Status { output } => {
+            let state = load_state(&name)?;
+            let views = block_on(status::observe_all(&state));
+            if *output == Output::Json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&status::to_json(&state, &views))?
+                );
+            } else {
+                print!("{}", status::render_nodes(&state, &views));
+                println!();
+                print!("{}", status::render_peers(&state, &views));
+            }
+            Ok(())
+        }
+        Lab::Exec { node, command } => {
+            let state = load_state(&name)?;
+            let Some(n) = state.nodes.iter().find(|n| &n.name == node) else {
+                let names: Vec<&str> = state.nodes.iter().map(|n| n.name.as_str()).collect();
+                anyhow::bail!(
+                    "lab {name} has no node {node:?} (nodes: {})",
+                    names.join(", ")
+                );
+            };
+            let status = std::process::Command::new("nsenter")
+                .arg(format!("--net=/run/netns/{}", n.namespace))
+                .arg(format!("--mount={}", n.mount_namespace.display()))
+                .arg(format!("--uts={}", n.uts_namespace.display()))
+                .arg("--")
+                .args(command)
+                .env("WIRESPAN_SOCKET", &n.socket)
+                .env("PATH", path_with_this_binary())
+                .stdin(Stdio::inherit())
+                .status()
+                .with_context(|| format!("running nsenter for {node}"))?;
+            // The command's own exit code is the answer.
+            std::process::exit(status.code().unwrap_or(1));
+        }
+        Lab::Down => down::run(&name),
+    }
+}
+
+/// `PATH` with this binary's directory first, so `wirespan` inside `exec` is this one.
+fn path_with_this_binary() -> std::ffi::OsString {
+    let mut dirs: Vec<PathBuf> = std::env::current_exe()
+        .ok()
+        .and_then(|e| e.parent().map(PathBuf::from))
+        .into_iter()
+        .collect();
+    if let Some(path) = std::env::var_os("PATH") {
+        dirs.extend(std::env::split_paths(&path));
+    }
+    std::env::join_paths(dirs).unwrap_or_default()
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("building a current-thread runtime")
+        .block_on(f)
+}
+
+fn state_path(name: &LabName) -> PathBuf {
+    name.dir().join("state.json")
+}
+
+/// Writes the state file atomically (0600).
+fn save_state(state: &LabState) -> anyhow::Result<()> {
+    let name = LabName::parse(&state.name).map_err(anyhow::Error::msg)?;
+    let path = state_path(&name);
+    write_atomic(&path, serde_json::to_string_pretty(state)?.as_bytes())
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+fn load_state(name: &LabName) -> anyhow::Result<LabState> {
+    let path = state_path(name);
+    let text = std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "no lab {name}: cannot read {} (create one with `wirespan lab up --name {name}`; \
+             `wirespan lab down --name {name}` removes leftovers of a crashed one)",
+            path.display()
+        )
+    })?;
+    serde_json::from_str(&text).with_context(|| format!("reading {}", path.display()))
+}
+
+/// True when this build's `wirespan node` takes `--config` (added with the config
+/// loader); the lab then passes each node its config file.
+fn node_has_config_flag() -> bool {
+    let cmd = <super::node::Args as clap::Args>::augment_args(clap::Command::new("node"));
+    let found = cmd.get_arguments().any(|a| a.get_long() == Some("config"));
+    found
+}

@@ -1,0 +1,325 @@
+//! `wirespan lab status`: every node's peers, as a table or JSON for scripts.
+
+use std::fmt::Write as _;
+
+use serde_json::{json, Value};
+
+use super::{
+    host,
+    observe::{self, NodeView},
+    plan::LabState,
+};
+
+/// Observes every node of the lab.
+pub async fn observe_all(state: &LabState) -> Vec<NodeView> {
+    let mut views = Vec::with_capacity(state.nodes.len());
+    for n in &state.nodes {
+        views.push(observe::observe(&n.socket).await);
+    }
+    views
+}
+
+/// Per node, the peers it does not see `up` yet.
+#[must_use]
+pub fn pending(state: &LabState, views: &[NodeView]) -> Vec<(String, Vec<String>)> {
+    state
+        .nodes
+        .iter()
+        .zip(views)
+        .enumerate()
+        .map(|(i, (node, view))| {
+            let others: Vec<(String, String)> = state
+                .nodes
+                .iter()
+                .zip(views)
+                .enumerate()
+                .filter(|(j, _)| *j != i)
+                .map(|(_, (n, v))| (n.name.clone(), v.public_key.clone()))
+                .collect();
+            let mut p = observe::not_up(view, &others);
+            if !view.api {
+                p = others
+                    .iter()
+                    .map(|(n, _)| format!("{n}: the node's API does not answer"))
+                    .collect();
+            }
+            (node.name.clone(), p)
+        })
+        .collect()
+}
+
+/// Name of the lab node with `public_key`, if any.
+fn node_of<'a>(state: &'a LabState, views: &[NodeView], public_key: &str) -> Option<&'a str> {
+    state
+        .nodes
+        .iter()
+        .zip(views)
+        .find(|(_, v)| !v.public_key.is_empty() && v.public_key == public_key)
+        .map(|(n, _)| n.name.as_str())
+}
+
+fn table(rows: &[Vec<String>]) -> String {
+    let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..cols)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(String::len)
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut s = String::new();
+    for r in rows {
+        let mut line = String::new();
+        for (c, cell) in r.iter().enumerate() {
+            let _ = write!(line, "{cell:<w$}   ", w = widths[c]);
+        }
+        s.push_str(line.trim_end());
+        s.push('\n');
+    }
+    s
+}
+
+/// The summary table: one row per node.
+#[must_use]
+pub fn render_nodes(state: &LabState, views: &[NodeView]) -> String {
+    let mut rows = vec![[
+        "NODE",
+        "NAMESPACE",
+        "UNDERLAY",
+        "KUBESPAN",
+        "PUBLIC KEY",
+        "PEERS UP",
+        "DAEMON",
+    ]
+    .map(String::from)
+    .to_vec()];
+    for (n, v) in state.nodes.iter().zip(views) {
+        let up = v.peers.iter().filter(|p| p.state == "up").count();
+        rows.push(vec![
+            n.name.clone(),
+            n.namespace.clone(),
+            n.underlay
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(","),
+            v.kubespan_address
+                .map(|a| a.to_string())
+                .unwrap_or_else(|| "-".into()),
+            if v.public_key.is_empty() {
+                "-".into()
+            } else {
+                v.public_key.clone()
+            },
+            format!("{up}/{}", state.nodes.len() - 1),
+            daemon_state(n.pid, v),
+        ]);
+    }
+    table(&rows)
+}
+
+fn daemon_state(pid: u32, v: &NodeView) -> String {
+    match (host::alive(i32::try_from(pid).unwrap_or(0)), v.api) {
+        (true, true) => "running".into(),
+        (true, false) => "no API".into(),
+        (false, _) => "exited".into(),
+    }
+}
+
+/// Every node's peers: one row per peer.
+#[must_use]
+pub fn render_peers(state: &LabState, views: &[NodeView]) -> String {
+    let mut rows = vec![["NODE", "PEER", "PUBLIC KEY", "ENDPOINT", "STATE"]
+        .map(String::from)
+        .to_vec()];
+    let mut notes = String::new();
+    for (n, v) in state.nodes.iter().zip(views) {
+        for p in &v.peers {
+            let peer = node_of(state, views, &p.public_key)
+                .map(str::to_owned)
+                .unwrap_or_else(|| {
+                    if p.label.is_empty() {
+                        "?".into()
+                    } else {
+                        p.label.clone()
+                    }
+                });
+            rows.push(vec![
+                n.name.clone(),
+                peer,
+                p.public_key.clone(),
+                if p.endpoint.is_empty() {
+                    "-".into()
+                } else {
+                    p.endpoint.clone()
+                },
+                p.state.clone(),
+            ]);
+        }
+        if let Some(e) = &v.error {
+            let _ = writeln!(notes, "{}: {e}", n.name);
+        }
+    }
+    let mut s = table(&rows);
+    s.push_str(&notes);
+    s
+}
+
+/// The JSON document of `status -o json`.
+#[must_use]
+pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
+    let nodes: Vec<Value> = state
+        .nodes
+        .iter()
+        .zip(views)
+        .map(|(n, v)| {
+            let peers: Vec<Value> = v
+                .peers
+                .iter()
+                .map(|p| {
+                    json!({
+                        "publicKey": p.public_key,
+                        "label": p.label,
+                        "node": node_of(state, views, &p.public_key),
+                        "endpoint": p.endpoint,
+                        "state": p.state,
+                    })
+                })
+                .collect();
+            json!({
+                "name": n.name,
+                "hostname": n.name,
+                "namespace": n.namespace,
+                "mountNamespace": n.mount_namespace,
+                "utsNamespace": n.uts_namespace,
+                "socket": n.socket,
+                "config": n.config,
+                "stateDir": n.state_dir,
+                "log": n.log,
+                "pid": n.pid,
+                "daemon": daemon_state(n.pid, v),
+                "link": n.link,
+                "addresses": {
+                    "underlay": n.underlay,
+                    "kubespan": v.kubespan_address,
+                },
+                "publicKey": if v.public_key.is_empty() { Value::Null } else { json!(v.public_key) },
+                "peers": peers,
+                "error": v.error,
+            })
+        })
+        .collect();
+    let d = &state.discovery;
+    json!({
+        "name": state.name,
+        "dir": state.dir,
+        "clusterConfig": state.cluster_config,
+        "fastPath": state.fast_path,
+        "underlayNamespace": state.underlay_namespace,
+        "discovery": {
+            "namespace": d.namespace,
+            "address": d.address,
+            "endpoint": d.endpoint,
+            "metricsAddress": d.metrics_address,
+            "pid": d.pid,
+            "running": host::alive(i32::try_from(d.pid).unwrap_or(0)),
+            "log": d.log,
+        },
+        "nodes": nodes,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{net::SocketAddr, path::PathBuf};
+
+    use super::*;
+    use crate::cmd::lab::{
+        observe::PeerView,
+        plan::{DiscoveryState, NodeState},
+    };
+
+    fn lab(n: usize) -> LabState {
+        let addr: SocketAddr = "10.99.1.2:3000".parse().unwrap();
+        LabState {
+            name: "t".into(),
+            dir: PathBuf::from("/run/wirespan-lab/t"),
+            cluster_config: PathBuf::from("/run/wirespan-lab/t/cluster.yaml"),
+            fast_path: "nftables".into(),
+            underlay_namespace: "wsl-t-underlay".into(),
+            discovery: DiscoveryState {
+                namespace: "wsl-t-disco".into(),
+                address: addr,
+                endpoint: format!("http://{addr}"),
+                metrics_address: addr,
+                pid: 0,
+                log: PathBuf::new(),
+            },
+            nodes: (1..=n)
+                .map(|i| NodeState {
+                    name: format!("node{i}"),
+                    namespace: format!("wsl-t-node{i}"),
+                    mount_namespace: PathBuf::new(),
+                    uts_namespace: PathBuf::new(),
+                    socket: PathBuf::new(),
+                    config: PathBuf::new(),
+                    state_dir: PathBuf::new(),
+                    log: PathBuf::new(),
+                    pid: 0,
+                    link: "eth0".into(),
+                    underlay: Vec::new(),
+                })
+                .collect(),
+        }
+    }
+
+    fn view(key: &str, up: &[&str]) -> NodeView {
+        NodeView {
+            api: true,
+            public_key: key.into(),
+            peers: up
+                .iter()
+                .map(|k| PeerView {
+                    public_key: (*k).into(),
+                    label: String::new(),
+                    endpoint: String::new(),
+                    state: "up".into(),
+                })
+                .collect(),
+            ..NodeView::default()
+        }
+    }
+
+    #[test]
+    fn pending_is_empty_only_when_every_node_sees_every_other_up() {
+        let state = lab(3);
+        let all = [
+            view("k1", &["k2", "k3"]),
+            view("k2", &["k1", "k3"]),
+            view("k3", &["k1", "k2"]),
+        ];
+        assert!(pending(&state, &all).iter().all(|(_, p)| p.is_empty()));
+
+        let mut some = all.clone();
+        some[2].peers.pop();
+        some[1] = NodeView::default();
+        let p = pending(&state, &some);
+        // node2's key is unknown while its API is down: nobody can be checked against it.
+        assert_eq!(p[0].1, ["node2: no KubeSpan identity yet"]);
+        assert_eq!(
+            p[1].1,
+            [
+                "node1: the node's API does not answer",
+                "node3: the node's API does not answer"
+            ]
+        );
+        assert_eq!(p[2].1, ["node2: no KubeSpan identity yet"]);
+
+        // Peer rows are named by the node owning the key.
+        let json = to_json(&state, &all);
+        assert_eq!(json["nodes"][0]["peers"][1]["node"], "node3");
+        assert_eq!(json["nodes"][2]["publicKey"], "k3");
+    }
+}

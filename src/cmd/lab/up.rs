@@ -1,0 +1,543 @@
+//! `wirespan lab up`: builds the underlay, starts the discovery server and one daemon
+//! per node, then waits until every peer is up.
+
+use std::{
+    fs,
+    net::{IpAddr, SocketAddr},
+    os::unix::fs::{DirBuilderExt as _, PermissionsExt as _},
+    path::Path,
+    process::Child,
+    time::{Duration, Instant},
+};
+
+use anyhow::Context as _;
+use wirespan_control::{config::kubespan::FastPath, resources::identity::write_atomic};
+use wirespan_dataplane::{netns::Netns, wireguard::PresharedKey};
+
+use super::{
+    host, observe, ping,
+    plan::{self, LabName, LabState, NodeState},
+    status,
+};
+
+/// Options of `up`.
+#[derive(Debug)]
+pub struct Options {
+    /// Number of nodes.
+    pub nodes: usize,
+    /// Marking implementation.
+    pub fast_path: FastPath,
+    /// How long to wait for every peer to be up.
+    pub timeout: Duration,
+    /// Return once the daemons answer, without waiting for the mesh.
+    pub no_wait: bool,
+    /// Leave out the how-to-look-around lines (scripts print their own).
+    pub no_hints: bool,
+}
+
+/// How long a process may take to start answering.
+const START_TIMEOUT: Duration = Duration::from_secs(15);
+
+pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
+    if opts.nodes == 0 || opts.nodes > plan::MAX_NODES {
+        anyhow::bail!("--nodes {} must be 1 to {}", opts.nodes, plan::MAX_NODES);
+    }
+    let leftovers: Vec<String> = host::netns_list()
+        .into_iter()
+        .filter(|n| name.owns_netns(n))
+        .collect();
+    if !leftovers.is_empty() || name.dir().exists() {
+        anyhow::bail!(
+            "lab {name} already exists ({}); remove it first with `wirespan lab down --name {name}`",
+            if leftovers.is_empty() {
+                name.dir().display().to_string()
+            } else {
+                leftovers.join(", ")
+            }
+        );
+    }
+    let started = Instant::now();
+    let state = build(name, opts).with_context(|| {
+        format!(
+            "lab {name} is partly up; look at the logs in {} and remove it with `wirespan lab down --name {name}`",
+            name.dir().display()
+        )
+    })?;
+    eprintln!(
+        "lab {name}: {} nodes started in {:.1}s",
+        state.nodes.len(),
+        started.elapsed().as_secs_f64()
+    );
+    let views = if opts.no_wait {
+        super::block_on(status::observe_all(&state))
+    } else {
+        let views = super::block_on(wait_for_peers(name, &state, opts.timeout))?;
+        eprintln!(
+            "lab {name}: every peer up {:.1}s after start",
+            started.elapsed().as_secs_f64()
+        );
+        views
+    };
+    print!("{}", status::render_nodes(&state, &views));
+    println!();
+    print!("{}", ping_matrix(&state, &views));
+    if !opts.no_hints {
+        println!();
+        print!("{}", hints(&state));
+    }
+    Ok(())
+}
+
+fn mkdir_private(dir: &Path) -> anyhow::Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .with_context(|| format!("creating {}", dir.display()))
+}
+
+fn write_config(path: &Path, text: &str) -> anyhow::Result<()> {
+    plan::validate(text).with_context(|| format!("generated config {}", path.display()))?;
+    write_atomic(path, text.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
+    // write_atomic creates 0600 files; make sure even if that ever changes.
+    fs::set_permissions(path, fs::Permissions::from_mode(0o600))?;
+    Ok(())
+}
+
+/// Adds namespace `netns` with `lo` up and a veth to the underlay bridge.
+fn add_host_netns(
+    name: &LabName,
+    role: &str,
+    addresses: &[(IpAddr, u8)],
+) -> anyhow::Result<String> {
+    let ns = name.netns(role);
+    let underlay = name.netns("underlay");
+    host::run("ip", &["netns", "add", &ns])?;
+    host::ip_in(&ns, &["link", "set", "lo", "up"])?;
+    // The veth is made inside the underlay namespace, its peer moved straight into the
+    // node's: nothing ever appears in the host's namespace.
+    host::ip_in(
+        &underlay,
+        &[
+            "link",
+            "add",
+            role,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            plan::NODE_LINK,
+            "netns",
+            &ns,
+        ],
+    )?;
+    host::ip_in(&underlay, &["link", "set", role, "master", "br0", "up"])?;
+    for (addr, len) in addresses {
+        let cidr = format!("{addr}/{len}");
+        let mut args = vec!["addr", "add", &cidr, "dev", plan::NODE_LINK];
+        if addr.is_ipv6() {
+            args.push("nodad");
+        }
+        host::ip_in(&ns, &args)?;
+    }
+    host::ip_in(&ns, &["link", "set", plan::NODE_LINK, "up"])?;
+    Ok(ns)
+}
+
+fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
+    let exe = std::env::current_exe().context("finding the wirespan binary")?;
+    let exe = exe
+        .to_str()
+        .context("non-UTF-8 path of the binary")?
+        .to_owned();
+    host::ensure_private_mount(Path::new(plan::LAB_ROOT))?;
+    let dir = name.dir();
+    mkdir_private(&dir)?;
+    let ns_dir = dir.join("ns");
+    mkdir_private(&ns_dir)?;
+
+    // Secrets: generated here, written 0600, never printed.
+    let secrets = plan::ClusterSecrets {
+        id: PresharedKey::generate().to_base64(),
+        secret: PresharedKey::generate().to_base64(),
+    };
+    let discovery = plan::discovery_address();
+    let endpoint = format!("http://{discovery}");
+    let cluster_text = plan::cluster_config(&secrets, &endpoint);
+    let cluster_config = dir.join("cluster.yaml");
+    write_config(&cluster_config, &cluster_text)?;
+
+    // The underlay: a bridge in its own namespace.
+    let underlay = name.netns("underlay");
+    host::run("ip", &["netns", "add", &underlay])?;
+    host::ip_in(&underlay, &["link", "set", "lo", "up"])?;
+    host::ip_in(&underlay, &["link", "add", "br0", "type", "bridge"])?;
+    host::ip_in(&underlay, &["link", "set", "br0", "up"])?;
+
+    // The discovery server.
+    let disco_ns = add_host_netns(
+        name,
+        "disco",
+        &plan::underlay_addresses(plan::DISCOVERY_HOST),
+    )?;
+    let disco_log = dir.join("discovery.log");
+    let listen = SocketAddr::new(IpAddr::from([0u16; 8]), plan::DISCOVERY_PORT).to_string();
+    let metrics =
+        SocketAddr::new(IpAddr::from([0u16; 8]), plan::DISCOVERY_METRICS_PORT).to_string();
+    let mut disco = host::spawn_detached(
+        &disco_ns,
+        None,
+        &[
+            &exe,
+            "discovery",
+            "--listen",
+            &listen,
+            "--metrics-listen",
+            &metrics,
+        ],
+        &disco_log,
+    )?;
+
+    // The nodes' namespaces.
+    let supports_config = super::node_has_config_flag();
+    fs::create_dir_all("/run/wireguard").context("creating /run/wireguard")?;
+    let mut nodes = Vec::new();
+    for i in 1..=opts.nodes {
+        let node = plan::node_name(i);
+        let addresses = plan::underlay_addresses(plan::node_host(i));
+        let ns = add_host_netns(name, &node, &addresses)?;
+        let node_dir = plan::node_dir(&dir, &node);
+        mkdir_private(&node_dir)?;
+        let config = node_dir.join("config.yaml");
+        write_config(&config, &plan::node_config(&cluster_text, opts.fast_path)?)?;
+        // Its own mount namespace (a private /run/wireguard: the UAPI sockets) and UTS
+        // namespace (hostname = node name), kept alive by bind mounts in the lab dir.
+        let mnt = ns_dir.join(format!("{node}.mnt"));
+        let uts = ns_dir.join(format!("{node}.uts"));
+        for f in [&mnt, &uts] {
+            fs::File::create(f).with_context(|| format!("creating {}", f.display()))?;
+        }
+        let (m, u) = (path_str(&mnt)?, path_str(&uts)?);
+        host::run(
+            "unshare",
+            &[
+                &format!("--mount={m}"),
+                &format!("--uts={u}"),
+                "--propagation",
+                "private",
+                "true",
+            ],
+        )?;
+        host::run(
+            "nsenter",
+            &[
+                &format!("--mount={m}"),
+                "--",
+                "mount",
+                "-t",
+                "tmpfs",
+                "-o",
+                "mode=0700",
+                "wirespan-lab",
+                "/run/wireguard",
+            ],
+        )?;
+        // A sysfs of the node's network namespace (as `ip netns exec` mounts), so
+        // /sys/class/net shows the node's links, and a bpffs of its own, so pinned
+        // BPF objects of one node never meet another's.
+        host::run(
+            "nsenter",
+            &[
+                &format!("--net=/run/netns/{ns}"),
+                &format!("--mount={m}"),
+                "--",
+                "mount",
+                "-t",
+                "sysfs",
+                "wirespan-lab",
+                "/sys",
+            ],
+        )?;
+        host::run(
+            "nsenter",
+            &[
+                &format!("--mount={m}"),
+                "--",
+                "mount",
+                "-t",
+                "bpf",
+                "wirespan-lab",
+                "/sys/fs/bpf",
+            ],
+        )?;
+        host::run("nsenter", &[&format!("--uts={u}"), "--", "hostname", &node])?;
+        nodes.push(NodeState {
+            name: node.clone(),
+            namespace: ns,
+            mount_namespace: mnt,
+            uts_namespace: uts,
+            socket: node_dir.join("api.sock"),
+            config,
+            state_dir: node_dir.join("state"),
+            log: node_dir.join("node.log"),
+            pid: 0,
+            link: plan::NODE_LINK.to_owned(),
+            underlay: addresses.iter().map(|(a, _)| *a).collect(),
+        });
+    }
+
+    // The discovery server answers on the underlay, seen from node1.
+    wait_for_tcp(&nodes[0].namespace, discovery, &mut disco, &disco_log)?;
+
+    let mut children: Vec<Child> = Vec::new();
+    for n in &mut nodes {
+        let mut args = vec![
+            exe.clone(),
+            "--socket".into(),
+            path_str(&n.socket)?.to_owned(),
+            "node".into(),
+            "--state-dir".into(),
+            path_str(&n.state_dir)?.to_owned(),
+        ];
+        if supports_config {
+            args.extend(["--config".into(), path_str(&n.config)?.to_owned()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let child = host::spawn_detached(
+            &n.namespace,
+            Some((&n.mount_namespace, &n.uts_namespace)),
+            &args,
+            &n.log,
+        )?;
+        n.pid = child.id();
+        children.push(child);
+    }
+    let state = LabState {
+        name: name.as_str().to_owned(),
+        dir,
+        cluster_config,
+        fast_path: match opts.fast_path {
+            FastPath::Nftables => "nftables".into(),
+            FastPath::Ebpf => "ebpf".into(),
+        },
+        underlay_namespace: underlay,
+        discovery: plan::DiscoveryState {
+            namespace: disco_ns,
+            address: discovery,
+            endpoint,
+            metrics_address: plan::discovery_metrics_address(),
+            pid: disco.id(),
+            log: disco_log,
+        },
+        nodes,
+    };
+    super::save_state(&state)?;
+    if !supports_config {
+        eprintln!(
+            "warning: this build's `wirespan node` has no --config flag: the daemons run \
+             without the lab's config (no cluster, no KubeSpan); the peers will not come up"
+        );
+    }
+    for (n, child) in state.nodes.iter().zip(&mut children) {
+        wait_for_api(n, child)?;
+    }
+    Ok(state)
+}
+
+fn path_str(p: &Path) -> anyhow::Result<&str> {
+    p.to_str()
+        .with_context(|| format!("non-UTF-8 path {}", p.display()))
+}
+
+fn exited(child: &mut Child, what: &str, log: &Path) -> anyhow::Result<()> {
+    if let Some(status) = child.try_wait()? {
+        anyhow::bail!(
+            "{what} exited ({status}); last lines of {}:\n{}",
+            log.display(),
+            host::log_tail(log, 20)
+        );
+    }
+    Ok(())
+}
+
+fn wait_for_tcp(
+    from_ns: &str,
+    addr: SocketAddr,
+    child: &mut Child,
+    log: &Path,
+) -> anyhow::Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    let netns = Netns::named(from_ns);
+    loop {
+        exited(child, "the discovery server", log)?;
+        let ok = netns
+            .block_on(move || async move {
+                tokio::time::timeout(
+                    Duration::from_millis(500),
+                    tokio::net::TcpStream::connect(addr),
+                )
+                .await
+                .is_ok_and(|r| r.is_ok())
+            })
+            .unwrap_or(false);
+        if ok {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "the discovery server does not answer on {addr} from {from_ns}; see {}",
+                log.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn wait_for_api(node: &NodeState, child: &mut Child) -> anyhow::Result<()> {
+    let deadline = Instant::now() + START_TIMEOUT;
+    loop {
+        exited(child, &format!("the daemon of {}", node.name), &node.log)?;
+        let api = super::block_on(async {
+            wirespan_control::api::client::connect(&node.socket)
+                .await
+                .is_ok()
+        });
+        if api {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            anyhow::bail!(
+                "the daemon of {} does not answer on {}; see {}",
+                node.name,
+                node.socket.display(),
+                node.log.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Polls every node until each sees every other node as an `up` peer, with a
+/// progress bar; on timeout names each peer that is not up.
+async fn wait_for_peers(
+    name: &LabName,
+    state: &LabState,
+    timeout: Duration,
+) -> anyhow::Result<Vec<observe::NodeView>> {
+    let n = state.nodes.len();
+    let total = (n * n.saturating_sub(1)) as u64;
+    let bar = indicatif::ProgressBar::new(total);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed}] {bar:30} {pos}/{len} peers up  {msg}",
+        )
+        .expect("valid template"),
+    );
+    bar.enable_steady_tick(Duration::from_millis(100));
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let views = status::observe_all(state).await;
+        let pending = status::pending(state, &views);
+        let waiting: usize = pending.iter().map(|(_, p)| p.len()).sum();
+        bar.set_position(total - waiting as u64);
+        if let Some((node, p)) = pending.iter().find(|(_, p)| !p.is_empty()) {
+            bar.set_message(format!("{node} waits for {}", p[0]));
+        }
+        if waiting == 0 {
+            bar.finish_and_clear();
+            return Ok(views);
+        }
+        for node in &state.nodes {
+            if !host::alive(i32::try_from(node.pid).unwrap_or(0)) {
+                bar.abandon();
+                anyhow::bail!(
+                    "the daemon of {} exited; last lines of {}:\n{}\nthe lab is left up; \
+                     remove it with `wirespan lab down --name {name}`",
+                    node.name,
+                    node.log.display(),
+                    host::log_tail(&node.log, 20)
+                );
+            }
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bar.abandon();
+            for (node, p) in &pending {
+                for line in p {
+                    eprintln!("{node}: peer {line}");
+                }
+            }
+            anyhow::bail!(
+                "not every peer is up after {}; the lab is left up for inspection \
+                 (`wirespan lab status --name {name}`, logs in {}/node*/node.log); \
+                 remove it with `wirespan lab down --name {name}`",
+                humantime::format_duration(timeout),
+                state.dir.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Every node pings every other node's first underlay address and KubeSpan address.
+fn ping_matrix(state: &LabState, views: &[observe::NodeView]) -> String {
+    let names: Vec<String> = state.nodes.iter().map(|n| n.name.clone()).collect();
+    let targets: [(&str, Vec<Option<IpAddr>>); 2] = [
+        (
+            "underlay",
+            state
+                .nodes
+                .iter()
+                .map(|n| n.underlay.first().copied())
+                .collect(),
+        ),
+        (
+            "kubespan",
+            views.iter().map(|v| v.kubespan_address).collect(),
+        ),
+    ];
+    let mut probes = Vec::new();
+    let mut slots = Vec::new();
+    for (t, (_, addrs)) in targets.iter().enumerate() {
+        for (i, from) in state.nodes.iter().enumerate() {
+            for (j, to) in addrs.iter().enumerate() {
+                if let (true, Some(a)) = (i != j, to) {
+                    probes.push((from.namespace.clone(), *a));
+                    slots.push((t, i, j));
+                }
+            }
+        }
+    }
+    let results = ping::ping_all(&probes);
+    let mut cells = vec![vec![vec![None; names.len()]; names.len()]; 2];
+    for ((t, i, j), r) in slots.into_iter().zip(results) {
+        cells[t][i][j] = Some(r);
+    }
+    let mut out = String::new();
+    for (t, (title, _)) in targets.iter().enumerate() {
+        out.push_str(&ping::render(&format!("ping {title}"), &names, &cells[t]));
+    }
+    out
+}
+
+fn hints(state: &LabState) -> String {
+    let exe = std::env::current_exe()
+        .map(|e| e.display().to_string())
+        .unwrap_or_else(|_| "wirespan".into());
+    let lab = if state.name == super::DEFAULT_NAME {
+        format!("{exe} lab")
+    } else {
+        format!("{exe} lab --name {}", state.name)
+    };
+    let n1 = &state.nodes[0];
+    format!(
+        "Look around:\n  \
+         {lab} status [-o json]                  # every node's peers and their state\n  \
+         {lab} exec {node} -- wirespan get peers  # any command inside a node\n  \
+         {lab} exec {node} -- wg show kubespan    # the node's WireGuard device\n  \
+         logs: {dir}/node*/node.log, {dir}/discovery.log\n\
+         Tear down:\n  \
+         {lab} down\n",
+        node = n1.name,
+        dir = state.dir.display(),
+    )
+}

@@ -1,0 +1,505 @@
+//! `wirespan lab` with the real binary: namespaces, underlay, discovery server, daemons,
+//! status, exec, and `down` — also after `up` or a daemon was killed with SIGKILL.
+//!
+//! Every lab has a unique name and a guard that runs `lab down` even when the test
+//! fails. Until the mesh controllers land the peers never come up, so the labs here
+//! start with `--no-wait` (or a timeout that is expected to expire).
+
+use std::{
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+    process::{Command, Output, Stdio},
+    sync::atomic::{AtomicU32, Ordering},
+    time::{Duration, Instant},
+};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_wirespan");
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A lab name unique on this host; `lab down` runs on drop.
+struct Lab {
+    name: String,
+}
+
+impl Lab {
+    fn new() -> Self {
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        Self {
+            name: format!("t{}x{n}", std::process::id()),
+        }
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg("lab")
+            .args(args)
+            .arg("--name")
+            .arg(&self.name)
+            .env_remove("WIRESPAN_LAB")
+            .env_remove("WIRESPAN_SOCKET")
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.cmd(args).output().unwrap()
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(
+            o.status.success(),
+            "lab {args:?} failed: {}\nstdout:\n{}\nstderr:\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+
+    /// `lab exec NODE -- args…` (exec takes `--name` before the node).
+    fn exec(&self, node: &str, args: &[&str]) -> Output {
+        Command::new(BIN)
+            .args(["lab", "exec", "--name", &self.name, node, "--"])
+            .args(args)
+            .env_remove("WIRESPAN_SOCKET")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap()
+    }
+
+    fn exec_ok(&self, node: &str, args: &[&str]) -> String {
+        let o = self.exec(node, args);
+        assert!(
+            o.status.success(),
+            "exec {node} {args:?}: {}\n{}",
+            o.status,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+
+    fn status(&self) -> Value {
+        serde_json::from_str(&self.ok(&["status", "-o", "json"])).unwrap()
+    }
+
+    fn prefix(&self) -> String {
+        format!("wsl-{}-", self.name)
+    }
+
+    fn dir(&self) -> PathBuf {
+        Path::new("/run/wirespan-lab").join(&self.name)
+    }
+
+    fn namespaces(&self) -> Vec<String> {
+        let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|n| n.starts_with(&self.prefix()))
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Every process in the lab's namespaces.
+    fn pids(&self) -> Vec<i32> {
+        self.namespaces()
+            .iter()
+            .flat_map(|n| {
+                let out = Command::new("ip")
+                    .args(["netns", "pids", n])
+                    .output()
+                    .unwrap();
+                String::from_utf8_lossy(&out.stdout)
+                    .split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect::<Vec<i32>>()
+            })
+            .collect()
+    }
+
+    /// Asserts that nothing of the lab is left: namespaces, host links, processes,
+    /// mounts, directory.
+    fn assert_gone(&self, pids: &[i32]) {
+        assert!(self.namespaces().is_empty(), "{:?}", self.namespaces());
+        let links: Value = serde_json::from_slice(
+            &Command::new("ip")
+                .args(["-j", "link", "show"])
+                .output()
+                .unwrap()
+                .stdout,
+        )
+        .unwrap();
+        for l in links.as_array().unwrap() {
+            let name = l["ifname"].as_str().unwrap();
+            assert!(
+                !name.starts_with("wsl-") && !["br0", "disco"].contains(&name),
+                "lab link {name} in the host"
+            );
+        }
+        for p in pids {
+            assert!(!alive(*p), "process {p} of the lab still runs");
+        }
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let dir = self.dir();
+        assert!(
+            !mounts
+                .lines()
+                .filter_map(|l| l.split(' ').nth(4))
+                .any(|m| Path::new(m).starts_with(&dir)),
+            "mounts left under {}",
+            dir.display()
+        );
+        assert!(!dir.exists(), "{} left", dir.display());
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self.run(&["down"]);
+    }
+}
+
+/// Alive and not a zombie (orphans may wait for a reaper that never comes).
+fn alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .and_then(|(_, r)| r.split_whitespace().next())
+            .is_some_and(|st| st != "Z" && st != "X")
+    })
+}
+
+fn pid_of(v: &Value) -> i32 {
+    i32::try_from(v["pid"].as_u64().unwrap()).unwrap()
+}
+
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn up_builds_nodes_underlay_discovery_and_daemons_and_down_removes_them() {
+    let lab = Lab::new();
+    let up = lab.run(&["up", "--nodes", "2", "--no-wait"]);
+    assert!(
+        up.status.success(),
+        "{}",
+        String::from_utf8_lossy(&up.stderr)
+    );
+    let p = lab.prefix();
+    let mut ns = lab.namespaces();
+    ns.sort();
+    assert_eq!(
+        ns,
+        [
+            format!("{p}disco"),
+            format!("{p}node1"),
+            format!("{p}node2"),
+            format!("{p}underlay")
+        ]
+    );
+
+    // status -o json: everything a script needs.
+    let st = lab.status();
+    assert_eq!(st["name"], lab.name.as_str());
+    assert_eq!(st["dir"], lab.dir().to_str().unwrap());
+    let cluster = PathBuf::from(st["clusterConfig"].as_str().unwrap());
+    assert_eq!(st["discovery"]["namespace"], format!("{p}disco").as_str());
+    assert_eq!(st["discovery"]["address"], "10.99.1.2:3000");
+    assert_eq!(st["discovery"]["running"], true);
+    let nodes = st["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2);
+    for (i, n) in nodes.iter().enumerate() {
+        let name = format!("node{}", i + 1);
+        assert_eq!(n["name"], name.as_str());
+        assert_eq!(n["namespace"], format!("{p}{name}").as_str());
+        assert_eq!(n["daemon"], "running");
+        let underlay: Vec<&str> = n["addresses"]["underlay"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let host = 11 + i;
+        assert_eq!(
+            underlay,
+            [
+                format!("10.99.1.{host}"),
+                format!("10.99.2.{host}"),
+                format!("fd99:1ab::{host:x}")
+            ]
+        );
+        for key in [
+            "socket",
+            "config",
+            "stateDir",
+            "log",
+            "mountNamespace",
+            "utsNamespace",
+        ] {
+            assert!(
+                Path::new(n[key].as_str().unwrap()).exists(),
+                "{key} of {name}: {n}"
+            );
+        }
+        // Present even before the mesh has them (null until known).
+        for key in ["publicKey", "peers"] {
+            assert!(n.get(key).is_some(), "{key} missing: {n}");
+        }
+        assert!(n["addresses"].get("kubespan").is_some());
+        assert!(n["peers"].is_array());
+        let mode = std::fs::metadata(n["config"].as_str().unwrap())
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+    }
+    assert_eq!(
+        std::fs::metadata(&cluster).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+
+    // The secret is in the config file and nowhere in the output.
+    let text = std::fs::read_to_string(&cluster).unwrap();
+    let secret = text
+        .lines()
+        .find_map(|l| l.strip_prefix("secret: "))
+        .unwrap()
+        .trim_matches('\'');
+    assert_eq!(secret.len(), 44);
+    for out in [&up.stdout, &up.stderr] {
+        assert!(!String::from_utf8_lossy(out).contains(secret));
+    }
+    assert!(!lab.ok(&["status"]).contains(secret));
+    assert!(!lab.ok(&["status", "-o", "json"]).contains(secret));
+
+    // Every daemon's API answers, each with its own identity.
+    let mut ids = Vec::new();
+    for n in nodes {
+        let o = Command::new(BIN)
+            .args(["--socket", n["socket"].as_str().unwrap()])
+            .args(["get", "nodeidentity", "local", "-o", "json"])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        ids.push(v["spec"]["nodeId"].as_str().unwrap().to_owned());
+    }
+    assert_ne!(ids[0], ids[1]);
+
+    // exec runs inside the node: its hostname, its addresses, its own /run/wireguard,
+    // and WIRESPAN_SOCKET pointing at its daemon.
+    assert_eq!(lab.exec_ok("node1", &["hostname"]).trim(), "node1");
+    assert_eq!(lab.exec_ok("node2", &["hostname"]).trim(), "node2");
+    let addrs: Value = serde_json::from_str(&lab.exec_ok("node1", &["ip", "-j", "addr"])).unwrap();
+    let eth0 = addrs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["ifname"] == "eth0")
+        .expect("eth0 in node1");
+    let local: Vec<&str> = eth0["addr_info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["local"].as_str().unwrap())
+        .collect();
+    for a in ["10.99.1.11", "10.99.2.11", "fd99:1ab::b"] {
+        assert!(local.contains(&a), "{a} not on node1's eth0: {local:?}");
+    }
+    assert_eq!(
+        lab.exec_ok(
+            "node1",
+            &["findmnt", "-n", "-o", "FSTYPE", "/run/wireguard"]
+        )
+        .trim(),
+        "tmpfs"
+    );
+    let ni = lab.exec_ok(
+        "node2",
+        &["wirespan", "get", "nodeidentity", "local", "-o", "json"],
+    );
+    assert!(ni.contains(&ids[1]), "{ni}");
+    // The command's exit code is exec's.
+    assert_eq!(
+        lab.exec("node1", &["sh", "-c", "exit 7"]).status.code(),
+        Some(7)
+    );
+
+    // The underlay carries traffic between nodes on all three addresses.
+    for a in ["10.99.1.12", "10.99.2.12", "fd99:1ab::c"] {
+        lab.exec_ok("node1", &["ping", "-n", "-c", "1", "-W", "2", a]);
+    }
+    // The discovery server answers on the underlay (its landing page).
+    let page = lab.exec_ok("node1", &["curl", "-sf", "http://10.99.1.2:2122/"]);
+    assert!(page.contains("wirespan discovery"), "{page}");
+    // And its gRPC API: grpc.health.v1.Health/Check with an empty request (one
+    // uncompressed frame of length 0) gets SERVING (field 1 = 1).
+    let tmp = tempfile::tempdir().unwrap();
+    let request = tmp.path().join("health-check.grpc");
+    std::fs::write(&request, [0u8; 5]).unwrap();
+    let o = lab.exec(
+        "node1",
+        &[
+            "curl",
+            "-sf",
+            "--http2-prior-knowledge",
+            "-H",
+            "content-type: application/grpc",
+            "-H",
+            "te: trailers",
+            "--data-binary",
+            &format!("@{}", request.display()),
+            "http://10.99.1.2:3000/grpc.health.v1.Health/Check",
+        ],
+    );
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(o.stdout, [0, 0, 0, 0, 2, 0x08, 0x01], "not SERVING");
+    // The host's namespace is not on the underlay.
+    let o = Command::new("ping")
+        .args(["-n", "-c", "1", "-W", "1", "10.99.1.12"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success(), "the host reaches the lab's underlay");
+
+    // A second lab of the same name is refused; the first is untouched.
+    let again = lab.run(&["up", "--nodes", "1", "--no-wait"]);
+    assert!(!again.status.success());
+    assert!(String::from_utf8_lossy(&again.stderr).contains("already exists"));
+    assert_eq!(lab.namespaces().len(), 4);
+
+    let mut pids = lab.pids();
+    pids.extend(nodes.iter().map(pid_of));
+    pids.push(pid_of(&st["discovery"]));
+    assert!(pids.iter().all(|p| alive(*p)));
+    let out = lab.ok(&["down"]);
+    assert!(out.contains("removed"), "{out}");
+    lab.assert_gone(&pids);
+    // Idempotent.
+    assert!(lab.ok(&["down"]).contains("nothing to remove"));
+}
+
+#[test]
+fn down_removes_everything_after_up_was_killed_midway() {
+    // `up` is fast; kill it as soon as node1's namespace exists (the discovery server
+    // runs by then) and retry when it got as far as writing its state file anyway.
+    for _ in 0..5 {
+        let lab = Lab::new();
+        let mut up = lab
+            .cmd(&["up", "--nodes", "3", "--no-wait"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let node1 = PathBuf::from(format!("/run/netns/{}node1", lab.prefix()));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !node1.exists() {
+            assert!(
+                Instant::now() < deadline,
+                "node1's namespace never appeared"
+            );
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        up.kill().unwrap();
+        up.wait().unwrap();
+        let midway = !lab.dir().join("state.json").exists();
+        let pids = lab.pids();
+        assert!(!pids.is_empty(), "no process was running yet");
+        let out = lab.ok(&["down"]);
+        assert!(out.contains("removed"), "{out}");
+        lab.assert_gone(&pids);
+        if midway {
+            return;
+        }
+    }
+    panic!("`up` always finished before it could be killed");
+}
+
+#[test]
+fn down_removes_everything_after_a_daemon_was_killed() {
+    let lab = Lab::new();
+    lab.ok(&["up", "--nodes", "2", "--no-wait"]);
+    let st = lab.status();
+    let victim = pid_of(&st["nodes"][0]);
+    nix_kill9(victim);
+    wait_until("the daemon to die", || !alive(victim));
+    let st = lab.status();
+    assert_eq!(st["nodes"][0]["daemon"], "exited");
+    assert_eq!(st["nodes"][1]["daemon"], "running");
+    let mut pids = lab.pids();
+    pids.push(victim);
+    lab.ok(&["down"]);
+    lab.assert_gone(&pids);
+}
+
+#[test]
+fn up_that_times_out_names_the_peers_and_leaves_the_lab_up() {
+    let lab = Lab::new();
+    let o = lab.run(&["up", "--nodes", "2", "--timeout", "1ms"]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("node1: peer node2"), "{err}");
+    assert!(err.contains("node2: peer node1"), "{err}");
+    assert!(err.contains("left up for inspection"), "{err}");
+    assert!(
+        err.contains(&format!("{}/node*/node.log", lab.dir().display())),
+        "{err}"
+    );
+    // Still there to look at.
+    let st = lab.status();
+    assert_eq!(st["nodes"][1]["daemon"], "running");
+    assert_eq!(lab.exec_ok("node2", &["hostname"]).trim(), "node2");
+}
+
+#[test]
+fn up_of_one_node_has_no_peers_to_wait_for_and_prints_the_summary() {
+    let lab = Lab::new();
+    let o = lab.run(&["up", "--nodes", "1", "--timeout", "10s"]);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(o.status.success(), "{err}");
+    assert!(err.contains("every peer up"), "{err}");
+    let summary = out.lines().nth(1).unwrap();
+    assert_eq!(
+        summary.split_whitespace().next_back(),
+        Some("running"),
+        "{out}"
+    );
+    assert!(out.contains("ping underlay"), "{out}");
+    assert!(out.contains(&format!("--name {} down", lab.name)), "{out}");
+}
+
+#[test]
+fn bad_names_and_unknown_nodes_are_refused() {
+    let o = Command::new(BIN)
+        .args(["lab", "up", "--name", "Bad-Name"])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("lowercase letters and digits"));
+    let lab = Lab::new();
+    let o = lab.run(&["status"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains(&format!("no lab {}", lab.name)));
+    lab.ok(&["up", "--nodes", "1", "--no-wait"]);
+    let o = lab.exec("node9", &["true"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("has no node \"node9\" (nodes: node1)"));
+}
+
+fn nix_kill9(pid: i32) {
+    assert!(Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap()
+        .success());
+}
