@@ -5,184 +5,20 @@
 //! fails. Until the mesh controllers land the peers never come up, so the labs here
 //! start with `--no-wait` (or a timeout that is expected to expire).
 
+mod common;
+
 use std::{
     os::unix::fs::PermissionsExt as _,
     path::{Path, PathBuf},
-    process::{Command, Output, Stdio},
-    sync::atomic::{AtomicU32, Ordering},
+    process::{Command, Stdio},
     time::{Duration, Instant},
 };
 
+use common::{
+    lab::{alive, pid_of, wait_until, Lab},
+    BIN,
+};
 use serde_json::Value;
-
-const BIN: &str = env!("CARGO_BIN_EXE_wirespan");
-
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A lab name unique on this host; `lab down` runs on drop.
-struct Lab {
-    name: String,
-}
-
-impl Lab {
-    fn new() -> Self {
-        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        Self {
-            name: format!("t{}x{n}", std::process::id()),
-        }
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(BIN);
-        c.arg("lab")
-            .args(args)
-            .arg("--name")
-            .arg(&self.name)
-            .env_remove("WIRESPAN_LAB")
-            .env_remove("WIRESPAN_SOCKET")
-            .stdin(Stdio::null());
-        c
-    }
-
-    fn run(&self, args: &[&str]) -> Output {
-        self.cmd(args).output().unwrap()
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let o = self.run(args);
-        assert!(
-            o.status.success(),
-            "lab {args:?} failed: {}\nstdout:\n{}\nstderr:\n{}",
-            o.status,
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8(o.stdout).unwrap()
-    }
-
-    /// `lab exec NODE -- args…` (exec takes `--name` before the node).
-    fn exec(&self, node: &str, args: &[&str]) -> Output {
-        Command::new(BIN)
-            .args(["lab", "exec", "--name", &self.name, node, "--"])
-            .args(args)
-            .env_remove("WIRESPAN_SOCKET")
-            .stdin(Stdio::null())
-            .output()
-            .unwrap()
-    }
-
-    fn exec_ok(&self, node: &str, args: &[&str]) -> String {
-        let o = self.exec(node, args);
-        assert!(
-            o.status.success(),
-            "exec {node} {args:?}: {}\n{}",
-            o.status,
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8(o.stdout).unwrap()
-    }
-
-    fn status(&self) -> Value {
-        serde_json::from_str(&self.ok(&["status", "-o", "json"])).unwrap()
-    }
-
-    fn prefix(&self) -> String {
-        format!("wsl-{}-", self.name)
-    }
-
-    fn dir(&self) -> PathBuf {
-        Path::new("/run/wirespan-lab").join(&self.name)
-    }
-
-    fn namespaces(&self) -> Vec<String> {
-        let out = Command::new("ip").args(["netns", "list"]).output().unwrap();
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .filter_map(|l| l.split_whitespace().next())
-            .filter(|n| n.starts_with(&self.prefix()))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    /// Every process in the lab's namespaces.
-    fn pids(&self) -> Vec<i32> {
-        self.namespaces()
-            .iter()
-            .flat_map(|n| {
-                let out = Command::new("ip")
-                    .args(["netns", "pids", n])
-                    .output()
-                    .unwrap();
-                String::from_utf8_lossy(&out.stdout)
-                    .split_whitespace()
-                    .filter_map(|p| p.parse().ok())
-                    .collect::<Vec<i32>>()
-            })
-            .collect()
-    }
-
-    /// Asserts that nothing of the lab is left: namespaces, host links, processes,
-    /// mounts, directory.
-    fn assert_gone(&self, pids: &[i32]) {
-        assert!(self.namespaces().is_empty(), "{:?}", self.namespaces());
-        let links: Value = serde_json::from_slice(
-            &Command::new("ip")
-                .args(["-j", "link", "show"])
-                .output()
-                .unwrap()
-                .stdout,
-        )
-        .unwrap();
-        for l in links.as_array().unwrap() {
-            let name = l["ifname"].as_str().unwrap();
-            assert!(
-                !name.starts_with("wsl-") && !["br0", "disco"].contains(&name),
-                "lab link {name} in the host"
-            );
-        }
-        for p in pids {
-            assert!(!alive(*p), "process {p} of the lab still runs");
-        }
-        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-        let dir = self.dir();
-        assert!(
-            !mounts
-                .lines()
-                .filter_map(|l| l.split(' ').nth(4))
-                .any(|m| Path::new(m).starts_with(&dir)),
-            "mounts left under {}",
-            dir.display()
-        );
-        assert!(!dir.exists(), "{} left", dir.display());
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = self.run(&["down"]);
-    }
-}
-
-/// Alive and not a zombie (orphans may wait for a reaper that never comes).
-fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit_once(')')
-            .and_then(|(_, r)| r.split_whitespace().next())
-            .is_some_and(|st| st != "Z" && st != "X")
-    })
-}
-
-fn pid_of(v: &Value) -> i32 {
-    i32::try_from(v["pid"].as_u64().unwrap()).unwrap()
-}
-
-fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 #[test]
 fn up_builds_nodes_underlay_discovery_and_daemons_and_down_removes_them() {

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod lab;
+
 use std::{
     io::{BufRead as _, BufReader},
     path::{Path, PathBuf},
