@@ -12,6 +12,7 @@
 
 pub mod api;
 pub mod config;
+pub mod controllers;
 pub mod resources;
 pub mod runtime;
 pub mod secret;
