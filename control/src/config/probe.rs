@@ -26,7 +26,48 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
 /// Default probe timeout.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 
-fn common(name: &str, failure_threshold: i64, errs: &mut Vec<FieldError>) {
+/// Parses a duration field, with the spec's message for negative values
+/// (`<what> cannot be negative: <d>`).
+fn duration_field(
+    field: &str,
+    what: &str,
+    text: Option<&str>,
+    errs: &mut Vec<FieldError>,
+) -> Option<Duration> {
+    let t = text?.trim();
+    if t.starts_with('-') {
+        errs.push(FieldError::new(
+            field,
+            format!("{what} cannot be negative: {t}"),
+        ));
+        return None;
+    }
+    match super::duration::parse(t) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            errs.push(FieldError::new(field, e));
+            None
+        }
+    }
+}
+
+/// Interval and timeout of a valid probe document (defaults applied).
+fn durations(interval: Option<&str>, timeout: Option<&str>) -> (Duration, Duration) {
+    let mut ignored = Vec::new();
+    (
+        or_default(
+            duration_field("", "", interval, &mut ignored),
+            DEFAULT_INTERVAL,
+        ),
+        or_default(
+            duration_field("", "", timeout, &mut ignored),
+            DEFAULT_TIMEOUT,
+        ),
+    )
+}
+
+fn common(name: &str, failure_threshold: i64, interval: Option<&str>, errs: &mut Vec<FieldError>) {
+    duration_field("interval", "probe interval", interval, errs);
     if name.is_empty() {
         errs.push(FieldError::new("name", "probe name is required"));
     }
@@ -50,15 +91,23 @@ pub struct TcpProbeConfig {
     /// `host:port`.
     #[serde(default)]
     pub endpoint: String,
-    /// Interval (0 or absent ⇒ 1 s).
-    #[serde(default, with = "super::duration::option")]
-    pub interval: Option<Duration>,
-    /// Connect timeout (0 or absent ⇒ 10 s).
-    #[serde(default, with = "super::duration::option")]
-    pub timeout: Option<Duration>,
+    /// Interval (`1s`; 0 or absent ⇒ 1 s).
+    #[serde(default)]
+    pub interval: Option<String>,
+    /// Connect timeout (`10s`; 0 or absent ⇒ 10 s).
+    #[serde(default)]
+    pub timeout: Option<String>,
     /// Consecutive failures before reporting.
     #[serde(default)]
     pub failure_threshold: i64,
+}
+
+impl TcpProbeConfig {
+    /// Interval and timeout with defaults (valid documents only).
+    #[must_use]
+    pub fn durations(&self) -> (Duration, Duration) {
+        durations(self.interval.as_deref(), self.timeout.as_deref())
+    }
 }
 
 impl ConfigDocument for TcpProbeConfig {
@@ -69,7 +118,18 @@ impl ConfigDocument for TcpProbeConfig {
     }
     fn validate(&self) -> Vec<FieldError> {
         let mut errs = Vec::new();
-        common(&self.name, self.failure_threshold, &mut errs);
+        common(
+            &self.name,
+            self.failure_threshold,
+            self.interval.as_deref(),
+            &mut errs,
+        );
+        duration_field(
+            "timeout",
+            "TCP probe timeout",
+            self.timeout.as_deref(),
+            &mut errs,
+        );
         if self.endpoint.is_empty() {
             errs.push(FieldError::new(
                 "endpoint",
@@ -102,12 +162,12 @@ pub struct HttpProbeConfig {
     /// `http://…` or `https://…`.
     #[serde(default)]
     pub url: String,
-    /// Interval (0 or absent ⇒ 1 s).
-    #[serde(default, with = "super::duration::option")]
-    pub interval: Option<Duration>,
-    /// Request timeout (0 or absent ⇒ 10 s).
-    #[serde(default, with = "super::duration::option")]
-    pub timeout: Option<Duration>,
+    /// Interval (`1s`; 0 or absent ⇒ 1 s).
+    #[serde(default)]
+    pub interval: Option<String>,
+    /// Request timeout (`10s`; 0 or absent ⇒ 10 s).
+    #[serde(default)]
+    pub timeout: Option<String>,
     /// Consecutive failures before reporting.
     #[serde(default)]
     pub failure_threshold: i64,
@@ -151,6 +211,14 @@ pub fn check_probe_url(url: &str) -> Result<(), String> {
     Ok(())
 }
 
+impl HttpProbeConfig {
+    /// Interval and timeout with defaults (valid documents only).
+    #[must_use]
+    pub fn durations(&self) -> (Duration, Duration) {
+        durations(self.interval.as_deref(), self.timeout.as_deref())
+    }
+}
+
 impl ConfigDocument for HttpProbeConfig {
     const KIND: &'static str = "HTTPProbeConfig";
     const SINGLETON: bool = false;
@@ -159,7 +227,18 @@ impl ConfigDocument for HttpProbeConfig {
     }
     fn validate(&self) -> Vec<FieldError> {
         let mut errs = Vec::new();
-        common(&self.name, self.failure_threshold, &mut errs);
+        common(
+            &self.name,
+            self.failure_threshold,
+            self.interval.as_deref(),
+            &mut errs,
+        );
+        duration_field(
+            "timeout",
+            "HTTP probe timeout",
+            self.timeout.as_deref(),
+            &mut errs,
+        );
         if let Err(e) = check_probe_url(&self.url) {
             errs.push(FieldError::new("url", e));
         }
@@ -171,4 +250,27 @@ impl ConfigDocument for HttpProbeConfig {
 #[must_use]
 pub fn or_default(d: Option<Duration>, default: Duration) -> Duration {
     d.filter(|d| !d.is_zero()).unwrap_or(default)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_probe_error_is_reported_with_document_and_field() {
+        let text = "apiVersion: v1alpha1\nkind: HTTPProbeConfig\nname: \"\"\nurl: gopher://x\ntimeout: -1s\ninterval: -2s\nfailureThreshold: -3\n---\n\
+                    apiVersion: v1alpha1\nkind: TCPProbeConfig\nname: t\n---\n\
+                    apiVersion: v1alpha1\nkind: HTTPProbeConfig\nname: h\nurl: http:///x\n";
+        let err = crate::config::parse(text).unwrap_err().to_string();
+        for want in [
+            "document 1 (HTTPProbeConfig \"\")",
+            "name: probe name is required",
+            "url: HTTP probe URL scheme must be http or https, got \"gopher\"",
+            "timeout: HTTP probe timeout cannot be negative: -1s",
+            "interval: probe interval cannot be negative: -2s",
+            "failureThreshold: probe failure threshold cannot be negative: -3",
+            "document 2 (TCPProbeConfig \"t\"): endpoint: TCP probe endpoint is required",
+            "document 3 (HTTPProbeConfig \"h\"): url: HTTP probe URL must be an absolute http or https URL with a non-empty host",
+        ] {
+            assert!(err.contains(want), "missing {want:?} in {err}");
+        }
+    }
 }

@@ -23,9 +23,7 @@ use tokio::{
 use tokio_util::sync::CancellationToken;
 
 use crate::{
-    config::probe::{
-        or_default, HttpProbeConfig, TcpProbeConfig, DEFAULT_INTERVAL, DEFAULT_TIMEOUT,
-    },
+    config::probe::{HttpProbeConfig, TcpProbeConfig, DEFAULT_INTERVAL},
     controllers::network::merge::MergeController,
     resources::{
         config::{MachineConfig, ACTIVE},
@@ -64,14 +62,15 @@ pub fn probe_specs(cfg: &crate::config::MachineConfig) -> Vec<ProbeSpecSpec> {
         out.push(spec);
     };
     for t in cfg.documents_of::<TcpProbeConfig>() {
+        let (interval, timeout) = t.durations();
         push(
             &t.name,
             ProbeSpecSpec {
-                interval: or_default(t.interval, DEFAULT_INTERVAL),
+                interval,
                 failure_threshold: u32::try_from(t.failure_threshold).unwrap_or(0),
                 tcp: Some(TcpProbeSpec {
                     endpoint: t.endpoint.clone(),
-                    timeout: or_default(t.timeout, DEFAULT_TIMEOUT),
+                    timeout,
                 }),
                 http: None,
                 layer: ConfigLayer::Configuration,
@@ -79,15 +78,16 @@ pub fn probe_specs(cfg: &crate::config::MachineConfig) -> Vec<ProbeSpecSpec> {
         );
     }
     for h in cfg.documents_of::<HttpProbeConfig>() {
+        let (interval, timeout) = h.durations();
         push(
             &h.name,
             ProbeSpecSpec {
-                interval: or_default(h.interval, DEFAULT_INTERVAL),
+                interval,
                 failure_threshold: u32::try_from(h.failure_threshold).unwrap_or(0),
                 tcp: None,
                 http: Some(HttpProbeSpec {
                     url: h.url.clone(),
-                    timeout: or_default(h.timeout, DEFAULT_TIMEOUT),
+                    timeout,
                 }),
                 layer: ConfigLayer::Configuration,
             },
