@@ -533,7 +533,7 @@ impl NetworkConfig for FakeNetwork {
             if !p.logical {
                 return Err(RoutingError::LinkNotFound(p.name.clone()));
             }
-            if p.kind != "dummy" {
+            if p.kind != "dummy" && p.kind != "bridge" {
                 return Err(
                     crate::Invalid::new("kind", format!("cannot create {:?}", p.kind)).into(),
                 );

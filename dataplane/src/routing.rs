@@ -708,7 +708,7 @@ pub struct LinkParams {
     pub name: String,
     /// Created (and removed) by wirespan; otherwise only configured.
     pub logical: bool,
-    /// Kind of a logical link (only `dummy` can be created here).
+    /// Kind of a logical link (`dummy` or `bridge` can be created here).
     pub kind: String,
     /// Administratively up.
     pub up: bool,
@@ -1101,17 +1101,19 @@ async fn apply_link_in_ns(h: Handle, p: LinkParams) -> Result<bool, RoutingError
         if !p.logical {
             return Err(RoutingError::LinkNotFound(p.name));
         }
-        if p.kind != "dummy" {
-            return Err(Invalid::new(
-                "kind",
-                format!("cannot create links of kind {:?} (only dummy)", p.kind),
-            )
-            .into());
-        }
-        let mut b =
-            rtnetlink::LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(InfoKind::Dummy)
-                .name(p.name.clone())
-                .alias(LINK_ALIAS);
+        let kind = match p.kind.as_str() {
+            "dummy" => InfoKind::Dummy,
+            "bridge" => InfoKind::Bridge,
+            other => {
+                return Err(Invalid::new(
+                    "kind",
+                    format!("cannot create links of kind {other:?} (only dummy and bridge)"),
+                )
+                .into())
+            }
+        };
+        let mut b = rtnetlink::LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(kind)
+            .name(p.name.clone());
         if p.mtu != 0 {
             b = b.mtu(p.mtu);
         }
@@ -1123,6 +1125,19 @@ async fn apply_link_in_ns(h: Handle, p: LinkParams) -> Result<bool, RoutingError
             .execute()
             .await
             .map_err(nl("add link"))?;
+        // The kernel ignores IFLA_IFALIAS on creation: mark the link in a second step.
+        let created = find_link(&h, &p.name)
+            .await?
+            .ok_or_else(|| RoutingError::LinkNotFound(p.name.clone()))?;
+        h.link()
+            .set(
+                LinkUnspec::new_with_index(created.index)
+                    .alias(LINK_ALIAS)
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(nl("set link alias"))?;
         return Ok(true);
     };
     let mut changed = false;

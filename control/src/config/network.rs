@@ -6,7 +6,7 @@
 //! apiVersion: v1alpha1
 //! kind: LinkConfig
 //! name: dummy0          # the link
-//! linkKind: dummy       # create a logical link of this kind (only dummy)
+//! linkKind: dummy       # create a logical link of this kind (dummy or bridge)
 //! up: true              # default true
 //! mtu: 1400             # optional
 //! ---
@@ -86,10 +86,10 @@ impl ConfigDocument for LinkConfig {
         check_ifname("name", &self.name, &mut errs);
         check_mtu(self.mtu, &mut errs);
         if let Some(k) = &self.link_kind {
-            if k != "dummy" {
+            if k != "dummy" && k != "bridge" {
                 errs.push(FieldError::new(
                     "linkKind",
-                    format!("{k:?} is not supported (only \"dummy\")"),
+                    format!("{k:?} is not supported (only \"dummy\" and \"bridge\")"),
                 ));
             }
         }
