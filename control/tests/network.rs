@@ -362,3 +362,27 @@ async fn kernel_addresses_and_routes_follow_specs_and_foreign_objects_survive() 
     .await;
     h.stop().await.unwrap();
 }
+
+#[test]
+fn cli_names_of_the_issue_resolve_to_the_intended_types() {
+    let defs = wirespan_control::resources::definitions();
+    for (name, display) in [
+        ("links", "LinkStatus"),
+        ("addresses", "AddressStatus"),
+        ("routes", "RouteStatus"),
+        ("routingrules", "RoutingRuleStatus"),
+        ("nodeaddresses", "NodeAddress"),
+        ("probespecs", "ProbeSpec"),
+        ("probestatuses", "ProbeStatus"),
+        ("linkspecs", "LinkSpec"),
+        ("addressspecs", "AddressSpec"),
+        ("routespecs", "RouteSpec"),
+        ("routingrulespecs", "RoutingRuleSpec"),
+        ("resolvers", "ResolverStatus"),
+        ("hostname", "HostnameStatus"),
+    ] {
+        let d = wirespan_control::api::resolve(&defs, name).unwrap();
+        assert_eq!(d.display_type, display, "{name}");
+        assert!(!d.print_columns.is_empty(), "{name} has no columns");
+    }
+}
