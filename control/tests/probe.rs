@@ -229,3 +229,107 @@ async fn tcp_probe_open_and_closed_ports() {
     );
     harness.stop().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn https_probe_tunnels_through_connect_proxy_and_verifies_the_server_name() {
+    // TLS server for probe-target.test (self-signed, trusted through SSL_CERT_FILE).
+    let cert = rcgen::generate_simple_self_signed(vec!["probe-target.test".to_owned()]).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, cert.cert.pem()).unwrap();
+    std::env::set_var("SSL_CERT_FILE", &ca);
+    let tls_cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.cert.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(cert.key_pair.serialize_der().into()),
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_cfg));
+    let tls = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let tls_port = tls.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let (s, _) = tls.accept().await.unwrap();
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(s) = acceptor.accept(s).await else {
+                    return;
+                };
+                let mut r = BufReader::new(s);
+                let mut line = String::new();
+                let _ = r.read_line(&mut line).await;
+                let _ = r
+                    .get_mut()
+                    .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n")
+                    .await;
+                let _ = r.get_mut().shutdown().await;
+            });
+        }
+    });
+    // CONNECT proxy: tunnels every CONNECT to the TLS server, records the target.
+    let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let proxy_port = proxy.local_addr().unwrap().port();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let s2 = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (s, _) = proxy.accept().await.unwrap();
+            let seen = s2.clone();
+            tokio::spawn(async move {
+                let mut r = BufReader::new(s);
+                let mut line = String::new();
+                r.read_line(&mut line).await.unwrap();
+                seen.lock().unwrap().push(line.trim_end().to_owned());
+                loop {
+                    let mut h = String::new();
+                    if r.read_line(&mut h).await.unwrap() == 0 || h == "\r\n" {
+                        break;
+                    }
+                }
+                let mut client = r.into_inner();
+                client
+                    .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                    .await
+                    .unwrap();
+                let mut upstream = tokio::net::TcpStream::connect(("127.0.0.1", tls_port))
+                    .await
+                    .unwrap();
+                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+            });
+        }
+    });
+    std::env::remove_var("NO_PROXY");
+    std::env::remove_var("no_proxy");
+    std::env::set_var("HTTPS_PROXY", format!("127.0.0.1:{proxy_port}"));
+
+    let store = Store::new(StoreOptions::default());
+    let harness = start(&store);
+    let url = format!("https://probe-target.test:{tls_port}/");
+    set_config(
+        &store,
+        &format!("apiVersion: v1alpha1\nkind: HTTPProbeConfig\nname: tls\nurl: {url}\ninterval: 100ms\ntimeout: 3s\n"),
+    );
+    let id = format!("http:{url}");
+    assert_resource::<ProbeStatus>(&store, NS, &id, success(true)).await;
+    assert!(seen
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l == &format!("CONNECT probe-target.test:{tls_port} HTTP/1.1")));
+
+    // A name the certificate does not cover fails verification.
+    let bad = format!("https://other-name.test:{tls_port}/");
+    set_config(
+        &store,
+        &format!("apiVersion: v1alpha1\nkind: HTTPProbeConfig\nname: tls\nurl: {bad}\ninterval: 100ms\ntimeout: 3s\n"),
+    );
+    let st =
+        assert_resource::<ProbeStatus>(&store, NS, &format!("http:{bad}"), success(false)).await;
+    assert!(st.spec.last_error.contains("TLS"), "{}", st.spec.last_error);
+    harness.stop().await.unwrap();
+}
