@@ -386,3 +386,85 @@ fn cli_names_of_the_issue_resolve_to_the_intended_types() {
         assert!(!d.print_columns.is_empty(), "{name} has no columns");
     }
 }
+
+#[tokio::test]
+async fn merge_survives_flapping_raw_specs_under_a_foreign_finalizer() {
+    use rand::{Rng as _, SeedableRng as _};
+    let store = Store::new(StoreOptions::default());
+    let mut rt = Runtime::new(store.clone());
+    rt.register(MergeController::<AddressSpec>::new()).unwrap();
+    let h = Harness::start(rt);
+    let raw_id = |layer: ConfigLayer| format!("{}/eth0/10.0.0.1/24", layer.prefix());
+    let layers = [
+        ConfigLayer::Default,
+        ConfigLayer::Operator,
+        ConfigLayer::Configuration,
+    ];
+    store
+        .create(
+            Resource::<AddressSpec>::new(
+                NS_CONFIG,
+                raw_id(layers[0]),
+                addr_spec("10.0.0.1/24", layers[0]),
+            ),
+            "src",
+        )
+        .unwrap();
+    let merged = assert_resource::<AddressSpec>(&store, NS, "eth0/10.0.0.1/24", |_| Ok(())).await;
+    store
+        .add_finalizer(&merged.pointer(), &["foreign"])
+        .unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut present = [true, false, false];
+    for _ in 0..300 {
+        let i = rng.gen_range(0..3);
+        let ptr = Pointer::new(NS_CONFIG, AddressSpec::TYPE, raw_id(layers[i]));
+        if present[i] {
+            store.destroy(&ptr, "src").unwrap();
+        } else {
+            store
+                .create(
+                    Resource::<AddressSpec>::new(
+                        NS_CONFIG,
+                        raw_id(layers[i]),
+                        addr_spec("10.0.0.1/24", layers[i]),
+                    ),
+                    "src",
+                )
+                .unwrap();
+        }
+        present[i] = !present[i];
+        if rng.gen_bool(0.1) {
+            tokio::task::yield_now().await;
+        }
+    }
+    // End state: the operator layer only.
+    for (i, layer) in layers.iter().enumerate() {
+        let ptr = Pointer::new(NS_CONFIG, AddressSpec::TYPE, raw_id(*layer));
+        let want = *layer == ConfigLayer::Operator;
+        if present[i] && !want {
+            store.destroy(&ptr, "src").unwrap();
+        } else if !present[i] && want {
+            store
+                .create(
+                    Resource::<AddressSpec>::new(
+                        NS_CONFIG,
+                        raw_id(*layer),
+                        addr_spec("10.0.0.1/24", *layer),
+                    ),
+                    "src",
+                )
+                .unwrap();
+        }
+    }
+    store
+        .remove_finalizer(&merged.pointer(), &["foreign"])
+        .unwrap();
+    assert_resource::<AddressSpec>(&store, NS, "eth0/10.0.0.1/24", |r| {
+        (r.metadata.phase == Phase::Running && r.spec.layer == ConfigLayer::Operator)
+            .then_some(())
+            .ok_or(format!("{:?} {:?}", r.metadata.phase, r.spec.layer))
+    })
+    .await;
+    h.stop().await.unwrap();
+}
