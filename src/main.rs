@@ -37,6 +37,8 @@ enum Command {
     Discovery(cmd::discovery::Args),
     /// Run the mesh daemon.
     Node(cmd::node::Args),
+    /// Replace a running node's config (validated whole; rejected configs change nothing).
+    Apply(cmd::apply::Args),
     /// Show resources of a running node (`wirespan get rd`, `wirespan get nodeidentity -o yaml`).
     Get(cmd::get::Args),
     /// Watch resources of a running node (shorthand for `get --watch`).
@@ -80,6 +82,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(bench) => cmd::bench::run(&bench),
         Command::Gen(g) => cmd::gen::run(&g),
         Command::Node(args) => cmd::node::run(&args, &cli.socket),
+        Command::Apply(args) => cmd::apply::run(&args, &cli.socket),
         Command::Get(args) => cmd::get::run(&args, &cli.socket, false),
         Command::Watch(args) => cmd::get::run(&args, &cli.socket, true),
         Command::Inspect(c) => cmd::inspect::run(&c, &cli.socket),

@@ -5,6 +5,7 @@
 //! (a roamed endpoint, a handshake, a failure). They validate exactly as the real
 //! adapters do, and count writes the same way (a no-op apply writes nothing).
 
+use ipnet::IpNet;
 use std::{
     net::SocketAddr,
     sync::{Arc, Mutex, MutexGuard, PoisonError},
@@ -15,7 +16,11 @@ use futures::channel::mpsc;
 
 use crate::{
     marking::{render, Marking, MarkingError, MarkingSpec, MarkingStatus, Ruleset},
-    routing::{Routing, RoutingChanges, RoutingError, RoutingSpec, RoutingStatus},
+    routing::{
+        AddressParams, LinkParams, NetworkConfig, NetworkState, ObservedAddress, ObservedLink,
+        ObservedRoute, ObservedRule, RouteParams, Routing, RoutingChanges, RoutingError,
+        RoutingSpec, RoutingStatus, RuleParams, RTPROT_WIRESPAN,
+    },
     watch::NetEvent,
     wireguard::{
         apply_update, diff, DeviceState, PeerState, PublicKey, WgDevice, WgError, WgStatus,
@@ -330,6 +335,354 @@ pub fn watch_channel() -> (
     mpsc::UnboundedReceiver<NetEvent>,
 ) {
     mpsc::unbounded()
+}
+
+#[derive(Debug, Default)]
+struct NetworkInner {
+    state: NetworkState,
+    next_index: u32,
+    writes: u64,
+}
+
+/// Fake per-object network configuration with the real adapter's ownership rules:
+/// links added with [`FakeNetwork::add_link`] and addresses, routes and rules added
+/// with the `add_foreign_*` helpers are "someone else's" and never removed.
+#[derive(Debug, Clone)]
+pub struct FakeNetwork {
+    inner: Arc<Mutex<NetworkInner>>,
+    changes: Arc<tokio::sync::watch::Sender<u64>>,
+}
+
+impl Default for FakeNetwork {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FakeNetwork {
+    /// A fake with only `lo` (index 1, up).
+    #[must_use]
+    pub fn new() -> Self {
+        let f = Self {
+            inner: Arc::new(Mutex::new(NetworkInner {
+                next_index: 1,
+                ..NetworkInner::default()
+            })),
+            changes: Arc::new(tokio::sync::watch::channel(0).0),
+        };
+        f.add_link("lo", "loopback");
+        f
+    }
+
+    fn changed(&self) {
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    /// A receiver bumped on every change (like a netlink event).
+    #[must_use]
+    pub fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    /// Adds a foreign (physical) link, up with carrier; returns its index.
+    pub fn add_link(&self, name: &str, link_type: &str) -> u32 {
+        let idx = {
+            let mut g = lock(&self.inner);
+            let idx = g.next_index;
+            g.next_index += 1;
+            g.state.links.push(ObservedLink {
+                index: idx,
+                name: name.to_owned(),
+                link_type: link_type.to_owned(),
+                up: true,
+                oper_state: "up".to_owned(),
+                carrier: true,
+                mtu: 1500,
+                ..ObservedLink::default()
+            });
+            idx
+        };
+        self.changed();
+        idx
+    }
+
+    /// Changes a link's oper state (`up`, `down`, …).
+    pub fn set_oper_state(&self, name: &str, oper: &str) {
+        if let Some(l) = lock(&self.inner)
+            .state
+            .links
+            .iter_mut()
+            .find(|l| l.name == name)
+        {
+            oper.clone_into(&mut l.oper_state);
+        }
+        self.changed();
+    }
+
+    /// Adds an address nobody owns (as `ip addr add` would).
+    pub fn add_foreign_address(&self, link: &str, address: IpNet, scope: u8) {
+        {
+            let mut g = lock(&self.inner);
+            let Some(idx) = g
+                .state
+                .links
+                .iter()
+                .find(|l| l.name == link)
+                .map(|l| l.index)
+            else {
+                return;
+            };
+            g.state.addresses.push(ObservedAddress {
+                link_index: idx,
+                address,
+                scope,
+                ours: false,
+            });
+        }
+        self.changed();
+    }
+
+    /// Removes a link and everything on it (as `ip link del` would).
+    pub fn remove_link_externally(&self, name: &str) {
+        {
+            let mut g = lock(&self.inner);
+            let Some(idx) = g
+                .state
+                .links
+                .iter()
+                .find(|l| l.name == name)
+                .map(|l| l.index)
+            else {
+                return;
+            };
+            g.state.links.retain(|l| l.index != idx);
+            g.state.addresses.retain(|a| a.link_index != idx);
+            g.state.routes.retain(|r| r.oif != Some(idx));
+        }
+        self.changed();
+    }
+
+    /// A copy of the current state.
+    #[must_use]
+    pub fn snapshot(&self) -> NetworkState {
+        lock(&self.inner).state.clone()
+    }
+
+    /// Number of writes so far.
+    #[must_use]
+    pub fn writes(&self) -> u64 {
+        lock(&self.inner).writes
+    }
+
+    fn write<T>(&self, f: impl FnOnce(&mut NetworkInner) -> Result<bool, T>) -> Result<bool, T> {
+        let wrote = {
+            let mut g = lock(&self.inner);
+            let w = f(&mut g)?;
+            if w {
+                g.writes += 1;
+            }
+            w
+        };
+        if wrote {
+            self.changed();
+        }
+        Ok(wrote)
+    }
+}
+
+fn fake_index(g: &NetworkInner, name: &str) -> Result<u32, RoutingError> {
+    g.state
+        .links
+        .iter()
+        .find(|l| l.name == name)
+        .map(|l| l.index)
+        .ok_or_else(|| RoutingError::LinkNotFound(name.to_owned()))
+}
+
+fn fake_route_key(o: &ObservedRoute, p: &RouteParams) -> bool {
+    let norm = |m: u32| {
+        if p.destination.addr().is_ipv6() && m == 0 {
+            1024
+        } else {
+            m
+        }
+    };
+    o.destination == p.destination
+        && o.gateway == p.gateway
+        && o.table == p.table
+        && norm(o.metric) == norm(p.metric)
+}
+
+impl NetworkConfig for FakeNetwork {
+    fn apply_link(&mut self, p: &LinkParams) -> Result<bool, RoutingError> {
+        crate::error::check_ifname("name", &p.name)?;
+        self.write(|g| {
+            if let Some(l) = g.state.links.iter_mut().find(|l| l.name == p.name) {
+                let mut w = false;
+                if p.mtu != 0 && l.mtu != p.mtu {
+                    l.mtu = p.mtu;
+                    w = true;
+                }
+                if l.up != p.up {
+                    l.up = p.up;
+                    l.oper_state = if p.up { "unknown" } else { "down" }.to_owned();
+                    w = true;
+                }
+                return Ok(w);
+            }
+            if !p.logical {
+                return Err(RoutingError::LinkNotFound(p.name.clone()));
+            }
+            if p.kind != "dummy" && p.kind != "bridge" {
+                return Err(
+                    crate::Invalid::new("kind", format!("cannot create {:?}", p.kind)).into(),
+                );
+            }
+            let idx = g.next_index;
+            g.next_index += 1;
+            g.state.links.push(ObservedLink {
+                index: idx,
+                name: p.name.clone(),
+                kind: p.kind.clone(),
+                link_type: "ether".to_owned(),
+                up: p.up,
+                oper_state: if p.up { "unknown" } else { "down" }.to_owned(),
+                carrier: true,
+                mtu: if p.mtu == 0 { 1500 } else { p.mtu },
+                ours: true,
+                ..ObservedLink::default()
+            });
+            Ok(true)
+        })
+    }
+
+    fn remove_link(&mut self, name: &str) -> Result<bool, RoutingError> {
+        let ours = lock(&self.inner)
+            .state
+            .links
+            .iter()
+            .any(|l| l.name == name && l.ours);
+        if ours {
+            self.remove_link_externally(name);
+            lock(&self.inner).writes += 1;
+        }
+        Ok(ours)
+    }
+
+    fn apply_address(&mut self, p: &AddressParams) -> Result<bool, RoutingError> {
+        self.write(|g| {
+            let idx = fake_index(g, &p.link)?;
+            if let Some(a) = g
+                .state
+                .addresses
+                .iter_mut()
+                .find(|a| a.link_index == idx && a.address == p.address)
+            {
+                if a.scope == p.scope || !a.ours {
+                    return Ok(false);
+                }
+                a.scope = p.scope;
+                return Ok(true);
+            }
+            g.state.addresses.push(ObservedAddress {
+                link_index: idx,
+                address: p.address,
+                scope: p.scope,
+                ours: true,
+            });
+            Ok(true)
+        })
+    }
+
+    fn remove_address(&mut self, p: &AddressParams) -> Result<bool, RoutingError> {
+        self.write(|g| {
+            let Ok(idx) = fake_index(g, &p.link) else {
+                return Ok(false);
+            };
+            let before = g.state.addresses.len();
+            g.state
+                .addresses
+                .retain(|a| !(a.link_index == idx && a.address == p.address && a.ours));
+            Ok(g.state.addresses.len() != before)
+        })
+    }
+
+    fn apply_route(&mut self, p: &RouteParams) -> Result<bool, RoutingError> {
+        self.write(|g| {
+            let oif = if p.out_link.is_empty() {
+                None
+            } else {
+                Some(fake_index(g, &p.out_link)?)
+            };
+            let want = ObservedRoute {
+                destination: p.destination,
+                gateway: p.gateway,
+                source: p.source,
+                oif,
+                table: p.table,
+                metric: p.metric,
+                scope: p.scope,
+                kind: p.kind,
+                protocol: RTPROT_WIRESPAN,
+            };
+            if let Some(r) = g.state.routes.iter_mut().find(|r| fake_route_key(r, p)) {
+                if r.protocol != RTPROT_WIRESPAN || *r == want {
+                    return Ok(false);
+                }
+                *r = want;
+                return Ok(true);
+            }
+            g.state.routes.push(want);
+            Ok(true)
+        })
+    }
+
+    fn remove_route(&mut self, p: &RouteParams) -> Result<bool, RoutingError> {
+        self.write(|g| {
+            let before = g.state.routes.len();
+            g.state
+                .routes
+                .retain(|r| !(fake_route_key(r, p) && r.protocol == RTPROT_WIRESPAN));
+            Ok(g.state.routes.len() != before)
+        })
+    }
+
+    fn apply_rule(&mut self, p: &RuleParams) -> Result<bool, RoutingError> {
+        self.write(|g| {
+            let want = ObservedRule {
+                v6: p.v6,
+                src: p.src,
+                dst: p.dst,
+                table: p.table,
+                priority: p.priority,
+                fwmark: p.fwmark,
+                fwmask: p.fwmask,
+                protocol: RTPROT_WIRESPAN,
+            };
+            if g.state.rules.contains(&want) {
+                return Ok(false);
+            }
+            g.state.rules.retain(|r| {
+                !(r.v6 == p.v6 && r.priority == p.priority && r.protocol == RTPROT_WIRESPAN)
+            });
+            g.state.rules.push(want);
+            Ok(true)
+        })
+    }
+
+    fn remove_rule(&mut self, p: &RuleParams) -> Result<bool, RoutingError> {
+        self.write(|g| {
+            let before = g.state.rules.len();
+            g.state.rules.retain(|r| {
+                !(r.v6 == p.v6 && r.priority == p.priority && r.protocol == RTPROT_WIRESPAN)
+            });
+            Ok(g.state.rules.len() != before)
+        })
+    }
+
+    fn state(&mut self) -> Result<NetworkState, RoutingError> {
+        Ok(self.snapshot())
+    }
 }
 
 #[cfg(test)]

@@ -676,3 +676,882 @@ impl Routing for NetlinkRouting {
         self.writes
     }
 }
+
+// ---------------------------------------------------------------------------------
+// Generic network configuration: any link, address, route and routing rule, one
+// object at a time, for the network spec controllers. Same ownership rule as above:
+// routes and rules carry protocol 211, addresses carry `IFA_PROTO` 211 and logical
+// links wirespan created carry the alias [`LINK_ALIAS`]; only such objects are ever
+// removed or replaced. Objects someone else made are left alone, also when a spec
+// describes the same object (the spec is then satisfied by the foreign one).
+// ---------------------------------------------------------------------------------
+
+/// Alias (`ip link show` "alias") of links wirespan created.
+pub const LINK_ALIAS: &str = "wirespan";
+
+/// Scope numbers (`RT_SCOPE_*`) of addresses and routes.
+pub mod scope {
+    /// Global.
+    pub const UNIVERSE: u8 = 0;
+    /// Site.
+    pub const SITE: u8 = 200;
+    /// Link.
+    pub const LINK: u8 = 253;
+    /// Host.
+    pub const HOST: u8 = 254;
+}
+
+/// A link to converge.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LinkParams {
+    /// Interface name.
+    pub name: String,
+    /// Created (and removed) by wirespan; otherwise only configured.
+    pub logical: bool,
+    /// Kind of a logical link (`dummy` or `bridge` can be created here).
+    pub kind: String,
+    /// Administratively up.
+    pub up: bool,
+    /// MTU; 0 = leave alone.
+    pub mtu: u32,
+}
+
+/// An address to converge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddressParams {
+    /// Link name.
+    pub link: String,
+    /// Address with prefix length.
+    pub address: IpNet,
+    /// Scope (`scope::*`).
+    pub scope: u8,
+}
+
+/// Route types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RouteKind {
+    /// Forward.
+    #[default]
+    Unicast,
+    /// Drop.
+    Blackhole,
+    /// Reject, unreachable.
+    Unreachable,
+    /// Reject, prohibited.
+    Prohibit,
+}
+
+/// A route to converge. Matched by (family, destination, gateway, table, metric).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RouteParams {
+    /// Destination (`0.0.0.0/0` or `::/0` for a default route).
+    pub destination: IpNet,
+    /// Gateway.
+    pub gateway: Option<IpAddr>,
+    /// Preferred source.
+    pub source: Option<IpAddr>,
+    /// Outgoing link (empty: none).
+    pub out_link: String,
+    /// Table (254 = main).
+    pub table: u32,
+    /// Metric (IPv6: 0 means 1024).
+    pub metric: u32,
+    /// Scope (`scope::*`).
+    pub scope: u8,
+    /// Type.
+    pub kind: RouteKind,
+    /// Route MTU; 0 = none.
+    pub mtu: u32,
+}
+
+/// A policy rule to converge. Matched by (family, priority).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RuleParams {
+    /// IPv6 rule.
+    pub v6: bool,
+    /// Source match.
+    pub src: Option<IpNet>,
+    /// Destination match.
+    pub dst: Option<IpNet>,
+    /// Table looked up.
+    pub table: u32,
+    /// Priority.
+    pub priority: u32,
+    /// Mark (0 = none).
+    pub fwmark: u32,
+    /// Mark mask (0 = none).
+    pub fwmask: u32,
+}
+
+/// A link in the kernel.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ObservedLink {
+    /// ifindex.
+    pub index: u32,
+    /// Name.
+    pub name: String,
+    /// `IFLA_INFO_KIND` (empty for physical links).
+    pub kind: String,
+    /// Hardware type (`ether`, `loopback`, `none`, …).
+    pub link_type: String,
+    /// Administratively up.
+    pub up: bool,
+    /// Operational state (`up`, `down`, `unknown`, …).
+    pub oper_state: String,
+    /// Carrier.
+    pub carrier: bool,
+    /// MTU.
+    pub mtu: u32,
+    /// Hardware address `aa:bb:…`.
+    pub hardware_addr: String,
+    /// Created by wirespan.
+    pub ours: bool,
+}
+
+/// An address in the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedAddress {
+    /// ifindex of its link.
+    pub link_index: u32,
+    /// Address.
+    pub address: IpNet,
+    /// Scope.
+    pub scope: u8,
+    /// Added by wirespan.
+    pub ours: bool,
+}
+
+/// A route in the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedRoute {
+    /// Destination.
+    pub destination: IpNet,
+    /// Gateway.
+    pub gateway: Option<IpAddr>,
+    /// Preferred source.
+    pub source: Option<IpAddr>,
+    /// Output interface.
+    pub oif: Option<u32>,
+    /// Table.
+    pub table: u32,
+    /// Metric.
+    pub metric: u32,
+    /// Scope.
+    pub scope: u8,
+    /// Type.
+    pub kind: RouteKind,
+    /// Protocol (211 = ours).
+    pub protocol: u8,
+}
+
+/// A policy rule in the kernel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ObservedRule {
+    /// IPv6 rule.
+    pub v6: bool,
+    /// Source match.
+    pub src: Option<IpNet>,
+    /// Destination match.
+    pub dst: Option<IpNet>,
+    /// Table.
+    pub table: u32,
+    /// Priority.
+    pub priority: u32,
+    /// Mark.
+    pub fwmark: u32,
+    /// Mask.
+    pub fwmask: u32,
+    /// Protocol (211 = ours).
+    pub protocol: u8,
+}
+
+/// Everything the status controllers publish.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NetworkState {
+    /// Links.
+    pub links: Vec<ObservedLink>,
+    /// Addresses.
+    pub addresses: Vec<ObservedAddress>,
+    /// Routes (every table, unicast/blackhole/unreachable/prohibit only).
+    pub routes: Vec<ObservedRoute>,
+    /// Rules.
+    pub rules: Vec<ObservedRule>,
+}
+
+/// Per-object network configuration (implemented by [`NetlinkRouting`] and
+/// [`crate::fake::FakeRouting`]). Every `apply_*` returns whether it wrote; a missing
+/// link is [`RoutingError::LinkNotFound`] (skip and retry on the next link event).
+pub trait NetworkConfig: Send {
+    /// Creates a logical link if missing, then sets MTU and up/down.
+    ///
+    /// # Errors
+    /// Missing physical link, unsupported kind, netlink failure.
+    fn apply_link(&mut self, p: &LinkParams) -> Result<bool, RoutingError>;
+    /// Deletes the link if wirespan created it.
+    ///
+    /// # Errors
+    /// Netlink failure.
+    fn remove_link(&mut self, name: &str) -> Result<bool, RoutingError>;
+    /// Adds the address (re-adds ours on a scope change).
+    ///
+    /// # Errors
+    /// Missing link, netlink failure.
+    fn apply_address(&mut self, p: &AddressParams) -> Result<bool, RoutingError>;
+    /// Removes the address if wirespan added it.
+    ///
+    /// # Errors
+    /// Netlink failure.
+    fn remove_address(&mut self, p: &AddressParams) -> Result<bool, RoutingError>;
+    /// Adds or replaces (ours only) the route.
+    ///
+    /// # Errors
+    /// Missing link, netlink failure.
+    fn apply_route(&mut self, p: &RouteParams) -> Result<bool, RoutingError>;
+    /// Removes our route with the same match key.
+    ///
+    /// # Errors
+    /// Netlink failure.
+    fn remove_route(&mut self, p: &RouteParams) -> Result<bool, RoutingError>;
+    /// Adds the rule; our stale rules at the same (family, priority) go.
+    ///
+    /// # Errors
+    /// Netlink failure.
+    fn apply_rule(&mut self, p: &RuleParams) -> Result<bool, RoutingError>;
+    /// Removes our rules at the same (family, priority).
+    ///
+    /// # Errors
+    /// Netlink failure.
+    fn remove_rule(&mut self, p: &RuleParams) -> Result<bool, RoutingError>;
+    /// Reads links, addresses, routes and rules.
+    ///
+    /// # Errors
+    /// Netlink failure.
+    fn state(&mut self) -> Result<NetworkState, RoutingError>;
+}
+
+fn route_metric_eq(v6: bool, a: u32, b: u32) -> bool {
+    let norm = |m: u32| if v6 && m == 0 { 1024 } else { m };
+    norm(a) == norm(b)
+}
+
+fn route_kind_of(t: RouteType) -> Option<RouteKind> {
+    match t {
+        RouteType::Unicast => Some(RouteKind::Unicast),
+        RouteType::BlackHole => Some(RouteKind::Blackhole),
+        RouteType::Unreachable => Some(RouteKind::Unreachable),
+        RouteType::Prohibit => Some(RouteKind::Prohibit),
+        _ => None,
+    }
+}
+
+fn route_type_of(k: RouteKind) -> RouteType {
+    match k {
+        RouteKind::Unicast => RouteType::Unicast,
+        RouteKind::Blackhole => RouteType::BlackHole,
+        RouteKind::Unreachable => RouteType::Unreachable,
+        RouteKind::Prohibit => RouteType::Prohibit,
+    }
+}
+
+fn route_addr(a: &RouteAddress) -> Option<IpAddr> {
+    match a {
+        RouteAddress::Inet(ip) => Some(IpAddr::V4(*ip)),
+        RouteAddress::Inet6(ip) => Some(IpAddr::V6(*ip)),
+        _ => None,
+    }
+}
+
+fn observed_route(r: &RouteMessage) -> Option<ObservedRoute> {
+    let kind = route_kind_of(r.header.kind)?;
+    let destination = route_dst(r)?;
+    let gateway = r.attributes.iter().find_map(|a| match a {
+        RouteAttribute::Gateway(g) => route_addr(g),
+        _ => None,
+    });
+    let source = r.attributes.iter().find_map(|a| match a {
+        RouteAttribute::PrefSource(g) => route_addr(g),
+        _ => None,
+    });
+    Some(ObservedRoute {
+        destination,
+        gateway,
+        source,
+        oif: route_u32(r, |a| match a {
+            RouteAttribute::Oif(i) => Some(*i),
+            _ => None,
+        }),
+        table: route_table(r),
+        metric: route_u32(r, |a| match a {
+            RouteAttribute::Priority(p) => Some(*p),
+            _ => None,
+        })
+        .unwrap_or_default(),
+        scope: u8::from(r.header.scope),
+        kind,
+        protocol: u8::from(r.header.protocol),
+    })
+}
+
+fn rule_net(r: &RuleMessage, src: bool) -> Option<IpNet> {
+    let len = if src {
+        r.header.src_len
+    } else {
+        r.header.dst_len
+    };
+    r.attributes
+        .iter()
+        .find_map(|a| match (a, src) {
+            (RuleAttribute::Source(ip), true) | (RuleAttribute::Destination(ip), false) => {
+                Some(*ip)
+            }
+            _ => None,
+        })
+        .and_then(|ip| IpNet::new(ip, len).ok())
+}
+
+fn observed_rule(r: &RuleMessage) -> ObservedRule {
+    ObservedRule {
+        v6: r.header.family == AddressFamily::Inet6,
+        src: rule_net(r, true),
+        dst: rule_net(r, false),
+        table: rule_table(r),
+        priority: rule_field(r, |a| match a {
+            RuleAttribute::Priority(p) => Some(*p),
+            _ => None,
+        })
+        .unwrap_or_default(),
+        fwmark: rule_field(r, |a| match a {
+            RuleAttribute::FwMark(p) => Some(*p),
+            _ => None,
+        })
+        .unwrap_or_default(),
+        fwmask: rule_field(r, |a| match a {
+            RuleAttribute::FwMask(p) => Some(*p),
+            _ => None,
+        })
+        .unwrap_or_default(),
+        protocol: r
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                RuleAttribute::Protocol(p) => Some(u8::from(*p)),
+                _ => None,
+            })
+            .unwrap_or_default(),
+    }
+}
+
+fn link_alias(msg: &rtnetlink::packet_route::link::LinkMessage) -> Option<&str> {
+    msg.attributes.iter().find_map(|a| match a {
+        LinkAttribute::IfAlias(s) => Some(s.as_str()),
+        _ => None,
+    })
+}
+
+fn observed_link(msg: &rtnetlink::packet_route::link::LinkMessage) -> ObservedLink {
+    use rtnetlink::packet_route::link::{LinkInfo, LinkLayerType};
+    let mut l = ObservedLink {
+        index: msg.header.index,
+        up: msg.header.flags.contains(LinkFlags::Up),
+        ours: link_alias(msg) == Some(LINK_ALIAS),
+        link_type: match msg.header.link_layer_type {
+            LinkLayerType::Ether => "ether".to_owned(),
+            LinkLayerType::Loopback => "loopback".to_owned(),
+            LinkLayerType::None => "none".to_owned(),
+            other => format!("{other:?}").to_lowercase(),
+        },
+        ..ObservedLink::default()
+    };
+    for a in &msg.attributes {
+        match a {
+            LinkAttribute::IfName(n) => l.name.clone_from(n),
+            LinkAttribute::Mtu(m) => l.mtu = *m,
+            LinkAttribute::Carrier(c) => l.carrier = *c != 0,
+            LinkAttribute::OperState(s) => l.oper_state = s.to_string().to_lowercase(),
+            LinkAttribute::Address(hw) => {
+                l.hardware_addr = hw
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(":");
+            }
+            LinkAttribute::LinkInfo(infos) => {
+                for i in infos {
+                    if let LinkInfo::Kind(k) = i {
+                        l.kind = k.to_string();
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    l
+}
+
+async fn link_index(h: &Handle, name: &str) -> Result<u32, RoutingError> {
+    Ok(find_link(h, name)
+        .await?
+        .ok_or_else(|| RoutingError::LinkNotFound(name.to_owned()))?
+        .index)
+}
+
+async fn apply_link_in_ns(h: Handle, p: LinkParams) -> Result<bool, RoutingError> {
+    use rtnetlink::packet_route::link::InfoKind;
+    let Some(link) = find_link(&h, &p.name).await? else {
+        if !p.logical {
+            return Err(RoutingError::LinkNotFound(p.name));
+        }
+        let kind = match p.kind.as_str() {
+            "dummy" => InfoKind::Dummy,
+            "bridge" => InfoKind::Bridge,
+            other => {
+                return Err(Invalid::new(
+                    "kind",
+                    format!("cannot create links of kind {other:?} (only dummy and bridge)"),
+                )
+                .into())
+            }
+        };
+        let mut b = rtnetlink::LinkMessageBuilder::<LinkUnspec>::new_with_info_kind(kind)
+            .name(p.name.clone());
+        if p.mtu != 0 {
+            b = b.mtu(p.mtu);
+        }
+        if p.up {
+            b = b.up();
+        }
+        h.link()
+            .add(b.build())
+            .execute()
+            .await
+            .map_err(nl("add link"))?;
+        // The kernel ignores IFLA_IFALIAS on creation: mark the link in a second step.
+        let created = find_link(&h, &p.name)
+            .await?
+            .ok_or_else(|| RoutingError::LinkNotFound(p.name.clone()))?;
+        h.link()
+            .set(
+                LinkUnspec::new_with_index(created.index)
+                    .alias(LINK_ALIAS)
+                    .build(),
+            )
+            .execute()
+            .await
+            .map_err(nl("set link alias"))?;
+        return Ok(true);
+    };
+    let mut changed = false;
+    if p.mtu != 0 && link.mtu != p.mtu {
+        h.link()
+            .set(LinkUnspec::new_with_index(link.index).mtu(p.mtu).build())
+            .execute()
+            .await
+            .map_err(nl("set link mtu"))?;
+        changed = true;
+    }
+    if link.up != p.up {
+        let b = LinkUnspec::new_with_index(link.index);
+        let b = if p.up { b.up() } else { b.down() };
+        h.link()
+            .set(b.build())
+            .execute()
+            .await
+            .map_err(nl("set link state"))?;
+        changed = true;
+    }
+    Ok(changed)
+}
+
+async fn remove_link_in_ns(h: Handle, name: String) -> Result<bool, RoutingError> {
+    let mut req = h.link().get().match_name(name.clone()).execute();
+    let msg = match req.try_next().await {
+        Ok(Some(m)) => m,
+        Ok(None) => return Ok(false),
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::ENODEV => {
+            return Ok(false)
+        }
+        Err(e) => return Err(nl("get link")(e)),
+    };
+    if link_alias(&msg) != Some(LINK_ALIAS) {
+        tracing::debug!(link = %name, "not removing a link wirespan did not create");
+        return Ok(false);
+    }
+    h.link()
+        .del(msg.header.index)
+        .execute()
+        .await
+        .map_err(nl("delete link"))?;
+    Ok(true)
+}
+
+fn addr_ours(m: &AddressMessage) -> bool {
+    m.attributes
+        .iter()
+        .any(|a| matches!(a, AddressAttribute::Protocol(p) if u8::from(*p) == RTPROT_WIRESPAN))
+}
+
+async fn apply_address_in_ns(h: Handle, p: AddressParams) -> Result<bool, RoutingError> {
+    use rtnetlink::packet_route::address::AddressProtocol;
+    let index = link_index(&h, &p.link).await?;
+    let have = link_addresses(&h, index).await?;
+    if let Some((_, msg)) = have.iter().find(|(a, _)| *a == p.address) {
+        if u8::from(msg.header.scope) == p.scope || !addr_ours(msg) {
+            return Ok(false);
+        }
+        h.address()
+            .del(msg.clone())
+            .execute()
+            .await
+            .map_err(nl("delete address"))?;
+    }
+    let mut req = h
+        .address()
+        .add(index, p.address.addr(), p.address.prefix_len());
+    req.message_mut().header.scope = p.scope.into();
+    req.message_mut()
+        .attributes
+        .push(AddressAttribute::Protocol(AddressProtocol::Other(
+            RTPROT_WIRESPAN,
+        )));
+    match req.execute().await {
+        Ok(()) => Ok(true),
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::EEXIST => Ok(false),
+        Err(e) => Err(nl("add address")(e)),
+    }
+}
+
+async fn remove_address_in_ns(h: Handle, p: AddressParams) -> Result<bool, RoutingError> {
+    let Some(link) = find_link(&h, &p.link).await? else {
+        return Ok(false);
+    };
+    let mut removed = false;
+    for (a, msg) in link_addresses(&h, link.index).await? {
+        if a == p.address && addr_ours(&msg) {
+            h.address()
+                .del(msg)
+                .execute()
+                .await
+                .map_err(nl("delete address"))?;
+            removed = true;
+        }
+    }
+    Ok(removed)
+}
+
+async fn all_routes(h: &Handle) -> Result<Vec<RouteMessage>, RoutingError> {
+    let mut out = Vec::new();
+    for msg in [
+        RouteMessageBuilder::<Ipv4Addr>::new().build(),
+        RouteMessageBuilder::<Ipv6Addr>::new().build(),
+    ] {
+        let routes: Vec<RouteMessage> = h
+            .route()
+            .get(msg)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(nl("get routes"))?;
+        out.extend(routes);
+    }
+    Ok(out)
+}
+
+fn same_route_key(o: &ObservedRoute, p: &RouteParams) -> bool {
+    o.destination == p.destination
+        && o.gateway == p.gateway
+        && o.table == p.table
+        && route_metric_eq(p.destination.addr().is_ipv6(), o.metric, p.metric)
+}
+
+fn build_route(p: &RouteParams, oif: Option<u32>) -> Result<RouteMessage, RoutingError> {
+    let bad =
+        |e: &dyn std::fmt::Display| RoutingError::Invalid(Invalid::new("route", e.to_string()));
+    let mut b = RouteMessageBuilder::<IpAddr>::new()
+        .destination_prefix(p.destination.addr(), p.destination.prefix_len())
+        .map_err(|e| bad(&e))?;
+    if let Some(g) = p.gateway {
+        b = b.gateway(g).map_err(|e| bad(&e))?;
+    }
+    if let Some(s) = p.source {
+        b = b.pref_source(s).map_err(|e| bad(&e))?;
+    }
+    if let Some(i) = oif {
+        b = b.output_interface(i);
+    }
+    let mut msg = b
+        .table_id(p.table)
+        .priority(p.metric)
+        .protocol(RouteProtocol::Other(RTPROT_WIRESPAN))
+        .scope(RouteScope::from(p.scope))
+        .kind(route_type_of(p.kind))
+        .build();
+    if p.mtu != 0 {
+        msg.attributes
+            .push(RouteAttribute::Metrics(vec![RouteMetric::Mtu(p.mtu)]));
+    }
+    Ok(msg)
+}
+
+async fn apply_route_in_ns(h: Handle, p: RouteParams) -> Result<bool, RoutingError> {
+    let oif = if p.out_link.is_empty() {
+        None
+    } else {
+        Some(link_index(&h, &p.out_link).await?)
+    };
+    let routes = all_routes(&h).await?;
+    let matching: Vec<(ObservedRoute, u32)> = routes
+        .iter()
+        .filter_map(|r| observed_route(r).map(|o| (o, route_mtu(r))))
+        .filter(|(o, _)| same_route_key(o, &p))
+        .collect();
+    if let Some((o, _)) = matching
+        .iter()
+        .find(|(o, _)| !is_ours_proto(o.protocol.into()))
+    {
+        tracing::warn!(destination = %o.destination, table = o.table,
+            "a route wirespan did not create has the same key; leaving it alone");
+        return Ok(false);
+    }
+    let equal = matching.iter().any(|(o, mtu)| {
+        o.oif == oif
+            && o.source == p.source
+            && o.scope == p.scope
+            && o.kind == p.kind
+            && *mtu == p.mtu
+    });
+    if equal {
+        return Ok(false);
+    }
+    h.route()
+        .add(build_route(&p, oif)?)
+        .replace()
+        .execute()
+        .await
+        .map_err(nl("add route"))?;
+    Ok(true)
+}
+
+async fn remove_route_in_ns(h: Handle, p: RouteParams) -> Result<bool, RoutingError> {
+    let mut removed = false;
+    for r in all_routes(&h).await? {
+        if !is_ours_proto(r.header.protocol) {
+            continue;
+        }
+        if observed_route(&r).is_some_and(|o| same_route_key(&o, &p)) {
+            h.route()
+                .del(r)
+                .execute()
+                .await
+                .map_err(nl("delete route"))?;
+            removed = true;
+        }
+    }
+    Ok(removed)
+}
+
+async fn all_rules(h: &Handle) -> Result<Vec<RuleMessage>, RoutingError> {
+    let mut out = Vec::new();
+    for v in [IpVersion::V4, IpVersion::V6] {
+        let rules: Vec<RuleMessage> = h
+            .rule()
+            .get(v)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(nl("get rules"))?;
+        out.extend(rules);
+    }
+    Ok(out)
+}
+
+fn rule_equal(o: &ObservedRule, p: &RuleParams) -> bool {
+    o.v6 == p.v6
+        && o.src == p.src
+        && o.dst == p.dst
+        && o.table == p.table
+        && o.priority == p.priority
+        && o.fwmark == p.fwmark
+        && o.fwmask == p.fwmask
+}
+
+async fn apply_rule_in_ns(h: Handle, p: RuleParams) -> Result<bool, RoutingError> {
+    let mut changed = false;
+    let mut present = false;
+    for r in all_rules(&h).await? {
+        let o = observed_rule(&r);
+        if o.v6 != p.v6 || o.priority != p.priority {
+            continue;
+        }
+        if rule_equal(&o, &p) {
+            present = true;
+        } else if o.protocol == RTPROT_WIRESPAN {
+            h.rule().del(r).execute().await.map_err(nl("delete rule"))?;
+            changed = true;
+        }
+    }
+    if present {
+        return Ok(changed);
+    }
+    let base = h
+        .rule()
+        .add()
+        .priority(p.priority)
+        .table_id(p.table)
+        .action(RuleAction::ToTable);
+    let mut extra = vec![RuleAttribute::Protocol(RouteProtocol::Other(
+        RTPROT_WIRESPAN,
+    ))];
+    if p.fwmark != 0 {
+        extra.push(RuleAttribute::FwMark(p.fwmark));
+    }
+    if p.fwmask != 0 {
+        extra.push(RuleAttribute::FwMask(p.fwmask));
+    }
+    let fill = |m: &mut RuleMessage| {
+        m.attributes.extend(extra.iter().cloned());
+        if let Some(s) = p.src {
+            m.header.src_len = s.prefix_len();
+            m.attributes.push(RuleAttribute::Source(s.addr()));
+        }
+        if let Some(d) = p.dst {
+            m.header.dst_len = d.prefix_len();
+            m.attributes.push(RuleAttribute::Destination(d.addr()));
+        }
+    };
+    let res = if p.v6 {
+        let mut req = base.v6();
+        fill(req.message_mut());
+        req.execute().await
+    } else {
+        let mut req = base.v4();
+        fill(req.message_mut());
+        req.execute().await
+    };
+    res.map_err(nl("add rule"))?;
+    Ok(true)
+}
+
+async fn remove_rule_in_ns(h: Handle, p: RuleParams) -> Result<bool, RoutingError> {
+    let mut removed = false;
+    for r in all_rules(&h).await? {
+        let o = observed_rule(&r);
+        if o.v6 == p.v6 && o.priority == p.priority && o.protocol == RTPROT_WIRESPAN {
+            h.rule().del(r).execute().await.map_err(nl("delete rule"))?;
+            removed = true;
+        }
+    }
+    Ok(removed)
+}
+
+async fn state_in_ns(h: Handle) -> Result<NetworkState, RoutingError> {
+    let links: Vec<_> = h
+        .link()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl("get links"))?;
+    let addrs: Vec<AddressMessage> = h
+        .address()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl("get addresses"))?;
+    Ok(NetworkState {
+        links: links.iter().map(observed_link).collect(),
+        addresses: addrs
+            .iter()
+            .filter_map(|m| {
+                addr_of(m).map(|address| ObservedAddress {
+                    link_index: m.header.index,
+                    address,
+                    scope: u8::from(m.header.scope),
+                    ours: addr_ours(m),
+                })
+            })
+            .collect(),
+        routes: all_routes(&h)
+            .await?
+            .iter()
+            .filter_map(observed_route)
+            .collect(),
+        rules: all_rules(&h).await?.iter().map(observed_rule).collect(),
+    })
+}
+
+impl NetlinkRouting {
+    fn run_op<T, Fut>(
+        &mut self,
+        f: impl FnOnce(Handle) -> Fut + Send + 'static,
+    ) -> Result<T, RoutingError>
+    where
+        T: Send + 'static,
+        Fut: std::future::Future<Output = Result<T, RoutingError>> + 'static,
+    {
+        let h = self.handle.clone();
+        self.thread.block_on(move || f(h))?
+    }
+
+    fn count(&mut self, wrote: bool) -> bool {
+        if wrote {
+            self.writes += 1;
+        }
+        wrote
+    }
+}
+
+impl NetworkConfig for NetlinkRouting {
+    fn apply_link(&mut self, p: &LinkParams) -> Result<bool, RoutingError> {
+        check_ifname("name", &p.name)?;
+        let p = p.clone();
+        let w = self.run_op(move |h| apply_link_in_ns(h, p))?;
+        Ok(self.count(w))
+    }
+
+    fn remove_link(&mut self, name: &str) -> Result<bool, RoutingError> {
+        let n = name.to_owned();
+        let w = self.run_op(move |h| remove_link_in_ns(h, n))?;
+        Ok(self.count(w))
+    }
+
+    fn apply_address(&mut self, p: &AddressParams) -> Result<bool, RoutingError> {
+        let p = p.clone();
+        let w = self.run_op(move |h| apply_address_in_ns(h, p))?;
+        Ok(self.count(w))
+    }
+
+    fn remove_address(&mut self, p: &AddressParams) -> Result<bool, RoutingError> {
+        let p = p.clone();
+        let w = self.run_op(move |h| remove_address_in_ns(h, p))?;
+        Ok(self.count(w))
+    }
+
+    fn apply_route(&mut self, p: &RouteParams) -> Result<bool, RoutingError> {
+        let p = p.clone();
+        let w = self.run_op(move |h| apply_route_in_ns(h, p))?;
+        Ok(self.count(w))
+    }
+
+    fn remove_route(&mut self, p: &RouteParams) -> Result<bool, RoutingError> {
+        let p = p.clone();
+        let w = self.run_op(move |h| remove_route_in_ns(h, p))?;
+        Ok(self.count(w))
+    }
+
+    fn apply_rule(&mut self, p: &RuleParams) -> Result<bool, RoutingError> {
+        let p = p.clone();
+        let w = self.run_op(move |h| apply_rule_in_ns(h, p))?;
+        Ok(self.count(w))
+    }
+
+    fn remove_rule(&mut self, p: &RuleParams) -> Result<bool, RoutingError> {
+        let p = p.clone();
+        let w = self.run_op(move |h| remove_rule_in_ns(h, p))?;
+        Ok(self.count(w))
+    }
+
+    fn state(&mut self) -> Result<NetworkState, RoutingError> {
+        self.run_op(state_in_ns)
+    }
+}

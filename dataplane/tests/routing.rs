@@ -237,3 +237,74 @@ fn invalid_spec_and_missing_link_write_nothing() {
     let routes = ip_json(&ns, &["-4", "route", "show", "table", "180"]);
     assert_eq!(routes[0]["metrics"][0]["mtu"], 1420);
 }
+
+#[test]
+fn generic_links_and_addresses_only_remove_what_wirespan_made() {
+    use wirespan_dataplane::routing::{
+        scope, AddressParams, LinkParams, NetworkConfig, LINK_ALIAS,
+    };
+    let ns = NetnsGuard::new("wsgen").unwrap();
+    ns.run("ip", &["link", "add", "theirs0", "type", "bridge"])
+        .unwrap();
+    let mut r = NetlinkRouting::new(ns.netns()).unwrap();
+    let ours = LinkParams {
+        name: "ours0".into(),
+        logical: true,
+        kind: "bridge".into(),
+        up: true,
+        mtu: 1400,
+    };
+    assert!(r.apply_link(&ours).unwrap());
+    assert!(!r.apply_link(&ours).unwrap(), "second apply is a no-op");
+    let link = &ip_json(&ns, &["-d", "link", "show", "ours0"])[0];
+    assert_eq!(link["ifalias"], LINK_ALIAS);
+    assert_eq!(link["mtu"], 1400);
+
+    // Physical (not logical) links are configured only; missing ones are reported.
+    let missing = LinkParams {
+        name: "nosuch0".into(),
+        up: true,
+        ..LinkParams::default()
+    };
+    assert!(matches!(
+        r.apply_link(&missing),
+        Err(RoutingError::LinkNotFound(_))
+    ));
+
+    // An address someone else added on the same link is never removed.
+    ns.run("ip", &["addr", "add", "10.9.9.9/24", "dev", "ours0"])
+        .unwrap();
+    let foreign = AddressParams {
+        link: "ours0".into(),
+        address: "10.9.9.9/24".parse().unwrap(),
+        scope: scope::UNIVERSE,
+    };
+    let mine = AddressParams {
+        address: "10.9.9.1/24".parse().unwrap(),
+        ..foreign.clone()
+    };
+    assert!(
+        !r.apply_address(&foreign).unwrap(),
+        "foreign address satisfies the spec"
+    );
+    assert!(r.apply_address(&mine).unwrap());
+    assert!(!r.remove_address(&foreign).unwrap());
+    assert!(r.remove_address(&mine).unwrap());
+    let addrs = ip_json(&ns, &["-4", "addr", "show", "dev", "ours0"]);
+    let locals: Vec<&str> = addrs[0]["addr_info"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|a| a["local"].as_str())
+        .collect();
+    assert_eq!(locals, vec!["10.9.9.9"]);
+
+    assert!(!r.remove_link("theirs0").unwrap(), "foreign link removed");
+    assert!(r.remove_link("ours0").unwrap());
+    let names: Vec<String> = ip_json(&ns, &["link", "show"])
+        .iter()
+        .filter_map(|l| l["ifname"].as_str().map(str::to_owned))
+        .collect();
+    assert!(names.contains(&"theirs0".to_owned()));
+    assert!(!names.contains(&"ours0".to_owned()));
+}

@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
+pub mod apply;
 pub mod bench;
 pub mod discovery;
 pub mod gen;

@@ -1,14 +1,26 @@
-//! `wirespan node`: the mesh daemon (skeleton: runtime, identity, resource API).
+//! `wirespan node`: the mesh daemon. Runs in the network namespace it was started
+//! in: loads `--config FILE` (and reloads it when it changes; `wirespan apply` replaces
+//! it through the API), runs the controllers and serves the resource API.
 
-use std::path::{Path, PathBuf};
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+    time::Duration,
+};
 
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 use wirespan_control::{
     api::server::{bind, serve, ResourceApi},
+    config::loader,
+    controllers::{network, probe},
     resources::{self, identity::NodeIdentityController, meta},
     runtime::{Runtime, Store, StoreOptions},
 };
+use wirespan_dataplane::{netns::Netns, routing::NetlinkRouting};
+
+/// How often the config file is checked for changes.
+const CONFIG_POLL: Duration = Duration::from_secs(2);
 
 /// Options of `wirespan node`.
 #[derive(Debug, clap::Args)]
@@ -16,6 +28,10 @@ pub struct Args {
     /// Directory for persistent state (node identity, keys).
     #[arg(long, env = "WIRESPAN_STATE_DIR", default_value = "/var/lib/wirespan")]
     pub state_dir: PathBuf,
+    /// Machine config (multi-document YAML); watched and reloaded on change. An
+    /// invalid file at start is fatal; an invalid change is rejected and logged.
+    #[arg(long, env = "WIRESPAN_CONFIG")]
+    pub config: Option<PathBuf>,
 }
 
 pub fn run(args: &Args, socket: &Path) -> anyhow::Result<()> {
@@ -30,15 +46,38 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
     let store = Store::new(StoreOptions::default());
     meta::register(&store, &resources::definitions())
         .context("registering resource definitions")?;
+    if let Some(path) = &args.config {
+        loader::apply_file(&store, path)
+            .with_context(|| format!("loading config {}", path.display()))?;
+    }
     let mut runtime = Runtime::new(store.clone());
     runtime.register(NodeIdentityController::new(args.state_dir.clone()))?;
+    let netns = Netns::current();
+    let net_deps = network::Deps {
+        net: Arc::new(Mutex::new(
+            NetlinkRouting::new(&netns).context("opening netlink")?,
+        )),
+        feed: Arc::new(network::NetlinkFeed(netns)),
+    };
+    network::register(&mut runtime, &net_deps)?;
+    probe::register(&mut runtime)?;
     wirespan_control::controllers::cluster::register(&mut runtime, Default::default())?;
-    let api = ResourceApi::new(store, Some(runtime.graph()));
+    let api = ResourceApi::new(store.clone(), Some(runtime.graph()))
+        .with_config_apply(args.config.clone());
     let listener = bind(socket)?;
     tracing::info!(socket = %socket.display(), state_dir = %args.state_dir.display(), "node started");
 
     let cancel = CancellationToken::new();
     let mut rt_task = tokio::spawn(runtime.run(cancel.clone()));
+    if let Some(path) = &args.config {
+        tokio::spawn(loader::watch_file(
+            store,
+            path.clone(),
+            CONFIG_POLL,
+            cancel.clone(),
+            None,
+        ));
+    }
     let mut api_task = tokio::spawn({
         let cancel = cancel.clone();
         let socket = socket.to_owned();

@@ -25,13 +25,32 @@ use crate::{
 pub struct ResourceApi {
     store: Store,
     graph: Option<GraphSource>,
+    config_apply: Option<ConfigApply>,
+}
+
+/// Where `ApplyConfig` persists an accepted config.
+#[derive(Debug, Clone)]
+struct ConfigApply {
+    file: Option<PathBuf>,
 }
 
 impl ResourceApi {
     /// Serves `store`; `graph` feeds `DependencyGraph`.
     #[must_use]
     pub fn new(store: Store, graph: Option<GraphSource>) -> Self {
-        Self { store, graph }
+        Self {
+            store,
+            graph,
+            config_apply: None,
+        }
+    }
+
+    /// Enables `ApplyConfig`; accepted configs are also written to `file` (atomically,
+    /// 0600) so the daemon's file watcher keeps them.
+    #[must_use]
+    pub fn with_config_apply(mut self, file: Option<PathBuf>) -> Self {
+        self.config_apply = Some(ConfigApply { file });
+        self
     }
 
     fn resolve(&self, name: &str) -> Result<Definition, Status> {
@@ -194,6 +213,35 @@ impl proto::resource_service_server::ResourceService for ResourceApi {
     ) -> Result<Response<proto::DefinitionsResponse>, Status> {
         Ok(Response::new(proto::DefinitionsResponse {
             definitions: meta::list(&self.store).iter().map(Into::into).collect(),
+        }))
+    }
+
+    async fn apply_config(
+        &self,
+        request: Request<proto::ApplyConfigRequest>,
+    ) -> Result<Response<proto::ApplyConfigResponse>, Status> {
+        let Some(apply) = &self.config_apply else {
+            return Err(Status::unimplemented("this server does not take configs"));
+        };
+        let req = request.into_inner();
+        if let Err(e) = crate::config::parse(&req.config) {
+            return Ok(Response::new(proto::ApplyConfigResponse {
+                changed: false,
+                errors: e.documents.iter().map(ToString::to_string).collect(),
+            }));
+        }
+        if req.dry_run {
+            return Ok(Response::new(proto::ApplyConfigResponse::default()));
+        }
+        if let Some(file) = &apply.file {
+            crate::resources::identity::write_atomic(file, req.config.as_bytes())
+                .map_err(|e| Status::internal(format!("writing {}: {e}", file.display())))?;
+        }
+        let changed = crate::config::loader::apply_text(&self.store, &req.config, "api")
+            .map_err(|e| Status::internal(e.to_string()))?;
+        Ok(Response::new(proto::ApplyConfigResponse {
+            changed,
+            errors: Vec::new(),
         }))
     }
 

@@ -18,6 +18,9 @@ use serde_yaml_ng::Value;
 pub mod cluster;
 pub mod duration;
 pub mod kubespan;
+pub mod loader;
+pub mod network;
+pub mod probe;
 
 /// The only `apiVersion` this build reads.
 pub const API_VERSION: &str = "v1alpha1";
@@ -202,6 +205,12 @@ documents! {
     DiscoveryServiceConfig => cluster::DiscoveryServiceConfig,
     KubeSpanConfig => kubespan::KubeSpanConfig,
     KubeSpanEndpointsConfig => kubespan::KubeSpanEndpointsConfig,
+    LinkConfig => network::LinkConfig,
+    AddressConfig => network::AddressConfig,
+    RouteConfig => network::RouteConfig,
+    RoutingRuleConfig => network::RoutingRuleConfig,
+    TcpProbeConfig => probe::TcpProbeConfig,
+    HttpProbeConfig => probe::HttpProbeConfig,
 }
 
 /// A parsed, validated configuration: its documents in file order.

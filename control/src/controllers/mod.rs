@@ -1,3 +1,5 @@
-//! Controllers of the node, one module per family.
+//! Controllers of the node, one module per family (spec `resource-runtime.md` §3–§7).
 
 pub mod cluster;
+pub mod network;
+pub mod probe;

@@ -5,7 +5,7 @@
 //! `network` with ids `<key>` (the `key()` of each spec). Status types and the
 //! controllers live with the network controllers.
 
-use std::net::IpAddr;
+use std::{net::IpAddr, time::Duration};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -103,6 +103,9 @@ pub enum Scope {
 
 macro_rules! network_kind {
     ($kind:ident, $spec:ty, $ty:literal, $display:literal, $ns:expr, [$($col:literal => $path:literal),*]) => {
+        network_kind!($kind, $spec, $ty, $display, $ns, [$($col => $path),*], aliases []);
+    };
+    ($kind:ident, $spec:ty, $ty:literal, $display:literal, $ns:expr, [$($col:literal => $path:literal),*], aliases [$($alias:literal),*]) => {
         #[doc = concat!("`", $display, "` resources.")]
         #[derive(Debug)]
         pub struct $kind;
@@ -113,6 +116,7 @@ macro_rules! network_kind {
             type Spec = $spec;
             fn definition() -> Definition {
                 Definition::new(Self::TYPE, $display, Self::DEFAULT_NAMESPACE)
+                    $(.alias($alias))*
                     $(.column($col, $path))*
             }
         }
@@ -120,17 +124,47 @@ macro_rules! network_kind {
 }
 
 network_kind!(LinkSpec, LinkSpecSpec, "LinkSpecs.net.wirespan.dev", "LinkSpec", NS,
-    ["Name" => ".name", "Up" => ".up", "MTU" => ".mtu", "Layer" => ".layer"]);
+    ["Name" => ".name", "Logical" => ".logical", "Up" => ".up", "MTU" => ".mtu", "Layer" => ".layer"],
+    aliases ["linkspecs"]);
 network_kind!(AddressSpec, AddressSpecSpec, "AddressSpecs.net.wirespan.dev", "AddressSpec", NS,
-    ["Address" => ".address", "Link" => ".linkName", "Layer" => ".layer"]);
+    ["Address" => ".address", "Link" => ".linkName", "Scope" => ".scope", "Layer" => ".layer"],
+    aliases ["addressspecs"]);
 network_kind!(RouteSpec, RouteSpecSpec, "RouteSpecs.net.wirespan.dev", "RouteSpec", NS,
-    ["Destination" => ".destination", "Gateway" => ".gateway", "Link" => ".outLinkName", "Table" => ".table", "Layer" => ".layer"]);
+    ["Destination" => ".destination", "Gateway" => ".gateway", "Link" => ".outLinkName", "Table" => ".table", "Metric" => ".priority", "Layer" => ".layer"],
+    aliases ["routespecs"]);
 network_kind!(RoutingRuleSpec, RoutingRuleSpecSpec, "RoutingRuleSpecs.net.wirespan.dev", "RoutingRuleSpec", NS,
-    ["Priority" => ".priority", "FwMark" => ".fwMark", "Table" => ".table", "Layer" => ".layer"]);
+    ["Priority" => ".priority", "Src" => ".src", "Dst" => ".dst", "FwMark" => ".fwMark", "Table" => ".table", "Layer" => ".layer"],
+    aliases ["routingrulespecs"]);
 network_kind!(HostnameStatus, HostnameStatusSpec, "HostnameStatuses.net.wirespan.dev", "HostnameStatus", NS,
-    ["Hostname" => ".hostname", "Domainname" => ".domainname"]);
+    ["Hostname" => ".hostname", "Domainname" => ".domainname"],
+    aliases ["hostname"]);
+network_kind!(ResolverStatus, ResolverStatusSpec, "ResolverStatuses.net.wirespan.dev", "ResolverStatus", NS,
+    ["Servers" => ".dnsServers", "Search" => ".searchDomains"],
+    aliases ["resolvers"]);
 network_kind!(NodeAddress, NodeAddressSpec, "NodeAddresses.net.wirespan.dev", "NodeAddress", NS,
-    ["Addresses" => ".addresses"]);
+    ["Addresses" => ".addresses"],
+    aliases ["nodeaddresses"]);
+network_kind!(NodeAddressFilter, NodeAddressFilterSpec, "NodeAddressFilters.net.wirespan.dev", "NodeAddressFilter", NS,
+    ["Include" => ".includeSubnets", "Exclude" => ".excludeSubnets"],
+    aliases ["nodeaddressfilters"]);
+network_kind!(LinkStatus, LinkStatusSpec, "LinkStatuses.net.wirespan.dev", "LinkStatus", NS,
+    ["Index" => ".index", "Kind" => ".kind", "Up" => ".up", "Oper" => ".operState", "MTU" => ".mtu"],
+    aliases ["links", "link", "linkstatuses"]);
+network_kind!(AddressStatus, AddressStatusSpec, "AddressStatuses.net.wirespan.dev", "AddressStatus", NS,
+    ["Address" => ".address", "Link" => ".linkName", "Scope" => ".scope"],
+    aliases ["addresses", "address", "addressstatuses"]);
+network_kind!(RouteStatus, RouteStatusSpec, "RouteStatuses.net.wirespan.dev", "RouteStatus", NS,
+    ["Destination" => ".destination", "Gateway" => ".gateway", "Link" => ".outLinkName", "Table" => ".table", "Metric" => ".priority"],
+    aliases ["routes", "route", "routestatuses"]);
+network_kind!(RoutingRuleStatus, RoutingRuleStatusSpec, "RoutingRuleStatuses.net.wirespan.dev", "RoutingRuleStatus", NS,
+    ["Priority" => ".priority", "Src" => ".src", "Dst" => ".dst", "FwMark" => ".fwMark", "Table" => ".table"],
+    aliases ["routingrules", "routingrule", "rules", "routingrulestatuses"]);
+network_kind!(ProbeSpec, ProbeSpecSpec, "ProbeSpecs.net.wirespan.dev", "ProbeSpec", NS,
+    ["Interval" => ".interval", "Threshold" => ".failureThreshold", "TCP" => ".tcp.endpoint", "HTTP" => ".http.url", "Layer" => ".layer"],
+    aliases ["probespecs"]);
+network_kind!(ProbeStatus, ProbeStatusSpec, "ProbeStatuses.net.wirespan.dev", "ProbeStatus", NS,
+    ["Success" => ".success", "LastError" => ".lastError"],
+    aliases ["probestatuses", "probes"]);
 
 /// A link to configure. Field-wise merge: a higher layer overrides only non-zero
 /// fields. Logical links (kind set) are created and deleted; physical ones (and links
@@ -150,6 +184,14 @@ pub struct LinkSpecSpec {
     pub kind: String,
     /// Source layer.
     pub layer: ConfigLayer,
+}
+
+impl LinkSpecSpec {
+    /// Merge key: the link name.
+    #[must_use]
+    pub fn key(&self) -> String {
+        self.name.clone()
+    }
 }
 
 /// An address on a link.
@@ -316,6 +358,216 @@ pub struct NodeAddressSpec {
     pub addresses: Vec<IpNet>,
 }
 
+/// Id of the one resolver status.
+pub const RESOLVERS: &str = "resolvers";
+
+/// The resolvers the node uses (`network/ResolverStatus resolvers`, from
+/// `/etc/resolv.conf`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolverStatusSpec {
+    /// Name servers in file order.
+    pub dns_servers: Vec<IpAddr>,
+    /// Search domains in file order.
+    pub search_domains: Vec<String>,
+}
+
+/// Which addresses a filtered `NodeAddress` keeps (`routed-<id>`, `current-<id>`,
+/// `accumulative-<id>`): in some include subnet (when there are includes) and in no
+/// exclude subnet.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeAddressFilterSpec {
+    /// Keep only addresses inside one of these (empty = all).
+    pub include_subnets: Vec<IpNet>,
+    /// Drop addresses inside any of these.
+    pub exclude_subnets: Vec<IpNet>,
+}
+
+impl NodeAddressFilterSpec {
+    /// Whether the filter keeps `addr`.
+    #[must_use]
+    pub fn keeps(&self, addr: &IpNet) -> bool {
+        let ip = addr.addr();
+        (self.include_subnets.is_empty() || self.include_subnets.iter().any(|n| n.contains(&ip)))
+            && !self.exclude_subnets.iter().any(|n| n.contains(&ip))
+    }
+}
+
+/// A link as the kernel has it (`network/LinkStatus <name>`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LinkStatusSpec {
+    /// Interface name.
+    pub name: String,
+    /// ifindex.
+    pub index: u32,
+    /// Link kind (`dummy`, `wireguard`, …; empty for physical links).
+    pub kind: String,
+    /// Hardware type (`ether`, `loopback`, `none`, …).
+    pub r#type: String,
+    /// Administratively up.
+    pub up: bool,
+    /// Operational state (`up`, `down`, `unknown`, …).
+    pub oper_state: String,
+    /// Carrier present.
+    pub carrier: bool,
+    /// MTU.
+    pub mtu: u32,
+    /// Hardware address (`aa:bb:…`), empty when none.
+    pub hardware_addr: String,
+    /// Physical (no link kind and not loopback).
+    pub physical: bool,
+}
+
+impl LinkStatusSpec {
+    /// Spec §6 step 1: oper state up or unknown, and carrier present on physical links.
+    #[must_use]
+    pub fn is_up(&self) -> bool {
+        matches!(self.oper_state.as_str(), "up" | "unknown") && (!self.physical || self.carrier)
+    }
+}
+
+/// An address as the kernel has it (`network/AddressStatus <link>/<prefix>`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AddressStatusSpec {
+    /// Address with prefix length.
+    pub address: Option<IpNet>,
+    /// Link name.
+    pub link_name: String,
+    /// ifindex of the link.
+    pub link_index: u32,
+    /// Family.
+    pub family: Family,
+    /// Scope.
+    pub scope: Scope,
+}
+
+/// A route as the kernel has it (`network/RouteStatus <route key>`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteStatusSpec {
+    /// Family.
+    pub family: Family,
+    /// Destination; `None` = default route.
+    pub destination: Option<IpNet>,
+    /// Preferred source.
+    pub source: Option<IpAddr>,
+    /// Gateway.
+    pub gateway: Option<IpAddr>,
+    /// Outgoing link.
+    pub out_link_name: String,
+    /// Table.
+    pub table: u32,
+    /// Metric.
+    pub priority: u32,
+    /// Scope.
+    pub scope: Scope,
+    /// Type.
+    pub r#type: RouteType,
+    /// Route protocol number (211 = wirespan).
+    pub protocol: u8,
+}
+
+/// A routing rule as the kernel has it (`network/RoutingRuleStatus <family>/<priority>`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RoutingRuleStatusSpec {
+    /// Family.
+    pub family: Family,
+    /// Source match.
+    pub src: Option<IpNet>,
+    /// Destination match.
+    pub dst: Option<IpNet>,
+    /// Table looked up.
+    pub table: u32,
+    /// Priority.
+    pub priority: u32,
+    /// Firewall mark.
+    pub fw_mark: u32,
+    /// Mark mask.
+    pub fw_mask: u32,
+    /// Route protocol number (211 = wirespan).
+    pub protocol: u8,
+}
+
+/// A TCP probe: connect to `endpoint` within `timeout`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TcpProbeSpec {
+    /// `host:port`.
+    pub endpoint: String,
+    /// Connect timeout.
+    #[serde(with = "crate::config::duration")]
+    pub timeout: Duration,
+}
+
+/// An HTTP probe: GET `url` within `timeout`; 200–399 is success.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpProbeSpec {
+    /// `http://…` or `https://…`.
+    pub url: String,
+    /// Timeout of the whole request up to the status line.
+    #[serde(with = "crate::config::duration")]
+    pub timeout: Duration,
+}
+
+/// A connectivity probe (exactly one of `tcp` and `http` is set).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeSpecSpec {
+    /// Time between probes.
+    #[serde(with = "crate::config::duration")]
+    pub interval: Duration,
+    /// Consecutive failures before a failure is reported (0 and 1: the first).
+    pub failure_threshold: u32,
+    /// TCP probe.
+    pub tcp: Option<TcpProbeSpec>,
+    /// HTTP probe.
+    pub http: Option<HttpProbeSpec>,
+    /// Source layer.
+    pub layer: ConfigLayer,
+}
+
+impl ProbeSpecSpec {
+    /// Merge key (spec §4.2): `tcp:<endpoint>` or `http:<url without userinfo>`.
+    #[must_use]
+    pub fn key(&self) -> String {
+        if let Some(t) = &self.tcp {
+            format!("tcp:{}", t.endpoint)
+        } else if let Some(h) = &self.http {
+            format!("http:{}", strip_userinfo(&h.url))
+        } else {
+            String::new()
+        }
+    }
+}
+
+/// `scheme://user:pass@host/…` without `user:pass@`.
+#[must_use]
+pub fn strip_userinfo(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..auth_end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}
+
+/// A probe's result (`network/ProbeStatus <probe id>`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProbeStatusSpec {
+    /// The last reported outcome.
+    pub success: bool,
+    /// Error of the last reported failure (empty on success).
+    pub last_error: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -350,5 +602,21 @@ mod tests {
         };
         assert_eq!(a.key(), "kubespan/fd00::1/64");
         assert!(ConfigLayer::Configuration > ConfigLayer::Operator);
+        let p = ProbeSpecSpec {
+            http: Some(HttpProbeSpec {
+                url: "https://user:pw@example.com:8443/health?x=1".into(),
+                timeout: Duration::from_secs(1),
+            }),
+            ..ProbeSpecSpec::default()
+        };
+        assert_eq!(p.key(), "http:https://example.com:8443/health?x=1");
+        let p = ProbeSpecSpec {
+            tcp: Some(TcpProbeSpec {
+                endpoint: "10.0.0.1:22".into(),
+                timeout: Duration::from_secs(1),
+            }),
+            ..ProbeSpecSpec::default()
+        };
+        assert_eq!(p.key(), "tcp:10.0.0.1:22");
     }
 }

@@ -1,0 +1,298 @@
+//! Network documents: `LinkConfig`, `AddressConfig`, `RouteConfig`,
+//! `RoutingRuleConfig` (minimal). The config controller turns them into
+//! `network-config/*Spec configuration/<key>`.
+//!
+//! ```yaml
+//! apiVersion: v1alpha1
+//! kind: LinkConfig
+//! name: dummy0          # the link
+//! linkKind: dummy       # create a logical link of this kind (dummy or bridge)
+//! up: true              # default true
+//! mtu: 1400             # optional
+//! ---
+//! apiVersion: v1alpha1
+//! kind: AddressConfig
+//! link: dummy0
+//! address: 10.9.0.1/24
+//! ---
+//! apiVersion: v1alpha1
+//! kind: RouteConfig
+//! destination: 10.10.0.0/16   # omitted: default route
+//! gateway: 10.9.0.254
+//! link: dummy0
+//! table: 254                  # default main
+//! metric: 1024
+//! ---
+//! apiVersion: v1alpha1
+//! kind: RoutingRuleConfig
+//! priority: 1000
+//! table: 100
+//! src: 10.9.0.0/24
+//! ```
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigDocument, FieldError};
+
+fn check_ifname(field: &str, name: &str, errs: &mut Vec<FieldError>) {
+    if name.is_empty() {
+        errs.push(FieldError::new(field, "is required"));
+    } else if name.len() > 15 || name.contains(['/', ' ', ':']) || name == "." || name == ".." {
+        errs.push(FieldError::new(
+            field,
+            format!(
+                "{name:?} is not a valid interface name (at most 15 bytes, no '/', ':' or space)"
+            ),
+        ));
+    }
+}
+
+fn check_mtu(mtu: Option<u32>, errs: &mut Vec<FieldError>) {
+    if let Some(m) = mtu {
+        if !(68..=65535).contains(&m) {
+            errs.push(FieldError::new("mtu", format!("{m} is outside 68..=65535")));
+        }
+    }
+}
+
+/// A link to configure (physical) or create (`linkKind: dummy`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LinkConfig {
+    /// Interface name (also the document's name).
+    pub name: String,
+    /// Kind of logical link to create; absent for physical links.
+    #[serde(default)]
+    pub link_kind: Option<String>,
+    /// Administratively up (default true).
+    #[serde(default)]
+    pub up: Option<bool>,
+    /// MTU.
+    #[serde(default)]
+    pub mtu: Option<u32>,
+}
+
+impl ConfigDocument for LinkConfig {
+    const KIND: &'static str = "LinkConfig";
+    const SINGLETON: bool = false;
+    fn name(&self) -> Option<&str> {
+        Some(&self.name)
+    }
+    fn validate(&self) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        check_ifname("name", &self.name, &mut errs);
+        check_mtu(self.mtu, &mut errs);
+        if let Some(k) = &self.link_kind {
+            if k != "dummy" && k != "bridge" {
+                errs.push(FieldError::new(
+                    "linkKind",
+                    format!("{k:?} is not supported (only \"dummy\" and \"bridge\")"),
+                ));
+            }
+        }
+        errs
+    }
+}
+
+/// Address scope in config documents.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ScopeName {
+    /// Global.
+    #[default]
+    Global,
+    /// Site.
+    Site,
+    /// Link.
+    Link,
+    /// Host.
+    Host,
+}
+
+/// An address on a link.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AddressConfig {
+    /// Link.
+    pub link: String,
+    /// Address with prefix length.
+    pub address: Option<IpNet>,
+    /// Scope (default global).
+    #[serde(default)]
+    pub scope: ScopeName,
+}
+
+impl ConfigDocument for AddressConfig {
+    const KIND: &'static str = "AddressConfig";
+    const SINGLETON: bool = false;
+    fn validate(&self) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        check_ifname("link", &self.link, &mut errs);
+        match self.address {
+            None => errs.push(FieldError::new("address", "is required")),
+            Some(a) if a.addr().is_unspecified() || a.addr().is_multicast() => errs.push(
+                FieldError::new("address", format!("{a} is not a unicast address")),
+            ),
+            Some(_) => {}
+        }
+        errs
+    }
+}
+
+/// A route.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RouteConfig {
+    /// Destination; absent = default route (family from the gateway, else IPv4).
+    #[serde(default)]
+    pub destination: Option<IpNet>,
+    /// Gateway.
+    #[serde(default)]
+    pub gateway: Option<IpAddr>,
+    /// Preferred source.
+    #[serde(default)]
+    pub source: Option<IpAddr>,
+    /// Outgoing link.
+    #[serde(default)]
+    pub link: String,
+    /// Table (default 254, main).
+    #[serde(default)]
+    pub table: Option<u32>,
+    /// Metric (default 1024).
+    #[serde(default)]
+    pub metric: Option<u32>,
+    /// Route MTU.
+    #[serde(default)]
+    pub mtu: Option<u32>,
+}
+
+impl RouteConfig {
+    /// IPv6 route.
+    #[must_use]
+    pub fn is_v6(&self) -> bool {
+        self.destination
+            .map(|d| d.addr().is_ipv6())
+            .or(self.gateway.map(|g| g.is_ipv6()))
+            .unwrap_or(false)
+    }
+}
+
+impl ConfigDocument for RouteConfig {
+    const KIND: &'static str = "RouteConfig";
+    const SINGLETON: bool = false;
+    fn validate(&self) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        if !self.link.is_empty() {
+            check_ifname("link", &self.link, &mut errs);
+        }
+        if self.link.is_empty() && self.gateway.is_none() {
+            errs.push(FieldError::new("link", "a route needs a link or a gateway"));
+        }
+        let v6 = self.is_v6();
+        if let Some(g) = self.gateway {
+            if g.is_ipv6() != v6 {
+                errs.push(FieldError::new(
+                    "gateway",
+                    format!("{g} is not of the destination's family"),
+                ));
+            }
+        }
+        if let Some(s) = self.source {
+            if s.is_ipv6() != v6 {
+                errs.push(FieldError::new(
+                    "source",
+                    format!("{s} is not of the destination's family"),
+                ));
+            }
+        }
+        if let Some(t) = self.table {
+            if t == 0 || t == 255 {
+                errs.push(FieldError::new(
+                    "table",
+                    format!("{t} is reserved (unspec, local)"),
+                ));
+            }
+        }
+        check_mtu(self.mtu, &mut errs);
+        errs
+    }
+}
+
+/// A policy routing rule.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RoutingRuleConfig {
+    /// Priority (1..=32765).
+    pub priority: u32,
+    /// Table to look up.
+    pub table: u32,
+    /// IPv6 rule (derived from `src`/`dst` when they are set).
+    #[serde(default)]
+    pub ipv6: bool,
+    /// Source match.
+    #[serde(default)]
+    pub src: Option<IpNet>,
+    /// Destination match.
+    #[serde(default)]
+    pub dst: Option<IpNet>,
+    /// Mark to match.
+    #[serde(default)]
+    pub fw_mark: u32,
+    /// Mark mask.
+    #[serde(default)]
+    pub fw_mask: u32,
+}
+
+impl RoutingRuleConfig {
+    /// IPv6 rule.
+    #[must_use]
+    pub fn is_v6(&self) -> bool {
+        self.src
+            .or(self.dst)
+            .map_or(self.ipv6, |n| n.addr().is_ipv6())
+    }
+}
+
+impl ConfigDocument for RoutingRuleConfig {
+    const KIND: &'static str = "RoutingRuleConfig";
+    const SINGLETON: bool = false;
+    fn validate(&self) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        if !(1..=32765).contains(&self.priority) {
+            errs.push(FieldError::new(
+                "priority",
+                format!(
+                    "{} is outside 1..=32765 (0, 32766 and 32767 are the kernel's)",
+                    self.priority
+                ),
+            ));
+        }
+        if matches!(self.table, 0 | 255) {
+            errs.push(FieldError::new(
+                "table",
+                format!("{} is reserved (unspec, local)", self.table),
+            ));
+        }
+        let v6 = self.is_v6();
+        for (field, n) in [("src", self.src), ("dst", self.dst)] {
+            if let Some(n) = n {
+                if n.addr().is_ipv6() != v6 {
+                    errs.push(FieldError::new(
+                        field,
+                        format!("{n} mixes address families"),
+                    ));
+                }
+            }
+        }
+        if self.fw_mark & !self.fw_mask != 0 && self.fw_mask != 0 {
+            errs.push(FieldError::new(
+                "fwMark",
+                format!("{:#x} is outside fwMask {:#x}", self.fw_mark, self.fw_mask),
+            ));
+        }
+        errs
+    }
+}

@@ -1,0 +1,276 @@
+//! `TCPProbeConfig` and `HTTPProbeConfig` documents (spec §7.1).
+//!
+//! ```yaml
+//! apiVersion: v1alpha1
+//! kind: HTTPProbeConfig
+//! name: proxy-check
+//! url: https://example.com/health   # http or https, absolute, non-empty host
+//! interval: 30s                     # default 1s
+//! timeout: 5s                       # default 10s
+//! failureThreshold: 3               # default 0 (the first failure is reported)
+//! ---
+//! apiVersion: v1alpha1
+//! kind: TCPProbeConfig
+//! name: api
+//! endpoint: 10.0.0.1:6443
+//! ```
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use super::{ConfigDocument, FieldError};
+
+/// Default probe interval.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(1);
+/// Default probe timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Parses a duration field, with the spec's message for negative values
+/// (`<what> cannot be negative: <d>`).
+fn duration_field(
+    field: &str,
+    what: &str,
+    text: Option<&str>,
+    errs: &mut Vec<FieldError>,
+) -> Option<Duration> {
+    let t = text?.trim();
+    if t.starts_with('-') {
+        errs.push(FieldError::new(
+            field,
+            format!("{what} cannot be negative: {t}"),
+        ));
+        return None;
+    }
+    match super::duration::parse(t) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            errs.push(FieldError::new(field, e));
+            None
+        }
+    }
+}
+
+/// Interval and timeout of a valid probe document (defaults applied).
+fn durations(interval: Option<&str>, timeout: Option<&str>) -> (Duration, Duration) {
+    let mut ignored = Vec::new();
+    (
+        or_default(
+            duration_field("", "", interval, &mut ignored),
+            DEFAULT_INTERVAL,
+        ),
+        or_default(
+            duration_field("", "", timeout, &mut ignored),
+            DEFAULT_TIMEOUT,
+        ),
+    )
+}
+
+fn common(name: &str, failure_threshold: i64, interval: Option<&str>, errs: &mut Vec<FieldError>) {
+    duration_field("interval", "probe interval", interval, errs);
+    if name.is_empty() {
+        errs.push(FieldError::new("name", "probe name is required"));
+    }
+    if failure_threshold < 0 {
+        errs.push(FieldError::new(
+            "failureThreshold",
+            format!("probe failure threshold cannot be negative: {failure_threshold}"),
+        ));
+    } else if u32::try_from(failure_threshold).is_err() {
+        errs.push(FieldError::new("failureThreshold", "is too large"));
+    }
+}
+
+/// A TCP connect probe.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TcpProbeConfig {
+    /// Name (required; not part of the probe id).
+    #[serde(default)]
+    pub name: String,
+    /// `host:port`.
+    #[serde(default)]
+    pub endpoint: String,
+    /// Interval (`1s`; 0 or absent ⇒ 1 s).
+    #[serde(default)]
+    pub interval: Option<String>,
+    /// Connect timeout (`10s`; 0 or absent ⇒ 10 s).
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// Consecutive failures before reporting.
+    #[serde(default)]
+    pub failure_threshold: i64,
+}
+
+impl TcpProbeConfig {
+    /// Interval and timeout with defaults (valid documents only).
+    #[must_use]
+    pub fn durations(&self) -> (Duration, Duration) {
+        durations(self.interval.as_deref(), self.timeout.as_deref())
+    }
+}
+
+impl ConfigDocument for TcpProbeConfig {
+    const KIND: &'static str = "TCPProbeConfig";
+    const SINGLETON: bool = false;
+    fn name(&self) -> Option<&str> {
+        Some(&self.name)
+    }
+    fn validate(&self) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        common(
+            &self.name,
+            self.failure_threshold,
+            self.interval.as_deref(),
+            &mut errs,
+        );
+        duration_field(
+            "timeout",
+            "TCP probe timeout",
+            self.timeout.as_deref(),
+            &mut errs,
+        );
+        if self.endpoint.is_empty() {
+            errs.push(FieldError::new(
+                "endpoint",
+                "TCP probe endpoint is required",
+            ));
+        } else if !self
+            .endpoint
+            .rsplit_once(':')
+            .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok_and(|p| p != 0))
+        {
+            errs.push(FieldError::new(
+                "endpoint",
+                format!(
+                    "TCP probe endpoint must be host:port, got {:?}",
+                    self.endpoint
+                ),
+            ));
+        }
+        errs
+    }
+}
+
+/// An HTTP GET probe.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct HttpProbeConfig {
+    /// Name (required; not part of the probe id).
+    #[serde(default)]
+    pub name: String,
+    /// `http://…` or `https://…`.
+    #[serde(default)]
+    pub url: String,
+    /// Interval (`1s`; 0 or absent ⇒ 1 s).
+    #[serde(default)]
+    pub interval: Option<String>,
+    /// Request timeout (`10s`; 0 or absent ⇒ 10 s).
+    #[serde(default)]
+    pub timeout: Option<String>,
+    /// Consecutive failures before reporting.
+    #[serde(default)]
+    pub failure_threshold: i64,
+}
+
+/// Checks an HTTP probe URL; the message is the spec's.
+///
+/// # Errors
+/// The problem.
+pub fn check_probe_url(url: &str) -> Result<(), String> {
+    if url.is_empty() {
+        return Err("HTTP probe URL is required".to_owned());
+    }
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return Err(
+            "HTTP probe URL must be an absolute http or https URL with a non-empty host".to_owned(),
+        );
+    };
+    let scheme_l = scheme.to_ascii_lowercase();
+    if scheme_l != "http" && scheme_l != "https" {
+        return Err(format!(
+            "HTTP probe URL scheme must be http or https, got {scheme:?}"
+        ));
+    }
+    let auth = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let host_port = auth.rsplit_once('@').map_or(auth, |(_, h)| h);
+    let host = if host_port.starts_with('[') {
+        host_port
+            .split(']')
+            .next()
+            .unwrap_or("")
+            .trim_start_matches('[')
+    } else {
+        host_port.split(':').next().unwrap_or("")
+    };
+    if host.is_empty() {
+        return Err(
+            "HTTP probe URL must be an absolute http or https URL with a non-empty host".to_owned(),
+        );
+    }
+    Ok(())
+}
+
+impl HttpProbeConfig {
+    /// Interval and timeout with defaults (valid documents only).
+    #[must_use]
+    pub fn durations(&self) -> (Duration, Duration) {
+        durations(self.interval.as_deref(), self.timeout.as_deref())
+    }
+}
+
+impl ConfigDocument for HttpProbeConfig {
+    const KIND: &'static str = "HTTPProbeConfig";
+    const SINGLETON: bool = false;
+    fn name(&self) -> Option<&str> {
+        Some(&self.name)
+    }
+    fn validate(&self) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        common(
+            &self.name,
+            self.failure_threshold,
+            self.interval.as_deref(),
+            &mut errs,
+        );
+        duration_field(
+            "timeout",
+            "HTTP probe timeout",
+            self.timeout.as_deref(),
+            &mut errs,
+        );
+        if let Err(e) = check_probe_url(&self.url) {
+            errs.push(FieldError::new("url", e));
+        }
+        errs
+    }
+}
+
+/// `d` unless zero or absent, else `default`.
+#[must_use]
+pub fn or_default(d: Option<Duration>, default: Duration) -> Duration {
+    d.filter(|d| !d.is_zero()).unwrap_or(default)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_probe_error_is_reported_with_document_and_field() {
+        let text = "apiVersion: v1alpha1\nkind: HTTPProbeConfig\nname: \"\"\nurl: gopher://x\ntimeout: -1s\ninterval: -2s\nfailureThreshold: -3\n---\n\
+                    apiVersion: v1alpha1\nkind: TCPProbeConfig\nname: t\n---\n\
+                    apiVersion: v1alpha1\nkind: HTTPProbeConfig\nname: h\nurl: http:///x\n";
+        let err = crate::config::parse(text).unwrap_err().to_string();
+        for want in [
+            "document 1 (HTTPProbeConfig \"\")",
+            "name: probe name is required",
+            "url: HTTP probe URL scheme must be http or https, got \"gopher\"",
+            "timeout: HTTP probe timeout cannot be negative: -1s",
+            "interval: probe interval cannot be negative: -2s",
+            "failureThreshold: probe failure threshold cannot be negative: -3",
+            "document 2 (TCPProbeConfig \"t\"): endpoint: TCP probe endpoint is required",
+            "document 3 (HTTPProbeConfig \"h\"): url: HTTP probe URL must be an absolute http or https URL with a non-empty host",
+        ] {
+            assert!(err.contains(want), "missing {want:?} in {err}");
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! The network config controller: `LinkConfig`, `AddressConfig`, `RouteConfig` and
+//! `RoutingRuleConfig` documents of `config/MachineConfig active` become
+//! `network-config/*Spec configuration/<key>` (tracked: a removed document removes its
+//! spec).
+
+use futures::future::BoxFuture;
+
+use crate::{
+    config::network::{AddressConfig, LinkConfig, RouteConfig, RoutingRuleConfig, ScopeName},
+    resources::{
+        config::{MachineConfig, ACTIVE},
+        network::{
+            AddressSpec, AddressSpecSpec, ConfigLayer, Family, LinkSpec, LinkSpecSpec, RouteSpec,
+            RouteSpecSpec, RouteType, RoutingRuleSpec, RoutingRuleSpecSpec, Scope, NS_CONFIG,
+            TABLE_MAIN,
+        },
+    },
+    runtime::{
+        Controller, ControllerResult, ControllerRuntime, Input, InputKind, Kind, Output,
+        ResourceKind,
+    },
+};
+
+const LAYER: ConfigLayer = ConfigLayer::Configuration;
+
+fn raw_id(key: &str) -> String {
+    format!("{}/{key}", LAYER.prefix())
+}
+
+/// Specs of the network documents of one config.
+#[derive(Debug, Default, PartialEq)]
+pub struct NetworkSpecs {
+    /// Links.
+    pub links: Vec<LinkSpecSpec>,
+    /// Addresses.
+    pub addresses: Vec<AddressSpecSpec>,
+    /// Routes.
+    pub routes: Vec<RouteSpecSpec>,
+    /// Rules.
+    pub rules: Vec<RoutingRuleSpecSpec>,
+}
+
+/// Pure mapping of documents to configuration-layer specs.
+#[must_use]
+pub fn specs(cfg: &crate::config::MachineConfig) -> NetworkSpecs {
+    let mut out = NetworkSpecs::default();
+    for l in cfg.documents_of::<LinkConfig>() {
+        out.links.push(LinkSpecSpec {
+            name: l.name.clone(),
+            logical: l.link_kind.is_some(),
+            up: l.up.unwrap_or(true),
+            mtu: l.mtu.unwrap_or(0),
+            kind: l.link_kind.clone().unwrap_or_default(),
+            layer: LAYER,
+        });
+    }
+    for a in cfg.documents_of::<AddressConfig>() {
+        out.addresses.push(AddressSpecSpec {
+            address: a.address,
+            link_name: a.link.clone(),
+            scope: match a.scope {
+                ScopeName::Global => Scope::Global,
+                ScopeName::Site => Scope::Site,
+                ScopeName::Link => Scope::Link,
+                ScopeName::Host => Scope::Host,
+            },
+            layer: LAYER,
+        });
+    }
+    for r in cfg.documents_of::<RouteConfig>() {
+        out.routes.push(RouteSpecSpec {
+            family: if r.is_v6() {
+                Family::Inet6
+            } else {
+                Family::Inet4
+            },
+            destination: r.destination.filter(|d| d.prefix_len() != 0),
+            source: r.source,
+            gateway: r.gateway,
+            out_link_name: r.link.clone(),
+            table: r.table.unwrap_or(TABLE_MAIN),
+            priority: r.metric.unwrap_or(1024),
+            scope: if r.gateway.is_none() && r.destination.is_some_and(|d| d.prefix_len() != 0) {
+                Scope::Link
+            } else {
+                Scope::Global
+            },
+            r#type: RouteType::Unicast,
+            mtu: r.mtu.unwrap_or(0),
+            layer: LAYER,
+        });
+    }
+    for r in cfg.documents_of::<RoutingRuleConfig>() {
+        out.rules.push(RoutingRuleSpecSpec {
+            family: if r.is_v6() {
+                Family::Inet6
+            } else {
+                Family::Inet4
+            },
+            src: r.src,
+            dst: r.dst,
+            table: r.table,
+            priority: r.priority,
+            fw_mark: r.fw_mark,
+            fw_mask: r.fw_mask,
+            layer: LAYER,
+        });
+    }
+    out
+}
+
+/// Writes configuration-layer network specs (Shared outputs).
+#[derive(Debug, Default)]
+pub struct NetworkConfigController;
+
+impl Controller for NetworkConfigController {
+    fn name(&self) -> &str {
+        "NetworkConfigController"
+    }
+
+    fn inputs(&self) -> Vec<Input> {
+        vec![Input::id_of::<MachineConfig>(
+            MachineConfig::DEFAULT_NAMESPACE,
+            ACTIVE,
+            InputKind::Weak,
+        )]
+    }
+
+    fn outputs(&self) -> Vec<Output> {
+        vec![
+            Output::shared::<LinkSpec>(),
+            Output::shared::<AddressSpec>(),
+            Output::shared::<RouteSpec>(),
+            Output::shared::<RoutingRuleSpec>(),
+        ]
+    }
+
+    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+        Box::pin(async move {
+            while rt.next_round().await {
+                let cfg = rt.get_opt::<MachineConfig>(MachineConfig::DEFAULT_NAMESPACE, ACTIVE)?;
+                let s = cfg.map(|c| specs(&c.spec.config)).unwrap_or_default();
+                rt.start_tracking_outputs()?;
+                for spec in s.links {
+                    rt.modify::<LinkSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
+                        r.spec = spec.clone();
+                    })?;
+                }
+                for spec in s.addresses {
+                    rt.modify::<AddressSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
+                        r.spec = spec.clone();
+                    })?;
+                }
+                for spec in s.routes {
+                    rt.modify::<RouteSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
+                        r.spec = spec.clone();
+                    })?;
+                }
+                for spec in s.rules {
+                    rt.modify::<RoutingRuleSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
+                        r.spec = spec.clone();
+                    })?;
+                }
+                rt.cleanup_outputs(&[
+                    Kind::new(NS_CONFIG, LinkSpec::TYPE),
+                    Kind::new(NS_CONFIG, AddressSpec::TYPE),
+                    Kind::new(NS_CONFIG, RouteSpec::TYPE),
+                    Kind::new(NS_CONFIG, RoutingRuleSpec::TYPE),
+                ])?;
+            }
+            Ok(())
+        })
+    }
+}

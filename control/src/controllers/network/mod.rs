@@ -1,0 +1,123 @@
+//! Network controllers (spec `resource-runtime.md` §4–§6): merge raw specs, apply the
+//! merged ones to the kernel through the data plane adapter, publish what the kernel
+//! has, and derive the node's addresses and hostname.
+//!
+//! ```text
+//! config controller ─┐ network-config/XSpec <layer>/<key>   (Shared)
+//! mesh manager ──────┘
+//!   XMergeController ─▶ network/XSpec <key>
+//!   XSpecController (Strong, finalizer) ─▶ kernel (NetworkConfig adapter)
+//!   kernel ─(netlink)─▶ NetworkStatusController ─▶ Link/Address/Route/RoutingRuleStatus
+//!   NodeAddressController ─▶ NodeAddress default/current/routed/accumulative[-<filter>]
+//!   HostnameStatusController ─▶ HostnameStatus hostname, ResolverStatus resolvers
+//! ```
+
+pub mod config;
+pub mod hostname;
+pub mod merge;
+pub mod node_address;
+pub mod spec;
+pub mod status;
+
+use std::sync::{Arc, Mutex};
+
+use futures::{stream::BoxStream, StreamExt as _};
+use wirespan_dataplane::{
+    netns::Netns,
+    routing::{scope, NetworkConfig},
+};
+
+use crate::{
+    resources::network::{AddressSpec, LinkSpec, RouteSpec, RoutingRuleSpec, Scope},
+    runtime::{RegistrationError, Runtime},
+};
+
+/// The network adapter, shared by the spec and status controllers.
+pub type SharedNetwork = Arc<Mutex<dyn NetworkConfig>>;
+
+/// A source of "something changed in the kernel" notifications (netlink events).
+pub trait ChangeFeed: Send + Sync + 'static {
+    /// A new subscription.
+    ///
+    /// # Errors
+    /// The watch socket could not be opened.
+    fn subscribe(&self) -> std::io::Result<BoxStream<'static, ()>>;
+}
+
+/// Netlink link/address/route events of one namespace.
+#[derive(Debug, Clone)]
+pub struct NetlinkFeed(pub Netns);
+
+impl ChangeFeed for NetlinkFeed {
+    fn subscribe(&self) -> std::io::Result<BoxStream<'static, ()>> {
+        let w = wirespan_dataplane::watch::Watcher::start(&self.0, false)?;
+        Ok(w.map(|_| ()).boxed())
+    }
+}
+
+impl ChangeFeed for wirespan_dataplane::fake::FakeNetwork {
+    fn subscribe(&self) -> std::io::Result<BoxStream<'static, ()>> {
+        let rx = wirespan_dataplane::fake::FakeNetwork::subscribe(self);
+        Ok(tokio_stream::wrappers::WatchStream::from_changes(rx)
+            .map(|_| ())
+            .boxed())
+    }
+}
+
+/// `RT_SCOPE_*` of a scope.
+#[must_use]
+pub fn scope_number(s: Scope) -> u8 {
+    match s {
+        Scope::Global => scope::UNIVERSE,
+        Scope::Site => scope::SITE,
+        Scope::Link => scope::LINK,
+        Scope::Host => scope::HOST,
+    }
+}
+
+/// Scope of an `RT_SCOPE_*` number (unknown numbers count as host).
+#[must_use]
+pub fn scope_of(n: u8) -> Scope {
+    match n {
+        scope::UNIVERSE => Scope::Global,
+        scope::SITE => Scope::Site,
+        scope::LINK => Scope::Link,
+        _ => Scope::Host,
+    }
+}
+
+/// What the network family needs.
+#[derive(Clone)]
+pub struct Deps {
+    /// The adapter for the namespace the daemon runs in.
+    pub net: SharedNetwork,
+    /// Its change events.
+    pub feed: Arc<dyn ChangeFeed>,
+}
+
+impl std::fmt::Debug for Deps {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Deps").finish_non_exhaustive()
+    }
+}
+
+/// Registers every network controller: config → merge → spec → kernel, statuses,
+/// node addresses and hostname.
+///
+/// # Errors
+/// Registration conflicts.
+pub fn register(runtime: &mut Runtime, deps: &Deps) -> Result<(), RegistrationError> {
+    runtime.register(config::NetworkConfigController)?;
+    runtime.register(merge::MergeController::<LinkSpec>::new())?;
+    runtime.register(merge::MergeController::<AddressSpec>::new())?;
+    runtime.register(merge::MergeController::<RouteSpec>::new())?;
+    runtime.register(merge::MergeController::<RoutingRuleSpec>::new())?;
+    runtime.register(spec::SpecController::<LinkSpec>::new(deps.clone()))?;
+    runtime.register(spec::SpecController::<AddressSpec>::new(deps.clone()))?;
+    runtime.register(spec::SpecController::<RouteSpec>::new(deps.clone()))?;
+    runtime.register(spec::SpecController::<RoutingRuleSpec>::new(deps.clone()))?;
+    runtime.register(status::NetworkStatusController::new(deps.clone()))?;
+    runtime.register(node_address::NodeAddressController::default())?;
+    runtime.register(hostname::HostnameStatusController::default())?;
+    Ok(())
+}

@@ -1,0 +1,274 @@
+//! Spec controllers (spec §4.5): apply merged `network/XSpec` to the kernel, with a
+//! finalizer on each spec so a spec that goes away takes its kernel object with it.
+//! The adapter only ever removes objects wirespan made.
+
+use std::{marker::PhantomData, net::IpAddr};
+
+use futures::{future::BoxFuture, StreamExt as _};
+use ipnet::IpNet;
+use wirespan_dataplane::routing::{
+    AddressParams, LinkParams, NetworkConfig, RouteKind, RouteParams, RoutingError, RuleParams,
+};
+
+use super::{scope_number, Deps};
+use crate::{
+    resources::network::{
+        AddressSpec, Family, LinkSpec, RouteSpec, RouteType, RoutingRuleSpec, NS, TABLE_MAIN,
+    },
+    runtime::{
+        Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind, Output,
+        Phase, ResourceKind,
+    },
+};
+
+/// How one spec type reaches the kernel.
+pub trait KernelObject: ResourceKind {
+    /// Controller name (also its finalizer).
+    const CONTROLLER: &'static str;
+    /// Converges the kernel object; `Ok(false)` = nothing to do.
+    ///
+    /// # Errors
+    /// Those of the adapter.
+    fn apply(net: &mut dyn NetworkConfig, spec: &Self::Spec) -> Result<bool, RoutingError>;
+    /// Removes the kernel object if wirespan made it.
+    ///
+    /// # Errors
+    /// Those of the adapter.
+    fn remove(net: &mut dyn NetworkConfig, spec: &Self::Spec) -> Result<bool, RoutingError>;
+}
+
+fn link_params(s: &crate::resources::network::LinkSpecSpec) -> LinkParams {
+    LinkParams {
+        name: s.name.clone(),
+        logical: s.logical,
+        kind: s.kind.clone(),
+        up: s.up,
+        mtu: s.mtu,
+    }
+}
+
+impl KernelObject for LinkSpec {
+    const CONTROLLER: &'static str = "LinkSpecController";
+    fn apply(net: &mut dyn NetworkConfig, s: &Self::Spec) -> Result<bool, RoutingError> {
+        net.apply_link(&link_params(s))
+    }
+    fn remove(net: &mut dyn NetworkConfig, s: &Self::Spec) -> Result<bool, RoutingError> {
+        if s.logical {
+            net.remove_link(&s.name)
+        } else {
+            Ok(false)
+        }
+    }
+}
+
+fn address_params(s: &crate::resources::network::AddressSpecSpec) -> Option<AddressParams> {
+    Some(AddressParams {
+        link: s.link_name.clone(),
+        address: s.address?,
+        scope: scope_number(s.scope),
+    })
+}
+
+impl KernelObject for AddressSpec {
+    const CONTROLLER: &'static str = "AddressSpecController";
+    fn apply(net: &mut dyn NetworkConfig, s: &Self::Spec) -> Result<bool, RoutingError> {
+        address_params(s).map_or(Ok(false), |p| net.apply_address(&p))
+    }
+    fn remove(net: &mut dyn NetworkConfig, s: &Self::Spec) -> Result<bool, RoutingError> {
+        address_params(s).map_or(Ok(false), |p| net.remove_address(&p))
+    }
+}
+
+/// Kernel parameters of a route spec.
+#[must_use]
+pub fn route_params(s: &crate::resources::network::RouteSpecSpec) -> RouteParams {
+    let destination = s.destination.unwrap_or(match s.family {
+        Family::Inet4 => IpNet::new(IpAddr::from([0u8; 4]), 0).expect("valid"),
+        Family::Inet6 => IpNet::new(IpAddr::from([0u8; 16]), 0).expect("valid"),
+    });
+    RouteParams {
+        destination,
+        gateway: s.gateway,
+        source: s.source,
+        out_link: s.out_link_name.clone(),
+        table: if s.table == 0 { TABLE_MAIN } else { s.table },
+        metric: s.priority,
+        scope: scope_number(s.scope),
+        kind: match s.r#type {
+            RouteType::Unicast => RouteKind::Unicast,
+            RouteType::Blackhole => RouteKind::Blackhole,
+            RouteType::Unreachable => RouteKind::Unreachable,
+            RouteType::Prohibit => RouteKind::Prohibit,
+        },
+        mtu: s.mtu,
+    }
+}
+
+impl KernelObject for RouteSpec {
+    const CONTROLLER: &'static str = "RouteSpecController";
+    fn apply(net: &mut dyn NetworkConfig, s: &Self::Spec) -> Result<bool, RoutingError> {
+        net.apply_route(&route_params(s))
+    }
+    fn remove(net: &mut dyn NetworkConfig, s: &Self::Spec) -> Result<bool, RoutingError> {
+        net.remove_route(&route_params(s))
+    }
+}
+
+fn rule_params(s: &crate::resources::network::RoutingRuleSpecSpec) -> RuleParams {
+    RuleParams {
+        v6: s.family == Family::Inet6,
+        src: s.src,
+        dst: s.dst,
+        table: s.table,
+        priority: s.priority,
+        fwmark: s.fw_mark,
+        fwmask: s.fw_mask,
+    }
+}
+
+impl KernelObject for RoutingRuleSpec {
+    const CONTROLLER: &'static str = "RoutingRuleSpecController";
+    fn apply(net: &mut dyn NetworkConfig, s: &Self::Spec) -> Result<bool, RoutingError> {
+        net.apply_rule(&rule_params(s))
+    }
+    fn remove(net: &mut dyn NetworkConfig, s: &Self::Spec) -> Result<bool, RoutingError> {
+        net.remove_rule(&rule_params(s))
+    }
+}
+
+/// Applies `network/K` specs (Strong input; no outputs).
+#[derive(Debug)]
+pub struct SpecController<K> {
+    deps: Deps,
+    _kind: PhantomData<fn() -> K>,
+}
+
+impl<K> SpecController<K> {
+    /// A controller using `deps.net`, woken by `deps.feed`.
+    #[must_use]
+    pub fn new(deps: Deps) -> Self {
+        Self {
+            deps,
+            _kind: PhantomData,
+        }
+    }
+}
+
+enum Op {
+    Apply,
+    Remove,
+}
+
+impl<K> Controller for SpecController<K>
+where
+    K: KernelObject,
+    K::Spec: Clone + Send,
+{
+    fn name(&self) -> &str {
+        K::CONTROLLER
+    }
+
+    fn inputs(&self) -> Vec<Input> {
+        vec![Input::of::<K>(NS, InputKind::Strong)]
+    }
+
+    fn outputs(&self) -> Vec<Output> {
+        Vec::new()
+    }
+
+    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+        Box::pin(async move {
+            // Kernel events (a link appearing) retry specs that were skipped.
+            let mut events = self.deps.feed.subscribe().map_err(ControllerError::other)?;
+            let waker = rt.waker();
+            let cancel = rt.cancellation();
+            let pump = tokio::spawn(async move {
+                loop {
+                    tokio::select! {
+                        () = cancel.cancelled() => break,
+                        ev = events.next() => match ev {
+                            Some(()) => waker.wake(),
+                            None => break,
+                        },
+                    }
+                }
+            });
+            let res = self.rounds(rt).await;
+            pump.abort();
+            res
+        })
+    }
+}
+
+impl<K> SpecController<K>
+where
+    K: KernelObject,
+    K::Spec: Clone + Send,
+{
+    async fn rounds(&mut self, rt: &mut ControllerRuntime) -> ControllerResult {
+        let name = K::CONTROLLER;
+        while rt.next_round().await {
+            let specs = rt.list::<K>(NS)?;
+            // Tearing-down first (links: remove before create), then running.
+            let mut work = Vec::new();
+            for r in specs
+                .iter()
+                .filter(|r| r.metadata.phase == Phase::TearingDown)
+            {
+                if r.metadata.finalizers.contains(name) {
+                    work.push((r.pointer(), Op::Remove, r.spec.clone()));
+                }
+            }
+            for r in specs.iter().filter(|r| r.metadata.phase == Phase::Running) {
+                rt.add_finalizer(&r.pointer(), &[name])?;
+                work.push((r.pointer(), Op::Apply, r.spec.clone()));
+            }
+            for (ptr, op, spec) in work {
+                let net = self.deps.net.clone();
+                let is_apply = matches!(op, Op::Apply);
+                let res = tokio::task::spawn_blocking(move || {
+                    let mut g = net
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    if is_apply {
+                        K::apply(&mut *g, &spec)
+                    } else {
+                        K::remove(&mut *g, &spec)
+                    }
+                })
+                .await
+                .map_err(ControllerError::other)?;
+                match res {
+                    Ok(wrote) => {
+                        if wrote {
+                            tracing::info!(controller = name, id = %ptr.id,
+                                op = if is_apply { "apply" } else { "remove" }, "kernel updated");
+                        }
+                        if !is_apply {
+                            rt.remove_finalizer(&ptr, &[name])?;
+                        }
+                    }
+                    Err(RoutingError::LinkNotFound(link)) => {
+                        if is_apply {
+                            tracing::debug!(controller = name, id = %ptr.id, %link,
+                                "link missing; retrying on the next link event");
+                        } else {
+                            // The link is gone and took the object with it.
+                            rt.remove_finalizer(&ptr, &[name])?;
+                        }
+                    }
+                    Err(RoutingError::Invalid(e)) => {
+                        tracing::warn!(controller = name, id = %ptr.id, error = %e,
+                            "spec cannot be applied");
+                        if !is_apply {
+                            rt.remove_finalizer(&ptr, &[name])?;
+                        }
+                    }
+                    Err(e) => return Err(ControllerError::other(e)),
+                }
+            }
+            rt.reset_restart_backoff();
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,229 @@
+//! The status controller (spec §4.5): publishes what the kernel has as
+//! `LinkStatus <name>`, `AddressStatus <link>/<prefix>`, `RouteStatus <route key>` and
+//! `RoutingRuleStatus <family>/<priority>`, re-read on every netlink event (and every
+//! 30 s). Routes of the local table (255) are left out.
+
+use std::{collections::HashMap, time::Duration};
+
+use futures::{future::BoxFuture, StreamExt as _};
+use wirespan_dataplane::routing::{NetworkState, RouteKind};
+
+use super::{scope_of, Deps};
+use crate::{
+    resources::network::{
+        AddressStatus, AddressStatusSpec, Family, LinkStatus, LinkStatusSpec, RouteSpecSpec,
+        RouteStatus, RouteStatusSpec, RouteType, RoutingRuleStatus, RoutingRuleStatusSpec, NS,
+    },
+    runtime::{
+        Controller, ControllerError, ControllerResult, ControllerRuntime, Input, Kind, Output,
+        ResourceKind,
+    },
+};
+
+/// Resync period when no event arrives.
+const RESYNC: Duration = Duration::from_secs(30);
+/// The kernel's local routing table.
+const TABLE_LOCAL: u32 = 255;
+
+/// Statuses computed from one kernel snapshot, by id.
+#[derive(Debug, Default, PartialEq)]
+pub struct Statuses {
+    /// Links.
+    pub links: Vec<(String, LinkStatusSpec)>,
+    /// Addresses.
+    pub addresses: Vec<(String, AddressStatusSpec)>,
+    /// Routes.
+    pub routes: Vec<(String, RouteStatusSpec)>,
+    /// Rules.
+    pub rules: Vec<(String, RoutingRuleStatusSpec)>,
+}
+
+/// Pure mapping of a kernel snapshot to statuses.
+#[must_use]
+pub fn statuses(st: &NetworkState) -> Statuses {
+    let names: HashMap<u32, &str> = st
+        .links
+        .iter()
+        .map(|l| (l.index, l.name.as_str()))
+        .collect();
+    let mut out = Statuses::default();
+    for l in &st.links {
+        out.links.push((
+            l.name.clone(),
+            LinkStatusSpec {
+                name: l.name.clone(),
+                index: l.index,
+                kind: l.kind.clone(),
+                r#type: l.link_type.clone(),
+                up: l.up,
+                oper_state: l.oper_state.clone(),
+                carrier: l.carrier,
+                mtu: l.mtu,
+                hardware_addr: l.hardware_addr.clone(),
+                physical: l.kind.is_empty() && l.link_type != "loopback",
+            },
+        ));
+    }
+    for a in &st.addresses {
+        let Some(link) = names.get(&a.link_index) else {
+            continue;
+        };
+        out.addresses.push((
+            format!("{link}/{}", a.address),
+            AddressStatusSpec {
+                address: Some(a.address),
+                link_name: (*link).to_owned(),
+                link_index: a.link_index,
+                family: Family::of(a.address.addr()),
+                scope: scope_of(a.scope),
+            },
+        ));
+    }
+    for r in st.routes.iter().filter(|r| r.table != TABLE_LOCAL) {
+        let family = Family::of(r.destination.addr());
+        let spec = RouteStatusSpec {
+            family,
+            destination: (r.destination.prefix_len() != 0).then_some(r.destination),
+            source: r.source,
+            gateway: r.gateway,
+            out_link_name: r
+                .oif
+                .and_then(|i| names.get(&i))
+                .map(|n| (*n).to_owned())
+                .unwrap_or_default(),
+            table: r.table,
+            priority: r.metric,
+            scope: scope_of(r.scope),
+            r#type: match r.kind {
+                RouteKind::Unicast => RouteType::Unicast,
+                RouteKind::Blackhole => RouteType::Blackhole,
+                RouteKind::Unreachable => RouteType::Unreachable,
+                RouteKind::Prohibit => RouteType::Prohibit,
+            },
+            protocol: r.protocol,
+        };
+        let key = RouteSpecSpec {
+            family,
+            destination: spec.destination,
+            gateway: spec.gateway,
+            out_link_name: spec.out_link_name.clone(),
+            table: spec.table,
+            priority: spec.priority,
+            ..RouteSpecSpec::default()
+        }
+        .key();
+        out.routes.push((key, spec));
+    }
+    for r in &st.rules {
+        let family = if r.v6 { Family::Inet6 } else { Family::Inet4 };
+        out.rules.push((
+            format!("{family}/{:05}", r.priority),
+            RoutingRuleStatusSpec {
+                family,
+                src: r.src,
+                dst: r.dst,
+                table: r.table,
+                priority: r.priority,
+                fw_mark: r.fwmark,
+                fw_mask: r.fwmask,
+                protocol: r.protocol,
+            },
+        ));
+    }
+    out
+}
+
+/// Publishes kernel state (no inputs; netlink-triggered; tracked outputs).
+#[derive(Debug)]
+pub struct NetworkStatusController {
+    deps: Deps,
+}
+
+impl NetworkStatusController {
+    /// A controller reading `deps.net`, woken by `deps.feed`.
+    #[must_use]
+    pub fn new(deps: Deps) -> Self {
+        Self { deps }
+    }
+}
+
+impl Controller for NetworkStatusController {
+    fn name(&self) -> &str {
+        "NetworkStatusController"
+    }
+
+    fn inputs(&self) -> Vec<Input> {
+        Vec::new()
+    }
+
+    fn outputs(&self) -> Vec<Output> {
+        vec![
+            Output::exclusive::<LinkStatus>(),
+            // Shared: other controllers may publish external addresses (spec §4.5).
+            Output::shared::<AddressStatus>(),
+            Output::exclusive::<RouteStatus>(),
+            Output::exclusive::<RoutingRuleStatus>(),
+        ]
+    }
+
+    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+        Box::pin(async move {
+            let mut events = self.deps.feed.subscribe().map_err(ControllerError::other)?;
+            let waker = rt.waker();
+            let cancel = rt.cancellation();
+            let pump = tokio::spawn(async move {
+                let mut tick = tokio::time::interval(RESYNC);
+                loop {
+                    tokio::select! {
+                        () = cancel.cancelled() => break,
+                        _ = tick.tick() => waker.wake(),
+                        ev = events.next() => match ev {
+                            Some(()) => waker.wake(),
+                            None => break,
+                        },
+                    }
+                }
+            });
+            let res = self.rounds(rt).await;
+            pump.abort();
+            res
+        })
+    }
+}
+
+impl NetworkStatusController {
+    async fn rounds(&mut self, rt: &mut ControllerRuntime) -> ControllerResult {
+        while rt.next_round().await {
+            let net = self.deps.net.clone();
+            let state = tokio::task::spawn_blocking(move || {
+                net.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .state()
+            })
+            .await
+            .map_err(ControllerError::other)?
+            .map_err(ControllerError::other)?;
+            let st = statuses(&state);
+            rt.start_tracking_outputs()?;
+            for (id, spec) in st.links {
+                rt.modify::<LinkStatus>(NS, &id, |r| r.spec = spec.clone())?;
+            }
+            for (id, spec) in st.addresses {
+                rt.modify::<AddressStatus>(NS, &id, |r| r.spec = spec.clone())?;
+            }
+            for (id, spec) in st.routes {
+                rt.modify::<RouteStatus>(NS, &id, |r| r.spec = spec.clone())?;
+            }
+            for (id, spec) in st.rules {
+                rt.modify::<RoutingRuleStatus>(NS, &id, |r| r.spec = spec.clone())?;
+            }
+            rt.cleanup_outputs(&[
+                Kind::new(NS, LinkStatus::TYPE),
+                Kind::new(NS, AddressStatus::TYPE),
+                Kind::new(NS, RouteStatus::TYPE),
+                Kind::new(NS, RoutingRuleStatus::TYPE),
+            ])?;
+        }
+        Ok(())
+    }
+}

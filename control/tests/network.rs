@@ -1,0 +1,470 @@
+//! Network controllers through the real runtime: merge (with a foreign finalizer),
+//! config → merge → spec → fake kernel → status → NodeAddress, and the same in a
+//! network namespace with the real netlink adapter.
+
+use std::sync::{Arc, Mutex};
+
+use wirespan_control::{
+    config,
+    controllers::network::{self, merge::MergeController, Deps, NetlinkFeed},
+    resources::{
+        config::{MachineConfig, MachineConfigSpec, ACTIVE},
+        network::{
+            AddressSpec, AddressSpecSpec, AddressStatus, ConfigLayer, LinkSpec, LinkSpecSpec,
+            LinkStatus, NodeAddress, NS, NS_CONFIG,
+        },
+    },
+    runtime::{Kind, Phase, Pointer, Resource, ResourceKind, Runtime, Store, StoreOptions},
+    testing::{assert_length, assert_no_resource, assert_resource, Harness},
+};
+use wirespan_dataplane::{
+    fake::FakeNetwork,
+    netns::NetnsGuard,
+    routing::{scope, NetlinkRouting},
+};
+
+fn set_config(store: &Store, text: &str) {
+    let cfg = config::parse(text).unwrap();
+    store
+        .modify::<MachineConfig>("config", ACTIVE, "", |r| {
+            r.spec = MachineConfigSpec {
+                source: "test".into(),
+                document_count: cfg.documents.len(),
+                config: cfg.clone(),
+            };
+        })
+        .unwrap();
+}
+
+fn addr_spec(ip: &str, layer: ConfigLayer) -> AddressSpecSpec {
+    AddressSpecSpec {
+        address: Some(ip.parse().unwrap()),
+        link_name: "eth0".into(),
+        layer,
+        ..AddressSpecSpec::default()
+    }
+}
+
+#[tokio::test]
+async fn merged_spec_waits_for_foreign_finalizer_then_recreates() {
+    let store = Store::new(StoreOptions::default());
+    let mut rt = Runtime::new(store.clone());
+    rt.register(MergeController::<AddressSpec>::new()).unwrap();
+    let h = Harness::start(rt);
+    let raw = |id: &str, s| Resource::<AddressSpec>::new(NS_CONFIG, id, s);
+    store
+        .create(
+            raw(
+                "default/eth0/10.0.0.1/24",
+                addr_spec("10.0.0.1/24", ConfigLayer::Default),
+            ),
+            "src",
+        )
+        .unwrap();
+    store
+        .create(
+            raw(
+                "operator/eth0/10.0.0.1/24",
+                addr_spec("10.0.0.1/24", ConfigLayer::Operator),
+            ),
+            "src",
+        )
+        .unwrap();
+    let merged = assert_resource::<AddressSpec>(&store, NS, "eth0/10.0.0.1/24", |r| {
+        (r.spec.layer == ConfigLayer::Operator)
+            .then_some(())
+            .ok_or("not operator".into())
+    })
+    .await;
+    store
+        .add_finalizer(&merged.pointer(), &["foreign"])
+        .unwrap();
+
+    // Higher layer goes: the lower one wins again (no teardown needed).
+    store
+        .destroy(
+            &Pointer::new(NS_CONFIG, AddressSpec::TYPE, "operator/eth0/10.0.0.1/24"),
+            "src",
+        )
+        .unwrap();
+    assert_resource::<AddressSpec>(&store, NS, "eth0/10.0.0.1/24", |r| {
+        (r.spec.layer == ConfigLayer::Default)
+            .then_some(())
+            .ok_or("not default".into())
+    })
+    .await;
+
+    // Last source goes: tearing down, held by the finalizer.
+    store
+        .destroy(
+            &Pointer::new(NS_CONFIG, AddressSpec::TYPE, "default/eth0/10.0.0.1/24"),
+            "src",
+        )
+        .unwrap();
+    assert_resource::<AddressSpec>(&store, NS, "eth0/10.0.0.1/24", |r| {
+        (r.metadata.phase == Phase::TearingDown)
+            .then_some(())
+            .ok_or("running".into())
+    })
+    .await;
+    // It comes back while tearing down: the controller waits for the finalizer.
+    store
+        .create(
+            raw(
+                "configuration/eth0/10.0.0.1/24",
+                addr_spec("10.0.0.1/24", ConfigLayer::Configuration),
+            ),
+            "src",
+        )
+        .unwrap();
+    store
+        .remove_finalizer(&merged.pointer(), &["foreign"])
+        .unwrap();
+    assert_resource::<AddressSpec>(&store, NS, "eth0/10.0.0.1/24", |r| {
+        (r.metadata.phase == Phase::Running && r.spec.layer == ConfigLayer::Configuration)
+            .then_some(())
+            .ok_or(format!("{:?} {:?}", r.metadata.phase, r.spec.layer))
+    })
+    .await;
+    h.stop().await.unwrap();
+}
+
+fn fake_deps(fake: &FakeNetwork) -> Deps {
+    Deps {
+        net: Arc::new(Mutex::new(fake.clone())),
+        feed: Arc::new(fake.clone()),
+    }
+}
+
+#[tokio::test]
+async fn config_to_fake_kernel_to_status_and_node_addresses() {
+    let fake = FakeNetwork::new();
+    fake.add_link("eth0", "ether");
+    fake.add_foreign_address("eth0", "192.168.5.5/24".parse().unwrap(), scope::UNIVERSE);
+    let store = Store::new(StoreOptions::default());
+    let mut rt = Runtime::new(store.clone());
+    network::register(&mut rt, &fake_deps(&fake)).unwrap();
+    let h = Harness::start(rt);
+
+    set_config(
+        &store,
+        "apiVersion: v1alpha1\nkind: AddressConfig\nlink: eth0\naddress: 10.0.0.1/24\n---\n\
+         apiVersion: v1alpha1\nkind: AddressConfig\nlink: eth0\naddress: 192.168.5.5/24\n---\n\
+         apiVersion: v1alpha1\nkind: AddressConfig\nlink: late0\naddress: 10.7.0.1/24\n---\n\
+         apiVersion: v1alpha1\nkind: LinkConfig\nname: dummy7\nlinkKind: dummy\nmtu: 1400\n",
+    );
+    assert_resource::<AddressStatus>(&store, NS, "eth0/10.0.0.1/24", |_| Ok(())).await;
+    assert_resource::<LinkStatus>(&store, NS, "dummy7", |r| {
+        (r.spec.mtu == 1400 && r.spec.up)
+            .then_some(())
+            .ok_or(format!("{:?}", r.spec))
+    })
+    .await;
+    assert_resource::<NodeAddress>(&store, NS, "routed", |r| {
+        let want: Vec<ipnet::IpNet> = vec![
+            "10.0.0.1/24".parse().unwrap(),
+            "192.168.5.5/24".parse().unwrap(),
+        ];
+        (r.spec.addresses == want)
+            .then_some(())
+            .ok_or(format!("{:?}", r.spec.addresses))
+    })
+    .await;
+    assert_resource::<NodeAddress>(&store, NS, "default", |_| Ok(())).await;
+    assert!(!fake
+        .snapshot()
+        .addresses
+        .iter()
+        .any(|a| a.address.to_string() == "10.7.0.1/24"));
+
+    // The missing link appears: its address follows (link event retry).
+    fake.add_link("late0", "ether");
+    assert_resource::<AddressStatus>(&store, NS, "late0/10.7.0.1/24", |_| Ok(())).await;
+
+    // Documents removed: our address and link go, the foreign address stays.
+    set_config(
+        &store,
+        "apiVersion: v1alpha1\nkind: LinkConfig\nname: eth0\n",
+    );
+    assert_no_resource(
+        &store,
+        &Pointer::new(NS, AddressStatus::TYPE, "eth0/10.0.0.1/24"),
+    )
+    .await;
+    assert_no_resource(&store, &Pointer::new(NS, LinkStatus::TYPE, "dummy7")).await;
+    assert_no_resource(
+        &store,
+        &Pointer::new(NS, AddressSpec::TYPE, "eth0/10.0.0.1/24"),
+    )
+    .await;
+    assert_resource::<AddressStatus>(&store, NS, "eth0/192.168.5.5/24", |_| Ok(())).await;
+    assert_length(&store, &Kind::new(NS, AddressSpec::TYPE), 0).await;
+    // eth0 (physical, not ours) survives its spec.
+    assert_resource::<LinkSpec>(&store, NS, "eth0", |_| Ok(())).await;
+    assert_resource::<LinkStatus>(&store, NS, "eth0", |_| Ok(())).await;
+    h.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn operator_layer_overrides_link_fields_field_wise() {
+    let fake = FakeNetwork::new();
+    fake.add_link("kubespan", "none");
+    let store = Store::new(StoreOptions::default());
+    let mut rt = Runtime::new(store.clone());
+    network::register(&mut rt, &fake_deps(&fake)).unwrap();
+    let h = Harness::start(rt);
+    store
+        .create(
+            Resource::<LinkSpec>::new(
+                NS_CONFIG,
+                "operator/kubespan",
+                LinkSpecSpec {
+                    name: "kubespan".into(),
+                    up: true,
+                    mtu: 1420,
+                    layer: ConfigLayer::Operator,
+                    ..LinkSpecSpec::default()
+                },
+            ),
+            "KubeSpanManagerController",
+        )
+        .unwrap();
+    set_config(
+        &store,
+        "apiVersion: v1alpha1\nkind: LinkConfig\nname: kubespan\nup: false\nmtu: 1380\n",
+    );
+    assert_resource::<LinkStatus>(&store, NS, "kubespan", |r| {
+        (r.spec.mtu == 1380 && r.spec.up)
+            .then_some(())
+            .ok_or(format!("{:?}", r.spec))
+    })
+    .await;
+    h.stop().await.unwrap();
+}
+
+fn ip_json(ns: &NetnsGuard, args: &[&str]) -> serde_json::Value {
+    serde_json::from_str(&ns.run_stdout("ip", args).unwrap()).unwrap()
+}
+
+fn has_addr(ns: &NetnsGuard, link: &str, ip: &str) -> bool {
+    ip_json(ns, &["-j", "addr", "show", "dev", link])
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
+        .any(|a| a["local"] == ip)
+}
+
+fn has_route(ns: &NetnsGuard, dst: &str) -> bool {
+    ip_json(ns, &["-j", "route", "show", "table", "all"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["dst"] == dst)
+}
+
+async fn until(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kernel_addresses_and_routes_follow_specs_and_foreign_objects_survive() {
+    let ns = NetnsGuard::new("wsnet").unwrap();
+    // No dummy module on every kernel: a veth pair, both ends up (carrier).
+    ns.run(
+        "ip",
+        &[
+            "link", "add", "dum0", "type", "veth", "peer", "name", "dum0p",
+        ],
+    )
+    .unwrap();
+    ns.run("ip", &["link", "set", "dum0p", "up"]).unwrap();
+    ns.run("ip", &["link", "set", "dum0", "up"]).unwrap();
+    ns.run("ip", &["addr", "add", "10.50.0.9/24", "dev", "dum0"])
+        .unwrap();
+    ns.run(
+        "ip",
+        &[
+            "route",
+            "add",
+            "10.70.0.0/16",
+            "via",
+            "10.50.0.1",
+            "dev",
+            "dum0",
+        ],
+    )
+    .unwrap();
+    let deps = Deps {
+        net: Arc::new(Mutex::new(NetlinkRouting::new(ns.netns()).unwrap())),
+        feed: Arc::new(NetlinkFeed(ns.netns().clone())),
+    };
+    let store = Store::new(StoreOptions::default());
+    let mut rt = Runtime::new(store.clone());
+    network::register(&mut rt, &deps).unwrap();
+    let h = Harness::start(rt);
+
+    // Also a spec for the foreign address: satisfied by it, never removed.
+    set_config(
+        &store,
+        "apiVersion: v1alpha1\nkind: AddressConfig\nlink: dum0\naddress: 10.50.0.1/24\n---\n\
+         apiVersion: v1alpha1\nkind: AddressConfig\nlink: dum0\naddress: 10.50.0.9/24\n---\n\
+         apiVersion: v1alpha1\nkind: RouteConfig\ndestination: 10.60.0.0/16\ngateway: 10.50.0.2\nlink: dum0\n---\n\
+         apiVersion: v1alpha1\nkind: RoutingRuleConfig\npriority: 1234\ntable: 100\nsrc: 10.50.0.0/24\n",
+    );
+    until("address 10.50.0.1", || has_addr(&ns, "dum0", "10.50.0.1")).await;
+    until("route 10.60.0.0/16", || has_route(&ns, "10.60.0.0/16")).await;
+    until("rule 1234", || {
+        ns.run_stdout("ip", &["rule", "show"])
+            .unwrap()
+            .contains("1234:")
+    })
+    .await;
+    assert_resource::<AddressStatus>(&store, NS, "dum0/10.50.0.1/24", |_| Ok(())).await;
+    assert_resource::<NodeAddress>(&store, NS, "routed", |r| {
+        r.spec
+            .addresses
+            .contains(&"10.50.0.1/24".parse().unwrap())
+            .then_some(())
+            .ok_or(format!("{:?}", r.spec.addresses))
+    })
+    .await;
+
+    set_config(
+        &store,
+        "apiVersion: v1alpha1\nkind: LinkConfig\nname: dum0\n",
+    );
+    until("address removal", || !has_addr(&ns, "dum0", "10.50.0.1")).await;
+    until("route removal", || !has_route(&ns, "10.60.0.0/16")).await;
+    until("rule removal", || {
+        !ns.run_stdout("ip", &["rule", "show"])
+            .unwrap()
+            .contains("1234:")
+    })
+    .await;
+    assert_length(&store, &Kind::new(NS, AddressSpec::TYPE), 0).await;
+    assert!(
+        has_addr(&ns, "dum0", "10.50.0.9"),
+        "foreign address removed"
+    );
+    assert!(has_route(&ns, "10.70.0.0/16"), "foreign route removed");
+    assert_no_resource(
+        &store,
+        &Pointer::new(NS, AddressStatus::TYPE, "dum0/10.50.0.1/24"),
+    )
+    .await;
+    h.stop().await.unwrap();
+}
+
+#[test]
+fn cli_names_of_the_issue_resolve_to_the_intended_types() {
+    let defs = wirespan_control::resources::definitions();
+    for (name, display) in [
+        ("links", "LinkStatus"),
+        ("addresses", "AddressStatus"),
+        ("routes", "RouteStatus"),
+        ("routingrules", "RoutingRuleStatus"),
+        ("nodeaddresses", "NodeAddress"),
+        ("probespecs", "ProbeSpec"),
+        ("probestatuses", "ProbeStatus"),
+        ("linkspecs", "LinkSpec"),
+        ("addressspecs", "AddressSpec"),
+        ("routespecs", "RouteSpec"),
+        ("routingrulespecs", "RoutingRuleSpec"),
+        ("resolvers", "ResolverStatus"),
+        ("hostname", "HostnameStatus"),
+    ] {
+        let d = wirespan_control::api::resolve(&defs, name).unwrap();
+        assert_eq!(d.display_type, display, "{name}");
+        assert!(!d.print_columns.is_empty(), "{name} has no columns");
+    }
+}
+
+#[tokio::test]
+async fn merge_survives_flapping_raw_specs_under_a_foreign_finalizer() {
+    use rand::{Rng as _, SeedableRng as _};
+    let store = Store::new(StoreOptions::default());
+    let mut rt = Runtime::new(store.clone());
+    rt.register(MergeController::<AddressSpec>::new()).unwrap();
+    let h = Harness::start(rt);
+    let raw_id = |layer: ConfigLayer| format!("{}/eth0/10.0.0.1/24", layer.prefix());
+    let layers = [
+        ConfigLayer::Default,
+        ConfigLayer::Operator,
+        ConfigLayer::Configuration,
+    ];
+    store
+        .create(
+            Resource::<AddressSpec>::new(
+                NS_CONFIG,
+                raw_id(layers[0]),
+                addr_spec("10.0.0.1/24", layers[0]),
+            ),
+            "src",
+        )
+        .unwrap();
+    let merged = assert_resource::<AddressSpec>(&store, NS, "eth0/10.0.0.1/24", |_| Ok(())).await;
+    store
+        .add_finalizer(&merged.pointer(), &["foreign"])
+        .unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+    let mut present = [true, false, false];
+    for _ in 0..300 {
+        let i = rng.gen_range(0..3);
+        let ptr = Pointer::new(NS_CONFIG, AddressSpec::TYPE, raw_id(layers[i]));
+        if present[i] {
+            store.destroy(&ptr, "src").unwrap();
+        } else {
+            store
+                .create(
+                    Resource::<AddressSpec>::new(
+                        NS_CONFIG,
+                        raw_id(layers[i]),
+                        addr_spec("10.0.0.1/24", layers[i]),
+                    ),
+                    "src",
+                )
+                .unwrap();
+        }
+        present[i] = !present[i];
+        if rng.gen_bool(0.1) {
+            tokio::task::yield_now().await;
+        }
+    }
+    // End state: the operator layer only.
+    for (i, layer) in layers.iter().enumerate() {
+        let ptr = Pointer::new(NS_CONFIG, AddressSpec::TYPE, raw_id(*layer));
+        let want = *layer == ConfigLayer::Operator;
+        if present[i] && !want {
+            store.destroy(&ptr, "src").unwrap();
+        } else if !present[i] && want {
+            store
+                .create(
+                    Resource::<AddressSpec>::new(
+                        NS_CONFIG,
+                        raw_id(*layer),
+                        addr_spec("10.0.0.1/24", *layer),
+                    ),
+                    "src",
+                )
+                .unwrap();
+        }
+    }
+    store
+        .remove_finalizer(&merged.pointer(), &["foreign"])
+        .unwrap();
+    assert_resource::<AddressSpec>(&store, NS, "eth0/10.0.0.1/24", |r| {
+        (r.metadata.phase == Phase::Running && r.spec.layer == ConfigLayer::Operator)
+            .then_some(())
+            .ok_or(format!("{:?} {:?}", r.metadata.phase, r.spec.layer))
+    })
+    .await;
+    h.stop().await.unwrap();
+}
