@@ -1,0 +1,1 @@
+//! KubeSpan controllers (spec `kubespan-dataplane.md`).

@@ -1,0 +1,3 @@
+//! Controllers by family (each family has a `register` function).
+
+pub mod kubespan;
