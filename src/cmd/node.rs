@@ -6,6 +6,7 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 use wirespan_control::{
     api::server::{bind, serve, ResourceApi},
+    controllers::kubespan,
     resources::{self, identity::NodeIdentityController, meta},
     runtime::{Runtime, Store, StoreOptions},
 };
@@ -16,6 +17,86 @@ pub struct Args {
     /// Directory for persistent state (node identity, keys).
     #[arg(long, env = "WIRESPAN_STATE_DIR", default_value = "/var/lib/wirespan")]
     pub state_dir: PathBuf,
+    #[command(flatten)]
+    pub mesh: MeshArgs,
+}
+
+/// Mesh options of `wirespan node`.
+#[derive(Debug, clap::Args)]
+pub struct MeshArgs {
+    /// Serve Prometheus metrics on this address (`GET /metrics`).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// What happens to the WireGuard link, marking table, rules and routes on a
+    /// graceful stop: `teardown` removes them, `keep` leaves the mesh forwarding (a
+    /// later start adopts or replaces what it finds).
+    #[arg(long, value_enum, default_value_t = OnStopArg::Teardown)]
+    pub on_stop: OnStopArg,
+    /// WireGuard implementation: kernel if available (auto), or forced.
+    #[arg(long, value_enum, default_value_t = WireGuardArg::Auto)]
+    pub wireguard: WireGuardArg,
+}
+
+/// `--on-stop`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum OnStopArg {
+    /// Leave kernel state in place.
+    Keep,
+    /// Remove kernel state.
+    Teardown,
+}
+
+/// `--wireguard`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum WireGuardArg {
+    /// Kernel if supported, else wireguard-go.
+    Auto,
+    /// Kernel WireGuard.
+    Kernel,
+    /// wireguard-go.
+    Userspace,
+}
+
+/// Registers the KubeSpan controllers for the namespace the node runs in; returns the
+/// metrics to serve.
+fn register_mesh(
+    runtime: &mut Runtime,
+    state_dir: &Path,
+    args: &MeshArgs,
+) -> anyhow::Result<std::sync::Arc<kubespan::metrics::MeshMetrics>> {
+    use std::sync::Arc;
+    use wirespan_dataplane::{netns::Netns, routing::NetlinkRouting, wireguard::BackendChoice};
+    let netns = Netns::current();
+    let metrics = Arc::new(kubespan::metrics::MeshMetrics::new());
+    let m = Arc::clone(&metrics);
+    runtime.on_controller_restart(Arc::new(move |name| m.controller_restarted(name)));
+    let routing = NetlinkRouting::new(&netns).context("opening rtnetlink")?;
+    kubespan::register(
+        runtime,
+        kubespan::Deps {
+            state_dir: state_dir.to_owned(),
+            links: Arc::new(kubespan::identity::IpLinkSource(netns.clone())),
+            manager: kubespan::manager::ManagerDeps {
+                wireguard: Arc::new(kubespan::KernelWireGuard {
+                    netns: netns.clone(),
+                    choice: match args.wireguard {
+                        WireGuardArg::Auto => BackendChoice::Auto,
+                        WireGuardArg::Kernel => BackendChoice::Kernel,
+                        WireGuardArg::Userspace => BackendChoice::Userspace,
+                    },
+                }),
+                marking: Arc::new(kubespan::NftablesMarking { netns }),
+                routing_cleanup: Some(Box::new(routing)),
+                clock: Arc::new(wirespan_control::kubespan::clock::SystemClock),
+                metrics: Some(Arc::clone(&metrics)),
+                on_stop: match args.on_stop {
+                    OnStopArg::Keep => kubespan::manager::OnStop::Keep,
+                    OnStopArg::Teardown => kubespan::manager::OnStop::Teardown,
+                },
+            },
+        },
+    )?;
+    Ok(metrics)
 }
 
 pub fn run(args: &Args, socket: &Path) -> anyhow::Result<()> {
@@ -32,11 +113,19 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
         .context("registering resource definitions")?;
     let mut runtime = Runtime::new(store.clone());
     runtime.register(NodeIdentityController::new(args.state_dir.clone()))?;
+    let metrics = register_mesh(&mut runtime, &args.state_dir, &args.mesh)?;
     let api = ResourceApi::new(store, Some(runtime.graph()));
     let listener = bind(socket)?;
     tracing::info!(socket = %socket.display(), state_dir = %args.state_dir.display(), "node started");
 
     let cancel = CancellationToken::new();
+    if let Some(addr) = args.mesh.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding --metrics-listen {addr}"))?;
+        tracing::info!(addr = %listener.local_addr()?, "serving metrics");
+        tokio::spawn(kubespan::metrics::serve(listener, metrics, cancel.clone()));
+    }
     let mut rt_task = tokio::spawn(runtime.run(cancel.clone()));
     let mut api_task = tokio::spawn({
         let cancel = cancel.clone();

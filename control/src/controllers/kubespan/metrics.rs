@@ -153,6 +153,62 @@ impl MeshMetrics {
     }
 }
 
+/// Serves `GET /metrics` (the text exposition) on `listener` until `cancel`; any
+/// other path is 404. One short HTTP/1.1 exchange per connection.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: std::sync::Arc<MeshMetrics>,
+    cancel: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        let (mut conn, _) = tokio::select! {
+            () = cancel.cancelled() => return,
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!(error = %e, "metrics listener accept failed");
+                    continue;
+                }
+            },
+        };
+        let metrics = std::sync::Arc::clone(&metrics);
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            let mut buf = Vec::with_capacity(1024);
+            let mut chunk = [0u8; 1024];
+            let read = tokio::time::timeout(Duration::from_secs(5), async {
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") && buf.len() < 16 * 1024 {
+                    match conn.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return false,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                true
+            })
+            .await;
+            if !matches!(read, Ok(true)) {
+                return;
+            }
+            let line = String::from_utf8_lossy(&buf);
+            let path = line.split_whitespace().nth(1).unwrap_or("");
+            let (status, body) = if line.starts_with("GET ")
+                && (path == "/metrics" || path.starts_with("/metrics?"))
+            {
+                ("200 OK", metrics.render())
+            } else {
+                ("404 Not Found", "not found\n".to_owned())
+            };
+            let head = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: text/plain; version=0.0.4; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = conn.write_all(head.as_bytes()).await;
+            let _ = conn.write_all(body.as_bytes()).await;
+            let _ = conn.shutdown().await;
+        });
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
