@@ -153,6 +153,8 @@ pub struct KubeSpanManagerController {
     peers: HashMap<String, (KubeSpanPeerSpecSpec, WgPeer)>,
     /// Kernel state may exist from an earlier run: clean it up once if disabled.
     first_round: bool,
+    /// When the device was last read (`None`: never, or the device is new).
+    last_read: Option<SystemTime>,
 }
 
 impl fmt::Debug for KubeSpanManagerController {
@@ -198,6 +200,7 @@ impl KubeSpanManagerController {
             written_specs: BTreeSet::new(),
             peers: HashMap::new(),
             first_round: true,
+            last_read: None,
         }
     }
 
@@ -385,9 +388,15 @@ impl KubeSpanManagerController {
 
     /// One reconcile while enabled; returns the next timer deadline.
     #[allow(clippy::too_many_lines)]
+    ///
+    /// The device is read (§8.2 step 2) when a timer woke the manager, on its first
+    /// round with a device, and when the last read is a tick old; a wake-up by an input
+    /// change keeps the statuses' last observation, so one peer's change does not read
+    /// every peer from the device.
     async fn reconcile(
         &mut self,
         rt: &mut ControllerRuntime,
+        timer: bool,
     ) -> Result<Option<SystemTime>, ControllerError> {
         let Some(cfg) = rt
             .get_opt::<KubeSpanConfig>(NS, KUBESPAN)?
@@ -413,6 +422,7 @@ impl KubeSpanManagerController {
             self.wg_link.clone_from(&s.link_name);
         }
         if self.wg.is_none() {
+            self.last_read = None;
             self.wg = Some(self.deps.wireguard.create(&s.link_name).map_err(|source| {
                 ControllerError::other(ManagerError::WireGuard {
                     link: s.link_name.clone(),
@@ -423,13 +433,23 @@ impl KubeSpanManagerController {
         let now = self.deps.clock.now();
 
         // §8.2 step 2: what the device reports.
-        let wg = self
-            .wg
-            .take()
-            .unwrap_or_else(|| unreachable!("created above"));
-        let (wg, observed) = blocking(wg, |w| w.observe()).await?;
-        self.wg = Some(wg);
-        let observed: HashMap<String, Observed> = match observed {
+        let read = timer
+            || self
+                .last_read
+                .is_none_or(|t| now.duration_since(t).unwrap_or_default() >= RECONCILE_TICK);
+        let observed = if read {
+            let wg = self
+                .wg
+                .take()
+                .unwrap_or_else(|| unreachable!("created above"));
+            let (wg, observed) = blocking(wg, |w| w.observe()).await?;
+            self.wg = Some(wg);
+            self.last_read = Some(now);
+            Some(observed)
+        } else {
+            None
+        };
+        let observed: Option<HashMap<String, Observed>> = observed.map(|observed| match observed {
             Ok(st) if st.present => st
                 .peers
                 .into_iter()
@@ -450,7 +470,7 @@ impl KubeSpanManagerController {
                 tracing::warn!(link = %s.link_name, error = %e, "reading the WireGuard device failed");
                 HashMap::new()
             }
-        };
+        });
 
         // Step 1, 3–5: statuses and desired endpoints.
         let specs = rt.list::<KubeSpanPeerSpec>(NS)?;
@@ -470,7 +490,10 @@ impl KubeSpanManagerController {
                     label: r.spec.label.clone(),
                     ..KubeSpanPeerStatusSpec::default()
                 });
-            let step = step(st, &r.spec.endpoints, observed.get(key), now);
+            // Without a read (or without the peer on the device) the status keeps its
+            // last observation.
+            let seen = observed.as_ref().and_then(|o| o.get(key));
+            let step = step(st, &r.spec.endpoints, seen, now);
             if let Some(w) = next_wake(st) {
                 wake = Some(wake.map_or(w, |x: SystemTime| x.min(w)));
             }
@@ -616,7 +639,7 @@ impl KubeSpanManagerController {
             r.spec.note.clone_from(&note);
         })?;
 
-        if let Some(metrics) = &self.deps.metrics {
+        if let Some(metrics) = self.deps.metrics.as_ref().filter(|_| read) {
             let figures: Vec<PeerFigures> = self
                 .statuses
                 .iter()
@@ -674,14 +697,14 @@ impl Controller for KubeSpanManagerController {
                     Some(d) => self.deps.clock.sleep_until(d),
                     None => Box::pin(std::future::pending()),
                 };
-                tokio::select! {
+                let timer = tokio::select! {
                     biased;
                     () = rt.cancelled() => break,
-                    () = rt.changed() => {}
-                    () = sleep => {}
-                }
+                    () = rt.changed() => false,
+                    () = sleep => true,
+                };
                 let started = Instant::now();
-                deadline = self.reconcile(rt).await?;
+                deadline = self.reconcile(rt, timer).await?;
                 self.first_round = false;
                 if let Some(m) = &self.deps.metrics {
                     m.observe_reconcile(NAME, started.elapsed());
