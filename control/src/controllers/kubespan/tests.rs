@@ -542,3 +542,68 @@ async fn disable_tears_everything_down_and_reenable_restores_it() {
     eventually("device back", || (device_peers(&m.wg) == 1).then_some(())).await;
     m.h.stop().await.unwrap();
 }
+
+#[tokio::test]
+async fn peer_specs_follow_changes_incrementally_and_fall_back_on_overlap() {
+    let m = start("", tempfile::tempdir().unwrap());
+    let store = &m.h.store;
+    for n in 1..=3 {
+        set_affiliate(store, &affiliate(n, &["192.0.2.1:51820"]));
+    }
+    assert_length(store, &Kind::new(NS, KubeSpanPeerSpec::TYPE), 3).await;
+    let allowed = |r: &Resource<KubeSpanPeerSpec>| -> Vec<String> {
+        r.spec.allowed_ips.iter().map(ToString::to_string).collect()
+    };
+    // A disjoint change (incremental path).
+    let mut a3 = affiliate(3, &["192.0.2.1:51820"]);
+    a3.kubespan.as_mut().unwrap().additional_addresses = vec!["10.99.0.0/16".parse().unwrap()];
+    set_affiliate(store, &a3);
+    assert_resource::<KubeSpanPeerSpec>(store, NS, &key(3), |r| {
+        let got = allowed(r);
+        (got == ["10.5.0.3/32", "10.99.0.0/16", "fd21:4de:ec13:da02::3/128"])
+            .then_some(())
+            .ok_or(format!("{got:?}"))
+    })
+    .await;
+    // Peer 3 now claims peer 1's pod CIDR: the earlier node keeps it (full pass).
+    a3.kubespan.as_mut().unwrap().additional_addresses = vec!["10.244.0.0/16".parse().unwrap()];
+    set_affiliate(store, &a3);
+    assert_resource::<KubeSpanPeerSpec>(store, NS, &key(3), |r| {
+        let removed: Vec<String> = r
+            .spec
+            .overlap_removed
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        (removed == ["10.244.1.0/24", "10.244.2.0/24"])
+            .then_some(())
+            .ok_or(format!("{removed:?} {:?}", allowed(r)))
+    })
+    .await;
+    let p1 = m.h.store.get::<KubeSpanPeerSpec>(NS, &key(1)).unwrap();
+    assert_eq!(
+        allowed(&p1),
+        ["10.5.0.1/32", "10.244.1.0/24", "fd21:4de:ec13:da02::1/128"]
+    );
+    // And back: the overlap is gone again.
+    a3.kubespan.as_mut().unwrap().additional_addresses = vec!["10.3.0.0/16".parse().unwrap()];
+    set_affiliate(store, &a3);
+    assert_resource::<KubeSpanPeerSpec>(store, NS, &key(3), |r| {
+        (r.spec.overlap_removed.is_empty() && allowed(r).contains(&"10.3.0.0/16".to_owned()))
+            .then_some(())
+            .ok_or(format!("{:?}", r.spec))
+    })
+    .await;
+    // Peer 1 then changes incrementally again.
+    let mut a1 = affiliate(1, &["192.0.2.1:51820"]);
+    a1.kubespan.as_mut().unwrap().additional_addresses = vec!["10.77.0.0/16".parse().unwrap()];
+    set_affiliate(store, &a1);
+    assert_resource::<KubeSpanPeerSpec>(store, NS, &key(1), |r| {
+        allowed(r)
+            .contains(&"10.77.0.0/16".to_owned())
+            .then_some(())
+            .ok_or(format!("{:?}", r.spec))
+    })
+    .await;
+    m.h.stop().await.unwrap();
+}
