@@ -262,7 +262,7 @@ impl Drop for TempDir {
     }
 }
 
-fn node() -> anyhow::Result<Node> {
+fn node(n: usize) -> anyhow::Result<Node> {
     let ns = NetnsGuard::new("wsrb").context("creating a network namespace (root?)")?;
     ns.run(
         "ip",
@@ -283,7 +283,11 @@ fn node() -> anyhow::Result<Node> {
     let dir = TempDir(std::env::temp_dir().join(unique_name("wirespan-bench-reconcile")));
     let (tx, rx) = mpsc::unbounded_channel();
     let probe: Probe = Arc::default();
-    let store = Store::new(StoreOptions::default());
+    // N affiliates written at once must not overrun the runtime's watches (the
+    // default history is 4,096 events per kind): the peer specs and statuses follow.
+    let store = Store::new(StoreOptions {
+        history_capacity: (4 * n).max(StoreOptions::default().history_capacity),
+    });
     let mut runtime = Runtime::new(store.clone());
     register(
         &mut runtime,
@@ -448,7 +452,7 @@ impl Node {
 
 async fn measure(n: usize, changes: usize) -> anyhow::Result<SizeFigures> {
     let pb = bar(changes + 1, &format!("reconcile, N={n}"));
-    let mut node = node()?;
+    let mut node = node(n)?;
     // The manager's first apply: device up, no peers.
     node.wait(Duration::from_secs(30), |p, _| p == 0, |_, _| true)
         .await?;

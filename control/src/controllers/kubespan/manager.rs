@@ -474,9 +474,6 @@ impl KubeSpanManagerController {
 
         // Step 1, 3–5: statuses and desired endpoints.
         let specs = rt.list::<KubeSpanPeerSpec>(NS)?;
-        let live: BTreeSet<&str> = specs.iter().map(|r| r.metadata.id.as_str()).collect();
-        self.statuses.retain(|k, _| live.contains(k.as_str()));
-        self.peers.retain(|k, _| live.contains(k.as_str()));
         let psk = PresharedKey::from_bytes(*cluster.spec.secret.bytes());
         let mut wg_peers = Vec::with_capacity(specs.len());
         let mut up = Vec::with_capacity(specs.len());
@@ -527,6 +524,14 @@ impl KubeSpanManagerController {
             });
         }
 
+        // Statuses of peers that went away: every spec has a status now, so there are
+        // more statuses than specs exactly when some are stale (no lookups otherwise).
+        if self.statuses.len() > specs.len() || self.peers.len() > specs.len() {
+            let live: BTreeSet<&str> = specs.iter().map(|r| r.metadata.id.as_str()).collect();
+            self.statuses.retain(|k, _| live.contains(k.as_str()));
+            self.peers.retain(|k, _| live.contains(k.as_str()));
+        }
+
         // Step 6: device, routed set, statuses.
         let device = WgDevice {
             name: s.link_name.clone(),
@@ -575,16 +580,23 @@ impl KubeSpanManagerController {
         self.marking = Some(m);
         res.map_err(|e| ControllerError::other(ManagerError::Marking(e)))?;
 
-        for id in self.written_statuses.keys().cloned().collect::<Vec<_>>() {
-            if !self.statuses.contains_key(&id) {
-                rt.destroy(&Pointer::new(NS, KubeSpanPeerStatus::TYPE, &id))?;
-                self.written_statuses.remove(&id);
-            }
-        }
         for (id, st) in &self.statuses {
             if self.written_statuses.get(id) != Some(st) {
                 rt.modify::<KubeSpanPeerStatus>(NS, id, |r| r.spec.clone_from(st))?;
                 self.written_statuses.insert(id.clone(), st.clone());
+            }
+        }
+        // Everything live was written, so more written than live means some are gone.
+        if self.written_statuses.len() > self.statuses.len() {
+            let gone: Vec<String> = self
+                .written_statuses
+                .keys()
+                .filter(|id| !self.statuses.contains_key(*id))
+                .cloned()
+                .collect();
+            for id in gone {
+                rt.destroy(&Pointer::new(NS, KubeSpanPeerStatus::TYPE, &id))?;
+                self.written_statuses.remove(&id);
             }
         }
 
