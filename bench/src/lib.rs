@@ -4,6 +4,7 @@
 
 pub mod dataplane;
 pub mod discovery;
+pub mod reconcile;
 pub mod runtime;
 
 /// A progress bar for one phase of a benchmark (on stderr, so reports stay clean).

@@ -5,7 +5,8 @@
 //!   `resource-runtime.md` §1–§3).
 //! * [`resources`]: the resource types of the node and the controllers that need no
 //!   data plane (node identity), plus the `meta` definitions and namespaces.
-//! * [`controllers`]: the node's controllers by family (cluster discovery, …).
+//! * [`kubespan`]: pure logic of the mesh (ULA, AllowedIPs, rotation).
+//! * [`controllers`]: controllers by family.
 //! * [`config`]: the multi-document YAML config and its validation.
 //! * [`secret`]: secret values that never print.
 //! * [`api`]: the resource API (tonic over a unix socket) served to the CLI.
@@ -14,6 +15,7 @@
 pub mod api;
 pub mod config;
 pub mod controllers;
+pub mod kubespan;
 pub mod resources;
 pub mod runtime;
 pub mod secret;

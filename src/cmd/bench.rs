@@ -11,6 +11,8 @@ pub enum Bench {
     Discovery(wirespan_bench::discovery::Args),
     /// Kernel data plane apply times (needs root).
     Dataplane(wirespan_bench::dataplane::Args),
+    /// The KubeSpan controller chain from affiliates to kernel state (needs root).
+    Reconcile(wirespan_bench::reconcile::Args),
 }
 
 pub fn run(bench: &Bench) -> anyhow::Result<()> {
@@ -18,5 +20,6 @@ pub fn run(bench: &Bench) -> anyhow::Result<()> {
         Bench::Runtime(a) => wirespan_bench::runtime::run(a),
         Bench::Discovery(a) => wirespan_bench::discovery::run(a),
         Bench::Dataplane(a) => wirespan_bench::dataplane::run(a),
+        Bench::Reconcile(a) => wirespan_bench::reconcile::run(a),
     }
 }

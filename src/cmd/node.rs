@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use wirespan_control::{
     api::server::{bind, serve, ResourceApi},
     config::loader,
-    controllers::{network, probe},
+    controllers::{kubespan, network, probe},
     resources::{self, identity::NodeIdentityController, meta},
     runtime::{Runtime, Store, StoreOptions},
 };
@@ -32,6 +32,86 @@ pub struct Args {
     /// invalid file at start is fatal; an invalid change is rejected and logged.
     #[arg(long, env = "WIRESPAN_CONFIG")]
     pub config: Option<PathBuf>,
+    #[command(flatten)]
+    pub mesh: MeshArgs,
+}
+
+/// Mesh options of `wirespan node`.
+#[derive(Debug, clap::Args)]
+pub struct MeshArgs {
+    /// Serve Prometheus metrics on this address (`GET /metrics`).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
+    /// What happens to the WireGuard link, marking table, rules and routes on a
+    /// graceful stop: `teardown` removes them, `keep` leaves the mesh forwarding (a
+    /// later start adopts or replaces what it finds).
+    #[arg(long, value_enum, default_value_t = OnStopArg::Teardown)]
+    pub on_stop: OnStopArg,
+    /// WireGuard implementation: kernel if available (auto), or forced.
+    #[arg(long, value_enum, default_value_t = WireGuardArg::Auto)]
+    pub wireguard: WireGuardArg,
+}
+
+/// `--on-stop`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum OnStopArg {
+    /// Leave kernel state in place.
+    Keep,
+    /// Remove kernel state.
+    Teardown,
+}
+
+/// `--wireguard`.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum WireGuardArg {
+    /// Kernel if supported, else wireguard-go.
+    Auto,
+    /// Kernel WireGuard.
+    Kernel,
+    /// wireguard-go.
+    Userspace,
+}
+
+/// Registers the KubeSpan controllers for the namespace the node runs in; returns the
+/// metrics to serve.
+fn register_mesh(
+    runtime: &mut Runtime,
+    state_dir: &Path,
+    args: &MeshArgs,
+) -> anyhow::Result<std::sync::Arc<kubespan::metrics::MeshMetrics>> {
+    use std::sync::Arc;
+    use wirespan_dataplane::{netns::Netns, routing::NetlinkRouting, wireguard::BackendChoice};
+    let netns = Netns::current();
+    let metrics = Arc::new(kubespan::metrics::MeshMetrics::new());
+    let m = Arc::clone(&metrics);
+    runtime.on_controller_restart(Arc::new(move |name| m.controller_restarted(name)));
+    let routing = NetlinkRouting::new(&netns).context("opening rtnetlink")?;
+    kubespan::register(
+        runtime,
+        kubespan::Deps {
+            state_dir: state_dir.to_owned(),
+            links: Arc::new(kubespan::identity::IpLinkSource(netns.clone())),
+            manager: kubespan::manager::ManagerDeps {
+                wireguard: Arc::new(kubespan::KernelWireGuard {
+                    netns: netns.clone(),
+                    choice: match args.wireguard {
+                        WireGuardArg::Auto => BackendChoice::Auto,
+                        WireGuardArg::Kernel => BackendChoice::Kernel,
+                        WireGuardArg::Userspace => BackendChoice::Userspace,
+                    },
+                }),
+                marking: Arc::new(kubespan::NftablesMarking { netns }),
+                routing_cleanup: Some(Box::new(routing)),
+                clock: Arc::new(wirespan_control::kubespan::clock::SystemClock),
+                metrics: Some(Arc::clone(&metrics)),
+                on_stop: match args.on_stop {
+                    OnStopArg::Keep => kubespan::manager::OnStop::Keep,
+                    OnStopArg::Teardown => kubespan::manager::OnStop::Teardown,
+                },
+            },
+        },
+    )?;
+    Ok(metrics)
 }
 
 pub fn run(args: &Args, socket: &Path) -> anyhow::Result<()> {
@@ -43,7 +123,11 @@ pub fn run(args: &Args, socket: &Path) -> anyhow::Result<()> {
 }
 
 async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
-    let store = Store::new(StoreOptions::default());
+    // A burst of thousands of affiliates (a big cluster joining) must not overrun the
+    // runtime's own watches: an overrun stops the runtime (spec §3.4).
+    let store = Store::new(StoreOptions {
+        history_capacity: 65_536,
+    });
     meta::register(&store, &resources::definitions())
         .context("registering resource definitions")?;
     if let Some(path) = &args.config {
@@ -62,12 +146,20 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
     network::register(&mut runtime, &net_deps)?;
     probe::register(&mut runtime)?;
     wirespan_control::controllers::cluster::register(&mut runtime, Default::default())?;
+    let metrics = register_mesh(&mut runtime, &args.state_dir, &args.mesh)?;
     let api = ResourceApi::new(store.clone(), Some(runtime.graph()))
         .with_config_apply(args.config.clone());
     let listener = bind(socket)?;
     tracing::info!(socket = %socket.display(), state_dir = %args.state_dir.display(), "node started");
 
     let cancel = CancellationToken::new();
+    if let Some(addr) = args.mesh.metrics_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding --metrics-listen {addr}"))?;
+        tracing::info!(addr = %listener.local_addr()?, "serving metrics");
+        tokio::spawn(kubespan::metrics::serve(listener, metrics, cancel.clone()));
+    }
     let mut rt_task = tokio::spawn(runtime.run(cancel.clone()));
     if let Some(path) = &args.config {
         tokio::spawn(loader::watch_file(

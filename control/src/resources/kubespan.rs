@@ -1,7 +1,7 @@
 //! Mesh resources shared between controllers: identity, effective mesh config and
 //! harvested endpoints (spec `kubespan-dataplane.md`).
 
-use std::net::SocketAddr;
+use std::{net::SocketAddr, time::SystemTime};
 
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
@@ -100,4 +100,163 @@ pub struct KubeSpanEndpointSpec {
     pub affiliate_id: String,
     /// The endpoint WireGuard uses for it.
     pub endpoint: Option<SocketAddr>,
+}
+
+/// Peer state (spec §8.1), shown lowercase.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PeerState {
+    /// No handshake yet on the current endpoint (or never pushed).
+    #[default]
+    Unknown,
+    /// Handshaking.
+    Up,
+    /// No handshake for too long.
+    Down,
+}
+
+impl PeerState {
+    /// The lowercase name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unknown => "unknown",
+            Self::Up => "up",
+            Self::Down => "down",
+        }
+    }
+}
+
+/// A WireGuard peer derived from an affiliate (`kubespan/KubeSpanPeerSpec <public
+/// key>`).
+#[derive(Debug)]
+pub struct KubeSpanPeerSpec;
+
+impl ResourceKind for KubeSpanPeerSpec {
+    const TYPE: &'static str = "KubeSpanPeerSpecs.kubespan.wirespan.dev";
+    const DEFAULT_NAMESPACE: &'static str = NS;
+    type Spec = KubeSpanPeerSpecSpec;
+    fn definition() -> Definition {
+        Definition::new(Self::TYPE, "KubeSpanPeerSpec", Self::DEFAULT_NAMESPACE)
+            .alias("peerspecs")
+            .column("Label", ".label")
+            .column("Endpoints", ".endpoints")
+            .column("Allowed IPs", ".allowedIps")
+    }
+}
+
+/// Spec of [`KubeSpanPeerSpec`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeSpanPeerSpecSpec {
+    /// The affiliate (node) ID.
+    pub node_id: String,
+    /// Peer nodename.
+    pub label: String,
+    /// Its KubeSpan ULA.
+    pub address: Option<std::net::IpAddr>,
+    /// WireGuard AllowedIPs after overlap resolution (spec §5.3).
+    pub allowed_ips: Vec<IpNet>,
+    /// Ranges the peer claimed that earlier peers (node-ID order) already had.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub overlap_removed: Vec<IpNet>,
+    /// Endpoints in the order to try them.
+    pub endpoints: Vec<SocketAddr>,
+}
+
+/// A peer's live state (`kubespan/KubeSpanPeerStatus <public key>`; alias `peers`).
+#[derive(Debug)]
+pub struct KubeSpanPeerStatus;
+
+impl ResourceKind for KubeSpanPeerStatus {
+    const TYPE: &'static str = "KubeSpanPeerStatuses.kubespan.wirespan.dev";
+    const DEFAULT_NAMESPACE: &'static str = NS;
+    type Spec = KubeSpanPeerStatusSpec;
+    fn definition() -> Definition {
+        Definition::new(Self::TYPE, "KubeSpanPeerStatus", Self::DEFAULT_NAMESPACE)
+            .alias("peers")
+            .alias("peerstatuses")
+            .column("Label", ".label")
+            .column("Endpoint", ".endpoint")
+            .column("State", ".state")
+            .column("Last Handshake", ".lastHandshakeTime")
+            .column("Rx", ".receiveBytes")
+            .column("Tx", ".transmitBytes")
+    }
+}
+
+/// Spec of [`KubeSpanPeerStatus`] (spec §8.1).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeSpanPeerStatusSpec {
+    /// Peer nodename (set when the status is created).
+    pub label: String,
+    /// Endpoint WireGuard uses (or the one just pushed).
+    pub endpoint: Option<SocketAddr>,
+    /// Endpoint the daemon last pushed (rotation cursor).
+    pub last_used_endpoint: Option<SocketAddr>,
+    /// When the daemon last pushed an endpoint.
+    #[serde(with = "rfc3339_opt")]
+    pub last_endpoint_change: Option<SystemTime>,
+    /// Last handshake, from WireGuard.
+    #[serde(with = "rfc3339_opt")]
+    pub last_handshake_time: Option<SystemTime>,
+    /// Bytes received.
+    pub receive_bytes: i64,
+    /// Bytes sent.
+    pub transmit_bytes: i64,
+    /// up, down or unknown.
+    pub state: PeerState,
+}
+
+/// What the mesh manager runs on (`kubespan/KubeSpanManagerStatus kubespan`).
+#[derive(Debug)]
+pub struct KubeSpanManagerStatus;
+
+impl ResourceKind for KubeSpanManagerStatus {
+    const TYPE: &'static str = "KubeSpanManagerStatuses.kubespan.wirespan.dev";
+    const DEFAULT_NAMESPACE: &'static str = NS;
+    type Spec = KubeSpanManagerStatusSpec;
+    fn definition() -> Definition {
+        Definition::new(Self::TYPE, "KubeSpanManagerStatus", Self::DEFAULT_NAMESPACE)
+            .column("Link", ".linkName")
+            .column("Fast Path", ".fastPath")
+            .column("Peers", ".peers")
+            .column("Note", ".note")
+    }
+}
+
+/// Spec of [`KubeSpanManagerStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeSpanManagerStatusSpec {
+    /// The WireGuard link.
+    pub link_name: String,
+    /// Marking in use (`nftables` or `ebpf`).
+    pub fast_path: String,
+    /// Number of peers programmed.
+    pub peers: usize,
+    /// Why the configured fast path is not in use, if it is not.
+    pub note: String,
+}
+
+/// `Option<SystemTime>` as RFC 3339 text (`null` when unset).
+mod rfc3339_opt {
+    use std::time::SystemTime;
+
+    use serde::{Deserialize as _, Deserializer, Serializer};
+
+    #[allow(clippy::ref_option)]
+    pub fn serialize<S: Serializer>(t: &Option<SystemTime>, s: S) -> Result<S::Ok, S::Error> {
+        match t {
+            Some(t) => s.serialize_str(&humantime::format_rfc3339_seconds(*t).to_string()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<SystemTime>, D::Error> {
+        Option::<String>::deserialize(d)?
+            .map(|s| humantime::parse_rfc3339_weak(&s).map_err(serde::de::Error::custom))
+            .transpose()
+    }
 }

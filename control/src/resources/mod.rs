@@ -38,6 +38,9 @@ pub fn definitions() -> Vec<Definition> {
         kubespan::KubeSpanIdentity::definition(),
         kubespan::KubeSpanConfig::definition(),
         kubespan::KubeSpanEndpoint::definition(),
+        kubespan::KubeSpanPeerStatus::definition(),
+        kubespan::KubeSpanPeerSpec::definition(),
+        kubespan::KubeSpanManagerStatus::definition(),
     ]
 }
 

@@ -266,8 +266,12 @@ struct Running {
     fatal: mpsc::UnboundedSender<StateError>,
 }
 
+/// Called with a controller's name each time it is restarted after an error or panic.
+pub type RestartHook = Arc<dyn Fn(&str) + Send + Sync>;
+
 struct Shared {
     store: Store,
+    on_restart: RwLock<Option<RestartHook>>,
     handles: RwLock<Vec<Arc<Handle>>>,
     deps: RwLock<HashMap<Kind, Vec<Dep>>>,
     watched: Mutex<HashSet<Kind>>,
@@ -435,6 +439,7 @@ impl Runtime {
         Self {
             shared: Arc::new(Shared {
                 store,
+                on_restart: RwLock::default(),
                 handles: RwLock::default(),
                 deps: RwLock::default(),
                 watched: Mutex::default(),
@@ -522,6 +527,15 @@ impl Runtime {
             .push(Arc::clone(&handle));
         self.pending.push((controller, handle));
         Ok(())
+    }
+
+    /// Sets the hook told about every controller restart (for metrics).
+    pub fn on_controller_restart(&self, hook: RestartHook) {
+        *self
+            .shared
+            .on_restart
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = Some(hook);
     }
 
     /// The dependency graph, live while the runtime runs.
@@ -621,6 +635,15 @@ async fn run_controller(mut ctrl: Box<dyn Controller>, mut rt: ControllerRuntime
             return;
         }
         crashes += 1;
+        let hook = rt
+            .shared
+            .on_restart
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let Some(hook) = hook {
+            hook(&name);
+        }
         let delay = {
             let mut b = rt
                 .handle

@@ -12,7 +12,8 @@ pub mod watch;
 
 pub use controller::{
     AccessError, Controller, ControllerError, ControllerResult, ControllerRuntime, GraphSource,
-    Input, InputKind, Output, OutputKind, RegistrationError, Runtime, RuntimeError, Waker,
+    Input, InputKind, Output, OutputKind, RegistrationError, RestartHook, Runtime, RuntimeError,
+    Waker,
 };
 pub use metadata::{Finalizers, Kind, Metadata, Phase, Pointer};
 pub use query::{Filter, LabelOp, LabelQuery, LabelTerm};

@@ -1,0 +1,80 @@
+//! `KubeSpanConfigController`: the mesh settings in force from the machine config.
+
+use futures::future::BoxFuture;
+
+use crate::{
+    config::kubespan::{KubeSpanConfig as Document, KubeSpanEndpointsConfig},
+    resources::{
+        config::{MachineConfig, ACTIVE},
+        kubespan::{KubeSpanConfig, KubeSpanConfigSpec, KUBESPAN, NS},
+    },
+    runtime::{
+        Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output, Pointer,
+        ResourceKind as _,
+    },
+};
+
+/// Writes `kubespan/KubeSpanConfig kubespan` from the `KubeSpanConfig` document
+/// (defaults applied by the document type) and the union of every
+/// `KubeSpanEndpointsConfig`; without a `KubeSpanConfig` document (or without a config)
+/// the resource is absent: the mesh is disabled.
+#[derive(Debug, Default)]
+pub struct KubeSpanConfigController;
+
+/// The effective mesh config of a machine config, `None` without a mesh document.
+#[must_use]
+pub fn effective(config: &crate::config::MachineConfig) -> Option<KubeSpanConfigSpec> {
+    let doc = config.singleton::<Document>()?;
+    let mut extra = Vec::new();
+    for e in config
+        .documents_of::<KubeSpanEndpointsConfig>()
+        .flat_map(|d| &d.extra_announced_endpoints)
+    {
+        if !extra.contains(e) {
+            extra.push(*e);
+        }
+    }
+    Some(KubeSpanConfigSpec {
+        config: doc.clone(),
+        extra_announced_endpoints: extra,
+    })
+}
+
+impl Controller for KubeSpanConfigController {
+    fn name(&self) -> &str {
+        "KubeSpanConfigController"
+    }
+
+    fn inputs(&self) -> Vec<Input> {
+        vec![Input::id_of::<MachineConfig>(
+            MachineConfig::DEFAULT_NAMESPACE,
+            ACTIVE,
+            InputKind::Weak,
+        )]
+    }
+
+    fn outputs(&self) -> Vec<Output> {
+        vec![Output::exclusive::<KubeSpanConfig>()]
+    }
+
+    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+        Box::pin(async move {
+            while rt.next_round().await {
+                let mc = rt.get_opt::<MachineConfig>(MachineConfig::DEFAULT_NAMESPACE, ACTIVE)?;
+                match mc.and_then(|mc| effective(&mc.spec.config)) {
+                    Some(spec) => {
+                        rt.modify::<KubeSpanConfig>(NS, KUBESPAN, |r| r.spec.clone_from(&spec))?;
+                    }
+                    None => {
+                        let ptr = Pointer::new(NS, KubeSpanConfig::TYPE, KUBESPAN);
+                        if rt.get_opt::<KubeSpanConfig>(NS, KUBESPAN)?.is_some() {
+                            rt.destroy(&ptr)?;
+                        }
+                    }
+                }
+                rt.reset_restart_backoff();
+            }
+            Ok(())
+        })
+    }
+}

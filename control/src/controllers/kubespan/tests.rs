@@ -1,0 +1,609 @@
+//! Controller tests: the real runtime with fake adapters, links and clock.
+
+use std::{
+    net::SocketAddr,
+    os::unix::fs::PermissionsExt as _,
+    sync::Arc,
+    time::{Duration, SystemTime},
+};
+
+use wirespan_dataplane::{
+    fake::{FakeMarking, FakeWireGuard},
+    marking::MarkingSpec,
+    wireguard::{DeviceState, PublicKey, WgError, WireGuard},
+};
+
+use super::{
+    identity::{LinkInfo, LinkSource},
+    manager::{ManagerDeps, MarkingChoice, MarkingFactory, OnStop, WireGuardFactory},
+    register, Deps,
+};
+use crate::{
+    config::kubespan::FastPath,
+    kubespan::clock::{Clock as _, FakeClock},
+    resources::{
+        cluster::{AffiliateSpec, ClusterIdentity, ClusterIdentitySpec, KubeSpanAffiliateSpec},
+        config::{MachineConfig, MachineConfigSpec},
+        identity::{NodeIdentity, NodeIdentitySpec},
+        kubespan::{
+            KubeSpanConfig, KubeSpanIdentity, KubeSpanManagerStatus, KubeSpanPeerSpec,
+            KubeSpanPeerStatus, PeerState, KUBESPAN, NS,
+        },
+        network::{LinkSpec, RouteSpec, RoutingRuleSpec, NS_CONFIG},
+    },
+    runtime::{Kind, Pointer, Resource, ResourceKind as _, Runtime, Store, StoreOptions},
+    secret::Key32,
+    testing::{assert_length, assert_no_resource, assert_resource, Harness, TIMEOUT},
+};
+
+#[derive(Debug)]
+struct FakeLinks(Vec<LinkInfo>);
+
+impl LinkSource for FakeLinks {
+    fn links(&self) -> std::io::Result<Vec<LinkInfo>> {
+        Ok(self.0.clone())
+    }
+}
+
+#[derive(Debug, Clone)]
+struct FakeWgFactory(FakeWireGuard);
+
+impl WireGuardFactory for FakeWgFactory {
+    fn create(&self, _link: &str) -> Result<Box<dyn WireGuard + Send>, WgError> {
+        Ok(Box::new(self.0.clone()))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct FakeMarkingFactory(FakeMarking);
+
+impl MarkingFactory for FakeMarkingFactory {
+    fn create(&self, fast_path: FastPath) -> MarkingChoice {
+        MarkingChoice {
+            marking: Box::new(self.0.clone()),
+            fast_path: FastPath::Nftables,
+            note: if fast_path == FastPath::Ebpf {
+                "no eBPF in tests".into()
+            } else {
+                String::new()
+            },
+        }
+    }
+}
+
+const CLUSTER_ID: &str = "test-cluster-id";
+const SECRET: [u8; 32] = [7; 32];
+
+struct Mesh {
+    h: Harness,
+    wg: FakeWireGuard,
+    marking: FakeMarking,
+    clock: FakeClock,
+    _dir: tempfile::TempDir,
+}
+
+fn config(extra: &str) -> MachineConfigSpec {
+    let enabled = if extra.contains("enabled:") {
+        ""
+    } else {
+        "enabled: true\n"
+    };
+    let text = format!("apiVersion: v1alpha1\nkind: KubeSpanConfig\n{enabled}{extra}");
+    let config = crate::config::parse(&text).unwrap();
+    MachineConfigSpec {
+        source: "test".into(),
+        document_count: config.documents.len(),
+        config,
+    }
+}
+
+fn set_config(store: &Store, spec: &MachineConfigSpec) {
+    store
+        .modify::<MachineConfig>("config", "active", "", |r| r.spec = spec.clone())
+        .unwrap();
+}
+
+fn key(n: u8) -> String {
+    PublicKey::from_bytes([n; 32]).to_base64()
+}
+
+fn affiliate(n: u8, endpoints: &[&str]) -> AffiliateSpec {
+    AffiliateSpec {
+        node_id: format!("node{n}"),
+        nodename: format!("n{n}"),
+        addresses: vec![format!("10.5.0.{n}").parse().unwrap()],
+        kubespan: Some(KubeSpanAffiliateSpec {
+            public_key: key(n),
+            address: Some(format!("fd21:4de:ec13:da02::{n}").parse().unwrap()),
+            additional_addresses: vec![format!("10.244.{n}.0/24").parse().unwrap()],
+            exclude_advertised_networks: Vec::new(),
+            endpoints: endpoints.iter().map(|e| e.parse().unwrap()).collect(),
+        }),
+        ..AffiliateSpec::default()
+    }
+}
+
+fn set_affiliate(store: &Store, a: &AffiliateSpec) {
+    store
+        .modify::<crate::resources::cluster::Affiliate>("cluster", &a.node_id, "", |r| {
+            r.spec = a.clone();
+        })
+        .unwrap();
+}
+
+fn start(extra_config: &str, dir: tempfile::TempDir) -> Mesh {
+    let store = Store::new(StoreOptions::default());
+    let mut runtime = Runtime::new(store.clone());
+    let wg = FakeWireGuard::new("kubespan");
+    let marking = FakeMarking::new();
+    let clock = FakeClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    register(
+        &mut runtime,
+        Deps {
+            state_dir: dir.path().to_owned(),
+            links: Arc::new(FakeLinks(vec![
+                LinkInfo {
+                    name: "lo".into(),
+                    mac: vec![0; 6],
+                    physical: false,
+                },
+                LinkInfo {
+                    name: "veth0".into(),
+                    mac: vec![0x00, 0x16, 0x3e, 0x12, 0x34, 0x56],
+                    physical: false,
+                },
+            ])),
+            manager: ManagerDeps {
+                wireguard: Arc::new(FakeWgFactory(wg.clone())),
+                marking: Arc::new(FakeMarkingFactory(marking.clone())),
+                routing_cleanup: None,
+                clock: Arc::new(clock.clone()),
+                metrics: None,
+                on_stop: OnStop::Keep,
+            },
+        },
+    )
+    .unwrap();
+    store
+        .create(
+            Resource::<ClusterIdentity>::new(
+                "cluster",
+                "cluster",
+                ClusterIdentitySpec {
+                    cluster_id: CLUSTER_ID.into(),
+                    secret: Key32(SECRET),
+                },
+            ),
+            "",
+        )
+        .unwrap();
+    store
+        .create(
+            Resource::<NodeIdentity>::new(
+                "cluster",
+                "local",
+                NodeIdentitySpec {
+                    node_id: "node0".into(),
+                },
+            ),
+            "",
+        )
+        .unwrap();
+    set_config(&store, &config(extra_config));
+    Mesh {
+        h: Harness::start(runtime),
+        wg,
+        marking,
+        clock,
+        _dir: dir,
+    }
+}
+
+/// Polls `f` until it returns `Some` or the deadline passes.
+async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+fn device_peers(wg: &FakeWireGuard) -> usize {
+    wg.device().map_or(0, |d: DeviceState| d.peers.len())
+}
+
+#[tokio::test]
+async fn config_controller_unions_extra_endpoints_and_absent_document_disables() {
+    let m = start(
+        "mtu: 1400\n---\napiVersion: v1alpha1\nkind: KubeSpanEndpointsConfig\nextraAnnouncedEndpoints: [\"192.0.2.1:51820\"]\n---\napiVersion: v1alpha1\nkind: KubeSpanEndpointsConfig\nextraAnnouncedEndpoints: [\"192.0.2.1:51820\", \"192.0.2.2:4000\"]\n",
+        tempfile::tempdir().unwrap(),
+    );
+    assert_resource::<KubeSpanConfig>(&m.h.store, NS, KUBESPAN, |r| {
+        let want: Vec<SocketAddr> = vec![
+            "192.0.2.1:51820".parse().unwrap(),
+            "192.0.2.2:4000".parse().unwrap(),
+        ];
+        if r.spec.config.mtu == 1400
+            && r.spec.config.listen_port == 51820
+            && r.spec.extra_announced_endpoints == want
+        {
+            Ok(())
+        } else {
+            Err(format!("{:?}", r.spec))
+        }
+    })
+    .await;
+    let cfg =
+        crate::config::parse("apiVersion: v1alpha1\nkind: KubeSpanEndpointsConfig\n").unwrap();
+    set_config(
+        &m.h.store,
+        &MachineConfigSpec {
+            source: "test".into(),
+            document_count: 1,
+            config: cfg,
+        },
+    );
+    assert_no_resource(
+        &m.h.store,
+        &Pointer::new(NS, KubeSpanConfig::TYPE, KUBESPAN),
+    )
+    .await;
+    m.h.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn identity_derives_the_ula_from_the_veth_mac_and_reuses_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().to_owned();
+    let m = start("", dir);
+    let first = assert_resource::<KubeSpanIdentity>(&m.h.store, NS, KUBESPAN, |r| {
+        if r.spec.address.is_some() {
+            Ok(())
+        } else {
+            Err("no address".into())
+        }
+    })
+    .await;
+    assert_eq!(
+        first.spec.address.unwrap().to_string(),
+        "fd21:4de:ec13:da02:216:3eff:fe12:3456/128"
+    );
+    assert_eq!(
+        first.spec.subnet.unwrap().to_string(),
+        "fd21:4de:ec13:da02::/64"
+    );
+    assert_eq!(first.spec.mac_source_link, "veth0");
+    let json = serde_json::to_string(&first.spec).unwrap();
+    let file = std::fs::read_to_string(path.join(super::identity::KEY_FILE)).unwrap();
+    assert!(
+        !json.contains(file.trim()),
+        "private key leaked into the resource"
+    );
+    assert!(!format!("{:?}", first.spec).contains(file.trim()));
+    let mode = std::fs::metadata(path.join(super::identity::KEY_FILE))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let m2_dir = m._dir;
+    m.h.stop().await.unwrap();
+    // A second daemon over the same state dir: same key.
+    let m2 = start("", m2_dir);
+    assert_resource::<KubeSpanIdentity>(&m2.h.store, NS, KUBESPAN, |r| {
+        if r.spec.public_key == first.spec.public_key {
+            Ok(())
+        } else {
+            Err("new key".into())
+        }
+    })
+    .await;
+    m2.h.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn peers_from_affiliates_with_psk_keepalive_and_per_peer_updates() {
+    let m = start("", tempfile::tempdir().unwrap());
+    let store = &m.h.store;
+    for n in 1..=3 {
+        set_affiliate(store, &affiliate(n, &["192.0.2.1:51820"]));
+    }
+    // The local node's own affiliate never becomes a peer.
+    set_affiliate(
+        store,
+        &AffiliateSpec {
+            node_id: "node0".into(),
+            ..affiliate(0, &[])
+        },
+    );
+    assert_length(store, &Kind::new(NS, KubeSpanPeerSpec::TYPE), 3).await;
+    assert_length(store, &Kind::new(NS, KubeSpanPeerStatus::TYPE), 3).await;
+    let dev = eventually("3 device peers", || {
+        (device_peers(&m.wg) == 3).then(|| m.wg.device().unwrap())
+    })
+    .await;
+    for p in &dev.peers {
+        assert_eq!(p.preshared_key.as_ref().unwrap().as_bytes(), &SECRET);
+        assert_eq!(p.persistent_keepalive, 25);
+        assert_eq!(p.endpoint, Some("192.0.2.1:51820".parse().unwrap()));
+    }
+    let p2 = dev
+        .peers
+        .iter()
+        .find(|p| p.public_key.to_base64() == key(2))
+        .unwrap();
+    let got: Vec<String> = p2.allowed_ips.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        got,
+        ["10.5.0.2/32", "10.244.2.0/24", "fd21:4de:ec13:da02::2/128"]
+    );
+    // Network specs of the operator layer.
+    assert_resource::<LinkSpec>(store, NS_CONFIG, "operator/kubespan", |r| {
+        if r.spec.up && r.spec.mtu == 1420 && !r.spec.logical {
+            Ok(())
+        } else {
+            Err(format!("{:?}", r.spec))
+        }
+    })
+    .await;
+    assert_resource::<RouteSpec>(store, NS_CONFIG, "operator/180/inet4///1", |_| Ok(())).await;
+    assert_resource::<RouteSpec>(store, NS_CONFIG, "operator/180/kubespan/inet6///1", |_| {
+        Ok(())
+    })
+    .await;
+    assert_resource::<RoutingRuleSpec>(store, NS_CONFIG, "operator/inet6/32500", |r| {
+        if r.spec.fw_mark == 0x40 && r.spec.fw_mask == 0x60 && r.spec.table == 180 {
+            Ok(())
+        } else {
+            Err(format!("{:?}", r.spec))
+        }
+    })
+    .await;
+    assert_resource::<crate::resources::network::AddressSpec>(
+        store,
+        NS_CONFIG,
+        "operator/kubespan/fd21:4de:ec13:da02:216:3eff:fe12:3456/64",
+        |_| Ok(()),
+    )
+    .await;
+
+    // One affiliate changes: one peer update.
+    let before = m.wg.updates().len();
+    let mut a2 = affiliate(2, &["192.0.2.1:51820"]);
+    a2.kubespan.as_mut().unwrap().additional_addresses = vec!["10.245.0.0/16".parse().unwrap()];
+    set_affiliate(store, &a2);
+    let ups = eventually("an update with the new AllowedIPs", || {
+        let ups = m.wg.updates();
+        ups[before..]
+            .iter()
+            .any(|u| {
+                u.peers.iter().any(|p| {
+                    p.allowed_ips
+                        .as_ref()
+                        .is_some_and(|ips| ips.contains(&"10.245.0.0/16".parse().unwrap()))
+                })
+            })
+            .then_some(ups)
+    })
+    .await;
+    for u in &ups[before..] {
+        assert!(
+            u.peers.iter().all(|p| p.public_key.to_base64() == key(2)),
+            "{u:?}"
+        );
+    }
+
+    // Removed affiliate: peer, spec and status go.
+    store
+        .destroy(
+            &Pointer::new(
+                "cluster",
+                crate::resources::cluster::Affiliate::TYPE,
+                "node3",
+            ),
+            "",
+        )
+        .unwrap();
+    assert_no_resource(store, &Pointer::new(NS, KubeSpanPeerStatus::TYPE, key(3))).await;
+    eventually("peer 3 removed from the device", || {
+        (device_peers(&m.wg) == 2).then_some(())
+    })
+    .await;
+    m.h.stop().await.unwrap();
+}
+
+fn routed_v4(spec: &MarkingSpec) -> Vec<String> {
+    spec.prefixes_v4.iter().map(ToString::to_string).collect()
+}
+
+#[tokio::test]
+async fn bypass_marks_only_up_peers_and_follows_state_changes() {
+    let m = start("allowDownPeerBypass: true\n", tempfile::tempdir().unwrap());
+    let store = &m.h.store;
+    set_affiliate(store, &affiliate(1, &["192.0.2.1:51820"]));
+    set_affiliate(store, &affiliate(2, &["192.0.2.2:51820"]));
+    eventually("marking applied with no peer up", || {
+        m.marking
+            .spec()
+            .filter(|_| device_peers(&m.wg) == 2)
+            .filter(|s| s.prefixes_v4.is_empty())
+    })
+    .await;
+    // Peer 1 handshakes; the next reconcile (the 15 s timer) marks it.
+    let pk1 = PublicKey::from_bytes([1; 32]);
+    m.wg.handshake(&pk1, m.clock.now() + Duration::from_secs(1), 10, 20);
+    m.clock.advance(Duration::from_secs(16));
+    let spec = eventually("peer 1 in the routed set", || {
+        m.marking.spec().filter(|s| !s.prefixes_v4.is_empty())
+    })
+    .await;
+    assert_eq!(routed_v4(&spec), ["10.5.0.1/32", "10.244.1.0/24"]);
+    assert_resource::<KubeSpanPeerStatus>(store, NS, &key(1), |r| {
+        if r.spec.state == PeerState::Up && r.spec.receive_bytes == 10 {
+            Ok(())
+        } else {
+            Err(format!("{:?}", r.spec))
+        }
+    })
+    .await;
+    // Bypass off: every peer is marked regardless of state.
+    set_config(store, &config(""));
+    let spec = eventually("all peers in the routed set", || {
+        m.marking.spec().filter(|s| s.prefixes_v4.len() == 4)
+    })
+    .await;
+    assert_eq!(
+        routed_v4(&spec),
+        [
+            "10.5.0.1/32",
+            "10.244.1.0/24",
+            "10.5.0.2/32",
+            "10.244.2.0/24"
+        ]
+    );
+    m.h.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn rotation_moves_to_the_second_endpoint_when_the_first_never_handshakes() {
+    let m = start("", tempfile::tempdir().unwrap());
+    let store = &m.h.store;
+    set_affiliate(
+        store,
+        &affiliate(1, &["192.0.2.1:51820", "198.51.100.1:51820"]),
+    );
+    let first: SocketAddr = "192.0.2.1:51820".parse().unwrap();
+    let second: SocketAddr = "198.51.100.1:51820".parse().unwrap();
+    assert_resource::<KubeSpanPeerStatus>(store, NS, &key(1), |r| {
+        if r.spec.last_used_endpoint == Some(first) && r.spec.state == PeerState::Unknown {
+            Ok(())
+        } else {
+            Err(format!("{:?}", r.spec))
+        }
+    })
+    .await;
+    eventually("first endpoint programmed", || {
+        m.wg.device()
+            .and_then(|d| d.peers.first().and_then(|p| p.endpoint))
+            .filter(|e| *e == first)
+    })
+    .await;
+    // 15 s without a handshake: down, and the timer (not the 30 s tick) rotates.
+    m.clock.advance(Duration::from_secs(15));
+    assert_resource::<KubeSpanPeerStatus>(store, NS, &key(1), |r| {
+        if r.spec.last_used_endpoint == Some(second) && r.spec.state == PeerState::Unknown {
+            Ok(())
+        } else {
+            Err(format!("{:?}", r.spec))
+        }
+    })
+    .await;
+    eventually("second endpoint programmed", || {
+        m.wg.device()
+            .and_then(|d| d.peers.first().and_then(|p| p.endpoint))
+            .filter(|e| *e == second)
+    })
+    .await;
+    m.h.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn disable_tears_everything_down_and_reenable_restores_it() {
+    let m = start("fastPath: ebpf\n", tempfile::tempdir().unwrap());
+    let store = &m.h.store;
+    set_affiliate(store, &affiliate(1, &["192.0.2.1:51820"]));
+    eventually("device with a peer", || {
+        (device_peers(&m.wg) == 1).then_some(())
+    })
+    .await;
+    assert_resource::<KubeSpanManagerStatus>(store, NS, KUBESPAN, |r| {
+        if r.spec.fast_path == "nftables" && r.spec.note.contains("eBPF") {
+            Ok(())
+        } else {
+            Err(format!("{:?}", r.spec))
+        }
+    })
+    .await;
+    set_config(store, &config("enabled: false\n"));
+    eventually("device removed", || m.wg.device().is_none().then_some(())).await;
+    eventually("marking removed", || {
+        m.marking.spec().is_none().then_some(())
+    })
+    .await;
+    assert_length(store, &Kind::new(NS, KubeSpanPeerStatus::TYPE), 0).await;
+    assert_length(store, &Kind::new(NS, KubeSpanPeerSpec::TYPE), 0).await;
+    assert_length(store, &Kind::new(NS_CONFIG, LinkSpec::TYPE), 0).await;
+    assert_length(store, &Kind::new(NS_CONFIG, RouteSpec::TYPE), 0).await;
+    assert_no_resource(store, &Pointer::new(NS, KubeSpanIdentity::TYPE, KUBESPAN)).await;
+    // Re-enable: everything comes back, and the tick runs again.
+    set_config(store, &config(""));
+    eventually("device back", || (device_peers(&m.wg) == 1).then_some(())).await;
+    m.h.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn peer_specs_follow_changes_incrementally_and_fall_back_on_overlap() {
+    let m = start("", tempfile::tempdir().unwrap());
+    let store = &m.h.store;
+    for n in 1..=3 {
+        set_affiliate(store, &affiliate(n, &["192.0.2.1:51820"]));
+    }
+    assert_length(store, &Kind::new(NS, KubeSpanPeerSpec::TYPE), 3).await;
+    let allowed = |r: &Resource<KubeSpanPeerSpec>| -> Vec<String> {
+        r.spec.allowed_ips.iter().map(ToString::to_string).collect()
+    };
+    // A disjoint change (incremental path).
+    let mut a3 = affiliate(3, &["192.0.2.1:51820"]);
+    a3.kubespan.as_mut().unwrap().additional_addresses = vec!["10.99.0.0/16".parse().unwrap()];
+    set_affiliate(store, &a3);
+    assert_resource::<KubeSpanPeerSpec>(store, NS, &key(3), |r| {
+        let got = allowed(r);
+        (got == ["10.5.0.3/32", "10.99.0.0/16", "fd21:4de:ec13:da02::3/128"])
+            .then_some(())
+            .ok_or(format!("{got:?}"))
+    })
+    .await;
+    // Peer 3 now claims peer 1's pod CIDR: the earlier node keeps it (full pass).
+    a3.kubespan.as_mut().unwrap().additional_addresses = vec!["10.244.0.0/16".parse().unwrap()];
+    set_affiliate(store, &a3);
+    assert_resource::<KubeSpanPeerSpec>(store, NS, &key(3), |r| {
+        let removed: Vec<String> = r
+            .spec
+            .overlap_removed
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        (removed == ["10.244.1.0/24", "10.244.2.0/24"])
+            .then_some(())
+            .ok_or(format!("{removed:?} {:?}", allowed(r)))
+    })
+    .await;
+    let p1 = m.h.store.get::<KubeSpanPeerSpec>(NS, &key(1)).unwrap();
+    assert_eq!(
+        allowed(&p1),
+        ["10.5.0.1/32", "10.244.1.0/24", "fd21:4de:ec13:da02::1/128"]
+    );
+    // And back: the overlap is gone again.
+    a3.kubespan.as_mut().unwrap().additional_addresses = vec!["10.3.0.0/16".parse().unwrap()];
+    set_affiliate(store, &a3);
+    assert_resource::<KubeSpanPeerSpec>(store, NS, &key(3), |r| {
+        (r.spec.overlap_removed.is_empty() && allowed(r).contains(&"10.3.0.0/16".to_owned()))
+            .then_some(())
+            .ok_or(format!("{:?}", r.spec))
+    })
+    .await;
+    // Peer 1 then changes incrementally again.
+    let mut a1 = affiliate(1, &["192.0.2.1:51820"]);
+    a1.kubespan.as_mut().unwrap().additional_addresses = vec!["10.77.0.0/16".parse().unwrap()];
+    set_affiliate(store, &a1);
+    assert_resource::<KubeSpanPeerSpec>(store, NS, &key(1), |r| {
+        allowed(r)
+            .contains(&"10.77.0.0/16".to_owned())
+            .then_some(())
+            .ok_or(format!("{:?}", r.spec))
+    })
+    .await;
+    m.h.stop().await.unwrap();
+}

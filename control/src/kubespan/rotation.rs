@@ -1,0 +1,384 @@
+//! Peer state, endpoint pick and the per-peer reconcile step (spec §8), pure: the
+//! time is passed in.
+
+use std::{
+    net::SocketAddr,
+    time::{Duration, SystemTime},
+};
+
+use crate::resources::kubespan::{KubeSpanPeerStatusSpec, PeerState};
+
+/// How long a fresh endpoint has to produce a handshake.
+pub const ENDPOINT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(15);
+/// Time without a handshake after which an established peer is down (180 + 5 + 90).
+pub const PEER_DOWN_INTERVAL: Duration = Duration::from_secs(275);
+/// The reconcile tick.
+pub const RECONCILE_TICK: Duration = Duration::from_secs(30);
+
+fn since(now: SystemTime, t: Option<SystemTime>) -> Duration {
+    now.duration_since(t.unwrap_or(SystemTime::UNIX_EPOCH))
+        .unwrap_or_default()
+}
+
+/// The state of a peer (§8.3).
+#[must_use]
+pub fn peer_state(
+    now: SystemTime,
+    last_handshake: Option<SystemTime>,
+    last_endpoint_change: Option<SystemTime>,
+    last_used_endpoint: Option<SocketAddr>,
+) -> PeerState {
+    let since_hs = since(now, last_handshake);
+    let since_ec = since(now, last_endpoint_change);
+    let hs_after = last_handshake.unwrap_or(SystemTime::UNIX_EPOCH)
+        > last_endpoint_change.unwrap_or(SystemTime::UNIX_EPOCH);
+    let state = if since_ec > PEER_DOWN_INTERVAL {
+        if since_hs < PEER_DOWN_INTERVAL {
+            PeerState::Up
+        } else {
+            PeerState::Down
+        }
+    } else if since_ec < ENDPOINT_CONNECTION_TIMEOUT {
+        if hs_after {
+            PeerState::Up
+        } else {
+            PeerState::Unknown
+        }
+    } else if hs_after {
+        PeerState::Up
+    } else {
+        PeerState::Down
+    };
+    if state == PeerState::Down && last_used_endpoint.is_none() {
+        PeerState::Unknown
+    } else {
+        state
+    }
+}
+
+/// The next endpoint to try (§8.4), or none.
+#[must_use]
+pub fn pick(
+    endpoints: &[SocketAddr],
+    last_used: Option<SocketAddr>,
+    endpoint: Option<SocketAddr>,
+) -> Option<SocketAddr> {
+    let n = endpoints.len();
+    if n == 0 {
+        return None;
+    }
+    let Some(last) = last_used else {
+        return Some(endpoints[0]);
+    };
+    match endpoints.iter().position(|e| *e == last) {
+        Some(0) if n == 1 && endpoint == Some(last) => None,
+        Some(i) => Some(endpoints[(i + 1) % n]),
+        None => Some(endpoints[0]),
+    }
+}
+
+/// What the device reports for a peer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Observed {
+    /// Endpoint in use.
+    pub endpoint: Option<SocketAddr>,
+    /// Last handshake.
+    pub last_handshake: Option<SystemTime>,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+}
+
+/// Outcome of [`step`] for one peer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Step {
+    /// Endpoint to program; `None` = leave WireGuard's (roamed or none) as is.
+    pub desired_endpoint: Option<SocketAddr>,
+    /// A new endpoint was pushed (step 4).
+    pub pushed: bool,
+}
+
+/// Steps 2–5 of the reconcile (§8.2) for one peer: take what the device reports
+/// (`None` when the device or the peer is absent), compute the state, rotate when the
+/// peer is down or was never pushed, then re-assert or keep a roamed endpoint.
+pub fn step(
+    status: &mut KubeSpanPeerStatusSpec,
+    endpoints: &[SocketAddr],
+    observed: Option<&Observed>,
+    now: SystemTime,
+) -> Step {
+    if let Some(o) = observed {
+        status.endpoint = o.endpoint;
+        status.last_handshake_time = o.last_handshake;
+        status.receive_bytes = i64::try_from(o.rx_bytes).unwrap_or(i64::MAX);
+        status.transmit_bytes = i64::try_from(o.tx_bytes).unwrap_or(i64::MAX);
+    }
+    status.state = peer_state(
+        now,
+        status.last_handshake_time,
+        status.last_endpoint_change,
+        status.last_used_endpoint,
+    );
+    let mut out = Step::default();
+    let should_change = status.state == PeerState::Down || status.last_used_endpoint.is_none();
+    if should_change {
+        if let Some(e) = pick(endpoints, status.last_used_endpoint, status.endpoint) {
+            status.endpoint = Some(e);
+            status.last_used_endpoint = Some(e);
+            status.last_endpoint_change = Some(now);
+            status.state = PeerState::Unknown;
+            out.pushed = true;
+        }
+    }
+    if let Some(last) = status.last_used_endpoint {
+        if status.endpoint.is_none() || status.endpoint == Some(last) {
+            status.endpoint = Some(last);
+            out.desired_endpoint = Some(last);
+        }
+    }
+    out
+}
+
+/// When the peer should be looked at again without waiting for the tick (§8.5): at
+/// `lastEndpointChange + 15 s` while it is unknown.
+#[must_use]
+pub fn next_wake(status: &KubeSpanPeerStatusSpec) -> Option<SystemTime> {
+    match (status.state, status.last_endpoint_change) {
+        (PeerState::Unknown, Some(t)) => Some(t + ENDPOINT_CONNECTION_TIMEOUT),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(secs: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000 + secs)
+    }
+    fn ep(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn state_vectors() {
+        let now = t(1000);
+        let used = Some(ep("192.0.2.1:51820"));
+        // never pushed
+        assert_eq!(peer_state(now, None, None, None), PeerState::Unknown);
+        // sinceEC 10 s, handshake 5 s ago
+        assert_eq!(
+            peer_state(now, Some(t(995)), Some(t(990)), used),
+            PeerState::Up
+        );
+        // sinceEC 10 s, no handshake
+        assert_eq!(
+            peer_state(now, None, Some(t(990)), used),
+            PeerState::Unknown
+        );
+        // sinceEC 20 s, no handshake since the change
+        assert_eq!(
+            peer_state(now, Some(t(970)), Some(t(980)), used),
+            PeerState::Down
+        );
+        // sinceEC 20 s, handshake 2 s ago
+        assert_eq!(
+            peer_state(now, Some(t(998)), Some(t(980)), used),
+            PeerState::Up
+        );
+        // sinceEC 400 s, sinceHS 100 s
+        assert_eq!(
+            peer_state(now, Some(t(900)), Some(t(600)), used),
+            PeerState::Up
+        );
+        // sinceEC 400 s, sinceHS 300 s
+        assert_eq!(
+            peer_state(now, Some(t(700)), Some(t(600)), used),
+            PeerState::Down
+        );
+        // down without a pushed endpoint is unknown
+        assert_eq!(
+            peer_state(now, Some(t(700)), Some(t(600)), None),
+            PeerState::Unknown
+        );
+        // boundaries: 15 s is already in the middle band, 275 s still in it
+        assert_eq!(peer_state(now, None, Some(t(985)), used), PeerState::Down);
+        assert_eq!(
+            peer_state(now, Some(t(726)), Some(t(725)), used),
+            PeerState::Up
+        );
+    }
+
+    #[test]
+    fn pick_vectors() {
+        let (a, b, c, x) = (
+            ep("10.0.0.1:1"),
+            ep("10.0.0.2:1"),
+            ep("10.0.0.3:1"),
+            ep("10.0.0.9:1"),
+        );
+        let abc = [a, b, c];
+        assert_eq!(pick(&abc, None, None), Some(a));
+        assert_eq!(pick(&abc, Some(a), Some(a)), Some(b));
+        assert_eq!(pick(&abc, Some(c), Some(c)), Some(a));
+        assert_eq!(pick(&abc, Some(x), None), Some(a));
+        assert_eq!(pick(&[a], Some(a), Some(a)), None);
+        assert_eq!(pick(&[a], Some(a), None), Some(a));
+        assert_eq!(pick(&[b], Some(a), Some(a)), Some(b));
+        assert_eq!(pick(&[], None, None), None);
+    }
+
+    fn status() -> KubeSpanPeerStatusSpec {
+        KubeSpanPeerStatusSpec {
+            label: "n1".into(),
+            ..KubeSpanPeerStatusSpec::default()
+        }
+    }
+
+    #[test]
+    fn step_first_reconcile_pushes_the_first_endpoint() {
+        let (a, b) = (ep("10.0.0.1:51820"), ep("10.0.0.2:51820"));
+        let mut s = status();
+        let r = step(&mut s, &[a, b], None, t(0));
+        assert_eq!(
+            r,
+            Step {
+                desired_endpoint: Some(a),
+                pushed: true
+            }
+        );
+        assert_eq!(s.state, PeerState::Unknown);
+        assert_eq!(s.last_used_endpoint, Some(a));
+        assert_eq!(s.last_endpoint_change, Some(t(0)));
+        assert_eq!(next_wake(&s), Some(t(15)));
+    }
+
+    #[test]
+    fn step_unknown_within_timeout_reasserts_without_rotating() {
+        let (a, b) = (ep("10.0.0.1:51820"), ep("10.0.0.2:51820"));
+        let mut s = status();
+        step(&mut s, &[a, b], None, t(0));
+        let obs = Observed {
+            endpoint: Some(a),
+            ..Observed::default()
+        };
+        let r = step(&mut s, &[a, b], Some(&obs), t(10));
+        assert_eq!(
+            r,
+            Step {
+                desired_endpoint: Some(a),
+                pushed: false
+            }
+        );
+        assert_eq!(s.state, PeerState::Unknown);
+    }
+
+    #[test]
+    fn step_rotates_to_the_second_endpoint_after_timeout_without_handshake() {
+        let (a, b) = (ep("10.0.0.1:51820"), ep("10.0.0.2:51820"));
+        let mut s = status();
+        step(&mut s, &[a, b], None, t(0));
+        let obs = Observed {
+            endpoint: Some(a),
+            ..Observed::default()
+        };
+        let r = step(&mut s, &[a, b], Some(&obs), t(15));
+        assert_eq!(
+            r,
+            Step {
+                desired_endpoint: Some(b),
+                pushed: true
+            }
+        );
+        assert_eq!(s.last_endpoint_change, Some(t(15)));
+        assert_eq!(s.state, PeerState::Unknown);
+        // and wraps back to the first after another timeout
+        let obs = Observed {
+            endpoint: Some(b),
+            ..Observed::default()
+        };
+        let r = step(&mut s, &[a, b], Some(&obs), t(31));
+        assert_eq!(r.desired_endpoint, Some(a));
+    }
+
+    #[test]
+    fn step_handshake_makes_the_peer_up_and_keeps_its_endpoint() {
+        let (a, b) = (ep("10.0.0.1:51820"), ep("10.0.0.2:51820"));
+        let mut s = status();
+        step(&mut s, &[a, b], None, t(0));
+        let obs = Observed {
+            endpoint: Some(a),
+            last_handshake: Some(t(3)),
+            rx_bytes: 100,
+            tx_bytes: 200,
+        };
+        let r = step(&mut s, &[a, b], Some(&obs), t(20));
+        assert_eq!(s.state, PeerState::Up);
+        assert_eq!(
+            r,
+            Step {
+                desired_endpoint: Some(a),
+                pushed: false
+            }
+        );
+        assert_eq!((s.receive_bytes, s.transmit_bytes), (100, 200));
+        assert_eq!(next_wake(&s), None);
+    }
+
+    #[test]
+    fn step_keeps_a_roamed_endpoint() {
+        let (a, b, roamed) = (
+            ep("10.0.0.1:51820"),
+            ep("10.0.0.2:51820"),
+            ep("198.51.100.7:40000"),
+        );
+        let mut s = status();
+        step(&mut s, &[a, b], None, t(0));
+        let obs = Observed {
+            endpoint: Some(roamed),
+            last_handshake: Some(t(5)),
+            ..Observed::default()
+        };
+        let r = step(&mut s, &[a, b], Some(&obs), t(20));
+        assert_eq!(
+            r,
+            Step {
+                desired_endpoint: None,
+                pushed: false
+            }
+        );
+        assert_eq!(s.endpoint, Some(roamed));
+        assert_eq!(s.state, PeerState::Up);
+    }
+
+    #[test]
+    fn step_single_endpoint_that_is_down_cannot_rotate_but_is_reasserted() {
+        let a = ep("10.0.0.1:51820");
+        let mut s = status();
+        step(&mut s, &[a], None, t(0));
+        let obs = Observed {
+            endpoint: Some(a),
+            ..Observed::default()
+        };
+        let r = step(&mut s, &[a], Some(&obs), t(20));
+        assert_eq!(s.state, PeerState::Down);
+        assert_eq!(
+            r,
+            Step {
+                desired_endpoint: Some(a),
+                pushed: false
+            }
+        );
+        // WireGuard lost it (link re-created): pushed again
+        let r = step(&mut s, &[a], Some(&Observed::default()), t(40));
+        assert_eq!(r.desired_endpoint, Some(a));
+    }
+
+    #[test]
+    fn step_without_endpoints_stays_unknown_and_desires_nothing() {
+        let mut s = status();
+        assert_eq!(step(&mut s, &[], None, t(0)), Step::default());
+        assert_eq!(s.state, PeerState::Unknown);
+    }
+}

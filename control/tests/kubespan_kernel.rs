@@ -1,0 +1,220 @@
+//! Kernel test of the mesh manager: the KubeSpan controllers with the real adapters
+//! (userspace WireGuard, nftables) in a throwaway network namespace program a real
+//! device and a real marking set from affiliates.
+
+use std::{sync::Arc, time::Duration};
+
+use wirespan_control::{
+    controllers::kubespan::{
+        identity::IpLinkSource,
+        manager::{ManagerDeps, OnStop},
+        register, Deps, KernelWireGuard, NftablesMarking,
+    },
+    kubespan::clock::SystemClock,
+    resources::{
+        cluster::{
+            Affiliate, AffiliateSpec, ClusterIdentity, ClusterIdentitySpec, KubeSpanAffiliateSpec,
+        },
+        config::{MachineConfig, MachineConfigSpec},
+        identity::{NodeIdentity, NodeIdentitySpec},
+    },
+    runtime::{Resource, Runtime, Store, StoreOptions},
+    secret::Key32,
+    testing::Harness,
+};
+use wirespan_dataplane::{
+    netns::{unique_name, NetnsGuard},
+    wireguard::{BackendChoice, PresharedKey, PublicKey},
+};
+
+fn key(n: u8) -> String {
+    PublicKey::from_bytes([n; 32]).to_base64()
+}
+
+fn affiliate(n: u8) -> AffiliateSpec {
+    AffiliateSpec {
+        node_id: format!("node{n}"),
+        nodename: format!("n{n}"),
+        addresses: vec![format!("10.5.0.{n}").parse().unwrap()],
+        kubespan: Some(KubeSpanAffiliateSpec {
+            public_key: key(n),
+            address: Some(format!("fd21:4de:ec13:da02::{n}").parse().unwrap()),
+            additional_addresses: vec![format!("10.244.{n}.0/24").parse().unwrap()],
+            exclude_advertised_networks: Vec::new(),
+            endpoints: vec![format!("192.0.2.{n}:51820").parse().unwrap()],
+        }),
+        ..AffiliateSpec::default()
+    }
+}
+
+/// Polls `f` (a blocking probe of the namespace) until it returns `Some`.
+async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manager_programs_a_real_device_and_marking_set() {
+    let ns = NetnsGuard::new("wsks").unwrap();
+    // A link with a MAC for the identity (namespaces have no physical link).
+    ns.run(
+        "ip",
+        &[
+            "link",
+            "add",
+            "d0",
+            "address",
+            "00:16:3e:12:34:56",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "d1",
+        ],
+    )
+    .unwrap();
+    let link = unique_name("wsk");
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::new(StoreOptions::default());
+    let mut runtime = Runtime::new(store.clone());
+    register(
+        &mut runtime,
+        Deps {
+            state_dir: dir.path().to_owned(),
+            links: Arc::new(IpLinkSource(ns.netns().clone())),
+            manager: ManagerDeps {
+                wireguard: Arc::new(KernelWireGuard {
+                    netns: ns.netns().clone(),
+                    choice: BackendChoice::Userspace,
+                }),
+                marking: Arc::new(NftablesMarking {
+                    netns: ns.netns().clone(),
+                }),
+                routing_cleanup: None,
+                clock: Arc::new(SystemClock),
+                metrics: None,
+                on_stop: OnStop::Teardown,
+            },
+        },
+    )
+    .unwrap();
+    let secret = [9u8; 32];
+    store
+        .create(
+            Resource::<ClusterIdentity>::new(
+                "cluster",
+                "cluster",
+                ClusterIdentitySpec {
+                    cluster_id: "test-cluster-id".into(),
+                    secret: Key32(secret),
+                },
+            ),
+            "",
+        )
+        .unwrap();
+    store
+        .create(
+            Resource::<NodeIdentity>::new(
+                "cluster",
+                "local",
+                NodeIdentitySpec {
+                    node_id: "node0".into(),
+                },
+            ),
+            "",
+        )
+        .unwrap();
+    let config = wirespan_control::config::parse(&format!(
+        "apiVersion: v1alpha1\nkind: KubeSpanConfig\nenabled: true\nlinkName: {link}\n"
+    ))
+    .unwrap();
+    store
+        .modify::<MachineConfig>("config", "active", "", |r| {
+            r.spec = MachineConfigSpec {
+                source: "test".into(),
+                document_count: 1,
+                config: config.clone(),
+            };
+        })
+        .unwrap();
+    for n in 1..=2 {
+        let a = affiliate(n);
+        store
+            .modify::<Affiliate>("cluster", &a.node_id, "", |r| r.spec = a.clone())
+            .unwrap();
+    }
+    let h = Harness::start(runtime);
+
+    let peers = eventually("two peers on the device", || {
+        let out = ns.run_stdout("wg", &["show", &link, "dump"]).ok()?;
+        let peers: Vec<Vec<String>> = out
+            .lines()
+            .skip(1)
+            .map(|l| l.split('\t').map(str::to_owned).collect())
+            .collect();
+        (peers.len() == 2).then_some(peers)
+    })
+    .await;
+    let psk = PresharedKey::from_bytes(secret).to_base64();
+    for n in 1..=2u8 {
+        let p = peers.iter().find(|p| p[0] == key(n)).expect("peer present");
+        assert_eq!(p[1], psk);
+        assert_eq!(p[2], format!("192.0.2.{n}:51820"));
+        let mut ips: Vec<&str> = p[3].split(',').collect();
+        ips.sort_unstable();
+        let (a, b, c) = (
+            format!("10.244.{n}.0/24"),
+            format!("10.5.0.{n}/32"),
+            format!("fd21:4de:ec13:da02::{n}/128"),
+        );
+        assert_eq!(ips, [a.as_str(), b.as_str(), c.as_str()]);
+        assert_eq!(p[7], "25");
+    }
+    let iface = ns.run_stdout("wg", &["show", &link, "dump"]).unwrap();
+    let iface: Vec<&str> = iface.lines().next().unwrap().split('\t').collect();
+    assert_eq!(iface[2], "51820");
+    assert_eq!(iface[3], "0x20");
+
+    // The routed set: hosts in the hash set, pod CIDRs in the interval set.
+    let elements = |set: &str| -> Vec<String> {
+        let out = ns
+            .run_stdout("nft", &["-j", "list", "set", "inet", "wirespan", set])
+            .unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_default();
+        let mut found = Vec::new();
+        for item in v["nftables"].as_array().into_iter().flatten() {
+            for e in item["set"]["elem"].as_array().into_iter().flatten() {
+                found.push(match e {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                });
+            }
+        }
+        found
+    };
+    let hosts = eventually("hosts in the marking set", || {
+        let h = elements("v4_hosts");
+        (h.len() == 2).then_some(h)
+    })
+    .await;
+    assert!(
+        hosts.contains(&"10.5.0.1".to_owned()) && hosts.contains(&"10.5.0.2".to_owned()),
+        "{hosts:?}"
+    );
+    let nets = elements("v4_nets");
+    assert_eq!(nets.len(), 2, "{nets:?}");
+    assert!(nets.iter().any(|n| n.contains("10.244.1.0")), "{nets:?}");
+
+    // Shutdown with teardown removes the device and the table.
+    h.stop().await.unwrap();
+    let links = ns.run_stdout("ip", &["-j", "link", "show"]).unwrap();
+    assert!(!links.contains(&format!("\"{link}\"")), "{links}");
+    let tables = ns.run_stdout("nft", &["-j", "list", "tables"]).unwrap();
+    assert!(!tables.contains("\"wirespan\""), "{tables}");
+}
