@@ -4,6 +4,7 @@
 
 pub mod dataplane;
 pub mod discovery;
+pub mod marking;
 pub mod runtime;
 
 /// A progress bar for one phase of a benchmark (on stderr, so reports stay clean).

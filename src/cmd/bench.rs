@@ -11,6 +11,8 @@ pub enum Bench {
     Discovery(wirespan_bench::discovery::Args),
     /// Kernel data plane apply times (needs root).
     Dataplane(wirespan_bench::dataplane::Args),
+    /// Per-packet cost of marking: nftables vs the eBPF fast path (needs root).
+    Marking(wirespan_bench::marking::Args),
 }
 
 pub fn run(bench: &Bench) -> anyhow::Result<()> {
@@ -18,5 +20,6 @@ pub fn run(bench: &Bench) -> anyhow::Result<()> {
         Bench::Runtime(a) => wirespan_bench::runtime::run(a),
         Bench::Discovery(a) => wirespan_bench::discovery::run(a),
         Bench::Dataplane(a) => wirespan_bench::dataplane::run(a),
+        Bench::Marking(a) => wirespan_bench::marking::run(a),
     }
 }
