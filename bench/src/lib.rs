@@ -4,6 +4,7 @@
 
 pub mod dataplane;
 pub mod discovery;
+pub mod marking;
 pub mod reconcile;
 pub mod runtime;
 

@@ -11,6 +11,7 @@
 
 pub mod error;
 pub mod fake;
+pub mod fastpath;
 pub mod marking;
 pub mod netns;
 mod nfnl;

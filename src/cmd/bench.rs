@@ -13,6 +13,8 @@ pub enum Bench {
     Dataplane(wirespan_bench::dataplane::Args),
     /// The KubeSpan controller chain from affiliates to kernel state (needs root).
     Reconcile(wirespan_bench::reconcile::Args),
+    /// Per-packet cost of marking: nftables vs the eBPF fast path (needs root).
+    Marking(wirespan_bench::marking::Args),
 }
 
 pub fn run(bench: &Bench) -> anyhow::Result<()> {
@@ -21,5 +23,6 @@ pub fn run(bench: &Bench) -> anyhow::Result<()> {
         Bench::Discovery(a) => wirespan_bench::discovery::run(a),
         Bench::Dataplane(a) => wirespan_bench::dataplane::run(a),
         Bench::Reconcile(a) => wirespan_bench::reconcile::run(a),
+        Bench::Marking(a) => wirespan_bench::marking::run(a),
     }
 }

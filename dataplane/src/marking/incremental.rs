@@ -51,6 +51,7 @@ fn same_shape(a: &MarkingSpec, b: &MarkingSpec) -> bool {
         && a.mask == b.mask
         && a.mtu == b.mtu
         && a.layout == b.layout
+        && a.prerouting == b.prerouting
         && a.prefixes_v4.len() == b.prefixes_v4.len()
         && a.prefixes_v6.len() == b.prefixes_v6.len()
 }

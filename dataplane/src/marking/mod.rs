@@ -57,6 +57,19 @@ pub enum SetLayout {
     Interval,
 }
 
+/// Who marks forwarded traffic (the prerouting chain's job).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum PreroutingMarking {
+    /// The prerouting chain looks the destination up in the sets and marks.
+    #[default]
+    Nftables,
+    /// The eBPF fast path ([`crate::fastpath`]) marks at tc ingress, before
+    /// prerouting: the chain keeps the device-mark accept and clamps the MSS of
+    /// forwarded SYNs that already carry the mesh mark, with no set lookup. The output
+    /// chain (locally originated traffic) is unchanged.
+    FastPath,
+}
+
 /// The desired marking table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MarkingSpec {
@@ -76,6 +89,8 @@ pub struct MarkingSpec {
     pub prefixes_v6: Vec<IpNet>,
     /// Storage of the prefixes.
     pub layout: SetLayout,
+    /// Who marks forwarded traffic.
+    pub prerouting: PreroutingMarking,
 }
 
 impl Default for MarkingSpec {
@@ -89,6 +104,7 @@ impl Default for MarkingSpec {
             prefixes_v4: Vec::new(),
             prefixes_v6: Vec::new(),
             layout: SetLayout::Split,
+            prerouting: PreroutingMarking::Nftables,
         }
     }
 }
@@ -249,6 +265,34 @@ fn mss_clamp(family: Family, set: &str, mss: u32) -> RuleDef {
     }
 }
 
+/// MSS clamp of forwarded SYNs the fast path already marked: no set lookup.
+fn mss_clamp_marked(family: Family, mss: u32, spec: &MarkingSpec) -> RuleDef {
+    let (proto, name) = match family {
+        Family::V4 => ("ipv4", "v4"),
+        Family::V6 => ("ipv6", "v6"),
+    };
+    let opt = json!({"tcp option": {"name": "maxseg", "field": "size"}});
+    RuleDef {
+        comment: format!(
+            "{COMMENT_PREFIX}mss-marked:{name}:{mss}:{:#x}/{:#x}",
+            spec.mark, spec.mask
+        ),
+        statements: vec![
+            stmt(
+                json!({"match": {"op": "==", "left": {"meta": {"key": "nfproto"}}, "right": proto}}),
+            ),
+            stmt(json!({"match": {"op": "==",
+                "left": {"&": [{"meta": {"key": "mark"}}, spec.mask]},
+                "right": spec.mark}})),
+            stmt(json!({"match": {"op": "==",
+                "left": {"&": [{"payload": {"protocol": "tcp", "field": "flags"}}, ["syn", "rst"]]},
+                "right": "syn"}})),
+            stmt(json!({"match": {"op": ">", "left": opt, "right": mss}})),
+            stmt(json!({"mangle": {"key": opt, "value": mss}})),
+        ],
+    }
+}
+
 fn mark_rule(family: Family, set: &str, spec: &MarkingSpec) -> RuleDef {
     let meta = json!({"meta": {"key": "mark"}});
     RuleDef {
@@ -352,11 +396,24 @@ pub fn render(spec: &MarkingSpec) -> Ruleset {
     // Prerouting sees forwarded traffic before the routing decision: clamp it too
     // (upstream clamps only locally originated SYNs, spec §12.5).
     let mut pre = vec![device_mark_accept(spec)];
-    pre.extend(
-        live.iter()
-            .map(|s| mss_clamp(s.family, s.name, mss(s.family))),
-    );
-    pre.extend(live.iter().map(|s| mark_rule(s.family, s.name, spec)));
+    match spec.prerouting {
+        PreroutingMarking::Nftables => {
+            pre.extend(
+                live.iter()
+                    .map(|s| mss_clamp(s.family, s.name, mss(s.family))),
+            );
+            pre.extend(live.iter().map(|s| mark_rule(s.family, s.name, spec)));
+        }
+        PreroutingMarking::FastPath => {
+            let mut families: Vec<Family> = live.iter().map(|s| s.family).collect();
+            families.dedup();
+            pre.extend(
+                families
+                    .into_iter()
+                    .map(|f| mss_clamp_marked(f, mss(f), spec)),
+            );
+        }
+    }
 
     let mut out = vec![
         device_mark_accept(spec),
@@ -1275,6 +1332,31 @@ mod tests {
             rs.sets[0].elements,
             vec!["10.0.0.0/24".parse::<IpNet>().unwrap()]
         );
+    }
+
+    #[test]
+    fn fast_path_prerouting_has_no_set_lookup_and_keeps_the_output_chain() {
+        let mut s = spec(&["10.0.0.1/32", "10.244.0.0/24"], &["fd00::/64"]);
+        let full = render(&s);
+        s.prerouting = PreroutingMarking::FastPath;
+        let rs = render(&s);
+        assert_eq!(
+            comments(&rs, CHAIN_PREROUTING),
+            [
+                "wirespan:device-mark:0x20/0x60",
+                "wirespan:mss-marked:v4:1368:0x40/0x60",
+                "wirespan:mss-marked:v6:1348:0x40/0x60",
+            ]
+        );
+        let pre: Vec<_> = rs.chains[0].rules.iter().map(|r| &r.statements).collect();
+        let pre = serde_json::to_string(&pre).unwrap();
+        assert!(!pre.contains('@'), "a set lookup in prerouting: {pre}");
+        assert_eq!(rs.chains[1], full.chains[1]);
+        assert_eq!(rs.sets, full.sets);
+        // A family without prefixes gets no rule.
+        let mut v4 = spec(&["10.0.0.1/32"], &[]);
+        v4.prerouting = PreroutingMarking::FastPath;
+        assert_eq!(comments(&render(&v4), CHAIN_PREROUTING).len(), 2);
     }
 
     #[test]

@@ -1,0 +1,409 @@
+//! The map contents a [`MarkingSpec`] asks for, kept incrementally (pure: no kernel).
+//!
+//! [`MapState`] remembers the prefix multiset of the last applied spec and the
+//! per-bucket length counts derived from it. [`MapState::plan`] turns the next spec
+//! into the smallest list of map writes: when the prefix lists have the same lengths
+//! as before (the steady state: one peer's prefixes changed), only the changed
+//! positions are looked at; otherwise the multisets are compared. Either way the kernel
+//! sees writes only for prefixes that appeared or disappeared, and for the buckets and
+//! global bitmaps whose set of lengths changed.
+
+use std::collections::HashMap;
+
+use ipnet::IpNet;
+
+use super::keys::{self, Bits6, Config, Slot};
+use crate::marking::MarkingSpec;
+
+/// Which lookup structures are kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Structures {
+    /// Prefix hash + bucket bitmaps.
+    pub phash: bool,
+    /// Exact hosts + LPM tries.
+    pub lpm: bool,
+}
+
+/// Map writes that bring the kernel from one spec to the next. Apply in field order:
+/// inserts, bitmaps, config, removals (a packet never sees a length bit whose entries
+/// are half written; a prefix present before and after is never missing).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    /// Prefixes to insert (or rewrite, after a route-mark change), with the route mark.
+    pub insert: Vec<IpNet>,
+    /// IPv4 buckets whose bitmap changed: (bucket, bitmap).
+    pub buckets_v4: Vec<(u32, u64)>,
+    /// IPv6 buckets whose bitmap changed.
+    pub buckets_v6: Vec<(u32, Bits6)>,
+    /// The config entry, when it changed.
+    pub config: Option<Config>,
+    /// Prefixes to remove.
+    pub remove: Vec<IpNet>,
+    /// Route mark of the inserted entries.
+    pub route_mark: u32,
+}
+
+impl Plan {
+    /// Whether nothing needs writing.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.insert.is_empty()
+            && self.remove.is_empty()
+            && self.buckets_v4.is_empty()
+            && self.buckets_v6.is_empty()
+            && self.config.is_none()
+    }
+}
+
+/// Entry counts per structure and family, for capacity checks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Occupancy {
+    /// Prefix-hash entries (IPv4, IPv6); `::/0` is a flag, not an entry.
+    pub phash: (usize, usize),
+    /// Exact hosts (IPv4, IPv6).
+    pub hosts: (usize, usize),
+    /// LPM trie entries (IPv4, IPv6).
+    pub lpm: (usize, usize),
+}
+
+/// What the maps hold (as far as this process wrote them).
+#[derive(Debug, Clone)]
+pub struct MapState {
+    structures: Structures,
+    v4: Vec<IpNet>,
+    v6: Vec<IpNet>,
+    /// Multiplicity of each prefix in the lists.
+    mult: HashMap<IpNet, u32>,
+    /// Prefix-hash length counts: bucket -> per-bit counts (sparse).
+    bucket_counts_v4: HashMap<(u32, u32), u32>,
+    bucket_counts_v6: HashMap<(u32, u32), u32>,
+    bucket_bits_v4: HashMap<u32, u64>,
+    bucket_bits_v6: HashMap<u32, Bits6>,
+    global_counts_v4: [u32; 33],
+    global_counts_v6: [u32; 129],
+    config: Option<Config>,
+    route_mark: Option<u32>,
+    occupancy: Occupancy,
+}
+
+fn is_host(p: &IpNet) -> bool {
+    p.prefix_len() == p.max_prefix_len()
+}
+
+impl MapState {
+    /// Empty maps.
+    #[must_use]
+    pub fn new(structures: Structures) -> Self {
+        Self {
+            structures,
+            v4: Vec::new(),
+            v6: Vec::new(),
+            mult: HashMap::new(),
+            bucket_counts_v4: HashMap::new(),
+            bucket_counts_v6: HashMap::new(),
+            bucket_bits_v4: HashMap::new(),
+            bucket_bits_v6: HashMap::new(),
+            global_counts_v4: [0; 33],
+            global_counts_v6: [0; 129],
+            config: None,
+            route_mark: None,
+            occupancy: Occupancy::default(),
+        }
+    }
+
+    /// Entry counts after the last [`MapState::plan`].
+    #[must_use]
+    pub fn occupancy(&self) -> Occupancy {
+        self.occupancy
+    }
+
+    /// The writes that make the maps hold `spec` (validated by the caller), and the
+    /// state after them. `self` is only changed through the returned state, so a
+    /// failed write leaves the old state to retry from.
+    #[must_use]
+    pub fn plan(&self, spec: &MarkingSpec) -> (Plan, MapState) {
+        let mut next = self.clone();
+        let mut plan = Plan {
+            route_mark: spec.mark,
+            ..Plan::default()
+        };
+        // Multiset changes: (prefix, +1 / -1).
+        let mut deltas: Vec<(IpNet, i32)> = Vec::new();
+        for (old, new) in [(&self.v4, &spec.prefixes_v4), (&self.v6, &spec.prefixes_v6)] {
+            if old.len() == new.len() {
+                for (o, n) in old.iter().zip(new) {
+                    if o != n {
+                        deltas.push((*o, -1));
+                        deltas.push((*n, 1));
+                    }
+                }
+            } else {
+                deltas.extend(old.iter().map(|p| (*p, -1)));
+                deltas.extend(new.iter().map(|p| (*p, 1)));
+            }
+        }
+        let mut appeared = Vec::new();
+        let mut vanished = Vec::new();
+        // Net effect per prefix first, so a prefix that only moved is untouched.
+        let mut net: HashMap<IpNet, i32> = HashMap::new();
+        for (p, d) in deltas {
+            *net.entry(p).or_insert(0) += d;
+        }
+        for (p, d) in net {
+            if d == 0 {
+                continue;
+            }
+            let before = next.mult.get(&p).copied().unwrap_or(0);
+            let after = u32::try_from(i64::from(before) + i64::from(d)).unwrap_or(0);
+            if after == 0 {
+                next.mult.remove(&p);
+            } else {
+                next.mult.insert(p, after);
+            }
+            if before == 0 && after > 0 {
+                appeared.push(p);
+            } else if before > 0 && after == 0 {
+                vanished.push(p);
+            }
+        }
+        appeared.sort_unstable();
+        vanished.sort_unstable();
+
+        if next.structures.phash {
+            let mut touched4 = Vec::new();
+            let mut touched6 = Vec::new();
+            for (p, d) in appeared
+                .iter()
+                .map(|p| (p, 1i64))
+                .chain(vanished.iter().map(|p| (p, -1)))
+            {
+                next.count_slot(p, d, &mut touched4, &mut touched6);
+            }
+            touched4.sort_unstable();
+            touched4.dedup();
+            touched6.sort_unstable();
+            touched6.dedup();
+            for b in touched4 {
+                let bits = (0..=8u32)
+                    .filter(|j| next.bucket_counts_v4.get(&(b, *j)).is_some_and(|c| *c > 0))
+                    .fold(0u64, |acc, j| acc | (1 << j));
+                let old = next.bucket_bits_v4.get(&b).copied().unwrap_or(0);
+                if bits != old {
+                    plan.buckets_v4.push((b, bits));
+                }
+                if bits == 0 {
+                    next.bucket_bits_v4.remove(&b);
+                } else {
+                    next.bucket_bits_v4.insert(b, bits);
+                }
+            }
+            for b in touched6 {
+                let mut bits = Bits6::default();
+                for j in 0..=64u32 {
+                    if next.bucket_counts_v6.get(&(b, j)).is_some_and(|c| *c > 0) {
+                        if j < 64 {
+                            bits.lo |= 1 << j;
+                        } else {
+                            bits.hi |= 1;
+                        }
+                    }
+                }
+                let old = next.bucket_bits_v6.get(&b).copied().unwrap_or_default();
+                if bits != old {
+                    plan.buckets_v6.push((b, bits));
+                }
+                if bits == Bits6::default() {
+                    next.bucket_bits_v6.remove(&b);
+                } else {
+                    next.bucket_bits_v6.insert(b, bits);
+                }
+            }
+        }
+
+        let mut config = Config {
+            device_mark: spec.device_mark,
+            mask: spec.mask,
+            ..Config::default()
+        };
+        if next.structures.phash {
+            for (j, c) in next.global_counts_v4.iter().enumerate() {
+                if *c > 0 {
+                    config.v4_global |= 1 << j;
+                }
+            }
+            for (j, c) in next.global_counts_v6.iter().enumerate().take(128).skip(65) {
+                if *c > 0 {
+                    config.v6_global_hi |= 1 << (j - 64);
+                }
+            }
+            if next.global_counts_v6[128] > 0 {
+                config.v6_all_mark = spec.mark;
+            }
+        }
+        if next.config != Some(config) {
+            plan.config = Some(config);
+            next.config = Some(config);
+        }
+
+        if next.route_mark == Some(spec.mark) {
+            plan.insert = appeared;
+        } else {
+            // A new route mark rewrites every entry.
+            plan.insert = next.mult.keys().copied().collect();
+            plan.insert.sort_unstable();
+            next.route_mark = Some(spec.mark);
+        }
+        plan.remove = vanished;
+        next.v4.clone_from(&spec.prefixes_v4);
+        next.v6.clone_from(&spec.prefixes_v6);
+        next.occupancy = next.count_occupancy();
+        (plan, next)
+    }
+
+    fn count_slot(&mut self, p: &IpNet, d: i64, touched4: &mut Vec<u32>, touched6: &mut Vec<u32>) {
+        let bump = |c: &mut u32| *c = u32::try_from(i64::from(*c) + d).unwrap_or(0);
+        match keys::slot(p) {
+            Slot::V4(_, j, Some(b)) => {
+                bump(self.bucket_counts_v4.entry((b, j)).or_insert(0));
+                touched4.push(b);
+            }
+            Slot::V4(_, j, None) => bump(&mut self.global_counts_v4[j as usize]),
+            Slot::V6(_, j, Some(b)) => {
+                bump(self.bucket_counts_v6.entry((b, j)).or_insert(0));
+                touched6.push(b);
+            }
+            Slot::V6(_, j, None) => bump(&mut self.global_counts_v6[j as usize]),
+        }
+    }
+
+    fn count_occupancy(&self) -> Occupancy {
+        let mut o = Occupancy::default();
+        for p in self.mult.keys() {
+            let v4 = matches!(p, IpNet::V4(_));
+            let bump = |t: &mut (usize, usize)| {
+                if v4 {
+                    t.0 += 1;
+                } else {
+                    t.1 += 1;
+                }
+            };
+            if self.structures.phash && (v4 || p.prefix_len() != 0) {
+                bump(&mut o.phash);
+            }
+            if self.structures.lpm {
+                if is_host(p) {
+                    bump(&mut o.hosts);
+                } else {
+                    bump(&mut o.lpm);
+                }
+            }
+        }
+        o
+    }
+}
+
+/// Whether `p` belongs in the exact-host map (else the LPM trie).
+#[must_use]
+pub fn is_host_prefix(p: &IpNet) -> bool {
+    is_host(p)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BOTH: Structures = Structures {
+        phash: true,
+        lpm: true,
+    };
+
+    fn spec(v4: &[&str], v6: &[&str]) -> MarkingSpec {
+        MarkingSpec {
+            prefixes_v4: v4.iter().map(|p| p.parse().unwrap()).collect(),
+            prefixes_v6: v6.iter().map(|p| p.parse().unwrap()).collect(),
+            ..MarkingSpec::default()
+        }
+    }
+
+    fn nets(v: &[&str]) -> Vec<IpNet> {
+        v.iter().map(|p| p.parse().unwrap()).collect()
+    }
+
+    #[test]
+    fn first_apply_inserts_everything_and_sets_bits() {
+        let (plan, st) = MapState::new(BOTH).plan(&spec(
+            &["10.0.0.1/32", "10.0.0.0/8", "10.244.1.0/24"],
+            &["fd00::1/128", "fd00:1::/48", "::/0"],
+        ));
+        assert_eq!(plan.insert.len(), 6);
+        assert!(plan.remove.is_empty());
+        let cfg = plan.config.unwrap();
+        assert_eq!(cfg.v4_global, 1 << 24); // /8
+        assert_eq!(cfg.v6_global_hi, 1 << (80 - 64)); // /48
+        assert_eq!(cfg.v6_all_mark, 0x40);
+        assert_eq!((cfg.device_mark, cfg.mask), (0x20, 0x60));
+        // /32 and /24 buckets (distinct /24s, so two buckets unless they collide).
+        assert!(!plan.buckets_v4.is_empty());
+        assert_eq!(plan.buckets_v6.len(), 1);
+        assert_eq!(st.occupancy().phash, (3, 2));
+        assert_eq!(st.occupancy().hosts, (1, 1));
+        assert_eq!(st.occupancy().lpm, (2, 2));
+        // Same spec again: nothing.
+        let (again, _) = st.plan(&spec(
+            &["10.0.0.1/32", "10.0.0.0/8", "10.244.1.0/24"],
+            &["fd00::1/128", "fd00:1::/48", "::/0"],
+        ));
+        assert!(again.is_empty(), "{again:?}");
+    }
+
+    #[test]
+    fn one_peer_change_touches_only_its_entries() {
+        let mut v4: Vec<String> = (0..10_000)
+            .map(|i| format!("10.{}.{}.{}/32", i / 65536, (i / 256) % 256, i % 256))
+            .collect();
+        let refs: Vec<&str> = v4.iter().map(String::as_str).collect();
+        let (_, st) = MapState::new(BOTH).plan(&spec(&refs, &[]));
+        v4[1234] = "172.16.5.0/24".into();
+        let refs: Vec<&str> = v4.iter().map(String::as_str).collect();
+        let (plan, st2) = st.plan(&spec(&refs, &[]));
+        assert_eq!(plan.insert, nets(&["172.16.5.0/24"]));
+        assert_eq!(plan.remove, nets(&["10.0.4.210/32"]));
+        assert!(plan.config.is_none());
+        // At most the two buckets involved.
+        assert!(plan.buckets_v4.len() <= 2, "{:?}", plan.buckets_v4);
+        assert_eq!(st2.occupancy().phash.0, 10_000);
+    }
+
+    #[test]
+    fn duplicates_and_moves_are_not_rewritten() {
+        let (_, st) = MapState::new(BOTH).plan(&spec(&["10.0.0.1/32", "10.0.0.1/32"], &[]));
+        // One copy goes: the entry stays.
+        let (plan, st) = st.plan(&spec(&["10.0.0.1/32"], &[]));
+        assert!(plan.is_empty(), "{plan:?}");
+        // Reordered: nothing.
+        let (_, st) = st.plan(&spec(&["10.0.0.1/32", "10.0.0.2/32"], &[]));
+        let (plan, _) = st.plan(&spec(&["10.0.0.2/32", "10.0.0.1/32"], &[]));
+        assert!(plan.is_empty(), "{plan:?}");
+    }
+
+    #[test]
+    fn removing_the_last_prefix_of_a_length_clears_its_bit() {
+        let (_, st) = MapState::new(BOTH).plan(&spec(&["10.0.0.0/8"], &[]));
+        let (plan, _) = st.plan(&spec(&[], &[]));
+        assert_eq!(plan.remove, nets(&["10.0.0.0/8"]));
+        assert_eq!(plan.config.unwrap().v4_global, 0);
+    }
+
+    #[test]
+    fn a_new_route_mark_rewrites_every_entry() {
+        let (_, st) = MapState::new(BOTH).plan(&spec(&["10.0.0.1/32", "10.1.0.0/16"], &[]));
+        let mut s = spec(&["10.0.0.1/32", "10.1.0.0/16"], &[]);
+        s.mark = 0x4000;
+        s.mask = 0x6000;
+        s.device_mark = 0x2000;
+        let (plan, _) = st.plan(&s);
+        assert_eq!(plan.insert.len(), 2);
+        assert_eq!(plan.route_mark, 0x4000);
+        assert_eq!(plan.config.unwrap().mask, 0x6000);
+    }
+}

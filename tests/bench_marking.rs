@@ -1,0 +1,56 @@
+//! `wirespan bench marking --quick` through the real binary: it finishes, writes its
+//! report and chart, and its table has every configuration. Needs root (BPF, netns).
+
+use std::process::Command;
+
+#[test]
+fn bench_marking_quick_writes_report_and_chart() {
+    let out = tempfile::tempdir().unwrap();
+    let run = Command::new(env!("CARGO_BIN_EXE_wirespan"))
+        .args(["bench", "marking", "--quick", "--out"])
+        .arg(out.path())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "exit {}\nstdout:\n{stdout}\nstderr:\n{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let report = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    let svg = std::fs::read_to_string(out.path().join("chart.svg")).unwrap();
+    assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+    for text in [&report, &stdout.to_string()] {
+        for config in [
+            "no marking",
+            "nft interval set (upstream)",
+            "nft hash + interval (ours)",
+            "eBPF tcx prefix hash",
+            "eBPF tcx hash + LPM",
+        ] {
+            for size in ["100", "10000"] {
+                assert!(
+                    text.contains(&format!("| {size} | {config} |")),
+                    "macro row {size} / {config} missing:\n{text}"
+                );
+            }
+        }
+        for size in ["1", "100", "1000", "10000", "100000"] {
+            for (family, probe) in [
+                ("IPv4", "host hit"),
+                ("IPv4", "miss"),
+                ("IPv6", "host hit"),
+                ("IPv6", "miss"),
+            ] {
+                assert!(
+                    text.contains(&format!("| {size} | {family} | {probe} |")),
+                    "micro row {size} {family} {probe} missing"
+                );
+            }
+        }
+        assert!(text.contains("| 100000 | IPv6 | CIDR hit |"));
+    }
+    // Every forwarded packet reached the sink.
+    assert!(!report.contains("| 0.0 % |"), "{report}");
+}
