@@ -140,12 +140,21 @@ pub fn step(
     out
 }
 
-/// When the peer should be looked at again without waiting for the tick (§8.5): at
-/// `lastEndpointChange + 15 s` while it is unknown.
+/// How often the device is read while a pushed endpoint awaits its first handshake:
+/// WireGuard reports handshakes to nobody, so without this a peer that connected in
+/// 1 s would show `unknown` until the 15 s deadline.
+pub const HANDSHAKE_POLL: Duration = Duration::from_secs(1);
+
+/// When the peer should be looked at again without waiting for the tick (§8.5): while
+/// it is unknown, every [`HANDSHAKE_POLL`] until `lastEndpointChange + 15 s`, then at
+/// that deadline (where it turns down and the next endpoint is pushed).
 #[must_use]
-pub fn next_wake(status: &KubeSpanPeerStatusSpec) -> Option<SystemTime> {
+pub fn next_wake(status: &KubeSpanPeerStatusSpec, now: SystemTime) -> Option<SystemTime> {
     match (status.state, status.last_endpoint_change) {
-        (PeerState::Unknown, Some(t)) => Some(t + ENDPOINT_CONNECTION_TIMEOUT),
+        (PeerState::Unknown, Some(t)) => {
+            let deadline = t + ENDPOINT_CONNECTION_TIMEOUT;
+            Some(deadline.min(now + HANDSHAKE_POLL))
+        }
         _ => None,
     }
 }
@@ -251,7 +260,12 @@ mod tests {
         assert_eq!(s.state, PeerState::Unknown);
         assert_eq!(s.last_used_endpoint, Some(a));
         assert_eq!(s.last_endpoint_change, Some(t(0)));
-        assert_eq!(next_wake(&s), Some(t(15)));
+        // Polled every second for the handshake, never past the 15 s deadline.
+        assert_eq!(next_wake(&s, t(0)), Some(t(1)));
+        assert_eq!(
+            next_wake(&s, t(14) + Duration::from_millis(500)),
+            Some(t(15))
+        );
     }
 
     #[test]
@@ -323,7 +337,7 @@ mod tests {
             }
         );
         assert_eq!((s.receive_bytes, s.transmit_bytes), (100, 200));
-        assert_eq!(next_wake(&s), None);
+        assert_eq!(next_wake(&s, t(20)), None);
     }
 
     #[test]

@@ -2,7 +2,8 @@
 //! marking set, emits the link/address/routes/rules as operator-layer network specs,
 //! and keeps a status per peer with the endpoint-rotation state machine (spec §6–§9).
 //!
-//! Woken by its inputs, every 30 s, and at `lastEndpointChange + 15 s` of peers in
+//! Woken by its inputs, every 30 s, every second while a peer awaits its first
+//! handshake, and at `lastEndpointChange + 15 s` of peers in
 //! `unknown` (§8.5); time comes from a [`Clock`], so tests drive rotation by hand.
 
 use std::{
@@ -491,7 +492,7 @@ impl KubeSpanManagerController {
             // last observation.
             let seen = observed.as_ref().and_then(|o| o.get(key));
             let step = step(st, &r.spec.endpoints, seen, now);
-            if let Some(w) = next_wake(st) {
+            if let Some(w) = next_wake(st, now) {
                 wake = Some(wake.map_or(w, |x: SystemTime| x.min(w)));
             }
             let base = match self.peers.get(key) {
