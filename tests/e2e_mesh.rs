@@ -338,3 +338,78 @@ fn killed_daemon_restarts_with_its_identity_and_no_duplicate_kernel_state() {
         .to_owned();
     ping(&lab, "node1", &node2_ip, "100");
 }
+
+/// `(connected, affiliates)` of `node`'s one discovery service.
+fn discovery_state(lab: &Lab, node: &str) -> Option<(bool, u64)> {
+    let s = get(lab, node, "discoveryservices");
+    let spec = &s.first()?["spec"];
+    Some((
+        spec["connected"].as_bool()?,
+        spec["affiliateCount"].as_u64()?,
+    ))
+}
+
+#[test]
+fn discovery_server_restart_keeps_the_mesh_and_rediscovers() {
+    let lab = mesh(2);
+    let st = lab.status();
+    let (connected, affiliates) = discovery_state(&lab, "node1").unwrap();
+    assert!(connected);
+    // The peer status is created once; were the peer dropped and re-added it would be
+    // a new resource (version 1 again).
+    let created = get(&lab, "node1", "peers")[0]["metadata"]["created"].clone();
+    let disco_pid = st["discovery"]["pid"].as_u64().unwrap().to_string();
+    let disco_ns = st["discovery"]["namespace"].as_str().unwrap().to_owned();
+    let node2_ip = node(&st, "node2")["addresses"]["underlay"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Server gone: both nodes notice, and the mesh keeps forwarding.
+    assert!(Command::new("kill")
+        .args(["-9", &disco_pid])
+        .status()
+        .unwrap()
+        .success());
+    for n in ["node1", "node2"] {
+        eventually("the discovery service to be seen down", || {
+            discovery_state(&lab, n)
+                .is_some_and(|(c, _)| !c)
+                .then_some(())
+        });
+    }
+    ping(&lab, "node1", &node2_ip, "100");
+    assert!(peers_up(&lab, "node1", 1) && peers_up(&lab, "node2", 1));
+
+    // A fresh, empty server on the same address: the nodes reconnect and republish.
+    let log = std::fs::File::create(lab.dir().join("discovery-restart.log")).unwrap();
+    let _server = Daemon(
+        Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &disco_ns,
+                BIN,
+                "discovery",
+                "--listen",
+                "[::]:3000",
+            ])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    for n in ["node1", "node2"] {
+        eventually("the nodes to rediscover each other", || {
+            (discovery_state(&lab, n) == Some((true, affiliates))).then_some(())
+        });
+    }
+    // The peers were never dropped: same WireGuard peer, handshakes kept, still up.
+    assert!(peers_up(&lab, "node1", 1) && peers_up(&lab, "node2", 1));
+    assert_eq!(
+        get(&lab, "node1", "peers")[0]["metadata"]["created"],
+        created
+    );
+    ping(&lab, "node1", &node2_ip, "100");
+}

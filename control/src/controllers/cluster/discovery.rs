@@ -11,7 +11,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
-    time::Duration,
+    time::{Duration, Instant},
 };
 
 use futures::future::BoxFuture;
@@ -68,7 +68,17 @@ struct RunningClient {
     client: Option<Client>,
     start_error: Option<String>,
     cancel: CancellationToken,
+    /// Raw records this service stopped listing, and since when (see
+    /// [`VANISHED_GRACE`]).
+    missing_since: BTreeMap<String, Instant>,
+    waker: Waker,
 }
+
+/// How long a record that a service stopped listing is kept. A restarted, empty server
+/// answers the reconnecting clients' Watch with a snapshot that lists nobody until the
+/// nodes have republished, a few seconds later: without a grace period every node
+/// would tear down all its peers and rebuild them.
+pub const VANISHED_GRACE: Duration = Duration::from_secs(60);
 
 impl Drop for RunningClient {
     fn drop(&mut self) {
@@ -100,7 +110,9 @@ fn start_client(
             drop(client.spawn(cancel.clone()));
             let mut state = client.subscribe();
             let stop = cancel.clone();
+            let wake = waker.clone();
             tokio::spawn(async move {
+                let waker = wake;
                 loop {
                     tokio::select! {
                         () = stop.cancelled() => return,
@@ -118,6 +130,8 @@ fn start_client(
                 client: Some(client),
                 start_error: None,
                 cancel,
+                missing_since: BTreeMap::new(),
+                waker,
             }
         }
         Err(e) => {
@@ -127,6 +141,8 @@ fn start_client(
                 client: None,
                 start_error: Some(e.to_string()),
                 cancel,
+                missing_since: BTreeMap::new(),
+                waker,
             }
         }
     }
@@ -265,7 +281,7 @@ impl Controller for DiscoveryController {
                     }
                 }
                 publish_local(rt, &running)?;
-                mirror(rt, &running)?;
+                mirror(rt, &mut running)?;
                 rt.reset_restart_backoff();
             }
             Ok(())
@@ -335,14 +351,21 @@ fn publish_local(
 }
 
 /// Writes each client's discovered affiliates and its status; removes records of
-/// stopped clients and vanished affiliates.
+/// stopped clients at once and of vanished affiliates after [`VANISHED_GRACE`].
 fn mirror(
     rt: &mut ControllerRuntime,
-    running: &BTreeMap<String, RunningClient>,
+    running: &mut BTreeMap<String, RunningClient>,
 ) -> Result<(), ControllerError> {
     let mut keep_raw = BTreeSet::new();
     let mut keep_status = BTreeSet::new();
-    for (name, r) in running {
+    let existing: Vec<String> = rt
+        .list::<Affiliate>(NS_RAW)?
+        .iter()
+        .filter(|a| a.metadata.owner == rt.name())
+        .map(|a| a.metadata.id.clone())
+        .collect();
+    let now = Instant::now();
+    for (name, r) in running.iter_mut() {
         let status = match &r.client {
             Some(client) => {
                 let state = client.state();
@@ -355,6 +378,8 @@ fn mirror(
                     put::<Affiliate>(rt, NS_RAW, &rid, &from_wire(affiliate))?;
                     keep_raw.insert(rid);
                 }
+                let listed = keep_raw.clone();
+                keep_vanished(name, r, &existing, &listed, now, &mut keep_raw);
                 status_of(&r.spec.endpoint, &state)
             }
             None => DiscoveryServiceStatusSpec {
@@ -370,4 +395,35 @@ fn mirror(
     retire_stale::<Affiliate>(rt, NS_RAW, &keep_raw)?;
     retire_stale::<DiscoveryServiceStatus>(rt, NS, &keep_status)?;
     Ok(())
+}
+
+/// Keeps `name`'s records that the service no longer lists for [`VANISHED_GRACE`] after
+/// they were first missed, with a wake-up when the grace ends.
+fn keep_vanished(
+    name: &str,
+    r: &mut RunningClient,
+    existing: &[String],
+    listed: &BTreeSet<String>,
+    now: Instant,
+    keep: &mut BTreeSet<String>,
+) {
+    let prefix = raw_id(name, "");
+    r.missing_since.retain(|rid, _| !listed.contains(rid));
+    for rid in existing
+        .iter()
+        .filter(|id| id.starts_with(&prefix) && !listed.contains(*id))
+    {
+        let since = *r.missing_since.entry(rid.clone()).or_insert_with(|| {
+            let waker = r.waker.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(VANISHED_GRACE + Duration::from_millis(50)).await;
+                waker.wake();
+            });
+            now
+        });
+        if now.duration_since(since) < VANISHED_GRACE {
+            keep.insert(rid.clone());
+        }
+    }
+    r.missing_since.retain(|rid, _| existing.contains(rid));
 }
