@@ -26,7 +26,7 @@ use crate::{
     config::probe::{HttpProbeConfig, TcpProbeConfig, DEFAULT_INTERVAL},
     controllers::network::merge::MergeController,
     resources::{
-        config::{MachineConfig, ACTIVE},
+        config::MachineConfig,
         network::{
             ConfigLayer, HttpProbeSpec, ProbeSpec, ProbeSpecSpec, ProbeStatus, ProbeStatusSpec,
             TcpProbeSpec, NS, NS_CONFIG,
@@ -106,11 +106,7 @@ impl Controller for ProbeConfigController {
     }
 
     fn inputs(&self) -> Vec<Input> {
-        vec![Input::id_of::<MachineConfig>(
-            MachineConfig::DEFAULT_NAMESPACE,
-            ACTIVE,
-            InputKind::Weak,
-        )]
+        vec![MachineConfig::input()]
     }
 
     fn outputs(&self) -> Vec<Output> {
@@ -120,7 +116,7 @@ impl Controller for ProbeConfigController {
     fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
             while rt.next_round().await {
-                let cfg = rt.get_opt::<MachineConfig>(MachineConfig::DEFAULT_NAMESPACE, ACTIVE)?;
+                let cfg = MachineConfig::active(rt)?;
                 let specs = cfg.map(|c| probe_specs(&c.spec.config)).unwrap_or_default();
                 rt.start_tracking_outputs()?;
                 for spec in specs {

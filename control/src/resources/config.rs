@@ -2,9 +2,13 @@
 
 use serde::{Deserialize, Serialize};
 
+use std::sync::Arc;
+
 use crate::{
     config::MachineConfig as Documents,
-    runtime::{Definition, ResourceKind},
+    runtime::{
+        ControllerError, ControllerRuntime, Definition, Input, InputKind, Resource, ResourceKind,
+    },
 };
 
 /// The config in force. Written by the config loader (file, reload, API apply) only
@@ -39,4 +43,20 @@ pub struct MachineConfigSpec {
     pub document_count: usize,
     /// The documents.
     pub config: Documents,
+}
+
+impl MachineConfig {
+    /// The input every config-derived controller declares: the active config, weak.
+    #[must_use]
+    pub fn input() -> Input {
+        Input::id_of::<Self>(Self::DEFAULT_NAMESPACE, ACTIVE, InputKind::Weak)
+    }
+
+    /// The active config, if one was loaded.
+    ///
+    /// # Errors
+    /// Access errors (the caller did not declare [`MachineConfig::input`]).
+    pub fn active(rt: &ControllerRuntime) -> Result<Option<Arc<Resource<Self>>>, ControllerError> {
+        rt.get_opt::<Self>(Self::DEFAULT_NAMESPACE, ACTIVE)
+    }
 }

@@ -29,7 +29,7 @@ use crate::{
             Affiliate, AffiliateSpec, ClusterIdentity, ControlPlaneSpec, DiscoveryServiceStatus,
             DiscoveryServiceStatusSpec, KubeSpanAffiliateSpec, CLUSTER, NS, NS_RAW,
         },
-        config::{MachineConfig, ACTIVE},
+        config::MachineConfig,
         identity::{NodeIdentity, LOCAL},
         kubespan::KubeSpanEndpoint,
     },
@@ -239,11 +239,7 @@ impl Controller for DiscoveryController {
 
     fn inputs(&self) -> Vec<Input> {
         vec![
-            Input::id_of::<MachineConfig>(
-                MachineConfig::DEFAULT_NAMESPACE,
-                ACTIVE,
-                InputKind::Weak,
-            ),
+            MachineConfig::input(),
             Input::id_of::<ClusterIdentity>(NS, CLUSTER, InputKind::Weak),
             Input::id_of::<NodeIdentity>(NodeIdentity::DEFAULT_NAMESPACE, LOCAL, InputKind::Weak),
             // The local affiliate, and DestroyReady of the own raw records.
@@ -291,7 +287,7 @@ impl Controller for DiscoveryController {
 
 fn wanted_clients(rt: &ControllerRuntime) -> Result<BTreeMap<String, ClientSpec>, ControllerError> {
     let mut wanted = BTreeMap::new();
-    let config = rt.get_opt::<MachineConfig>(MachineConfig::DEFAULT_NAMESPACE, ACTIVE)?;
+    let config = MachineConfig::active(rt)?;
     let cluster = rt.get_opt::<ClusterIdentity>(NS, CLUSTER)?;
     let node = rt.get_opt::<NodeIdentity>(NodeIdentity::DEFAULT_NAMESPACE, LOCAL)?;
     let (Some(config), Some(cluster), Some(node)) = (config, cluster, node) else {

@@ -9,11 +9,9 @@ use crate::{
     config::cluster::ClusterConfig,
     resources::{
         cluster::{ClusterIdentity, ClusterIdentitySpec, CLUSTER, NS},
-        config::{MachineConfig, ACTIVE},
+        config::MachineConfig,
     },
-    runtime::{
-        Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output, ResourceKind,
-    },
+    runtime::{Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output},
 };
 
 /// Publishes the cluster identity (ID and secret) while the active config has a
@@ -28,11 +26,7 @@ impl Controller for ClusterIdentityController {
 
     fn inputs(&self) -> Vec<Input> {
         vec![
-            Input::id_of::<MachineConfig>(
-                MachineConfig::DEFAULT_NAMESPACE,
-                ACTIVE,
-                InputKind::Weak,
-            ),
+            MachineConfig::input(),
             Input::of::<ClusterIdentity>(NS, InputKind::DestroyReady),
         ]
     }
@@ -44,8 +38,7 @@ impl Controller for ClusterIdentityController {
     fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
             while rt.next_round().await {
-                let config =
-                    rt.get_opt::<MachineConfig>(MachineConfig::DEFAULT_NAMESPACE, ACTIVE)?;
+                let config = MachineConfig::active(rt)?;
                 let desired = config.as_ref().and_then(|c| {
                     let doc = c.spec.config.singleton::<ClusterConfig>()?;
                     // Valid documents always decode; a config that did not validate never

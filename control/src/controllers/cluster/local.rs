@@ -16,7 +16,7 @@ use crate::{
         cluster::{
             Affiliate, AffiliateSpec, DiscoveryServiceStatus, KubeSpanAffiliateSpec, NS, NS_RAW,
         },
-        config::{MachineConfig, ACTIVE},
+        config::MachineConfig,
         identity::{NodeIdentity, LOCAL},
         kubespan::{
             KubeSpanConfig, KubeSpanConfigSpec, KubeSpanIdentity, KubeSpanIdentitySpec, KUBESPAN,
@@ -194,11 +194,7 @@ impl Controller for LocalAffiliateController {
 
     fn inputs(&self) -> Vec<Input> {
         vec![
-            Input::id_of::<MachineConfig>(
-                MachineConfig::DEFAULT_NAMESPACE,
-                ACTIVE,
-                InputKind::Weak,
-            ),
+            MachineConfig::input(),
             Input::id_of::<NodeIdentity>(NodeIdentity::DEFAULT_NAMESPACE, LOCAL, InputKind::Weak),
             Input::of::<NodeAddress>(NodeAddress::DEFAULT_NAMESPACE, InputKind::Weak),
             Input::of::<HostnameStatus>(HostnameStatus::DEFAULT_NAMESPACE, InputKind::Weak),
@@ -240,8 +236,7 @@ impl Controller for LocalAffiliateController {
 fn desired(
     rt: &ControllerRuntime,
 ) -> Result<Option<AffiliateSpec>, crate::runtime::ControllerError> {
-    let Some(config) = rt.get_opt::<MachineConfig>(MachineConfig::DEFAULT_NAMESPACE, ACTIVE)?
-    else {
+    let Some(config) = MachineConfig::active(rt)? else {
         return Ok(None);
     };
     let services: Vec<&DiscoveryServiceConfig> = config

@@ -5,12 +5,11 @@ use futures::future::BoxFuture;
 use crate::{
     config::kubespan::{KubeSpanConfig as Document, KubeSpanEndpointsConfig},
     resources::{
-        config::{MachineConfig, ACTIVE},
+        config::MachineConfig,
         kubespan::{KubeSpanConfig, KubeSpanConfigSpec, KUBESPAN, NS},
     },
     runtime::{
-        Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output, Pointer,
-        ResourceKind as _,
+        Controller, ControllerResult, ControllerRuntime, Input, Output, Pointer, ResourceKind as _,
     },
 };
 
@@ -46,11 +45,7 @@ impl Controller for KubeSpanConfigController {
     }
 
     fn inputs(&self) -> Vec<Input> {
-        vec![Input::id_of::<MachineConfig>(
-            MachineConfig::DEFAULT_NAMESPACE,
-            ACTIVE,
-            InputKind::Weak,
-        )]
+        vec![MachineConfig::input()]
     }
 
     fn outputs(&self) -> Vec<Output> {
@@ -60,7 +55,7 @@ impl Controller for KubeSpanConfigController {
     fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
             while rt.next_round().await {
-                let mc = rt.get_opt::<MachineConfig>(MachineConfig::DEFAULT_NAMESPACE, ACTIVE)?;
+                let mc = MachineConfig::active(rt)?;
                 match mc.and_then(|mc| effective(&mc.spec.config)) {
                     Some(spec) => {
                         rt.modify::<KubeSpanConfig>(NS, KUBESPAN, |r| r.spec.clone_from(&spec))?;

@@ -8,17 +8,14 @@ use futures::future::BoxFuture;
 use crate::{
     config::network::{AddressConfig, LinkConfig, RouteConfig, RoutingRuleConfig, ScopeName},
     resources::{
-        config::{MachineConfig, ACTIVE},
+        config::MachineConfig,
         network::{
             AddressSpec, AddressSpecSpec, ConfigLayer, Family, LinkSpec, LinkSpecSpec, RouteSpec,
             RouteSpecSpec, RouteType, RoutingRuleSpec, RoutingRuleSpecSpec, Scope, NS_CONFIG,
             TABLE_MAIN,
         },
     },
-    runtime::{
-        Controller, ControllerResult, ControllerRuntime, Input, InputKind, Kind, Output,
-        ResourceKind,
-    },
+    runtime::{Controller, ControllerResult, ControllerRuntime, Input, Kind, Output, ResourceKind},
 };
 
 const LAYER: ConfigLayer = ConfigLayer::Configuration;
@@ -119,11 +116,7 @@ impl Controller for NetworkConfigController {
     }
 
     fn inputs(&self) -> Vec<Input> {
-        vec![Input::id_of::<MachineConfig>(
-            MachineConfig::DEFAULT_NAMESPACE,
-            ACTIVE,
-            InputKind::Weak,
-        )]
+        vec![MachineConfig::input()]
     }
 
     fn outputs(&self) -> Vec<Output> {
@@ -138,7 +131,7 @@ impl Controller for NetworkConfigController {
     fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
             while rt.next_round().await {
-                let cfg = rt.get_opt::<MachineConfig>(MachineConfig::DEFAULT_NAMESPACE, ACTIVE)?;
+                let cfg = MachineConfig::active(rt)?;
                 let s = cfg.map(|c| specs(&c.spec.config)).unwrap_or_default();
                 rt.start_tracking_outputs()?;
                 for spec in s.links {
