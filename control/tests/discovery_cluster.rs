@@ -11,8 +11,10 @@ use aes_gcm::{aead::Aead, Aes256Gcm};
 use discovery_common::{config_text, set, TestNode, CLUSTER_ID, OTHER_SECRET, SECRET};
 use tokio::net::TcpListener;
 use wirespan_control::{
+    controllers::kubespan::peer_spec::KubeSpanPeerSpecController,
     resources::{
         cluster::{Affiliate, DiscoveryServiceStatus, Member, NS},
+        kubespan::{self, KubeSpanPeerSpec},
         network::{HostnameStatus, HostnameStatusSpec},
     },
     runtime::{Filter, Kind, ResourceKind},
@@ -209,10 +211,13 @@ const KEY: [u8; 32] = {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_affiliate_encoded_from_the_spec_is_decoded() {
     let server = start_server().await;
-    let node = TestNode::start(
+    // The node also runs the mesh's peer-spec controller: the foreign affiliate must
+    // become a WireGuard peer spec exactly as a Talos node's would.
+    let node = TestNode::start_with(
         0,
         &config_text(SECRET, &[("lab", url(server.local_addr()))]),
         TTL,
+        |rt| rt.register(KubeSpanPeerSpecController::new()).unwrap(),
     );
 
     // Affiliate { node_id, addresses, hostname, nodename, machine_type, os, kubespan, control_plane }
@@ -303,6 +308,39 @@ async fn an_affiliate_encoded_from_the_spec_is_decoded() {
         ["192.0.2.10:51820".parse::<SocketAddr>().unwrap()]
     );
     assert_eq!(a.spec.control_plane.as_ref().unwrap().api_server_port, 6443);
+
+    // Spec §5.3: pod CIDR, node addresses as host routes, the ULA; endpoints as sent.
+    let key = format!("{:B>43}=", "");
+    node.wait_until(
+        "the Talos node as a peer",
+        &Kind::new(kubespan::NS, KubeSpanPeerSpec::TYPE),
+        |s| s.get::<KubeSpanPeerSpec>(kubespan::NS, &key).is_ok(),
+    )
+    .await;
+    let peer = node
+        .store
+        .get::<KubeSpanPeerSpec>(kubespan::NS, &key)
+        .unwrap();
+    let allowed: Vec<String> = peer
+        .spec
+        .allowed_ips
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(
+        allowed,
+        [
+            "10.244.9.0/24",
+            "192.0.2.10/32",
+            "2001:db8::10/128",
+            "fd00:1::99/128"
+        ]
+    );
+    assert_eq!(peer.spec.label, "talos-1");
+    assert_eq!(
+        peer.spec.endpoints,
+        ["192.0.2.10:51820".parse::<SocketAddr>().unwrap()]
+    );
     node.harness.stop().await.unwrap();
     server.shutdown().await.unwrap();
 }

@@ -78,6 +78,16 @@ pub struct TestNode {
 impl TestNode {
     /// Starts node `index` (address 10.0.0.<index+1>, hostname node-<index>).
     pub fn start(index: u8, config: &str, ttl: Duration) -> Self {
+        Self::start_with(index, config, ttl, |_| {})
+    }
+
+    /// The same, with more controllers registered by `extra`.
+    pub fn start_with(
+        index: u8,
+        config: &str,
+        ttl: Duration,
+        extra: impl FnOnce(&mut Runtime),
+    ) -> Self {
         let store = Store::new(StoreOptions::default());
         let node_id = format!("node{index}Id");
         set::<NodeIdentity>(
@@ -136,6 +146,7 @@ impl TestNode {
         set_config(&store, config);
         let mut runtime = Runtime::new(store.clone());
         register(&mut runtime, DiscoveryOptions { ttl }).unwrap();
+        extra(&mut runtime);
         Self {
             node_id,
             store,
