@@ -169,9 +169,12 @@ fn up_builds_nodes_underlay_discovery_and_daemons_and_down_removes_them() {
         Some(7)
     );
 
-    // The underlay carries traffic between nodes on all three addresses.
+    // Traffic reaches node2 on all three of its addresses. They are node addresses, so
+    // the mesh (not waited for here) marks them into the tunnel, where they are dropped
+    // until the first handshake (allowDownPeerBypass is off): one reply within a
+    // deadline, not the first packet.
     for a in ["10.99.1.12", "10.99.2.12", "fd99:1ab::c"] {
-        lab.exec_ok("node1", &["ping", "-n", "-c", "1", "-W", "2", a]);
+        lab.exec_ok("node1", &["ping", "-n", "-c", "1", "-w", "20", a]);
     }
     // The discovery server answers on the underlay (its landing page).
     let page = lab.exec_ok("node1", &["curl", "-sf", "http://10.99.1.2:2122/"]);
