@@ -58,7 +58,7 @@ impl WireGuardFactory for FakeWgFactory {
 struct FakeMarkingFactory(FakeMarking);
 
 impl MarkingFactory for FakeMarkingFactory {
-    fn create(&self, fast_path: FastPath) -> MarkingChoice {
+    fn create(&self, fast_path: FastPath, _link: &str) -> MarkingChoice {
         MarkingChoice {
             marking: Box::new(self.0.clone()),
             fast_path: FastPath::Nftables,
