@@ -9,14 +9,16 @@ use std::{
 
 use wirespan_dataplane::{
     fake::{FakeMarking, FakeWireGuard},
-    marking::MarkingSpec,
+    fastpath::FastPathError,
+    marking::{MarkingSpec, PreroutingMarking},
     wireguard::{DeviceState, PublicKey, WgError, WireGuard},
 };
 
 use super::{
+    fast_path_choice,
     identity::{LinkInfo, LinkSource},
     manager::{ManagerDeps, MarkingChoice, MarkingFactory, OnStop, WireGuardFactory},
-    register, Deps,
+    register, Classifier, Deps,
 };
 use crate::{
     config::kubespan::FastPath,
@@ -57,17 +59,27 @@ impl WireGuardFactory for FakeWgFactory {
 #[derive(Debug, Clone)]
 struct FakeMarkingFactory(FakeMarking);
 
+/// A classifier that is never attached (tests have no eBPF).
+struct NoClassifier;
+
+impl Classifier for NoClassifier {
+    fn apply(&mut self, _spec: &MarkingSpec) -> Result<bool, FastPathError> {
+        Ok(false)
+    }
+
+    fn teardown(self) -> Result<(), FastPathError> {
+        Ok(())
+    }
+}
+
 impl MarkingFactory for FakeMarkingFactory {
     fn create(&self, fast_path: FastPath, _link: &str) -> MarkingChoice {
-        MarkingChoice {
-            marking: Box::new(self.0.clone()),
-            fast_path: FastPath::Nftables,
-            note: if fast_path == FastPath::Ebpf {
-                "no eBPF in tests".into()
-            } else {
-                String::new()
-            },
-        }
+        fast_path_choice(fast_path, self.0.clone(), || {
+            Err::<NoClassifier, _>(FastPathError::Unsupported {
+                what: "bpf syscall".into(),
+                source: "not in tests".into(),
+            })
+        })
     }
 }
 
@@ -603,6 +615,31 @@ async fn peer_specs_follow_changes_incrementally_and_fall_back_on_overlap() {
             .contains(&"10.77.0.0/16".to_owned())
             .then_some(())
             .ok_or(format!("{:?}", r.spec))
+    })
+    .await;
+    m.h.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn ebpf_attach_failure_falls_back_to_nftables_marking_with_a_note() {
+    let m = start("fastPath: ebpf\n", tempfile::tempdir().unwrap());
+    let store = &m.h.store;
+    set_affiliate(store, &affiliate(1, &["192.0.2.1:51820"]));
+    let spec = eventually("marking applied", || {
+        m.marking.spec().filter(|s| !s.prefixes_v4.is_empty())
+    })
+    .await;
+    // Plain nftables marking: the prerouting set lookups stay.
+    assert_eq!(spec.prerouting, PreroutingMarking::Nftables);
+    assert_resource::<KubeSpanManagerStatus>(store, NS, KUBESPAN, |r| {
+        if r.spec.fast_path == "nftables"
+            && r.spec.note.contains("eBPF fast path unsupported")
+            && r.spec.note.contains("marking with nftables")
+        {
+            Ok(())
+        } else {
+            Err(format!("{:?}", r.spec))
+        }
     })
     .await;
     m.h.stop().await.unwrap();
