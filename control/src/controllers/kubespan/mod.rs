@@ -162,6 +162,7 @@ where
             marking: Box::new(FastPathMarking {
                 nft,
                 classifier: Some(classifier),
+                applied: None,
             }),
             fast_path: FastPath::Ebpf,
             note: String::new(),
@@ -207,11 +208,35 @@ impl Classifier for fastpath::FastPath {
 }
 
 /// nftables for locally originated traffic plus the classifier for forwarded
-/// traffic; once the classifier is torn down, nftables marks both again.
+/// traffic; once the classifier is torn down, nftables marks both again. Dropped
+/// without teardown (a fast-path switch, or the daemon stopping with its kernel state
+/// kept), it first restores the prerouting lookups, then detaches the classifier.
 #[derive(Debug)]
-struct FastPathMarking<N, C> {
+struct FastPathMarking<N: Marking, C: Classifier> {
     nft: N,
     classifier: Option<C>,
+    /// The last spec applied (restored with nftables prerouting on drop).
+    applied: Option<MarkingSpec>,
+}
+
+impl<N: Marking, C: Classifier> Drop for FastPathMarking<N, C> {
+    fn drop(&mut self) {
+        let Some(classifier) = self.classifier.take() else {
+            return;
+        };
+        if let Some(spec) = self.applied.take() {
+            let spec = MarkingSpec {
+                prerouting: PreroutingMarking::Nftables,
+                ..spec
+            };
+            if let Err(e) = self.nft.apply(&spec) {
+                tracing::warn!(error = %e, "restoring the nftables prerouting marking failed");
+            }
+        }
+        if let Err(e) = classifier.teardown() {
+            tracing::warn!(error = %e, "detaching the eBPF fast path failed");
+        }
+    }
 }
 
 impl<N: Marking, C: Classifier> Marking for FastPathMarking<N, C> {
@@ -229,7 +254,9 @@ impl<N: Marking, C: Classifier> Marking for FastPathMarking<N, C> {
             prerouting: PreroutingMarking::FastPath,
             ..spec.clone()
         };
-        Ok(self.nft.apply(&spec)? || maps)
+        let changed = self.nft.apply(&spec)? || maps;
+        self.applied = Some(spec);
+        Ok(changed)
     }
 
     fn observe(&mut self) -> Result<MarkingStatus, MarkingError> {

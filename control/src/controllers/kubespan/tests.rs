@@ -644,3 +644,46 @@ async fn ebpf_attach_failure_falls_back_to_nftables_marking_with_a_note() {
     .await;
     m.h.stop().await.unwrap();
 }
+
+/// Counts applies; shares the count with the test.
+#[derive(Clone, Default)]
+struct CountingClassifier(Arc<std::sync::Mutex<(usize, bool)>>);
+
+impl Classifier for CountingClassifier {
+    fn apply(&mut self, _spec: &MarkingSpec) -> Result<bool, FastPathError> {
+        self.0.lock().unwrap().0 += 1;
+        Ok(true)
+    }
+
+    fn teardown(self) -> Result<(), FastPathError> {
+        self.0.lock().unwrap().1 = true;
+        Ok(())
+    }
+}
+
+#[test]
+fn fast_path_marking_omits_prerouting_lookups_and_restores_them_when_dropped() {
+    use super::FastPathMarking;
+    use wirespan_dataplane::marking::Marking as _;
+    let nft = FakeMarking::new();
+    let classifier = CountingClassifier::default();
+    let mut m = FastPathMarking {
+        nft: nft.clone(),
+        classifier: Some(classifier.clone()),
+        applied: None,
+    };
+    let spec = MarkingSpec {
+        prefixes_v4: vec!["10.5.0.1/32".parse().unwrap()],
+        ..MarkingSpec::default()
+    };
+    assert!(m.apply(&spec).unwrap());
+    assert_eq!(nft.spec().unwrap().prerouting, PreroutingMarking::FastPath);
+    assert_eq!(*classifier.0.lock().unwrap(), (1, false));
+    // Dropped without teardown (fast-path switch, or stop keeping kernel state):
+    // nftables marks forwarded traffic again before the classifier goes.
+    drop(m);
+    let restored = nft.spec().unwrap();
+    assert_eq!(restored.prerouting, PreroutingMarking::Nftables);
+    assert_eq!(restored.prefixes_v4, spec.prefixes_v4);
+    assert_eq!(*classifier.0.lock().unwrap(), (1, true));
+}
