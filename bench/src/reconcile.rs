@@ -190,8 +190,8 @@ struct TimedMarkingFactory {
 }
 
 impl MarkingFactory for TimedMarkingFactory {
-    fn create(&self, fast_path: FastPath) -> MarkingChoice {
-        let c = self.inner.create(fast_path);
+    fn create(&self, fast_path: FastPath, link: &str) -> MarkingChoice {
+        let c = self.inner.create(fast_path, link);
         MarkingChoice {
             marking: Box::new(TimedMarking {
                 inner: c.marking,

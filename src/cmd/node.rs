@@ -100,7 +100,7 @@ fn register_mesh(
                         WireGuardArg::Userspace => BackendChoice::Userspace,
                     },
                 }),
-                marking: Arc::new(kubespan::NftablesMarking { netns }),
+                marking: Arc::new(kubespan::KernelMarking { netns }),
                 routing_cleanup: Some(Box::new(routing)),
                 clock: Arc::new(wirespan_control::kubespan::clock::SystemClock),
                 metrics: Some(Arc::clone(&metrics)),

@@ -842,6 +842,9 @@ pub enum MarkingError {
         /// nft's message.
         stderr: String,
     },
+    /// The eBPF fast path that marks forwarded traffic failed to sync its maps.
+    #[error("eBPF fast path: {0}")]
+    FastPath(#[source] crate::fastpath::FastPathError),
 }
 
 /// Observed state of the marking table.

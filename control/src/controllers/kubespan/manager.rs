@@ -72,8 +72,9 @@ pub struct MarkingChoice {
 /// Builds the marking adapter for a configured fast path (the eBPF fast path plugs in
 /// here; without it the factory falls back to nftables and says so).
 pub trait MarkingFactory: Send + Sync + fmt::Debug {
-    /// The marking for `fast_path`.
-    fn create(&self, fast_path: FastPath) -> MarkingChoice;
+    /// The marking for `fast_path`; `link` is the mesh link (the eBPF classifier goes
+    /// on every other interface).
+    fn create(&self, fast_path: FastPath, link: &str) -> MarkingChoice;
 }
 
 /// What to do with kernel state when the daemon stops.
@@ -133,6 +134,7 @@ pub enum ManagerError {
 struct ActiveMarking {
     marking: Box<dyn Marking + Send>,
     configured: FastPath,
+    link: String,
     in_use: FastPath,
     note: String,
 }
@@ -214,7 +216,12 @@ impl KubeSpanManagerController {
         }
         let marking = match self.marking.take() {
             Some(m) => Some(m.marking),
-            None if self.first_round => Some(self.deps.marking.create(FastPath::Nftables).marking),
+            None if self.first_round => Some(
+                self.deps
+                    .marking
+                    .create(FastPath::Nftables, &self.wg_link)
+                    .marking,
+            ),
             None => None,
         };
         if let Some(m) = marking {
@@ -295,23 +302,24 @@ impl KubeSpanManagerController {
         Ok(())
     }
 
-    fn ensure_marking(&mut self, configured: FastPath) -> &mut ActiveMarking {
+    fn ensure_marking(&mut self, configured: FastPath, link: &str) -> &mut ActiveMarking {
         if self
             .marking
             .as_ref()
-            .is_some_and(|m| m.configured != configured)
+            .is_some_and(|m| m.configured != configured || m.link != link)
         {
             // A fast-path change: the new adapter replaces the table it finds.
             self.marking = None;
         }
         self.marking.get_or_insert_with(|| {
-            let c = self.deps.marking.create(configured);
+            let c = self.deps.marking.create(configured, link);
             if !c.note.is_empty() {
                 tracing::warn!(configured = ?configured, in_use = ?c.fast_path, note = %c.note, "marking fast path fallback");
             }
             ActiveMarking {
                 marking: c.marking,
                 configured,
+                link: link.to_owned(),
                 in_use: c.fast_path,
                 note: c.note,
             }
@@ -570,7 +578,7 @@ impl KubeSpanManagerController {
             ..MarkingSpec::default()
         };
         let (in_use, note) = {
-            let m = self.ensure_marking(s.fast_path);
+            let m = self.ensure_marking(s.fast_path, &s.link_name);
             (m.in_use, m.note.clone())
         };
         let m = self

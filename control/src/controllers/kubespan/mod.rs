@@ -11,7 +11,8 @@ pub mod peer_spec;
 use std::{path::PathBuf, sync::Arc};
 
 use wirespan_dataplane::{
-    marking::NftMarking,
+    fastpath::{self, FastPathConfig, FastPathError, Interfaces},
+    marking::{Marking, MarkingError, MarkingSpec, MarkingStatus, NftMarking, PreroutingMarking},
     netns::Netns,
     wireguard::{self, BackendChoice, WgError, WireGuard},
 };
@@ -98,7 +99,7 @@ pub struct NftablesMarking {
 }
 
 impl MarkingFactory for NftablesMarking {
-    fn create(&self, fast_path: FastPath) -> MarkingChoice {
+    fn create(&self, fast_path: FastPath, _link: &str) -> MarkingChoice {
         let note = match fast_path {
             FastPath::Nftables => String::new(),
             FastPath::Ebpf => {
@@ -110,6 +111,168 @@ impl MarkingFactory for NftablesMarking {
             fast_path: FastPath::Nftables,
             note,
         }
+    }
+}
+
+/// The daemon's marking: nftables for `nftables`; for `ebpf` the tc classifier
+/// ([`fastpath::FastPath`]) on every interface but the mesh link and `lo`, plus the
+/// nftables table without prerouting set lookups. If the classifier cannot be
+/// attached, plain nftables marking with a note.
+#[derive(Debug, Clone)]
+pub struct KernelMarking {
+    /// The namespace.
+    pub netns: Netns,
+}
+
+impl MarkingFactory for KernelMarking {
+    fn create(&self, fast_path: FastPath, link: &str) -> MarkingChoice {
+        let nft = NftMarking::new(self.netns.clone());
+        fast_path_choice(fast_path, nft, || {
+            fastpath::FastPath::attach(
+                &self.netns,
+                FastPathConfig {
+                    interfaces: Interfaces::all_except([link]),
+                    ..FastPathConfig::default()
+                },
+            )
+        })
+    }
+}
+
+/// Chooses the marking for `configured`: for `ebpf`, `attach` the classifier and
+/// combine it with `nft`; if attaching fails, `nft` alone (prerouting lookups kept)
+/// with a note saying why. The mesh never runs without marking.
+pub fn fast_path_choice<F>(
+    configured: FastPath,
+    nft: impl Marking + Send + 'static,
+    attach: impl FnOnce() -> Result<F, FastPathError>,
+) -> MarkingChoice
+where
+    F: Classifier + Send + 'static,
+{
+    if configured == FastPath::Nftables {
+        return MarkingChoice {
+            marking: Box::new(nft),
+            fast_path: FastPath::Nftables,
+            note: String::new(),
+        };
+    }
+    match attach() {
+        Ok(classifier) => MarkingChoice {
+            marking: Box::new(FastPathMarking {
+                nft,
+                classifier: Some(classifier),
+                applied: None,
+            }),
+            fast_path: FastPath::Ebpf,
+            note: String::new(),
+        },
+        Err(e) => {
+            let why = if e.is_unsupported() {
+                "unsupported by this kernel"
+            } else {
+                "could not be attached"
+            };
+            MarkingChoice {
+                marking: Box::new(nft),
+                fast_path: FastPath::Nftables,
+                note: format!("eBPF fast path {why} ({e}); marking with nftables"),
+            }
+        }
+    }
+}
+
+/// The marking classifier as the fast-path marking needs it (implemented by
+/// [`fastpath::FastPath`]).
+pub trait Classifier {
+    /// Syncs the classifier's maps to `spec`; returns whether anything was written.
+    ///
+    /// # Errors
+    /// Invalid spec, capacity, or a map write failed.
+    fn apply(&mut self, spec: &MarkingSpec) -> Result<bool, FastPathError>;
+    /// Detaches and unloads.
+    ///
+    /// # Errors
+    /// A detach failed.
+    fn teardown(self) -> Result<(), FastPathError>;
+}
+
+impl Classifier for fastpath::FastPath {
+    fn apply(&mut self, spec: &MarkingSpec) -> Result<bool, FastPathError> {
+        fastpath::FastPath::apply(self, spec).map(|s| s.writes() > 0)
+    }
+
+    fn teardown(self) -> Result<(), FastPathError> {
+        fastpath::FastPath::teardown(self)
+    }
+}
+
+/// nftables for locally originated traffic plus the classifier for forwarded
+/// traffic; once the classifier is torn down, nftables marks both again. Dropped
+/// without teardown (a fast-path switch, or the daemon stopping with its kernel state
+/// kept), it first restores the prerouting lookups, then detaches the classifier.
+#[derive(Debug)]
+struct FastPathMarking<N: Marking, C: Classifier> {
+    nft: N,
+    classifier: Option<C>,
+    /// The last spec applied (restored with nftables prerouting on drop).
+    applied: Option<MarkingSpec>,
+}
+
+impl<N: Marking, C: Classifier> Drop for FastPathMarking<N, C> {
+    fn drop(&mut self) {
+        let Some(classifier) = self.classifier.take() else {
+            return;
+        };
+        if let Some(spec) = self.applied.take() {
+            let spec = MarkingSpec {
+                prerouting: PreroutingMarking::Nftables,
+                ..spec
+            };
+            if let Err(e) = self.nft.apply(&spec) {
+                tracing::warn!(error = %e, "restoring the nftables prerouting marking failed");
+            }
+        }
+        if let Err(e) = classifier.teardown() {
+            tracing::warn!(error = %e, "detaching the eBPF fast path failed");
+        }
+    }
+}
+
+impl<N: Marking, C: Classifier> Marking for FastPathMarking<N, C> {
+    fn apply(&mut self, spec: &MarkingSpec) -> Result<bool, MarkingError> {
+        let Some(classifier) = self.classifier.as_mut() else {
+            let spec = MarkingSpec {
+                prerouting: PreroutingMarking::Nftables,
+                ..spec.clone()
+            };
+            return self.nft.apply(&spec);
+        };
+        // Maps first, so forwarded traffic is marked before the prerouting lookups go.
+        let maps = classifier.apply(spec).map_err(MarkingError::FastPath)?;
+        let spec = MarkingSpec {
+            prerouting: PreroutingMarking::FastPath,
+            ..spec.clone()
+        };
+        let changed = self.nft.apply(&spec)? || maps;
+        self.applied = Some(spec);
+        Ok(changed)
+    }
+
+    fn observe(&mut self) -> Result<MarkingStatus, MarkingError> {
+        self.nft.observe()
+    }
+
+    fn teardown(&mut self) -> Result<(), MarkingError> {
+        let nft = self.nft.teardown();
+        if let Some(c) = self.classifier.take() {
+            c.teardown().map_err(MarkingError::FastPath)?;
+        }
+        nft
+    }
+
+    fn transactions(&self) -> u64 {
+        self.nft.transactions()
     }
 }
 

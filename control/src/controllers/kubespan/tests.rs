@@ -9,14 +9,16 @@ use std::{
 
 use wirespan_dataplane::{
     fake::{FakeMarking, FakeWireGuard},
-    marking::MarkingSpec,
+    fastpath::FastPathError,
+    marking::{MarkingSpec, PreroutingMarking},
     wireguard::{DeviceState, PublicKey, WgError, WireGuard},
 };
 
 use super::{
+    fast_path_choice,
     identity::{LinkInfo, LinkSource},
     manager::{ManagerDeps, MarkingChoice, MarkingFactory, OnStop, WireGuardFactory},
-    register, Deps,
+    register, Classifier, Deps,
 };
 use crate::{
     config::kubespan::FastPath,
@@ -57,17 +59,27 @@ impl WireGuardFactory for FakeWgFactory {
 #[derive(Debug, Clone)]
 struct FakeMarkingFactory(FakeMarking);
 
+/// A classifier that is never attached (tests have no eBPF).
+struct NoClassifier;
+
+impl Classifier for NoClassifier {
+    fn apply(&mut self, _spec: &MarkingSpec) -> Result<bool, FastPathError> {
+        Ok(false)
+    }
+
+    fn teardown(self) -> Result<(), FastPathError> {
+        Ok(())
+    }
+}
+
 impl MarkingFactory for FakeMarkingFactory {
-    fn create(&self, fast_path: FastPath) -> MarkingChoice {
-        MarkingChoice {
-            marking: Box::new(self.0.clone()),
-            fast_path: FastPath::Nftables,
-            note: if fast_path == FastPath::Ebpf {
-                "no eBPF in tests".into()
-            } else {
-                String::new()
-            },
-        }
+    fn create(&self, fast_path: FastPath, _link: &str) -> MarkingChoice {
+        fast_path_choice(fast_path, self.0.clone(), || {
+            Err::<NoClassifier, _>(FastPathError::Unsupported {
+                what: "bpf syscall".into(),
+                source: "not in tests".into(),
+            })
+        })
     }
 }
 
@@ -606,4 +618,72 @@ async fn peer_specs_follow_changes_incrementally_and_fall_back_on_overlap() {
     })
     .await;
     m.h.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn ebpf_attach_failure_falls_back_to_nftables_marking_with_a_note() {
+    let m = start("fastPath: ebpf\n", tempfile::tempdir().unwrap());
+    let store = &m.h.store;
+    set_affiliate(store, &affiliate(1, &["192.0.2.1:51820"]));
+    let spec = eventually("marking applied", || {
+        m.marking.spec().filter(|s| !s.prefixes_v4.is_empty())
+    })
+    .await;
+    // Plain nftables marking: the prerouting set lookups stay.
+    assert_eq!(spec.prerouting, PreroutingMarking::Nftables);
+    assert_resource::<KubeSpanManagerStatus>(store, NS, KUBESPAN, |r| {
+        if r.spec.fast_path == "nftables"
+            && r.spec.note.contains("eBPF fast path unsupported")
+            && r.spec.note.contains("marking with nftables")
+        {
+            Ok(())
+        } else {
+            Err(format!("{:?}", r.spec))
+        }
+    })
+    .await;
+    m.h.stop().await.unwrap();
+}
+
+/// Counts applies; shares the count with the test.
+#[derive(Clone, Default)]
+struct CountingClassifier(Arc<std::sync::Mutex<(usize, bool)>>);
+
+impl Classifier for CountingClassifier {
+    fn apply(&mut self, _spec: &MarkingSpec) -> Result<bool, FastPathError> {
+        self.0.lock().unwrap().0 += 1;
+        Ok(true)
+    }
+
+    fn teardown(self) -> Result<(), FastPathError> {
+        self.0.lock().unwrap().1 = true;
+        Ok(())
+    }
+}
+
+#[test]
+fn fast_path_marking_omits_prerouting_lookups_and_restores_them_when_dropped() {
+    use super::FastPathMarking;
+    use wirespan_dataplane::marking::Marking as _;
+    let nft = FakeMarking::new();
+    let classifier = CountingClassifier::default();
+    let mut m = FastPathMarking {
+        nft: nft.clone(),
+        classifier: Some(classifier.clone()),
+        applied: None,
+    };
+    let spec = MarkingSpec {
+        prefixes_v4: vec!["10.5.0.1/32".parse().unwrap()],
+        ..MarkingSpec::default()
+    };
+    assert!(m.apply(&spec).unwrap());
+    assert_eq!(nft.spec().unwrap().prerouting, PreroutingMarking::FastPath);
+    assert_eq!(*classifier.0.lock().unwrap(), (1, false));
+    // Dropped without teardown (fast-path switch, or stop keeping kernel state):
+    // nftables marks forwarded traffic again before the classifier goes.
+    drop(m);
+    let restored = nft.spec().unwrap();
+    assert_eq!(restored.prerouting, PreroutingMarking::Nftables);
+    assert_eq!(restored.prefixes_v4, spec.prefixes_v4);
+    assert_eq!(*classifier.0.lock().unwrap(), (1, true));
 }

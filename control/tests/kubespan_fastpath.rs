@@ -1,0 +1,234 @@
+//! Kernel test of the eBPF fast path under the mesh manager: with `fastPath: ebpf` the
+//! tc classifier is attached to every interface but the mesh link and `lo`, the
+//! nftables prerouting chain has no set lookup (the output chain keeps it) and the
+//! status says `ebpf`; switching back to `nftables` detaches the classifier and
+//! restores the prerouting lookup. Userspace WireGuard in a throwaway namespace.
+
+use std::{collections::BTreeMap, sync::Arc, time::Duration};
+
+use aya::programs::{SchedClassifier, TcAttachType};
+use wirespan_control::{
+    controllers::kubespan::{
+        identity::IpLinkSource,
+        manager::{ManagerDeps, OnStop},
+        register, Deps, KernelMarking, KernelWireGuard,
+    },
+    kubespan::clock::SystemClock,
+    resources::{
+        cluster::{
+            Affiliate, AffiliateSpec, ClusterIdentity, ClusterIdentitySpec, KubeSpanAffiliateSpec,
+        },
+        config::{MachineConfig, MachineConfigSpec},
+        identity::{NodeIdentity, NodeIdentitySpec},
+        kubespan::KubeSpanManagerStatus,
+    },
+    runtime::{Resource, Runtime, Store, StoreOptions},
+    secret::Key32,
+    testing::Harness,
+};
+use wirespan_dataplane::{
+    netns::{unique_name, NetnsGuard, NetnsThread},
+    wireguard::{BackendChoice, PublicKey},
+};
+
+fn affiliate(n: u8) -> AffiliateSpec {
+    AffiliateSpec {
+        node_id: format!("node{n}"),
+        nodename: format!("n{n}"),
+        addresses: vec![format!("10.5.0.{n}").parse().unwrap()],
+        kubespan: Some(KubeSpanAffiliateSpec {
+            public_key: PublicKey::from_bytes([n; 32]).to_base64(),
+            address: Some(format!("fd21:4de:ec13:da02::{n}").parse().unwrap()),
+            additional_addresses: vec![format!("10.244.{n}.0/24").parse().unwrap()],
+            exclude_advertised_networks: Vec::new(),
+            endpoints: vec![format!("192.0.2.{n}:51820").parse().unwrap()],
+        }),
+        ..AffiliateSpec::default()
+    }
+}
+
+async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn tcx_ingress_programs(ns: &NetnsGuard, dev: &str) -> usize {
+    let dev = dev.to_owned();
+    NetnsThread::spawn(ns.netns())
+        .unwrap()
+        .run(move || SchedClassifier::query_tcx(&dev, TcAttachType::Ingress).map(|(_, p)| p.len()))
+        .unwrap()
+        .unwrap_or(0)
+}
+
+/// hook → whether a rule of a chain on that hook looks a set up (`@set`).
+fn set_lookups_by_hook(ns: &NetnsGuard) -> Option<BTreeMap<String, bool>> {
+    let out = ns
+        .run_stdout("nft", &["-j", "list", "table", "inet", "wirespan"])
+        .ok()?;
+    let v: serde_json::Value = serde_json::from_str(&out).ok()?;
+    let items = v["nftables"].as_array()?;
+    let mut hooks = BTreeMap::new();
+    for c in items.iter().filter_map(|i| i.get("chain")) {
+        if let (Some(name), Some(hook)) = (c["name"].as_str(), c["hook"].as_str()) {
+            hooks.insert(name.to_owned(), hook.to_owned());
+        }
+    }
+    let mut lookups: BTreeMap<String, bool> = hooks.values().map(|h| (h.clone(), false)).collect();
+    for r in items.iter().filter_map(|i| i.get("rule")) {
+        let Some(hook) = r["chain"].as_str().and_then(|c| hooks.get(c)) else {
+            continue;
+        };
+        if r["expr"].to_string().contains("\"@") {
+            lookups.insert(hook.clone(), true);
+        }
+    }
+    Some(lookups)
+}
+
+fn config(link: &str, fast_path: &str) -> MachineConfigSpec {
+    MachineConfigSpec {
+        source: "test".into(),
+        document_count: 1,
+        config: wirespan_control::config::parse(&format!(
+            "apiVersion: v1alpha1\nkind: KubeSpanConfig\nenabled: true\nlinkName: {link}\nfastPath: {fast_path}\n"
+        ))
+        .unwrap(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ebpf_fast_path_replaces_the_prerouting_lookup_and_switches_back() {
+    let ns = NetnsGuard::new("wsfp").unwrap();
+    ns.run(
+        "ip",
+        &[
+            "link",
+            "add",
+            "d0",
+            "address",
+            "00:16:3e:12:34:57",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "d1",
+        ],
+    )
+    .unwrap();
+    ns.run("ip", &["link", "set", "d0", "up"]).unwrap();
+    ns.run("ip", &["link", "set", "d1", "up"]).unwrap();
+    let link = unique_name("wsf");
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::new(StoreOptions::default());
+    let mut runtime = Runtime::new(store.clone());
+    register(
+        &mut runtime,
+        Deps {
+            state_dir: dir.path().to_owned(),
+            links: Arc::new(IpLinkSource(ns.netns().clone())),
+            manager: ManagerDeps {
+                wireguard: Arc::new(KernelWireGuard {
+                    netns: ns.netns().clone(),
+                    choice: BackendChoice::Userspace,
+                }),
+                marking: Arc::new(KernelMarking {
+                    netns: ns.netns().clone(),
+                }),
+                routing_cleanup: None,
+                clock: Arc::new(SystemClock),
+                metrics: None,
+                on_stop: OnStop::Teardown,
+            },
+        },
+    )
+    .unwrap();
+    store
+        .create(
+            Resource::<ClusterIdentity>::new(
+                "cluster",
+                "cluster",
+                ClusterIdentitySpec {
+                    cluster_id: "test-cluster-id".into(),
+                    secret: Key32([9u8; 32]),
+                },
+            ),
+            "",
+        )
+        .unwrap();
+    store
+        .create(
+            Resource::<NodeIdentity>::new(
+                "cluster",
+                "local",
+                NodeIdentitySpec {
+                    node_id: "node0".into(),
+                },
+            ),
+            "",
+        )
+        .unwrap();
+    store
+        .modify::<MachineConfig>("config", "active", "", |r| {
+            r.spec = config(&link, "ebpf");
+        })
+        .unwrap();
+    for n in 1..=2 {
+        let a = affiliate(n);
+        store
+            .modify::<Affiliate>("cluster", &a.node_id, "", |r| r.spec = a.clone())
+            .unwrap();
+    }
+    let h = Harness::start(runtime);
+    let status = |store: &Store| {
+        store
+            .get::<KubeSpanManagerStatus>("kubespan", "kubespan")
+            .ok()
+            .map(|r| r.spec.clone())
+    };
+
+    let st = eventually("manager status with two peers", || {
+        status(&store).filter(|s| s.peers == 2)
+    })
+    .await;
+    assert_eq!(st.fast_path, "ebpf", "{st:?}");
+    assert_eq!(st.note, "", "{st:?}");
+    let lookups = eventually("marking table", || set_lookups_by_hook(&ns)).await;
+    assert_eq!(lookups.get("prerouting"), Some(&false), "{lookups:?}");
+    assert_eq!(lookups.get("output"), Some(&true), "{lookups:?}");
+    assert_eq!(tcx_ingress_programs(&ns, "d0"), 1);
+    assert_eq!(tcx_ingress_programs(&ns, "d1"), 1);
+    assert_eq!(tcx_ingress_programs(&ns, &link), 0);
+    assert_eq!(tcx_ingress_programs(&ns, "lo"), 0);
+
+    // Back to nftables: classifier gone, prerouting lookup back.
+    store
+        .modify::<MachineConfig>("config", "active", "", |r| {
+            r.spec = config(&link, "nftables");
+        })
+        .unwrap();
+    eventually("status says nftables", || {
+        status(&store).filter(|s| s.fast_path == "nftables")
+    })
+    .await;
+    eventually("prerouting lookup restored", || {
+        set_lookups_by_hook(&ns).filter(|l| l.get("prerouting") == Some(&true))
+    })
+    .await;
+    eventually("classifier detached", || {
+        (tcx_ingress_programs(&ns, "d0") == 0 && tcx_ingress_programs(&ns, "d1") == 0).then_some(())
+    })
+    .await;
+    let lookups = set_lookups_by_hook(&ns).unwrap();
+    assert_eq!(lookups.get("output"), Some(&true), "{lookups:?}");
+
+    h.stop().await.unwrap();
+    let tables = ns.run_stdout("nft", &["-j", "list", "tables"]).unwrap();
+    assert!(!tables.contains("\"wirespan\""), "{tables}");
+}
