@@ -110,12 +110,26 @@ fn node<'a>(status: &'a Value, name: &str) -> &'a Value {
         .unwrap()
 }
 
+/// Five echo replies of `size` bytes from `to`, within a 20 s deadline (a packet lost
+/// to a busy CI machine is resent, not a failure).
 fn ping(lab: &Lab, from: &str, to: &str, size: &str) {
     lab.exec_ok(
         from,
         &[
-            "ping", "-n", "-q", "-c", "5", "-i", "0.2", "-s", size, "-W", "2", to,
+            "ping", "-n", "-q", "-c", "5", "-i", "0.2", "-s", size, "-w", "20", to,
         ],
+    );
+}
+
+/// Asserts every peer of `node` is up, showing what it has if not.
+fn assert_peers_up(lab: &Lab, node: &str, want: usize) {
+    assert!(
+        peers_up(lab, node, want),
+        "{node}: want {want} peers up, have {:?}",
+        get(lab, node, "peers")
+            .iter()
+            .map(|p| (p["spec"]["label"].clone(), p["spec"]["state"].clone()))
+            .collect::<Vec<_>>()
     );
 }
 
@@ -211,7 +225,7 @@ fn bad_config_is_rejected_and_a_live_mtu_change_is_applied() {
         "{err}"
     );
     assert_eq!(std::fs::read_to_string(&cfg_path).unwrap(), cfg);
-    assert!(peers_up(&lab, "node1", 1), "the mesh must keep running");
+    assert_peers_up(&lab, "node1", 1); // the mesh keeps running
     assert_eq!(mtu(&lab), 1420);
 
     // A good change is applied live to the link and to the mesh routes.
@@ -236,7 +250,7 @@ fn bad_config_is_rejected_and_a_live_mtu_change_is_applied() {
             })
             .then_some(())
     });
-    assert!(peers_up(&lab, "node1", 1));
+    assert_peers_up(&lab, "node1", 1);
     let node2_ip = node(&st, "node2")["addresses"]["underlay"][0]
         .as_str()
         .unwrap()
@@ -379,7 +393,8 @@ fn discovery_server_restart_keeps_the_mesh_and_rediscovers() {
         });
     }
     ping(&lab, "node1", &node2_ip, "100");
-    assert!(peers_up(&lab, "node1", 1) && peers_up(&lab, "node2", 1));
+    assert_peers_up(&lab, "node1", 1);
+    assert_peers_up(&lab, "node2", 1);
 
     // A fresh, empty server on the same address: the nodes reconnect and republish.
     let log = std::fs::File::create(lab.dir().join("discovery-restart.log")).unwrap();
@@ -406,7 +421,8 @@ fn discovery_server_restart_keeps_the_mesh_and_rediscovers() {
         });
     }
     // The peers were never dropped: same WireGuard peer, handshakes kept, still up.
-    assert!(peers_up(&lab, "node1", 1) && peers_up(&lab, "node2", 1));
+    assert_peers_up(&lab, "node1", 1);
+    assert_peers_up(&lab, "node2", 1);
     assert_eq!(
         get(&lab, "node1", "peers")[0]["metadata"]["created"],
         created
