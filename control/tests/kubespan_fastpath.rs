@@ -4,20 +4,16 @@
 //! status says `ebpf`; switching back to `nftables` detaches the classifier and
 //! restores the prerouting lookup. Userspace WireGuard in a throwaway namespace.
 
-use std::{collections::BTreeMap, sync::Arc, time::Duration};
+use std::{collections::BTreeMap, sync::Arc};
 
 use aya::programs::{SchedClassifier, TcAttachType};
+mod kubespan_common;
+
+use kubespan_common::{affiliate, eventually, register_real};
 use wirespan_control::{
-    controllers::kubespan::{
-        identity::IpLinkSource,
-        manager::{ManagerDeps, OnStop},
-        register, Deps, KernelMarking, KernelWireGuard,
-    },
-    kubespan::clock::SystemClock,
+    controllers::kubespan::KernelMarking,
     resources::{
-        cluster::{
-            Affiliate, AffiliateSpec, ClusterIdentity, ClusterIdentitySpec, KubeSpanAffiliateSpec,
-        },
+        cluster::{Affiliate, ClusterIdentity, ClusterIdentitySpec},
         config::{MachineConfig, MachineConfigSpec},
         identity::{NodeIdentity, NodeIdentitySpec},
         kubespan::KubeSpanManagerStatus,
@@ -26,37 +22,7 @@ use wirespan_control::{
     secret::Key32,
     testing::Harness,
 };
-use wirespan_dataplane::{
-    netns::{unique_name, NetnsGuard, NetnsThread},
-    wireguard::{BackendChoice, PublicKey},
-};
-
-fn affiliate(n: u8) -> AffiliateSpec {
-    AffiliateSpec {
-        node_id: format!("node{n}"),
-        nodename: format!("n{n}"),
-        addresses: vec![format!("10.5.0.{n}").parse().unwrap()],
-        kubespan: Some(KubeSpanAffiliateSpec {
-            public_key: PublicKey::from_bytes([n; 32]).to_base64(),
-            address: Some(format!("fd21:4de:ec13:da02::{n}").parse().unwrap()),
-            additional_addresses: vec![format!("10.244.{n}.0/24").parse().unwrap()],
-            exclude_advertised_networks: Vec::new(),
-            endpoints: vec![format!("192.0.2.{n}:51820").parse().unwrap()],
-        }),
-        ..AffiliateSpec::default()
-    }
-}
-
-async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+use wirespan_dataplane::netns::{unique_name, NetnsGuard, NetnsThread};
 
 fn tcx_ingress_programs(ns: &NetnsGuard, dev: &str) -> usize {
     let dev = dev.to_owned();
@@ -128,27 +94,14 @@ async fn ebpf_fast_path_replaces_the_prerouting_lookup_and_switches_back() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::new(StoreOptions::default());
     let mut runtime = Runtime::new(store.clone());
-    register(
+    register_real(
         &mut runtime,
-        Deps {
-            state_dir: dir.path().to_owned(),
-            links: Arc::new(IpLinkSource(ns.netns().clone())),
-            manager: ManagerDeps {
-                wireguard: Arc::new(KernelWireGuard {
-                    netns: ns.netns().clone(),
-                    choice: BackendChoice::Userspace,
-                }),
-                marking: Arc::new(KernelMarking {
-                    netns: ns.netns().clone(),
-                }),
-                routing_cleanup: None,
-                clock: Arc::new(SystemClock),
-                metrics: None,
-                on_stop: OnStop::Teardown,
-            },
-        },
-    )
-    .unwrap();
+        &ns,
+        dir.path(),
+        Arc::new(KernelMarking {
+            netns: ns.netns().clone(),
+        }),
+    );
     store
         .create(
             Resource::<ClusterIdentity>::new(

@@ -2,19 +2,15 @@
 //! (userspace WireGuard, nftables) in a throwaway network namespace program a real
 //! device and a real marking set from affiliates.
 
-use std::{sync::Arc, time::Duration};
+use std::sync::Arc;
 
+mod kubespan_common;
+
+use kubespan_common::{affiliate, eventually, key, register_real};
 use wirespan_control::{
-    controllers::kubespan::{
-        identity::IpLinkSource,
-        manager::{ManagerDeps, OnStop},
-        register, Deps, KernelWireGuard, NftablesMarking,
-    },
-    kubespan::clock::SystemClock,
+    controllers::kubespan::NftablesMarking,
     resources::{
-        cluster::{
-            Affiliate, AffiliateSpec, ClusterIdentity, ClusterIdentitySpec, KubeSpanAffiliateSpec,
-        },
+        cluster::{Affiliate, ClusterIdentity, ClusterIdentitySpec},
         config::{MachineConfig, MachineConfigSpec},
         identity::{NodeIdentity, NodeIdentitySpec},
     },
@@ -24,40 +20,8 @@ use wirespan_control::{
 };
 use wirespan_dataplane::{
     netns::{unique_name, NetnsGuard},
-    wireguard::{BackendChoice, PresharedKey, PublicKey},
+    wireguard::PresharedKey,
 };
-
-fn key(n: u8) -> String {
-    PublicKey::from_bytes([n; 32]).to_base64()
-}
-
-fn affiliate(n: u8) -> AffiliateSpec {
-    AffiliateSpec {
-        node_id: format!("node{n}"),
-        nodename: format!("n{n}"),
-        addresses: vec![format!("10.5.0.{n}").parse().unwrap()],
-        kubespan: Some(KubeSpanAffiliateSpec {
-            public_key: key(n),
-            address: Some(format!("fd21:4de:ec13:da02::{n}").parse().unwrap()),
-            additional_addresses: vec![format!("10.244.{n}.0/24").parse().unwrap()],
-            exclude_advertised_networks: Vec::new(),
-            endpoints: vec![format!("192.0.2.{n}:51820").parse().unwrap()],
-        }),
-        ..AffiliateSpec::default()
-    }
-}
-
-/// Polls `f` (a blocking probe of the namespace) until it returns `Some`.
-async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_programs_a_real_device_and_marking_set() {
@@ -83,27 +47,14 @@ async fn manager_programs_a_real_device_and_marking_set() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::new(StoreOptions::default());
     let mut runtime = Runtime::new(store.clone());
-    register(
+    register_real(
         &mut runtime,
-        Deps {
-            state_dir: dir.path().to_owned(),
-            links: Arc::new(IpLinkSource(ns.netns().clone())),
-            manager: ManagerDeps {
-                wireguard: Arc::new(KernelWireGuard {
-                    netns: ns.netns().clone(),
-                    choice: BackendChoice::Userspace,
-                }),
-                marking: Arc::new(NftablesMarking {
-                    netns: ns.netns().clone(),
-                }),
-                routing_cleanup: None,
-                clock: Arc::new(SystemClock),
-                metrics: None,
-                on_stop: OnStop::Teardown,
-            },
-        },
-    )
-    .unwrap();
+        &ns,
+        dir.path(),
+        Arc::new(NftablesMarking {
+            netns: ns.netns().clone(),
+        }),
+    );
     let secret = [9u8; 32];
     store
         .create(

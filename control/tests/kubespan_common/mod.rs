@@ -1,0 +1,84 @@
+//! Shared by the mesh's kernel tests: affiliates to feed, polling, and the KubeSpan
+//! controllers registered with the real adapters for one namespace.
+
+#![allow(dead_code)]
+
+use std::{path::Path, sync::Arc, time::Duration};
+
+use wirespan_control::{
+    controllers::kubespan::{
+        identity::IpLinkSource,
+        manager::{ManagerDeps, MarkingFactory, OnStop},
+        register, Deps, KernelWireGuard,
+    },
+    kubespan::clock::SystemClock,
+    resources::cluster::{AffiliateSpec, KubeSpanAffiliateSpec},
+    runtime::Runtime,
+};
+use wirespan_dataplane::{
+    netns::NetnsGuard,
+    wireguard::{BackendChoice, PublicKey},
+};
+
+/// Public key of test peer `n`.
+pub fn key(n: u8) -> String {
+    PublicKey::from_bytes([n; 32]).to_base64()
+}
+
+/// Test peer `n`: a node address, a pod CIDR, a ULA and one endpoint.
+pub fn affiliate(n: u8) -> AffiliateSpec {
+    AffiliateSpec {
+        node_id: format!("node{n}"),
+        nodename: format!("n{n}"),
+        addresses: vec![format!("10.5.0.{n}").parse().unwrap()],
+        kubespan: Some(KubeSpanAffiliateSpec {
+            public_key: key(n),
+            address: Some(format!("fd21:4de:ec13:da02::{n}").parse().unwrap()),
+            additional_addresses: vec![format!("10.244.{n}.0/24").parse().unwrap()],
+            exclude_advertised_networks: Vec::new(),
+            endpoints: vec![format!("192.0.2.{n}:51820").parse().unwrap()],
+        }),
+        ..AffiliateSpec::default()
+    }
+}
+
+/// Polls `f` (a blocking probe of the namespace) until it returns `Some`.
+pub async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Registers the KubeSpan controllers as the daemon does, for `ns`: userspace
+/// WireGuard, the given marking, the system clock, teardown on stop.
+pub fn register_real(
+    runtime: &mut Runtime,
+    ns: &NetnsGuard,
+    state_dir: &Path,
+    marking: Arc<dyn MarkingFactory>,
+) {
+    register(
+        runtime,
+        Deps {
+            state_dir: state_dir.to_owned(),
+            links: Arc::new(IpLinkSource(ns.netns().clone())),
+            manager: ManagerDeps {
+                wireguard: Arc::new(KernelWireGuard {
+                    netns: ns.netns().clone(),
+                    choice: BackendChoice::Userspace,
+                }),
+                marking,
+                routing_cleanup: None,
+                clock: Arc::new(SystemClock),
+                metrics: None,
+                on_stop: OnStop::Teardown,
+            },
+        },
+    )
+    .unwrap();
+}
