@@ -9,17 +9,14 @@ use std::{collections::BTreeMap, sync::Arc};
 use aya::programs::{SchedClassifier, TcAttachType};
 mod kubespan_common;
 
-use kubespan_common::{affiliate, eventually, register_real};
+use kubespan_common::{eventually, register_real, seed_cluster};
 use wirespan_control::{
     controllers::kubespan::KernelMarking,
     resources::{
-        cluster::{Affiliate, ClusterIdentity, ClusterIdentitySpec},
         config::{MachineConfig, MachineConfigSpec},
-        identity::{NodeIdentity, NodeIdentitySpec},
         kubespan::KubeSpanManagerStatus,
     },
-    runtime::{Resource, Runtime, Store, StoreOptions},
-    secret::Key32,
+    runtime::{Runtime, Store, StoreOptions},
     testing::Harness,
 };
 use wirespan_dataplane::netns::{unique_name, NetnsGuard, NetnsThread};
@@ -102,42 +99,12 @@ async fn ebpf_fast_path_replaces_the_prerouting_lookup_and_switches_back() {
             netns: ns.netns().clone(),
         }),
     );
-    store
-        .create(
-            Resource::<ClusterIdentity>::new(
-                "cluster",
-                "cluster",
-                ClusterIdentitySpec {
-                    cluster_id: "test-cluster-id".into(),
-                    secret: Key32([9u8; 32]),
-                },
-            ),
-            "",
-        )
-        .unwrap();
-    store
-        .create(
-            Resource::<NodeIdentity>::new(
-                "cluster",
-                "local",
-                NodeIdentitySpec {
-                    node_id: "node0".into(),
-                },
-            ),
-            "",
-        )
-        .unwrap();
+    seed_cluster(&store, [9u8; 32]);
     store
         .modify::<MachineConfig>("config", "active", "", |r| {
             r.spec = config(&link, "ebpf");
         })
         .unwrap();
-    for n in 1..=2 {
-        let a = affiliate(n);
-        store
-            .modify::<Affiliate>("cluster", &a.node_id, "", |r| r.spec = a.clone())
-            .unwrap();
-    }
     let h = Harness::start(runtime);
     let status = |store: &Store| {
         store

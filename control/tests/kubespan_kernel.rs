@@ -6,16 +6,11 @@ use std::sync::Arc;
 
 mod kubespan_common;
 
-use kubespan_common::{affiliate, eventually, key, register_real};
+use kubespan_common::{eventually, key, register_real, seed_cluster};
 use wirespan_control::{
     controllers::kubespan::NftablesMarking,
-    resources::{
-        cluster::{Affiliate, ClusterIdentity, ClusterIdentitySpec},
-        config::{MachineConfig, MachineConfigSpec},
-        identity::{NodeIdentity, NodeIdentitySpec},
-    },
-    runtime::{Resource, Runtime, Store, StoreOptions},
-    secret::Key32,
+    resources::config::{MachineConfig, MachineConfigSpec},
+    runtime::{Runtime, Store, StoreOptions},
     testing::Harness,
 };
 use wirespan_dataplane::{
@@ -56,31 +51,7 @@ async fn manager_programs_a_real_device_and_marking_set() {
         }),
     );
     let secret = [9u8; 32];
-    store
-        .create(
-            Resource::<ClusterIdentity>::new(
-                "cluster",
-                "cluster",
-                ClusterIdentitySpec {
-                    cluster_id: "test-cluster-id".into(),
-                    secret: Key32(secret),
-                },
-            ),
-            "",
-        )
-        .unwrap();
-    store
-        .create(
-            Resource::<NodeIdentity>::new(
-                "cluster",
-                "local",
-                NodeIdentitySpec {
-                    node_id: "node0".into(),
-                },
-            ),
-            "",
-        )
-        .unwrap();
+    seed_cluster(&store, secret);
     let config = wirespan_control::config::parse(&format!(
         "apiVersion: v1alpha1\nkind: KubeSpanConfig\nenabled: true\nlinkName: {link}\n"
     ))
@@ -94,12 +65,6 @@ async fn manager_programs_a_real_device_and_marking_set() {
             };
         })
         .unwrap();
-    for n in 1..=2 {
-        let a = affiliate(n);
-        store
-            .modify::<Affiliate>("cluster", &a.node_id, "", |r| r.spec = a.clone())
-            .unwrap();
-    }
     let h = Harness::start(runtime);
 
     let peers = eventually("two peers on the device", || {

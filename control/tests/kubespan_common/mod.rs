@@ -12,8 +12,14 @@ use wirespan_control::{
         register, Deps, KernelWireGuard,
     },
     kubespan::clock::SystemClock,
-    resources::cluster::{AffiliateSpec, KubeSpanAffiliateSpec},
-    runtime::Runtime,
+    resources::{
+        cluster::{
+            Affiliate, AffiliateSpec, ClusterIdentity, ClusterIdentitySpec, KubeSpanAffiliateSpec,
+        },
+        identity::{NodeIdentity, NodeIdentitySpec},
+    },
+    runtime::{Resource, Runtime, Store},
+    secret::Key32,
 };
 use wirespan_dataplane::{
     netns::NetnsGuard,
@@ -81,4 +87,40 @@ pub fn register_real(
         },
     )
     .unwrap();
+}
+
+/// What the other controllers would have produced: the cluster identity (secret
+/// `secret`), this node's identity (`node0`) and the affiliates of peers 1 and 2.
+pub fn seed_cluster(store: &Store, secret: [u8; 32]) {
+    store
+        .create(
+            Resource::<ClusterIdentity>::new(
+                "cluster",
+                "cluster",
+                ClusterIdentitySpec {
+                    cluster_id: "test-cluster-id".into(),
+                    secret: Key32(secret),
+                },
+            ),
+            "",
+        )
+        .unwrap();
+    store
+        .create(
+            Resource::<NodeIdentity>::new(
+                "cluster",
+                "local",
+                NodeIdentitySpec {
+                    node_id: "node0".into(),
+                },
+            ),
+            "",
+        )
+        .unwrap();
+    for n in 1..=2 {
+        let a = affiliate(n);
+        store
+            .modify::<Affiliate>("cluster", &a.node_id, "", |r| r.spec = a.clone())
+            .unwrap();
+    }
 }
