@@ -12,6 +12,7 @@
 //! controllers). Needs root, `ip`, `nft` and `wireguard-go`.
 
 use std::{
+    collections::HashSet,
     net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr},
     sync::{Arc, Mutex},
     time::{Duration, Instant},
@@ -41,10 +42,10 @@ use wirespan_control::{
 };
 use wirespan_dataplane::{
     ipnet::{IpNet, Ipv4Net},
-    marking::{Marking, MarkingError, MarkingSpec, MarkingStatus},
+    marking::{Marking, MarkingError, MarkingSpec, MarkingStatus, PrefixDelta},
     netns::{unique_name, NetnsGuard},
     routing::{NetlinkRouting, Routing, RoutingSpec},
-    wireguard::{BackendChoice, PublicKey, WgDevice, WgError, WgStatus, WireGuard},
+    wireguard::{BackendChoice, PeerChange, PublicKey, WgDevice, WgError, WgStatus, WireGuard},
 };
 
 use crate::bar;
@@ -66,6 +67,12 @@ pub struct Args {
 /// A prefix to look for in the next applies.
 type Probe = Arc<Mutex<Option<(PublicKey, IpNet)>>>;
 
+fn probed(p: &Probe) -> Option<(PublicKey, IpNet)> {
+    p.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone()
+}
+
 #[derive(Debug, Clone, Copy)]
 enum Applied {
     WireGuard {
@@ -84,8 +91,16 @@ enum Applied {
 
 struct TimedWg {
     inner: Box<dyn WireGuard + Send>,
+    /// The peers the device holds after the applies so far.
+    keys: HashSet<PublicKey>,
     tx: mpsc::UnboundedSender<Applied>,
     probe: Probe,
+}
+
+impl TimedWg {
+    fn probed(&self) -> Option<(PublicKey, IpNet)> {
+        probed(&self.probe)
+    }
 }
 
 impl WireGuard for TimedWg {
@@ -99,21 +114,44 @@ impl WireGuard for TimedWg {
         let t = Instant::now();
         let r = self.inner.apply(desired);
         let took = t.elapsed();
-        let probe = self
-            .probe
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-            .is_some_and(|(k, net)| {
-                desired
-                    .peers
-                    .iter()
-                    .any(|p| p.public_key == k && p.allowed_ips.contains(&net))
-            });
+        if r.is_ok() {
+            self.keys = desired.peers.iter().map(|p| p.public_key.clone()).collect();
+        }
+        let probe = self.probed().is_some_and(|(k, net)| {
+            desired
+                .peers
+                .iter()
+                .any(|p| p.public_key == k && p.allowed_ips.contains(&net))
+        });
         let _ = self.tx.send(Applied::WireGuard {
             at: Instant::now(),
             took,
-            peers: desired.peers.len(),
+            peers: self.keys.len(),
+            probe,
+        });
+        r
+    }
+    fn apply_peers(&mut self, changes: &[PeerChange]) -> Result<bool, WgError> {
+        let t = Instant::now();
+        let r = self.inner.apply_peers(changes);
+        let took = t.elapsed();
+        if r.is_ok() {
+            for c in changes {
+                match c {
+                    PeerChange::Upsert(p) => self.keys.insert(p.public_key.clone()),
+                    PeerChange::Remove(k) => self.keys.remove(k),
+                };
+            }
+        }
+        let probe = self.probed().is_some_and(|(k, net)| {
+            changes.iter().any(|c| {
+                matches!(c, PeerChange::Upsert(p) if p.public_key == k && p.allowed_ips.contains(&net))
+            })
+        });
+        let _ = self.tx.send(Applied::WireGuard {
+            at: Instant::now(),
+            took,
+            peers: self.keys.len(),
             probe,
         });
         r
@@ -140,6 +178,7 @@ impl WireGuardFactory for TimedWgFactory {
     fn create(&self, link: &str) -> Result<Box<dyn WireGuard + Send>, WgError> {
         Ok(Box::new(TimedWg {
             inner: self.inner.create(link)?,
+            keys: HashSet::new(),
             tx: self.tx.clone(),
             probe: Arc::clone(&self.probe),
         }))
@@ -148,6 +187,8 @@ impl WireGuardFactory for TimedWgFactory {
 
 struct TimedMarking {
     inner: Box<dyn Marking + Send>,
+    /// Prefixes in the routed set after the applies so far.
+    prefixes: usize,
     tx: mpsc::UnboundedSender<Applied>,
     probe: Probe,
 }
@@ -157,16 +198,30 @@ impl Marking for TimedMarking {
         let t = Instant::now();
         let r = self.inner.apply(spec);
         let took = t.elapsed();
-        let probe = self
-            .probe
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-            .is_some_and(|(_, net)| spec.prefixes_v4.contains(&net));
+        if r.is_ok() {
+            self.prefixes = spec.prefixes_v4.len() + spec.prefixes_v6.len();
+        }
+        let probe = probed(&self.probe).is_some_and(|(_, net)| spec.prefixes_v4.contains(&net));
         let _ = self.tx.send(Applied::Marking {
             at: Instant::now(),
             took,
-            prefixes: spec.prefixes_v4.len() + spec.prefixes_v6.len(),
+            prefixes: self.prefixes,
+            probe,
+        });
+        r
+    }
+    fn apply_delta(&mut self, delta: &PrefixDelta) -> Result<bool, MarkingError> {
+        let t = Instant::now();
+        let r = self.inner.apply_delta(delta);
+        let took = t.elapsed();
+        if r.is_ok() {
+            self.prefixes = (self.prefixes + delta.add.len()).saturating_sub(delta.remove.len());
+        }
+        let probe = probed(&self.probe).is_some_and(|(_, net)| delta.add.contains(&net));
+        let _ = self.tx.send(Applied::Marking {
+            at: Instant::now(),
+            took,
+            prefixes: self.prefixes,
             probe,
         });
         r
@@ -195,6 +250,7 @@ impl MarkingFactory for TimedMarkingFactory {
         MarkingChoice {
             marking: Box::new(TimedMarking {
                 inner: c.marking,
+                prefixes: 0,
                 tx: self.tx.clone(),
                 probe: Arc::clone(&self.probe),
             }),

@@ -15,7 +15,7 @@ use std::{
 use futures::channel::mpsc;
 
 use crate::{
-    marking::{render, Marking, MarkingError, MarkingSpec, MarkingStatus, Ruleset},
+    marking::{render, Marking, MarkingError, MarkingSpec, MarkingStatus, PrefixDelta, Ruleset},
     routing::{
         AddressParams, LinkParams, NetworkConfig, NetworkState, ObservedAddress, ObservedLink,
         ObservedRoute, ObservedRule, RouteParams, Routing, RoutingChanges, RoutingError,
@@ -23,7 +23,8 @@ use crate::{
     },
     watch::NetEvent,
     wireguard::{
-        apply_update, diff, DeviceState, PeerState, PublicKey, WgDevice, WgError, WgStatus,
+        apply_peer_updates, apply_update, diff, diff_peers, index_of, validate_changes,
+        DeviceState, PeerChange, PeerState, PrivateKey, PublicKey, WgDevice, WgError, WgStatus,
         WgUpdate, WireGuard,
     },
 };
@@ -87,6 +88,15 @@ impl Marking for FakeMarking {
         g.ruleset = Some(rs);
         g.transactions += 1;
         Ok(true)
+    }
+
+    fn apply_delta(&mut self, delta: &PrefixDelta) -> Result<bool, MarkingError> {
+        let spec = {
+            let g = lock(&self.0);
+            let last = g.spec.as_ref().ok_or(MarkingError::NotApplied)?;
+            delta.applied_to(last)?
+        };
+        self.apply(&spec)
     }
 
     fn observe(&mut self) -> Result<MarkingStatus, MarkingError> {
@@ -306,6 +316,34 @@ impl WireGuard for FakeWireGuard {
         apply_update(&mut dev, &up);
         g.device = Some(dev);
         g.updates.push(up);
+        g.writes += 1;
+        Ok(true)
+    }
+
+    fn apply_peers(&mut self, changes: &[PeerChange]) -> Result<bool, WgError> {
+        let mut g = lock(&self.inner);
+        let Some(mut dev) = g.device.clone() else {
+            return Err(WgError::State(self.name.clone(), "no device"));
+        };
+        let own = dev.private_key.as_ref().map(PrivateKey::public_key);
+        validate_changes(own.as_ref(), changes)?;
+        let mut index = index_of(&dev);
+        let peers = diff_peers(&dev, &index, changes);
+        if peers.is_empty() {
+            return Ok(false);
+        }
+        if let Some(errno) = g.fail_next.take() {
+            return Err(WgError::Refused {
+                name: self.name.clone(),
+                errno,
+            });
+        }
+        apply_peer_updates(&mut dev, &mut index, &peers);
+        g.device = Some(dev);
+        g.updates.push(WgUpdate {
+            peers,
+            ..WgUpdate::default()
+        });
         g.writes += 1;
         Ok(true)
     }

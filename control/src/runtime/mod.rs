@@ -3,6 +3,7 @@
 
 pub mod backoff;
 pub mod controller;
+pub mod feed;
 pub mod graph;
 pub mod metadata;
 pub mod query;
@@ -15,6 +16,7 @@ pub use controller::{
     Input, InputKind, Output, OutputKind, RegistrationError, RestartHook, Runtime, RuntimeError,
     Waker,
 };
+pub use feed::{ChangeFeed, Changes};
 pub use metadata::{Finalizers, Kind, Metadata, Phase, Pointer};
 pub use query::{Filter, LabelOp, LabelQuery, LabelTerm};
 pub use resource::{downcast, AnyResource, Definition, PrintColumn, Resource, ResourceKind};

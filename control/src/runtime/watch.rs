@@ -198,6 +198,16 @@ impl KindWatch {
         self.pending.pop_front()
     }
 
+    /// Appends whatever is pending now to `out`, without waiting. Returns false once
+    /// the watch has ended (the `Errored` event is then the last one appended).
+    pub fn drain_now(&mut self, out: &mut Vec<Event>) -> bool {
+        if !self.done {
+            self.collect();
+        }
+        out.extend(self.pending.drain(..));
+        !self.done
+    }
+
     /// Aggregated delivery: appends everything pending (at least one event) to `out`.
     /// Returns false once the watch has ended.
     pub async fn recv_batch(&mut self, out: &mut Vec<Event>) -> bool {

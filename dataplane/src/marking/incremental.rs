@@ -71,6 +71,11 @@ impl RenderCache {
         }
     }
 
+    /// The remembered spec.
+    pub(super) fn spec(&self) -> &MarkingSpec {
+        &self.spec
+    }
+
     /// The remembered rendering.
     pub(super) fn ruleset(&self) -> &Ruleset {
         &self.rs

@@ -12,8 +12,8 @@ use rtnetlink::LinkWireguard;
 use wireguard_control::{Backend, Device, DeviceUpdate, InterfaceName, Key, PeerConfigBuilder};
 
 use super::{
-    diff, DeviceState, PeerState, PresharedKey, PrivateKey, PublicKey, WgDevice, WgError, WgStatus,
-    WgUpdate, WireGuard,
+    diff, full_update, validate_changes, DeviceState, PeerChange, PeerState, PresharedKey,
+    PrivateKey, PublicKey, WgDevice, WgError, WgStatus, WgUpdate, WireGuard,
 };
 use crate::netns::{Netns, NetnsThread};
 
@@ -208,6 +208,26 @@ impl WireGuard for KernelBackend {
         if up.is_empty() {
             return Ok(false);
         }
+        let (update, iface) = (to_update(&up), self.iface);
+        self.thread
+            .run(move || update.apply(&iface, Backend::Kernel))
+            .map_err(io("set", &self.name))?
+            .map_err(io("set", &self.name))?;
+        self.writes += 1;
+        Ok(true)
+    }
+
+    fn apply_peers(&mut self, changes: &[PeerChange]) -> Result<bool, WgError> {
+        if changes.is_empty() {
+            return Ok(false);
+        }
+        // No read (a dump of every peer): each named peer is written in full, which
+        // the kernel applies in place without touching its session.
+        validate_changes(None, changes)?;
+        let up = WgUpdate {
+            peers: changes.iter().map(full_update).collect(),
+            ..WgUpdate::default()
+        };
         let (update, iface) = (to_update(&up), self.iface);
         self.thread
             .run(move || update.apply(&iface, Backend::Kernel))

@@ -148,40 +148,187 @@ impl WgDevice {
         let own = self.private_key.public_key();
         let mut seen = std::collections::HashSet::new();
         for (i, p) in self.peers.iter().enumerate() {
-            let f = |s: &str| format!("peers[{i}].{s}");
-            if p.public_key.0 == [0; 32] {
-                return Err(Invalid::new(f("public_key"), "must not be all zeros"));
-            }
-            if p.public_key == own {
-                return Err(Invalid::new(
-                    f("public_key"),
-                    "is the device's own public key",
-                ));
-            }
+            validate_peer(&format!("peers[{i}]"), p, Some(&own))?;
             if !seen.insert(&p.public_key) {
                 return Err(Invalid::new(
-                    f("public_key"),
+                    format!("peers[{i}].public_key"),
                     format!("duplicate peer {}", p.public_key),
                 ));
             }
-            if let Some(ep) = p.endpoint {
-                if ep.port() == 0 || ep.ip().is_unspecified() {
-                    return Err(Invalid::new(
-                        f("endpoint"),
-                        format!("{ep} is not a usable endpoint"),
-                    ));
-                }
-            }
-            for (j, a) in p.allowed_ips.iter().enumerate() {
-                if a.trunc() != *a {
-                    return Err(Invalid::new(
-                        f(&format!("allowed_ips[{j}]")),
-                        format!("{a} has host bits set (expected {})", a.trunc()),
-                    ));
-                }
-            }
         }
         Ok(())
+    }
+}
+
+/// The checks of one peer on its own; `at` is its path (`peers[3]`).
+fn validate_peer(at: &str, p: &WgPeer, own: Option<&PublicKey>) -> Result<(), Invalid> {
+    let f = |s: &str| format!("{at}.{s}");
+    if p.public_key.0 == [0; 32] {
+        return Err(Invalid::new(f("public_key"), "must not be all zeros"));
+    }
+    if Some(&p.public_key) == own {
+        return Err(Invalid::new(
+            f("public_key"),
+            "is the device's own public key",
+        ));
+    }
+    if let Some(ep) = p.endpoint {
+        if ep.port() == 0 || ep.ip().is_unspecified() {
+            return Err(Invalid::new(
+                f("endpoint"),
+                format!("{ep} is not a usable endpoint"),
+            ));
+        }
+    }
+    for (j, a) in p.allowed_ips.iter().enumerate() {
+        if a.trunc() != *a {
+            return Err(Invalid::new(
+                f(&format!("allowed_ips[{j}]")),
+                format!("{a} has host bits set (expected {})", a.trunc()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// One peer's change, for [`WireGuard::apply_peers`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PeerChange {
+    /// Make the peer exactly this (added if missing).
+    Upsert(WgPeer),
+    /// Remove the peer (nothing if missing).
+    Remove(PublicKey),
+}
+
+impl PeerChange {
+    /// The peer changed.
+    #[must_use]
+    pub fn public_key(&self) -> &PublicKey {
+        match self {
+            Self::Upsert(p) => &p.public_key,
+            Self::Remove(k) => k,
+        }
+    }
+}
+
+/// Checks changes on their own (fields named `changes[i]…`); `own` is the device's
+/// public key when known. The peers not named are not looked at.
+///
+/// # Errors
+/// The first invalid field, or a peer named twice.
+pub fn validate_changes(own: Option<&PublicKey>, changes: &[PeerChange]) -> Result<(), Invalid> {
+    let mut seen = std::collections::HashSet::with_capacity(changes.len());
+    for (i, c) in changes.iter().enumerate() {
+        if let PeerChange::Upsert(p) = c {
+            validate_peer(&format!("changes[{i}]"), p, own)?;
+        }
+        if !seen.insert(c.public_key()) {
+            return Err(Invalid::new(
+                format!("changes[{i}].public_key"),
+                format!("peer {} is changed twice", c.public_key()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Positions of the peers of `state`, by key.
+pub(crate) type PeerIndex = std::collections::HashMap<PublicKey, usize>;
+
+pub(crate) fn index_of(state: &DeviceState) -> PeerIndex {
+    state
+        .peers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.public_key.clone(), i))
+        .collect()
+}
+
+/// The updates `changes` make to `current` (pure; `index` locates its peers): a
+/// changed peer as [`diff`] would update it, a removal only of a present peer.
+pub(crate) fn diff_peers(
+    current: &DeviceState,
+    index: &PeerIndex,
+    changes: &[PeerChange],
+) -> Vec<PeerUpdate> {
+    changes
+        .iter()
+        .filter_map(|c| {
+            let cur = index.get(c.public_key()).map(|i| &current.peers[*i]);
+            match c {
+                PeerChange::Upsert(p) => peer_update(cur, p),
+                PeerChange::Remove(k) => cur.map(|_| PeerUpdate {
+                    public_key: k.clone(),
+                    remove: true,
+                    preshared_key: None,
+                    persistent_keepalive: None,
+                    endpoint: None,
+                    allowed_ips: None,
+                }),
+            }
+        })
+        .collect()
+}
+
+/// The update that sets every field of a changed peer, without knowing its state.
+pub(crate) fn full_update(c: &PeerChange) -> PeerUpdate {
+    match c {
+        PeerChange::Upsert(p) => PeerUpdate {
+            public_key: p.public_key.clone(),
+            remove: false,
+            preshared_key: Some(p.preshared_key.clone()),
+            persistent_keepalive: Some(p.persistent_keepalive),
+            endpoint: p.endpoint,
+            allowed_ips: Some(normalise(&p.allowed_ips)),
+        },
+        PeerChange::Remove(k) => PeerUpdate {
+            public_key: k.clone(),
+            remove: true,
+            preshared_key: None,
+            persistent_keepalive: None,
+            endpoint: None,
+            allowed_ips: None,
+        },
+    }
+}
+
+/// Updates `state` and its `index` after `updates` were written (the peer order is
+/// not kept: a removed peer's place goes to the last one).
+pub(crate) fn apply_peer_updates(
+    state: &mut DeviceState,
+    index: &mut PeerIndex,
+    updates: &[PeerUpdate],
+) {
+    for u in updates {
+        if u.remove {
+            if let Some(i) = index.remove(&u.public_key) {
+                state.peers.swap_remove(i);
+                if let Some(moved) = state.peers.get(i) {
+                    index.insert(moved.public_key.clone(), i);
+                }
+            }
+            continue;
+        }
+        let i = *index.entry(u.public_key.clone()).or_insert_with(|| {
+            state.peers.push(PeerState::new(u.public_key.clone()));
+            state.peers.len() - 1
+        });
+        apply_fields(&mut state.peers[i], u);
+    }
+}
+
+fn apply_fields(peer: &mut PeerState, u: &PeerUpdate) {
+    if let Some(k) = &u.preshared_key {
+        peer.preshared_key.clone_from(k);
+    }
+    if let Some(k) = u.persistent_keepalive {
+        peer.persistent_keepalive = k;
+    }
+    if let Some(e) = u.endpoint {
+        peer.endpoint = Some(e);
+    }
+    if let Some(ips) = &u.allowed_ips {
+        peer.allowed_ips.clone_from(ips);
     }
 }
 
@@ -533,19 +680,7 @@ pub fn apply_update(state: &mut DeviceState, up: &WgUpdate) {
             }
             i
         });
-        let peer = &mut state.peers[i];
-        if let Some(k) = &u.preshared_key {
-            peer.preshared_key.clone_from(k);
-        }
-        if let Some(k) = u.persistent_keepalive {
-            peer.persistent_keepalive = k;
-        }
-        if let Some(e) = u.endpoint {
-            peer.endpoint = Some(e);
-        }
-        if let Some(ips) = &u.allowed_ips {
-            peer.allowed_ips.clone_from(ips);
-        }
+        apply_fields(&mut state.peers[i], u);
     }
 }
 
@@ -554,13 +689,50 @@ pub fn apply_update(state: &mut DeviceState, up: &WgUpdate) {
 /// Every [`WireGuard::observe`] refreshes it; any error drops it.
 pub const RESYNC_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// The device state a backend last read (when) or wrote.
+/// The device state a backend last read (when) or wrote, and, once a delta needed
+/// it, the index of its peers and the device's public key.
 #[derive(Debug, Default)]
 pub(crate) struct KnownState {
-    known: Option<(std::time::Instant, u64, DeviceState)>,
+    known: Option<Known>,
+}
+
+#[derive(Debug)]
+struct Known {
+    at: std::time::Instant,
+    incarnation: u64,
+    state: DeviceState,
+    index: Option<(PeerIndex, Option<PublicKey>)>,
+}
+
+/// A remembered state with its peer index, for [`WireGuard::apply_peers`].
+pub(crate) struct Indexed {
+    pub(crate) at: std::time::Instant,
+    pub(crate) state: DeviceState,
+    pub(crate) index: PeerIndex,
+    pub(crate) own: Option<PublicKey>,
+}
+
+impl Indexed {
+    /// Indexes a state just read at `at`.
+    pub(crate) fn new(at: std::time::Instant, state: DeviceState) -> Self {
+        let index = index_of(&state);
+        let own = state.private_key.as_ref().map(PrivateKey::public_key);
+        Self {
+            at,
+            state,
+            index,
+            own,
+        }
+    }
 }
 
 impl KnownState {
+    fn take_valid(&mut self, now: std::time::Instant, incarnation: u64) -> Option<Known> {
+        self.known.take().filter(|k| {
+            k.incarnation == incarnation && now.saturating_duration_since(k.at) < RESYNC_INTERVAL
+        })
+    }
+
     /// Takes the remembered state out if it was read within [`RESYNC_INTERVAL`] of
     /// `now` and the device's incarnation (daemon restarts) is unchanged; returns
     /// when it was read. Forgets it otherwise.
@@ -569,14 +741,24 @@ impl KnownState {
         now: std::time::Instant,
         incarnation: u64,
     ) -> Option<(std::time::Instant, DeviceState)> {
-        match self.known.take() {
-            Some((at, inc, st))
-                if inc == incarnation && now.saturating_duration_since(at) < RESYNC_INTERVAL =>
-            {
-                Some((at, st))
-            }
-            _ => None,
-        }
+        self.take_valid(now, incarnation).map(|k| (k.at, k.state))
+    }
+
+    /// As [`KnownState::take_fresh`], with the peer index (built if missing).
+    pub(crate) fn take_fresh_indexed(
+        &mut self,
+        now: std::time::Instant,
+        incarnation: u64,
+    ) -> Option<Indexed> {
+        self.take_valid(now, incarnation).map(|k| match k.index {
+            Some((index, own)) => Indexed {
+                at: k.at,
+                state: k.state,
+                index,
+                own,
+            },
+            None => Indexed::new(k.at, k.state),
+        })
     }
 
     /// Remembers `state`, read (or derived from a read) at `at`.
@@ -586,7 +768,22 @@ impl KnownState {
         incarnation: u64,
         state: DeviceState,
     ) {
-        self.known = Some((at, incarnation, state));
+        self.known = Some(Known {
+            at,
+            incarnation,
+            state,
+            index: None,
+        });
+    }
+
+    /// Remembers an indexed state.
+    pub(crate) fn remember_indexed(&mut self, incarnation: u64, k: Indexed) {
+        self.known = Some(Known {
+            at: k.at,
+            incarnation,
+            state: k.state,
+            index: Some((k.index, k.own)),
+        });
     }
 
     pub(crate) fn forget(&mut self) {
@@ -656,6 +853,13 @@ pub trait WireGuard {
     /// # Errors
     /// Invalid state (nothing written) or a failed write.
     fn apply(&mut self, desired: &WgDevice) -> Result<bool, WgError>;
+    /// Changes only the peers named (device settings and other peers untouched), with
+    /// work proportional to the change. Meant after a successful [`WireGuard::apply`];
+    /// returns whether anything was written.
+    ///
+    /// # Errors
+    /// An invalid change (nothing written) or a failed write.
+    fn apply_peers(&mut self, changes: &[PeerChange]) -> Result<bool, WgError>;
     /// Reads per-peer endpoint, handshake and counters (`present: false` if no device).
     ///
     /// # Errors
@@ -857,6 +1061,60 @@ mod tests {
         assert_eq!(up.peers.len(), 1);
         assert_eq!(up.peers[0].endpoint, d2.peers[0].endpoint);
         assert!(up.peers[0].allowed_ips.is_none() && up.peers[0].preshared_key.is_none());
+    }
+
+    #[test]
+    fn peer_changes_end_where_a_full_apply_of_the_result_would() {
+        let d = device(
+            (1..=6)
+                .map(|b| peer(b, &[&format!("10.0.0.{b}/32")]))
+                .collect(),
+        );
+        let mut st = state_of(&d);
+        let mut index = index_of(&st);
+        let mut changed = peer(2, &["10.0.0.2/32", "10.2.0.0/16"]);
+        changed.endpoint = Some("192.0.2.2:51820".parse().unwrap());
+        let changes = vec![
+            PeerChange::Upsert(changed.clone()),
+            PeerChange::Remove(key(1)),
+            PeerChange::Upsert(peer(9, &["10.0.0.9/32"])),
+            PeerChange::Upsert(peer(4, &["10.0.0.4/32"])), // unchanged: no update
+            PeerChange::Remove(key(42)),                   // absent: no update
+        ];
+        validate_changes(Some(&d.private_key.public_key()), &changes).unwrap();
+        let ups = diff_peers(&st, &index, &changes);
+        assert_eq!(
+            ups.iter().map(|u| u.public_key.clone()).collect::<Vec<_>>(),
+            vec![key(2), key(1), key(9)]
+        );
+        apply_peer_updates(&mut st, &mut index, &ups);
+        assert_eq!(index, index_of(&st), "index follows the state");
+        let mut want = d.clone();
+        want.peers.retain(|p| p.public_key != key(1));
+        want.peers[0] = changed;
+        want.peers.push(peer(9, &["10.0.0.9/32"]));
+        assert!(diff(&st, &want).is_empty(), "{:?}", diff(&st, &want));
+    }
+
+    #[test]
+    fn peer_changes_are_checked_on_their_own() {
+        let own = PrivateKey([7; 32]).public_key();
+        let mut bad = peer(3, &["10.0.0.1/24"]);
+        let e = validate_changes(Some(&own), &[PeerChange::Upsert(bad.clone())]).unwrap_err();
+        assert_eq!(e.field, "changes[0].allowed_ips[0]");
+        bad.allowed_ips.clear();
+        let e = validate_changes(
+            Some(&own),
+            &[PeerChange::Remove(key(3)), PeerChange::Upsert(bad)],
+        )
+        .unwrap_err();
+        assert_eq!(e.field, "changes[1].public_key");
+        let mine = WgPeer {
+            public_key: own.clone(),
+            ..peer(1, &[])
+        };
+        let e = validate_changes(Some(&own), &[PeerChange::Upsert(mine)]).unwrap_err();
+        assert!(e.problem.contains("own public key"), "{e}");
     }
 
     #[test]

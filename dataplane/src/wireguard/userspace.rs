@@ -21,9 +21,10 @@ use std::{
 };
 
 use super::{
-    align_order, apply_update, diff,
+    align_order, apply_peer_updates, apply_update, diff, diff_peers,
     uapi::{self, GetError},
-    DeviceState, KnownState, WgDevice, WgError, WgPeer, WgStatus, WireGuard,
+    validate_changes, DeviceState, Indexed, KnownState, PeerChange, WgDevice, WgError, WgPeer,
+    WgStatus, WgUpdate, WireGuard,
 };
 use crate::netns::Netns;
 
@@ -441,6 +442,49 @@ impl WireGuard for UserspaceBackend {
         apply_update(&mut after, &up);
         align_order(&mut after, desired);
         self.known.remember(read_at, incarnation, after);
+        Ok(true)
+    }
+
+    fn apply_peers(&mut self, changes: &[PeerChange]) -> Result<bool, WgError> {
+        if changes.is_empty() {
+            return Ok(false);
+        }
+        self.ensure()?;
+        let incarnation = self.restarts();
+        let now = Instant::now();
+        let mut known = match self.known.take_fresh_indexed(now, incarnation) {
+            Some(k) => k,
+            None => Indexed::new(now, self.read()?),
+        };
+        if let Err(e) = validate_changes(known.own.as_ref(), changes) {
+            self.known.remember_indexed(incarnation, known);
+            return Err(e.into());
+        }
+        let peers = diff_peers(&known.state, &known.index, changes);
+        if peers.is_empty() {
+            self.known.remember_indexed(incarnation, known);
+            return Ok(false);
+        }
+        tracing::debug!(link = %self.name, peers_changed = peers.len(), "updating WireGuard peers");
+        let up = WgUpdate {
+            peers,
+            ..WgUpdate::default()
+        };
+        // A failure leaves the state forgotten: the next apply reads the device.
+        let answer = self.exchange(&uapi::format_set(&up), "set")?;
+        self.writes += 1;
+        let errno = uapi::parse_errno(&answer).map_err(|message| WgError::Protocol {
+            name: self.name.clone(),
+            message,
+        })?;
+        if errno != 0 {
+            return Err(WgError::Refused {
+                name: self.name.clone(),
+                errno,
+            });
+        }
+        apply_peer_updates(&mut known.state, &mut known.index, &up.peers);
+        self.known.remember_indexed(incarnation, known);
         Ok(true)
     }
 

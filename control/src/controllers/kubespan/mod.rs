@@ -12,7 +12,10 @@ use std::{path::PathBuf, sync::Arc};
 
 use wirespan_dataplane::{
     fastpath::{self, FastPathConfig, FastPathError, Interfaces},
-    marking::{Marking, MarkingError, MarkingSpec, MarkingStatus, NftMarking, PreroutingMarking},
+    marking::{
+        Marking, MarkingError, MarkingSpec, MarkingStatus, NftMarking, PrefixDelta,
+        PreroutingMarking,
+    },
     netns::Netns,
     wireguard::{self, BackendChoice, WgError, WireGuard},
 };
@@ -257,6 +260,18 @@ impl<N: Marking, C: Classifier> Marking for FastPathMarking<N, C> {
         let changed = self.nft.apply(&spec)? || maps;
         self.applied = Some(spec);
         Ok(changed)
+    }
+
+    fn apply_delta(&mut self, delta: &PrefixDelta) -> Result<bool, MarkingError> {
+        if self.classifier.is_none() {
+            return self.nft.apply_delta(delta);
+        }
+        let last = self.applied.as_ref().ok_or(MarkingError::NotApplied)?;
+        if delta.is_empty() {
+            return Ok(false);
+        }
+        let spec = delta.applied_to(last)?;
+        self.apply(&spec)
     }
 
     fn observe(&mut self) -> Result<MarkingStatus, MarkingError> {
