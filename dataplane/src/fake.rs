@@ -36,6 +36,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 #[derive(Debug, Default)]
 struct MarkingInner {
     spec: Option<MarkingSpec>,
+    /// Calls of `apply_delta`.
+    deltas: u64,
     ruleset: Option<Ruleset>,
     transactions: u64,
     fail_next: Option<String>,
@@ -61,6 +63,12 @@ impl FakeMarking {
     /// Makes the next apply fail as nft would (state kept).
     pub fn fail_next(&self, message: &str) {
         lock(&self.0).fail_next = Some(message.to_owned());
+    }
+
+    /// How often `apply_delta` was called.
+    #[must_use]
+    pub fn deltas(&self) -> u64 {
+        lock(&self.0).deltas
     }
 
     /// Simulates someone deleting the table.
@@ -92,7 +100,8 @@ impl Marking for FakeMarking {
 
     fn apply_delta(&mut self, delta: &PrefixDelta) -> Result<bool, MarkingError> {
         let spec = {
-            let g = lock(&self.0);
+            let mut g = lock(&self.0);
+            g.deltas += 1;
             let last = g.spec.as_ref().ok_or(MarkingError::NotApplied)?;
             delta.applied_to(last)?
         };
@@ -216,6 +225,8 @@ impl Routing for FakeRouting {
 struct WgInner {
     device: Option<DeviceState>,
     writes: u64,
+    /// Calls of `apply_peers`.
+    peer_applies: u64,
     updates: Vec<WgUpdate>,
     fail_next: Option<i32>,
 }
@@ -241,6 +252,12 @@ impl FakeWireGuard {
     #[must_use]
     pub fn device(&self) -> Option<DeviceState> {
         lock(&self.inner).device.clone()
+    }
+
+    /// How often `apply_peers` (the per-peer delta) was called.
+    #[must_use]
+    pub fn peer_applies(&self) -> u64 {
+        lock(&self.inner).peer_applies
     }
 
     /// Every update written so far, in order.
@@ -322,6 +339,7 @@ impl WireGuard for FakeWireGuard {
 
     fn apply_peers(&mut self, changes: &[PeerChange]) -> Result<bool, WgError> {
         let mut g = lock(&self.inner);
+        g.peer_applies += 1;
         let Some(mut dev) = g.device.clone() else {
             return Err(WgError::State(self.name.clone(), "no device"));
         };

@@ -137,6 +137,20 @@ pub fn resolve_overlaps<'a>(claimed: impl IntoIterator<Item = &'a PrefixSet>) ->
     out
 }
 
+/// One peer's part of the routed set (§7): its AllowedIPs if it is up or
+/// `force_routing`, without prefixes whose address is a KubeSpan ULA.
+#[must_use]
+pub fn routed_prefixes(force_routing: bool, allowed: &[IpNet], up: bool) -> Vec<IpNet> {
+    if !(force_routing || up) {
+        return Vec::new();
+    }
+    allowed
+        .iter()
+        .filter(|p| !(matches!(p, IpNet::V6(_)) && is_ula(p.addr(), PURPOSE_KUBESPAN)))
+        .copied()
+        .collect()
+}
+
 /// The routed set (§7) split by family, in peer order (stable, so one peer's change
 /// moves few positions): the AllowedIPs of every peer that is up, or of all peers when
 /// `force_routing`, without prefixes whose address is a KubeSpan ULA.
@@ -146,14 +160,10 @@ pub fn routed_set<'a>(
 ) -> (Vec<IpNet>, Vec<IpNet>) {
     let (mut v4, mut v6) = (Vec::new(), Vec::new());
     for (allowed, up) in peers {
-        if !(force_routing || up) {
-            continue;
-        }
-        for p in allowed {
+        for p in routed_prefixes(force_routing, allowed, up) {
             match p {
-                IpNet::V4(_) => v4.push(*p),
-                IpNet::V6(_) if !is_ula(p.addr(), PURPOSE_KUBESPAN) => v6.push(*p),
-                IpNet::V6(_) => {}
+                IpNet::V4(_) => v4.push(p),
+                IpNet::V6(_) => v6.push(p),
             }
         }
     }

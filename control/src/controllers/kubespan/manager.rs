@@ -16,9 +16,11 @@ use std::{
 use futures::future::BoxFuture;
 use ipnet::{IpNet, Ipv6Net};
 use wirespan_dataplane::{
-    marking::{Marking, MarkingError, MarkingSpec, DEFAULT_TABLE},
+    marking::{Marking, MarkingError, MarkingSpec, PrefixDelta, DEFAULT_TABLE},
     routing::Routing,
-    wireguard::{PresharedKey, PrivateKey, PublicKey, WgDevice, WgError, WgPeer, WireGuard},
+    wireguard::{
+        PeerChange, PresharedKey, PrivateKey, PublicKey, WgDevice, WgError, WgPeer, WireGuard,
+    },
 };
 
 use super::metrics::{MeshMetrics, PeerFigures};
@@ -26,7 +28,7 @@ use crate::{
     config::kubespan::{FastPath, KubeSpanConfig as Settings},
     kubespan::{
         clock::Clock,
-        peers::{harvest, routed_set},
+        peers::{harvest, routed_prefixes},
         rotation::{next_wake, step, Observed, RECONCILE_TICK},
     },
     resources::{
@@ -42,8 +44,8 @@ use crate::{
         },
     },
     runtime::{
-        Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind, Output,
-        Pointer, ResourceKind,
+        ChangeFeed, Changes, Controller, ControllerError, ControllerResult, ControllerRuntime,
+        Input, InputKind, Output, Pointer, Resource, ResourceKind,
     },
 };
 
@@ -154,6 +156,15 @@ pub struct KubeSpanManagerController {
     written_specs: BTreeSet<(&'static str, String)>,
     /// public key → (spec, peer without endpoint), so unchanged peers are not rebuilt.
     peers: HashMap<String, (KubeSpanPeerSpecSpec, WgPeer)>,
+    /// Peer specs as last seen (the feed's mirror).
+    specs: BTreeMap<String, Arc<Resource<KubeSpanPeerSpec>>>,
+    feed: ChangeFeed<KubeSpanPeerSpec>,
+    /// The non-peer inputs of the last complete round (`None`: the next is complete).
+    basis: Option<Basis>,
+    /// Each peer's prefixes in the marking set as last applied.
+    routed: HashMap<String, Vec<IpNet>>,
+    /// The earliest per-peer wake-up known.
+    wake: Option<SystemTime>,
     /// Kernel state may exist from an earlier run: clean it up once if disabled.
     first_round: bool,
     /// When the device was last read (`None`: never, or the device is new).
@@ -167,6 +178,17 @@ impl fmt::Debug for KubeSpanManagerController {
             .field("peers", &self.statuses.len())
             .finish_non_exhaustive()
     }
+}
+
+/// More changed peers than this take a complete round.
+const DELTA_MAX: usize = 64;
+
+/// The inputs besides the peer specs, as a complete round saw them.
+#[derive(Debug, PartialEq)]
+struct Basis {
+    config: (u64, crate::resources::kubespan::KubeSpanConfigSpec),
+    identity: (u64, crate::resources::kubespan::KubeSpanIdentitySpec),
+    cluster: (u64, crate::resources::cluster::ClusterIdentitySpec),
 }
 
 /// Name of the manager controller (also the owner of what it writes).
@@ -202,6 +224,11 @@ impl KubeSpanManagerController {
             written_endpoints: BTreeMap::new(),
             written_specs: BTreeSet::new(),
             peers: HashMap::new(),
+            specs: BTreeMap::new(),
+            feed: ChangeFeed::new(NS),
+            basis: None,
+            routed: HashMap::new(),
+            wake: None,
             first_round: true,
             last_read: None,
         }
@@ -395,32 +422,289 @@ impl KubeSpanManagerController {
         Ok(())
     }
 
-    /// One reconcile while enabled; returns the next timer deadline.
-    #[allow(clippy::too_many_lines)]
+    /// One reconcile; returns the next timer deadline.
     ///
-    /// The device is read (§8.2 step 2) when a timer woke the manager, on its first
-    /// round with a device, and when the last read is a tick old; a wake-up by an input
-    /// change keeps the statuses' last observation, so one peer's change does not read
-    /// every peer from the device.
+    /// A round is *complete* (every peer looked at, the whole device and marking set
+    /// applied) when a timer woke the manager, when the device is due for a read (§8.2
+    /// step 2: on the first round with a device and a tick after the last read), when
+    /// anything but peer specs changed since the last complete round, or when many
+    /// peers did. Otherwise it is a *delta* round over the peers whose specs changed,
+    /// with work proportional to them: their statuses stepped without a device read,
+    /// their WireGuard peers and routed prefixes applied as changes.
     async fn reconcile(
         &mut self,
         rt: &mut ControllerRuntime,
         timer: bool,
     ) -> Result<Option<SystemTime>, ControllerError> {
+        let changed = match self.feed.take(rt)? {
+            Changes::All(all) => {
+                self.specs = all
+                    .into_iter()
+                    .map(|r| (r.metadata.id.clone(), r))
+                    .collect();
+                None
+            }
+            Changes::Some(changes) => {
+                for (id, r) in &changes {
+                    match r {
+                        Some(r) => self.specs.insert(id.clone(), Arc::clone(r)),
+                        None => self.specs.remove(id),
+                    };
+                }
+                Some(changes.into_keys().collect::<Vec<_>>())
+            }
+        };
         let Some(cfg) = rt
             .get_opt::<KubeSpanConfig>(NS, KUBESPAN)?
             .filter(|c| c.spec.config.enabled)
         else {
+            self.basis = None;
             self.disable(rt).await?;
             return Ok(None);
         };
-        let s = &cfg.spec.config;
         let identity = rt.get_opt::<KubeSpanIdentity>(NS, KUBESPAN)?;
         let cluster = rt.get_opt::<ClusterIdentity>(cluster::NS, CLUSTER)?;
         let (Some(identity), Some(cluster)) = (identity, cluster) else {
             // Enabled but not ready: wait for the identity and the cluster secret.
+            self.basis = None;
             return Ok(None);
         };
+        let basis = Basis {
+            config: (cfg.metadata.version, cfg.spec.clone()),
+            identity: (identity.metadata.version, identity.spec.clone()),
+            cluster: (cluster.metadata.version, cluster.spec.clone()),
+        };
+        let now = self.deps.clock.now();
+        let read_due = self
+            .last_read
+            .is_none_or(|t| now.duration_since(t).unwrap_or_default() >= RECONCILE_TICK);
+        match changed {
+            Some(keys)
+                if !timer
+                    && !read_due
+                    && self.wg.is_some()
+                    && keys.len() <= DELTA_MAX
+                    && self.basis.as_ref() == Some(&basis) =>
+            {
+                self.delta_round(rt, &cfg.spec.config, &cluster, &keys, now)
+                    .await
+            }
+            _ => {
+                self.basis = None;
+                let wake = self
+                    .complete_round(rt, &cfg.spec.config, &identity, &cluster, timer || read_due)
+                    .await?;
+                self.basis = Some(basis);
+                Ok(wake)
+            }
+        }
+    }
+
+    /// The WireGuard peer for a spec (cached while the spec and the secret stay), and
+    /// its routed prefixes; `None` for a spec whose id is not a public key.
+    fn peer_of(
+        &mut self,
+        key: &str,
+        spec: &KubeSpanPeerSpecSpec,
+        psk: &PresharedKey,
+    ) -> Option<WgPeer> {
+        if let Some((cached, peer)) = self.peers.get(key) {
+            if cached == spec && peer.preshared_key.as_ref() == Some(psk) {
+                return Some(peer.clone());
+            }
+        }
+        let Ok(public_key) = PublicKey::from_base64("publicKey", key) else {
+            tracing::warn!(peer = %key, "peer spec id is not a WireGuard public key; skipped");
+            return None;
+        };
+        let peer = WgPeer {
+            public_key,
+            preshared_key: Some(psk.clone()),
+            persistent_keepalive: PERSISTENT_KEEPALIVE,
+            endpoint: None,
+            allowed_ips: spec.allowed_ips.clone(),
+        };
+        self.peers
+            .insert(key.to_owned(), (spec.clone(), peer.clone()));
+        Some(peer)
+    }
+
+    /// Writes a peer's status if it changed, or destroys it when the peer is gone.
+    fn write_status(&mut self, rt: &mut ControllerRuntime, key: &str) -> ControllerResult {
+        match self.statuses.get(key) {
+            Some(st) => {
+                if self.written_statuses.get(key) != Some(st) {
+                    rt.modify::<KubeSpanPeerStatus>(NS, key, |r| r.spec.clone_from(st))?;
+                    self.written_statuses.insert(key.to_owned(), st.clone());
+                }
+            }
+            None => {
+                if self.written_statuses.remove(key).is_some() {
+                    rt.destroy(&Pointer::new(NS, KubeSpanPeerStatus::TYPE, key))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Publishes or withdraws a peer's harvested endpoint (§9).
+    fn write_harvested(
+        &mut self,
+        rt: &mut ControllerRuntime,
+        s: &Settings,
+        key: &str,
+    ) -> ControllerResult {
+        let want = s
+            .harvest_extra_endpoints
+            .then(|| {
+                let spec = self.specs.get(key)?;
+                let st = self.statuses.get(key)?;
+                harvest(std::iter::once((
+                    key,
+                    spec.spec.node_id.as_str(),
+                    st.state == PeerState::Up,
+                    st.endpoint,
+                )))
+                .pop()
+            })
+            .flatten()
+            .map(|h| KubeSpanEndpointSpec {
+                affiliate_id: h.node_id,
+                endpoint: Some(h.endpoint),
+            });
+        match want {
+            Some(e) => {
+                if self.written_endpoints.get(key) != Some(&e) {
+                    rt.modify::<KubeSpanEndpoint>(NS, key, |r| r.spec.clone_from(&e))?;
+                    self.written_endpoints.insert(key.to_owned(), e);
+                }
+            }
+            None => {
+                if self.written_endpoints.remove(key).is_some() {
+                    rt.destroy(&Pointer::new(NS, KubeSpanEndpoint::TYPE, key))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write_manager_status(&self, rt: &mut ControllerRuntime, s: &Settings) -> ControllerResult {
+        let (in_use, note) = self
+            .marking
+            .as_ref()
+            .map_or((s.fast_path, ""), |m| (m.in_use, m.note.as_str()));
+        rt.modify::<KubeSpanManagerStatus>(NS, KUBESPAN, |r| {
+            r.spec.link_name.clone_from(&s.link_name);
+            r.spec.fast_path = match in_use {
+                FastPath::Nftables => "nftables".to_owned(),
+                FastPath::Ebpf => "ebpf".to_owned(),
+            };
+            r.spec.peers = self.peers.len();
+            note.clone_into(&mut r.spec.note);
+        })?;
+        Ok(())
+    }
+
+    /// A delta round over the peers `keys` (see [`Self::reconcile`]).
+    async fn delta_round(
+        &mut self,
+        rt: &mut ControllerRuntime,
+        s: &Settings,
+        cluster: &Resource<ClusterIdentity>,
+        keys: &[String],
+        now: SystemTime,
+    ) -> Result<Option<SystemTime>, ControllerError> {
+        let psk = PresharedKey::from_bytes(*cluster.spec.secret.bytes());
+        let mut changes = Vec::with_capacity(keys.len());
+        let mut delta = PrefixDelta::default();
+        let mut wake = self.wake;
+        for key in keys {
+            let spec = self.specs.get(key).map(|r| r.spec.clone());
+            let peer = spec.as_ref().and_then(|spec| self.peer_of(key, spec, &psk));
+            let (Some(spec), Some(peer)) = (spec, peer) else {
+                // Gone (or never a valid peer).
+                self.statuses.remove(key);
+                if let Some((_, p)) = self.peers.remove(key) {
+                    changes.push(PeerChange::Remove(p.public_key));
+                }
+                if let Some(old) = self.routed.remove(key) {
+                    delta.remove.extend(old);
+                }
+                continue;
+            };
+            let st = self
+                .statuses
+                .entry(key.clone())
+                .or_insert_with(|| KubeSpanPeerStatusSpec {
+                    label: spec.label.clone(),
+                    ..KubeSpanPeerStatusSpec::default()
+                });
+            let step = step(st, &spec.endpoints, None, now);
+            if let Some(w) = next_wake(st, now) {
+                wake = Some(wake.map_or(w, |x| x.min(w)));
+            }
+            let routed = routed_prefixes(
+                !s.allow_down_peer_bypass,
+                &peer.allowed_ips,
+                st.state == PeerState::Up,
+            );
+            changes.push(PeerChange::Upsert(WgPeer {
+                endpoint: step.desired_endpoint,
+                ..peer
+            }));
+            let old = self
+                .routed
+                .insert(key.clone(), routed.clone())
+                .unwrap_or_default();
+            if old != routed {
+                delta.remove.extend(old);
+                delta.add.extend(routed);
+            }
+        }
+        let wg = self
+            .wg
+            .take()
+            .unwrap_or_else(|| unreachable!("checked by the caller"));
+        let (wg, res) = blocking(wg, move |w| w.apply_peers(&changes)).await?;
+        self.wg = Some(wg);
+        res.map_err(|source| {
+            ControllerError::other(ManagerError::WireGuard {
+                link: s.link_name.clone(),
+                source,
+            })
+        })?;
+        if !delta.is_empty() {
+            let m = self
+                .marking
+                .take()
+                .unwrap_or_else(|| unreachable!("set by a complete round"));
+            let (m, res) = blocking(m, move |m| m.marking.apply_delta(&delta)).await?;
+            self.marking = Some(m);
+            res.map_err(|e| ControllerError::other(ManagerError::Marking(e)))?;
+        }
+        for key in keys {
+            self.write_status(rt, key)?;
+            self.write_harvested(rt, s, key)?;
+        }
+        self.write_manager_status(rt, s)?;
+        self.wake = wake;
+        let tick = self.last_read.map(|t| t + RECONCILE_TICK);
+        Ok(match (wake, tick) {
+            (Some(w), Some(t)) => Some(w.min(t)),
+            (w, t) => w.or(t),
+        })
+    }
+
+    /// A complete round (see [`Self::reconcile`]); `read`: read the device first.
+    #[allow(clippy::too_many_lines)]
+    async fn complete_round(
+        &mut self,
+        rt: &mut ControllerRuntime,
+        s: &Settings,
+        identity: &Resource<KubeSpanIdentity>,
+        cluster: &Resource<ClusterIdentity>,
+        read: bool,
+    ) -> Result<Option<SystemTime>, ControllerError> {
         if self.wg_link != s.link_name {
             if self.wg.is_some() {
                 tracing::info!(old = %self.wg_link, new = %s.link_name, "mesh link renamed");
@@ -440,12 +724,9 @@ impl KubeSpanManagerController {
             })?);
         }
         let now = self.deps.clock.now();
+        let read = read || self.last_read.is_none();
 
         // §8.2 step 2: what the device reports.
-        let read = timer
-            || self
-                .last_read
-                .is_none_or(|t| now.duration_since(t).unwrap_or_default() >= RECONCILE_TICK);
         let observed = if read {
             let wg = self
                 .wg
@@ -482,13 +763,18 @@ impl KubeSpanManagerController {
         });
 
         // Step 1, 3–5: statuses and desired endpoints.
-        let specs = rt.list::<KubeSpanPeerSpec>(NS)?;
         let psk = PresharedKey::from_bytes(*cluster.spec.secret.bytes());
+        let specs: Vec<Arc<Resource<KubeSpanPeerSpec>>> = self.specs.values().cloned().collect();
+        let force = !s.allow_down_peer_bypass;
         let mut wg_peers = Vec::with_capacity(specs.len());
-        let mut up = Vec::with_capacity(specs.len());
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        let mut routed = HashMap::with_capacity(specs.len());
         let mut wake: Option<SystemTime> = None;
         for r in &specs {
             let key = &r.metadata.id;
+            let Some(base) = self.peer_of(key, &r.spec, &psk) else {
+                continue;
+            };
             let st = self
                 .statuses
                 .entry(key.clone())
@@ -503,30 +789,14 @@ impl KubeSpanManagerController {
             if let Some(w) = next_wake(st, now) {
                 wake = Some(wake.map_or(w, |x: SystemTime| x.min(w)));
             }
-            let base = match self.peers.get(key) {
-                Some((spec, peer))
-                    if *spec == r.spec && peer.preshared_key.as_ref() == Some(&psk) =>
-                {
-                    peer.clone()
+            let prefixes = routed_prefixes(force, &base.allowed_ips, st.state == PeerState::Up);
+            for p in &prefixes {
+                match p {
+                    IpNet::V4(_) => v4.push(*p),
+                    IpNet::V6(_) => v6.push(*p),
                 }
-                _ => {
-                    let Ok(public_key) = PublicKey::from_base64("publicKey", key) else {
-                        tracing::warn!(peer = %key, "peer spec id is not a WireGuard public key; skipped");
-                        continue;
-                    };
-                    let peer = WgPeer {
-                        public_key,
-                        preshared_key: Some(psk.clone()),
-                        persistent_keepalive: PERSISTENT_KEEPALIVE,
-                        endpoint: None,
-                        allowed_ips: r.spec.allowed_ips.clone(),
-                    };
-                    self.peers
-                        .insert(key.clone(), (r.spec.clone(), peer.clone()));
-                    peer
-                }
-            };
-            up.push(st.state == PeerState::Up);
+            }
+            routed.insert(key.clone(), prefixes);
             wg_peers.push(WgPeer {
                 endpoint: step.desired_endpoint,
                 ..base
@@ -536,9 +806,8 @@ impl KubeSpanManagerController {
         // Statuses of peers that went away: every spec has a status now, so there are
         // more statuses than specs exactly when some are stale (no lookups otherwise).
         if self.statuses.len() > specs.len() || self.peers.len() > specs.len() {
-            let live: BTreeSet<&str> = specs.iter().map(|r| r.metadata.id.as_str()).collect();
-            self.statuses.retain(|k, _| live.contains(k.as_str()));
-            self.peers.retain(|k, _| live.contains(k.as_str()));
+            self.statuses.retain(|k, _| self.specs.contains_key(k));
+            self.peers.retain(|k, _| self.specs.contains_key(k));
         }
 
         // Step 6: device, routed set, statuses.
@@ -549,15 +818,6 @@ impl KubeSpanManagerController {
             fwmark: s.device_mark,
             peers: wg_peers,
         };
-        let (v4, v6) = routed_set(
-            !s.allow_down_peer_bypass,
-            device
-                .peers
-                .iter()
-                .zip(&up)
-                .map(|(p, up)| (p.allowed_ips.as_slice(), *up)),
-        );
-        let n_peers = device.peers.len();
         let wg = self.wg.take().unwrap_or_else(|| unreachable!("set above"));
         let (wg, res) = blocking(wg, move |w| w.apply(&device)).await?;
         self.wg = Some(wg);
@@ -577,10 +837,7 @@ impl KubeSpanManagerController {
             prefixes_v6: v6,
             ..MarkingSpec::default()
         };
-        let (in_use, note) = {
-            let m = self.ensure_marking(s.fast_path, &s.link_name);
-            (m.in_use, m.note.clone())
-        };
+        self.ensure_marking(s.fast_path, &s.link_name);
         let m = self
             .marking
             .take()
@@ -588,12 +845,11 @@ impl KubeSpanManagerController {
         let (m, res) = blocking(m, move |m| m.marking.apply(&marking_spec)).await?;
         self.marking = Some(m);
         res.map_err(|e| ControllerError::other(ManagerError::Marking(e)))?;
+        self.routed = routed;
 
-        for (id, st) in &self.statuses {
-            if self.written_statuses.get(id) != Some(st) {
-                rt.modify::<KubeSpanPeerStatus>(NS, id, |r| r.spec.clone_from(st))?;
-                self.written_statuses.insert(id.clone(), st.clone());
-            }
+        let keys: Vec<String> = self.statuses.keys().cloned().collect();
+        for key in &keys {
+            self.write_status(rt, key)?;
         }
         // Everything live was written, so more written than live means some are gone.
         if self.written_statuses.len() > self.statuses.len() {
@@ -603,9 +859,8 @@ impl KubeSpanManagerController {
                 .filter(|id| !self.statuses.contains_key(*id))
                 .cloned()
                 .collect();
-            for id in gone {
-                rt.destroy(&Pointer::new(NS, KubeSpanPeerStatus::TYPE, &id))?;
-                self.written_statuses.remove(&id);
+            for key in &gone {
+                self.write_status(rt, key)?;
             }
         }
 
@@ -613,52 +868,15 @@ impl KubeSpanManagerController {
         self.write_network_specs(rt, s, identity.spec.address)?;
 
         // §9 harvest.
-        let harvested = if s.harvest_extra_endpoints {
-            harvest(specs.iter().filter_map(|r| {
-                let st = self.statuses.get(&r.metadata.id)?;
-                Some((
-                    r.metadata.id.as_str(),
-                    r.spec.node_id.as_str(),
-                    st.state == PeerState::Up,
-                    st.endpoint,
-                ))
-            }))
-        } else {
-            Vec::new()
-        };
-        let want: BTreeMap<String, KubeSpanEndpointSpec> = harvested
-            .into_iter()
-            .map(|h| {
-                (
-                    h.public_key,
-                    KubeSpanEndpointSpec {
-                        affiliate_id: h.node_id,
-                        endpoint: Some(h.endpoint),
-                    },
-                )
-            })
-            .collect();
-        for id in self.written_endpoints.keys() {
-            if !want.contains_key(id) {
-                rt.destroy(&Pointer::new(NS, KubeSpanEndpoint::TYPE, id))?;
-            }
+        let mut keys: BTreeSet<String> = self.written_endpoints.keys().cloned().collect();
+        if s.harvest_extra_endpoints {
+            keys.extend(self.statuses.keys().cloned());
         }
-        for (id, e) in &want {
-            if self.written_endpoints.get(id) != Some(e) {
-                rt.modify::<KubeSpanEndpoint>(NS, id, |r| r.spec.clone_from(e))?;
-            }
+        for key in &keys {
+            self.write_harvested(rt, s, key)?;
         }
-        self.written_endpoints = want;
 
-        rt.modify::<KubeSpanManagerStatus>(NS, KUBESPAN, |r| {
-            r.spec.link_name.clone_from(&s.link_name);
-            r.spec.fast_path = match in_use {
-                FastPath::Nftables => "nftables".to_owned(),
-                FastPath::Ebpf => "ebpf".to_owned(),
-            };
-            r.spec.peers = n_peers;
-            r.spec.note.clone_from(&note);
-        })?;
+        self.write_manager_status(rt, s)?;
 
         if let Some(metrics) = self.deps.metrics.as_ref().filter(|_| read) {
             let figures: Vec<PeerFigures> = self
@@ -678,6 +896,7 @@ impl KubeSpanManagerController {
                 .collect();
             metrics.set_peers(&figures);
         }
+        self.wake = wake;
         let tick = now + RECONCILE_TICK;
         Ok(Some(wake.map_or(tick, |w| w.min(tick))))
     }
@@ -712,6 +931,9 @@ impl Controller for KubeSpanManagerController {
     fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
             self.adopt_outputs(rt)?;
+            // A restart looks at everything again.
+            self.feed.reset();
+            self.basis = None;
             let mut deadline: Option<SystemTime> = None;
             loop {
                 let sleep = match deadline {

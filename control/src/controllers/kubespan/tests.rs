@@ -381,8 +381,9 @@ async fn peers_from_affiliates_with_psk_keepalive_and_per_peer_updates() {
     )
     .await;
 
-    // One affiliate changes: one peer update.
+    // One affiliate changes: one peer update, through the delta path.
     let before = m.wg.updates().len();
+    let (peer_applies, deltas) = (m.wg.peer_applies(), m.marking.deltas());
     let mut a2 = affiliate(2, &["192.0.2.1:51820"]);
     a2.kubespan.as_mut().unwrap().additional_addresses = vec!["10.245.0.0/16".parse().unwrap()];
     set_affiliate(store, &a2);
@@ -406,6 +407,17 @@ async fn peers_from_affiliates_with_psk_keepalive_and_per_peer_updates() {
             "{u:?}"
         );
     }
+    assert!(m.wg.peer_applies() > peer_applies, "not a delta round");
+    assert!(
+        m.marking.deltas() > deltas,
+        "the routed set did not change by a delta"
+    );
+    let routed = routed_v4(&m.marking.spec().unwrap());
+    assert!(
+        routed.contains(&"10.245.0.0/16".to_owned())
+            && !routed.contains(&"10.244.2.0/24".to_owned()),
+        "{routed:?}"
+    );
 
     // Removed affiliate: peer, spec and status go.
     store
