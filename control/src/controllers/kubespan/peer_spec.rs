@@ -1,16 +1,19 @@
 //! `KubeSpanPeerSpecController`: WireGuard peers from the merged affiliates (spec
 //! §5.2–§5.3).
 //!
-//! The claimed prefix set of each affiliate is cached by the affiliate's resource
-//! version, and only peer specs whose content changed are written. When the last full
-//! pass found no overlap and no duplicate key, a change of a few affiliates that keep
-//! their key and claim nothing another peer claims is applied to those peers alone
-//! (overlap resolution then changes no other peer): O(log n) set work per changed
-//! peer plus a version scan. Anything else (peers joining or leaving, keys changing,
-//! overlaps) takes the full pass: selection in node-ID order and overlap resolution
-//! over the cached sets.
+//! The affiliates that changed come from a [`ChangeFeed`]. The claimed prefix set of
+//! each affiliate is cached by the affiliate's resource version, and only peer specs
+//! whose content changed are written. When the last full pass found no overlap and no
+//! duplicate key, a few changed affiliates (peers joining, leaving or changing) whose
+//! keys no other peer holds and whose sets overlap no other peer's are applied to those
+//! peers alone (overlap resolution then changes no other peer): O(log n) set work per
+//! changed peer. Anything else takes the full pass: selection in node-ID order and
+//! overlap resolution over the cached sets.
 
-use std::collections::{BTreeMap, HashMap};
+use std::{
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
 
 use futures::future::BoxFuture;
 
@@ -27,8 +30,8 @@ use crate::{
         },
     },
     runtime::{
-        Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output, Pointer,
-        Resource, ResourceKind as _,
+        ChangeFeed, Changes, Controller, ControllerResult, ControllerRuntime, Input, InputKind,
+        Output, Pointer, Resource, ResourceKind as _,
     },
 };
 
@@ -42,13 +45,15 @@ struct Clean {
     own_key: String,
     /// node id → public key of every selected peer.
     selected: HashMap<String, String>,
+    /// The reverse: public key → node id.
+    keys: HashMap<String, String>,
     /// Union of every peer's claimed set (disjoint: no overlap in the last pass).
     union: PrefixSet,
 }
 
 /// Writes one `kubespan/KubeSpanPeerSpec <public key>` per peer while the mesh is
 /// enabled.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct KubeSpanPeerSpecController {
     /// node id → (affiliate version, spec, claimed set). A version match is confirmed
     /// by spec equality (a recreated affiliate restarts its version).
@@ -57,6 +62,9 @@ pub struct KubeSpanPeerSpecController {
     written: Option<BTreeMap<String, KubeSpanPeerSpecSpec>>,
     /// Set after a full pass without overlaps or key conflicts.
     clean: Option<Clean>,
+    /// The affiliates as last seen (the feed's mirror).
+    affiliates: BTreeMap<String, Arc<Resource<Affiliate>>>,
+    feed: ChangeFeed<Affiliate>,
 }
 
 fn peer_spec(
@@ -76,6 +84,18 @@ fn peer_spec(
     }
 }
 
+impl Default for KubeSpanPeerSpecController {
+    fn default() -> Self {
+        Self {
+            claimed: HashMap::new(),
+            written: None,
+            clean: None,
+            affiliates: BTreeMap::new(),
+            feed: ChangeFeed::new(cluster::NS),
+        }
+    }
+}
+
 impl KubeSpanPeerSpecController {
     /// A controller with empty caches.
     #[must_use]
@@ -83,78 +103,107 @@ impl KubeSpanPeerSpecController {
         Self::default()
     }
 
-    /// The incremental path; `false` when the full pass is needed (nothing written).
+    /// The incremental path over the affiliates `ids` that changed since the last
+    /// pass; `false` when the full pass is needed (nothing written then).
     fn try_incremental(
         &mut self,
         rt: &mut ControllerRuntime,
         local: &str,
         own_key: &str,
-        affiliates: &[std::sync::Arc<Resource<Affiliate>>],
+        ids: &[String],
         written: &mut BTreeMap<String, KubeSpanPeerSpecSpec>,
     ) -> Result<bool, crate::runtime::ControllerError> {
         let Some(clean) = self.clean.as_mut() else {
             return Ok(false);
         };
-        if clean.local != local
-            || clean.own_key != own_key
-            || affiliates.len() != self.claimed.len()
-        {
+        if clean.local != local || clean.own_key != own_key || ids.len() > INCREMENTAL_MAX {
             return Ok(false);
         }
-        let mut changed = Vec::new();
-        for a in affiliates {
-            let id = a.metadata.id.as_str();
-            match self.claimed.get(id) {
-                Some((v, spec, _)) if *v == a.metadata.version && *spec == a.spec => {}
-                Some(_) => {
-                    changed.push(a);
-                    if changed.len() > INCREMENTAL_MAX {
-                        return Ok(false);
+        // What each changed affiliate was and becomes: (id, key before, key after).
+        let mut ops: Vec<(
+            &String,
+            Option<String>,
+            Option<(String, Arc<Resource<Affiliate>>)>,
+        )> = Vec::with_capacity(ids.len());
+        let mut joining = std::collections::HashSet::new();
+        for id in ids {
+            if id == local {
+                return Ok(false);
+            }
+            let was = clean.selected.get(id).cloned();
+            let now = self.affiliates.get(id).and_then(|a| {
+                let key = a.spec.kubespan.as_ref()?.public_key.clone();
+                (!key.is_empty() && key != own_key).then(|| (key, Arc::clone(a)))
+            });
+            if let Some((key, _)) = &now {
+                // A key another node holds (or takes in this batch): conflict rules.
+                let taken = clean.keys.get(key).is_some_and(|holder| holder != id);
+                if taken || !joining.insert(key.clone()) {
+                    return Ok(false);
+                }
+            }
+            ops.push((id, was, now));
+        }
+        // Every old set leaves the union, then each new one must not overlap what is
+        // there (the sets are disjoint, so both steps undo exactly).
+        let empty = PrefixSet::new();
+        let old_set = |id: &String| self.claimed.get(id).map_or(&empty, |(_, _, set)| set);
+        for (id, was, _) in &ops {
+            if was.is_some() {
+                clean.union.subtract(old_set(id));
+            }
+        }
+        let mut added: Vec<PrefixSet> = Vec::with_capacity(ops.len());
+        for (_, _, now) in &ops {
+            let Some((_, a)) = now else { continue };
+            let set = claimed_set(&a.spec);
+            if set.overlaps(&clean.union) {
+                for set in &added {
+                    clean.union.subtract(set);
+                }
+                for (id, was, _) in &ops {
+                    if was.is_some() {
+                        clean.union.union(old_set(id));
                     }
                 }
-                None => return Ok(false),
-            }
-        }
-        // Every changed affiliate must stay the same selected peer.
-        for a in &changed {
-            let key = a.spec.kubespan.as_ref().map(|k| k.public_key.as_str());
-            let was = clean
-                .selected
-                .get(a.metadata.id.as_str())
-                .map(String::as_str);
-            if a.metadata.id == local || key.is_none() || key != was {
                 return Ok(false);
             }
+            clean.union.union(&set);
+            added.push(set);
         }
-        // Apply to the union in place; undo exactly (the sets are disjoint) if a changed
-        // set overlaps another peer's.
-        let mut updates: Vec<(&std::sync::Arc<Resource<Affiliate>>, PrefixSet)> =
-            Vec::with_capacity(changed.len());
-        for a in &changed {
-            let old = &self.claimed[a.metadata.id.as_str()].2;
-            let new = claimed_set(&a.spec);
-            clean.union.subtract(old);
-            if new.overlaps(&clean.union) {
-                clean.union.union(old);
-                for (b, applied) in updates.iter().rev() {
-                    clean.union.subtract(applied);
-                    clean.union.union(&self.claimed[b.metadata.id.as_str()].2);
+        let mut added = added.into_iter();
+        for (id, was, now) in ops {
+            if let Some(key) = &was {
+                clean.selected.remove(id);
+                clean.keys.remove(key);
+                if now.as_ref().is_none_or(|(k, _)| k != key) && written.remove(key).is_some() {
+                    rt.destroy(&Pointer::new(NS, KubeSpanPeerSpec::TYPE, key))?;
                 }
-                return Ok(false);
             }
-            clean.union.union(&new);
-            updates.push((a, new));
-        }
-        for (a, new) in updates {
-            let id = a.metadata.id.clone();
-            let spec = peer_spec(&id, &a.spec, new.to_prefixes(), Vec::new());
-            let key = clean.selected[&id].clone();
+            let Some((key, a)) = now else {
+                match self.affiliates.get(id) {
+                    Some(a) => {
+                        self.claimed.insert(
+                            id.clone(),
+                            (a.metadata.version, a.spec.clone(), claimed_set(&a.spec)),
+                        );
+                    }
+                    None => {
+                        self.claimed.remove(id);
+                    }
+                }
+                continue;
+            };
+            let set = added.next().unwrap_or_default();
+            let spec = peer_spec(id, &a.spec, set.to_prefixes(), Vec::new());
             if written.get(&key) != Some(&spec) {
                 rt.modify::<KubeSpanPeerSpec>(NS, &key, |r| r.spec.clone_from(&spec))?;
-                written.insert(key, spec);
+                written.insert(key.clone(), spec);
             }
+            clean.selected.insert(id.clone(), key.clone());
+            clean.keys.insert(key, id.clone());
             self.claimed
-                .insert(id, (a.metadata.version, a.spec.clone(), new));
+                .insert(id.clone(), (a.metadata.version, a.spec.clone(), set));
         }
         Ok(true)
     }
@@ -163,7 +212,7 @@ impl KubeSpanPeerSpecController {
         &mut self,
         local: &str,
         own_key: &str,
-        affiliates: &[std::sync::Arc<Resource<Affiliate>>],
+        affiliates: &[Arc<Resource<Affiliate>>],
     ) -> BTreeMap<String, KubeSpanPeerSpecSpec> {
         let mut desired = BTreeMap::new();
         let (selected, conflicts) = select(
@@ -226,12 +275,34 @@ impl KubeSpanPeerSpecController {
                 .iter()
                 .map(|s| (s.node_id.to_owned(), s.public_key.to_owned()))
                 .collect(),
+            keys: selected
+                .iter()
+                .map(|s| (s.public_key.to_owned(), s.node_id.to_owned()))
+                .collect(),
             union,
         });
         desired
     }
 
     fn reconcile(&mut self, rt: &mut ControllerRuntime) -> ControllerResult {
+        let changed = match self.feed.take(rt)? {
+            Changes::All(all) => {
+                self.affiliates = all
+                    .into_iter()
+                    .map(|a| (a.metadata.id.clone(), a))
+                    .collect();
+                None
+            }
+            Changes::Some(changes) => {
+                for (id, a) in &changes {
+                    match a {
+                        Some(a) => self.affiliates.insert(id.clone(), Arc::clone(a)),
+                        None => self.affiliates.remove(id),
+                    };
+                }
+                Some(changes.into_keys().collect::<Vec<_>>())
+            }
+        };
         let mut written = match self.written.take() {
             Some(w) => w,
             None => rt
@@ -252,18 +323,21 @@ impl KubeSpanPeerSpecController {
                 .get_opt::<KubeSpanIdentity>(NS, KUBESPAN)?
                 .map(|r| r.spec.public_key.clone())
                 .unwrap_or_default();
-            let affiliates = rt.list::<Affiliate>(cluster::NS)?;
-            match self.try_incremental(rt, &local, &own_key, &affiliates, &mut written) {
-                Ok(true) => {
-                    self.written = Some(written);
-                    return Ok(());
-                }
-                Ok(false) => {}
-                Err(e) => {
-                    self.clean = None;
-                    return Err(e);
+            if let Some(ids) = &changed {
+                match self.try_incremental(rt, &local, &own_key, ids, &mut written) {
+                    Ok(true) => {
+                        self.written = Some(written);
+                        return Ok(());
+                    }
+                    Ok(false) => {}
+                    Err(e) => {
+                        self.clean = None;
+                        return Err(e);
+                    }
                 }
             }
+            let affiliates: Vec<Arc<Resource<Affiliate>>> =
+                self.affiliates.values().cloned().collect();
             self.full_pass(&local, &own_key, &affiliates)
         } else {
             self.claimed.clear();
@@ -308,6 +382,7 @@ impl Controller for KubeSpanPeerSpecController {
             // A restart re-reads what exists and takes the full pass.
             self.written = None;
             self.clean = None;
+            self.feed.reset();
             while rt.next_round().await {
                 self.reconcile(rt)?;
                 rt.reset_restart_backoff();

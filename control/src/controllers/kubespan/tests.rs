@@ -699,3 +699,97 @@ fn fast_path_marking_omits_prerouting_lookups_and_restores_them_when_dropped() {
     assert_eq!(restored.prefixes_v4, spec.prefixes_v4);
     assert_eq!(*classifier.0.lock().unwrap(), (1, true));
 }
+
+/// Random joins, leaves, key moves and overlapping claims: after every step the peer
+/// specs equal a full pass over the same affiliates, whichever path produced them.
+#[tokio::test]
+async fn peer_specs_after_random_changes_equal_a_full_pass() {
+    use crate::kubespan::peers::{claimed_set, resolve_overlaps, select};
+    use std::collections::BTreeMap;
+
+    let m = start("", tempfile::tempdir().unwrap());
+    let store = &m.h.store;
+    let mut seed = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut rnd = move |n: u64| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed % n
+    };
+    let cidrs = [
+        "10.1.0.0/16",
+        "10.1.2.0/24",
+        "10.2.0.0/16",
+        "10.3.0.0/24",
+        "10.4.0.0/24",
+        "10.6.0.0/24",
+        "10.7.0.0/24",
+        "10.8.0.0/24",
+    ];
+    let mut live: BTreeMap<String, AffiliateSpec> = BTreeMap::new();
+    for step in 0..120 {
+        let n = 1 + u8::try_from(rnd(10)).unwrap();
+        let id = format!("node{n}");
+        if rnd(4) == 0 && live.contains_key(&id) {
+            store
+                .destroy(
+                    &Pointer::new("cluster", crate::resources::cluster::Affiliate::TYPE, &id),
+                    "",
+                )
+                .unwrap();
+            live.remove(&id);
+        } else {
+            let mut a = affiliate(n, &["192.0.2.1:51820"]);
+            let ks = a.kubespan.as_mut().unwrap();
+            if rnd(8) == 0 {
+                // Another node's key: a conflict the first node ID wins.
+                ks.public_key = key(1 + u8::try_from(rnd(10)).unwrap());
+            }
+            // Mostly disjoint per-node ranges, sometimes shared ones.
+            ks.additional_addresses = if rnd(3) == 0 {
+                vec![cidrs[usize::try_from(rnd(8)).unwrap()].parse().unwrap()]
+            } else {
+                vec![format!("10.{}.{}.0/24", 100 + n, rnd(4)).parse().unwrap()]
+            };
+            set_affiliate(store, &a);
+            live.insert(id, a);
+        }
+        let (selected, _) = select("node0", "", live.iter().map(|(id, a)| (id.as_str(), a)));
+        let sets: Vec<_> = selected.iter().map(|s| claimed_set(s.affiliate)).collect();
+        let want: BTreeMap<String, Vec<String>> = selected
+            .iter()
+            .zip(resolve_overlaps(&sets))
+            .map(|(s, r)| {
+                (
+                    s.public_key.to_owned(),
+                    r.allowed_ips.iter().map(ToString::to_string).collect(),
+                )
+            })
+            .collect();
+        let mut last = BTreeMap::new();
+        let settled = tokio::time::timeout(TIMEOUT, async {
+            loop {
+                last = store
+                    .list::<KubeSpanPeerSpec>(NS, &crate::runtime::Filter::all())
+                    .iter()
+                    .map(|r| {
+                        (
+                            r.metadata.id.clone(),
+                            r.spec.allowed_ips.iter().map(ToString::to_string).collect(),
+                        )
+                    })
+                    .collect::<BTreeMap<String, Vec<String>>>();
+                if last == want {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+        .await;
+        assert!(
+            settled.is_ok(),
+            "step {step}: peer specs differ from a full pass\n got {last:?}\nwant {want:?}"
+        );
+    }
+    m.h.stop().await.unwrap();
+}
