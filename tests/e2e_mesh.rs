@@ -992,3 +992,296 @@ fn a_peer_publishing_in_the_upstream_format_becomes_a_wireguard_peer() {
         );
     }
 }
+
+/// Every element of the marking sets of `node` (`inet wirespan`), as text: host
+/// addresses, `addr/len` prefixes and `first-last` ranges.
+fn marking_set(lab: &Lab, node: &str) -> Vec<String> {
+    let out = lab.exec_ok(node, &["nft", "-j", "list", "table", "inet", "wirespan"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    let elem_text = |e: &Value| -> String {
+        let e = e.get("elem").map_or(e, |inner| &inner["val"]);
+        if let Some(s) = e.as_str() {
+            s.to_owned()
+        } else if let Some(p) = e.get("prefix") {
+            format!("{}/{}", p["addr"].as_str().unwrap(), p["len"])
+        } else if let Some(r) = e.get("range") {
+            format!("{}-{}", r[0].as_str().unwrap(), r[1].as_str().unwrap())
+        } else {
+            e.to_string()
+        }
+    };
+    v["nftables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|o| o.get("set"))
+        .flat_map(|s| s["elem"].as_array().cloned().unwrap_or_default())
+        .map(|e| elem_text(&e))
+        .collect()
+}
+
+/// Polls `f` every 2 s until it returns `Some` or `secs` pass.
+fn eventually_within<T>(secs: u64, what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs} s waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_secs(2));
+    }
+}
+
+/// The state of peer `key` as `node` reports it.
+fn peer_state(lab: &Lab, node: &str, key: &str) -> String {
+    get_one(lab, node, "peers", key)
+        .and_then(|p| p["spec"]["state"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| "(no status)".into())
+}
+
+fn underlay_ips(status: &Value, name: &str) -> Vec<String> {
+    node(status, name)["addresses"]["underlay"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Applies `allowDownPeerBypass: true` to `name` live (`wirespan apply` of its config
+/// with that one change).
+fn apply_bypass(lab: &Lab, status: &Value, name: &str) {
+    let cfg_path = node(status, name)["config"].as_str().unwrap().to_owned();
+    let cfg = std::fs::read_to_string(&cfg_path).unwrap();
+    assert!(
+        cfg.contains("allowDownPeerBypass: false"),
+        "lab config changed shape"
+    );
+    let bypass = lab.dir().join(format!("{name}-bypass.yaml"));
+    std::fs::write(
+        &bypass,
+        cfg.replace("allowDownPeerBypass: false", "allowDownPeerBypass: true"),
+    )
+    .unwrap();
+    lab.exec_ok(name, &["wirespan", "apply", bypass.to_str().unwrap()]);
+    assert!(std::fs::read_to_string(&cfg_path)
+        .unwrap()
+        .contains("allowDownPeerBypass: true"));
+}
+
+fn has_all(set: &[String], ips: &[String]) -> bool {
+    ips.iter().all(|a| set.contains(a))
+}
+
+fn has_none(set: &[String], ips: &[String]) -> bool {
+    !ips.iter().any(|a| set.contains(a))
+}
+
+/// With node2 not up: node1 (bypass on) has dropped node2's addresses from its set but
+/// kept node3's, and reaches node2 in clear (node2's kernel answers; nothing marked,
+/// nothing into WireGuard); node3 (bypass off) keeps node2 in its set and marks its
+/// traffic into the tunnel, where nobody answers.
+fn assert_down_peer_routing(lab: &Lab, status: &Value, node2_key: &str) {
+    let node2_ips = underlay_ips(status, "node2");
+    let node2_ip = &node2_ips[0];
+    let set1 = eventually("node2 to leave node1's set", || {
+        let set = marking_set(lab, "node1");
+        has_none(&set, &node2_ips).then_some(set)
+    });
+    assert!(
+        has_all(&set1, &underlay_ips(status, "node3")),
+        "node1: {set1:?}"
+    );
+    let (_, tx0) = wg_bytes(lab, "node1", node2_key);
+    let marked0 = marked_packets(lab, "node1");
+    ping(lab, "node1", node2_ip, "1000");
+    let (_, tx1) = wg_bytes(lab, "node1", node2_key);
+    assert!(
+        tx1 - tx0 < 1000,
+        "node1: traffic to the down peer went into WireGuard: {}",
+        tx1 - tx0
+    );
+    assert_eq!(
+        marked_packets(lab, "node1"),
+        marked0,
+        "node1: traffic to the down peer was marked"
+    );
+
+    let set3 = marking_set(lab, "node3");
+    assert!(
+        has_all(&set3, &node2_ips),
+        "node3 dropped the down peer without bypass: {set3:?}"
+    );
+    let marked0 = marked_packets(lab, "node3");
+    let o = lab.exec(
+        "node3",
+        &[
+            "ping", "-n", "-q", "-c", "3", "-i", "0.2", "-w", "3", node2_ip,
+        ],
+    );
+    assert!(
+        !o.status.success(),
+        "node3 reached the down peer outside the tunnel: {}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let marked = marked_packets(lab, "node3") - marked0;
+    assert!(marked >= 3, "node3: marked {marked} of 3 echo requests");
+}
+
+/// Spec §7: a peer that stops answering leaves the routed set only where
+/// `allowDownPeerBypass` is on; there its node addresses are reached outside the tunnel,
+/// elsewhere they stay in the set (blackholed into the tunnel). A peer with a handshake
+/// is declared down 275 s after that handshake (§8.3), so this test takes ≈ 5 min
+/// (see .config/nextest.toml).
+#[test]
+fn a_killed_peer_leaves_the_marking_set_only_with_allow_down_peer_bypass() {
+    let lab = mesh(3);
+    let st = lab.status();
+    let node2 = node(&st, "node2");
+    let node2_key = node2["publicKey"].as_str().unwrap().to_owned();
+    let node2_ips = underlay_ips(&st, "node2");
+
+    // node1 gets allowDownPeerBypass: true, applied live; node3 keeps the default.
+    apply_bypass(&lab, &st, "node1");
+
+    // While node2 is up, both modes route it: bypass only drops peers that are not up.
+    for (n, other) in [("node1", "node3"), ("node3", "node1")] {
+        let set = marking_set(&lab, n);
+        assert!(
+            has_all(&set, &node2_ips) && has_all(&set, &underlay_ips(&st, other)),
+            "{n}: {set:?}"
+        );
+    }
+
+    // node2 really stops answering: its daemon and its wireguard-go, kill -9.
+    let ns2 = node2["namespace"].as_str().unwrap().to_owned();
+    let pids: Vec<i32> = String::from_utf8(
+        Command::new("ip")
+            .args(["netns", "pids", &ns2])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap()
+    .split_whitespace()
+    .map(|p| p.parse().unwrap())
+    .collect();
+    assert!(
+        pids.len() >= 2,
+        "daemon and wireguard-go expected: {pids:?}"
+    );
+    for p in &pids {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*p),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    eventually("node2's processes to die", || {
+        pids.iter().all(|p| !common::lab::alive(*p)).then_some(())
+    });
+    let killed = Instant::now();
+    let killed_at = std::time::SystemTime::now();
+    // Its mesh link goes with wireguard-go.
+    eventually("node2's mesh link to disappear", || {
+        (!Command::new("ip")
+            .args(["-n", &ns2, "link", "show", "kubespan"])
+            .output()
+            .unwrap()
+            .status
+            .success())
+        .then_some(())
+    });
+
+    // 275 s after the last handshake, plus a 30 s tick, plus slack for a loaded CI.
+    let mut seen = Vec::new();
+    for n in ["node1", "node3"] {
+        eventually_within(420, &format!("{n} to see node2 not up"), || {
+            let s = peer_state(&lab, n, &node2_key);
+            if seen.last() != Some(&(n, s.clone())) {
+                seen.push((n, s.clone()));
+            }
+            (s == "down" || s == "unknown").then_some(())
+        });
+    }
+    eprintln!(
+        "node2 not up on both after {:.0} s; states seen: {seen:?}",
+        killed.elapsed().as_secs_f64()
+    );
+    // Declared down, not merely unknown: a peer that had a pushed endpoint is only
+    // rotated to its next endpoint when its state is `down` (§8.2 step 4), and the push
+    // leaves it `unknown` while the new endpoint is tried, so the rotation after the kill
+    // is the trace of `down`.
+    for n in ["node1", "node3"] {
+        let status = get_one(&lab, n, "peers", &node2_key).unwrap();
+        let changed = status["spec"]["lastEndpointChange"]
+            .as_str()
+            .and_then(|t| humantime::parse_rfc3339(t).ok())
+            .unwrap_or_else(|| panic!("{n}: {status}"));
+        assert!(
+            changed > killed_at,
+            "{n}: node2 not rotated since the kill: {status}"
+        );
+    }
+    assert_down_peer_routing(&lab, &st, &node2_key);
+}
+
+/// The quick variant of the test above (≈ 30 s): a peer whose WireGuard never gets
+/// through (blackholed on every endpoint from the start) is down 15 s after each
+/// endpoint push (§8.3), so it never joins node1's set with bypass on, while node3
+/// (bypass off) routes it into the tunnel all along.
+#[test]
+fn a_peer_that_never_connects_is_reached_in_clear_only_with_allow_down_peer_bypass() {
+    let rules = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        rules.path(),
+        "table bridge blackhole {\n\
+         \x20 chain forward {\n\
+         \x20   type filter hook forward priority 0; policy accept;\n\
+         \x20   ip daddr { 10.99.1.12, 10.99.2.12 } udp dport 51820 drop\n\
+         \x20   ip saddr { 10.99.1.12, 10.99.2.12 } udp sport 51820 drop\n\
+         \x20   ip6 daddr fd99:1ab::c udp dport 51820 drop\n\
+         \x20   ip6 saddr fd99:1ab::c udp sport 51820 drop\n\
+         \x20 }\n\
+         }\n",
+    )
+    .unwrap();
+    let lab = mesh_with(
+        3,
+        "60s",
+        &[
+            "--no-wait",
+            "--underlay-nft",
+            rules.path().to_str().unwrap(),
+        ],
+    );
+    let st = lab.status();
+    let node2 = node(&st, "node2");
+    assert_eq!(
+        underlay_ips(&st, "node2"),
+        ["10.99.1.12", "10.99.2.12", "fd99:1ab::c"],
+        "lab addressing changed"
+    );
+    let node2_key = node2["publicKey"].as_str().unwrap().to_owned();
+    // node2 runs with bypass too: it is alive and must answer node1 in clear as well
+    // (without it, node2 would mark its replies into its own blackholed tunnel).
+    apply_bypass(&lab, &st, "node1");
+    apply_bypass(&lab, &st, "node2");
+
+    // node1 and node3 reach each other; node2, declared down 15 s after its first
+    // endpoint was pushed, has been rotated to its second.
+    for (n, other) in [("node1", "node3"), ("node3", "node1")] {
+        let other_key = node(&st, other)["publicKey"].as_str().unwrap().to_owned();
+        eventually(&format!("{n} to see {other} up"), || {
+            (peer_state(&lab, n, &other_key) == "up").then_some(())
+        });
+        let status = eventually_within(90, &format!("{n} to rotate node2"), || {
+            get_one(&lab, n, "peers", &node2_key)
+                .filter(|p| p["spec"]["lastUsedEndpoint"] == "10.99.2.12:51820")
+        });
+        assert_ne!(status["spec"]["state"], "up", "{n}: {status}");
+    }
+    assert_down_peer_routing(&lab, &st, &node2_key);
+}
