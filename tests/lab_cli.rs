@@ -346,3 +346,43 @@ fn nix_kill9(pid: i32) {
         .unwrap()
         .success());
 }
+
+#[test]
+fn underlay_rules_that_cannot_load_are_refused() {
+    // A missing file: refused before anything is made.
+    let lab = Lab::new();
+    let o = lab.run(&[
+        "up",
+        "--nodes",
+        "1",
+        "--no-wait",
+        "--underlay-nft",
+        "/nonexistent.nft",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("--underlay-nft /nonexistent.nft"), "{err}");
+    assert!(lab.namespaces().is_empty(), "{:?}", lab.namespaces());
+    assert!(!lab.dir().exists());
+
+    // Rules nft rejects: the error names the flag and nft's complaint; `down` cleans up.
+    let bad = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(bad.path(), "table bridge t { chain c { nonsense } }\n").unwrap();
+    let o = lab.run(&[
+        "up",
+        "--nodes",
+        "1",
+        "--no-wait",
+        "--underlay-nft",
+        bad.path().to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("loading --underlay-nft") && err.contains("nft"),
+        "{err}"
+    );
+    let pids = lab.pids();
+    lab.ok(&["down"]);
+    lab.assert_gone(&pids);
+}

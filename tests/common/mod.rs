@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod lab;
+pub mod upstream;
 
 use std::{
     io::{BufRead as _, BufReader},

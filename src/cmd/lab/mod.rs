@@ -66,6 +66,14 @@ enum Lab {
         /// Leave out the how-to-look-around lines (scripts print their own).
         #[arg(long)]
         no_hints: bool,
+        /// An nftables ruleset (`nft -f` syntax) loaded into the underlay namespace
+        /// before any daemon starts: a firewall or blackhole between the nodes. The
+        /// underlay is a bridge, so rules go in a `bridge` family table, e.g.
+        /// `ip daddr 10.99.1.12 udp dport 51820 drop` in a forward chain cuts node2's
+        /// first endpoint. Inspect its counters with
+        /// `ip netns exec wsl-NAME-underlay nft list ruleset`.
+        #[arg(long, value_name = "FILE")]
+        underlay_nft: Option<PathBuf>,
     },
     /// Every node's peers with their state.
     Status {
@@ -96,6 +104,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             timeout,
             no_wait,
             no_hints,
+            underlay_nft,
         } => up::run(
             &name,
             &up::Options {
@@ -107,6 +116,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 timeout: *timeout,
                 no_wait: *no_wait,
                 no_hints: *no_hints,
+                underlay_nft: underlay_nft.clone(),
             },
         ),
         Lab::Status { output } => {

@@ -5,7 +5,7 @@ use std::{
     fs,
     net::{IpAddr, SocketAddr},
     os::unix::fs::{DirBuilderExt as _, PermissionsExt as _},
-    path::Path,
+    path::{Path, PathBuf},
     process::Child,
     time::{Duration, Instant},
 };
@@ -33,6 +33,8 @@ pub struct Options {
     pub no_wait: bool,
     /// Leave out the how-to-look-around lines (scripts print their own).
     pub no_hints: bool,
+    /// nftables ruleset loaded into the underlay namespace before the daemons start.
+    pub underlay_nft: Option<PathBuf>,
 }
 
 /// How long a process may take to start answering.
@@ -55,6 +57,10 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
                 leftovers.join(", ")
             }
         );
+    }
+    if let Some(f) = &opts.underlay_nft {
+        // Checked before anything is made: a typo must not leave a half-built lab.
+        fs::metadata(f).with_context(|| format!("--underlay-nft {}", f.display()))?;
     }
     let started = Instant::now();
     let state = build(name, opts).with_context(|| {
@@ -173,6 +179,20 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
     host::ip_in(&underlay, &["link", "set", "lo", "up"])?;
     host::ip_in(&underlay, &["link", "add", "br0", "type", "bridge"])?;
     host::ip_in(&underlay, &["link", "set", "br0", "up"])?;
+    if let Some(rules) = &opts.underlay_nft {
+        // Before any daemon runs, so the very first packets already meet the rules.
+        host::run(
+            "nsenter",
+            &[
+                &format!("--net=/run/netns/{underlay}"),
+                "--",
+                "nft",
+                "-f",
+                path_str(rules)?,
+            ],
+        )
+        .with_context(|| format!("loading --underlay-nft {}", rules.display()))?;
+    }
 
     // The discovery server.
     let disco_ns = add_host_netns(
