@@ -8,7 +8,8 @@
 //! manager emitted as specs are applied with the routing adapter, timed apart, since
 //! the network controllers that normally apply them are another part); then one
 //! affiliate at a time changes a pod CIDR, timed until both the WireGuard peer and the
-//! marking carry the new prefix. The adapters are wrapped to timestamp their applies
+//! marking carry the new prefix, once the mesh has settled (no peer awaiting a first
+//! handshake, so no per-second device reads). The adapters are wrapped to timestamp their applies
 //! (whole-state or delta), so the report splits a change into WireGuard apply, marking
 //! apply and the rest (the controllers). Needs root, `ip`, `nft` and `wireguard-go`.
 
@@ -35,6 +36,7 @@ use wirespan_control::{
         },
         config::{MachineConfig, MachineConfigSpec},
         identity::{NodeIdentity, NodeIdentitySpec},
+        kubespan::{KubeSpanPeerStatus, PeerState, NS},
         network::{AddressSpec, LinkSpec, RouteSpec, RoutingRuleSpec, NS_CONFIG},
     },
     runtime::{Resource, Runtime, Store, StoreOptions},
@@ -493,6 +495,32 @@ impl Node {
         Ok((w.0.max(m.0), w.1, m.1))
     }
 
+    /// Waits until no peer awaits its first handshake any more (the bench's peers
+    /// never answer, so each turns `down` 15 s after its endpoint was pushed): until
+    /// then the manager re-reads the whole device every second, and a one-peer change
+    /// would be timed against that instead of against a settled mesh.
+    async fn settle(&self, n: usize, limit: Duration) -> anyhow::Result<()> {
+        let deadline = Instant::now() + limit;
+        loop {
+            let statuses = self
+                .store
+                .list::<KubeSpanPeerStatus>(NS, &Default::default());
+            let waiting = statuses
+                .iter()
+                .filter(|s| s.spec.state == PeerState::Unknown)
+                .count();
+            if statuses.len() == n && waiting == 0 {
+                return Ok(());
+            }
+            anyhow::ensure!(
+                Instant::now() < deadline,
+                "{waiting} of {} peers still await a first handshake after {limit:?}",
+                statuses.len()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     /// Applies the link, address, routes and rules the manager emitted.
     fn apply_routing(&self) -> anyhow::Result<Duration> {
         let link = self.store.list::<LinkSpec>(NS_CONFIG, &Default::default());
@@ -573,6 +601,7 @@ async fn measure(n: usize, changes: usize, fast_path: FastPath) -> anyhow::Resul
         .await?;
     let from_empty = done - t0;
     let routing = node.apply_routing()?;
+    node.settle(n, Duration::from_secs(60)).await?;
     pb.inc(1);
     let (mut change, mut change_wg, mut change_nft) = (Vec::new(), Vec::new(), Vec::new());
     for c in 0..changes {

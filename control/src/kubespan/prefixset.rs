@@ -130,11 +130,15 @@ impl PrefixSet {
         }
     }
 
-    /// Whether the sets share an address.
+    /// Whether the sets share an address: O(m log n), walking the smaller set's m
+    /// ranges and looking each up in the larger one.
     #[must_use]
     pub fn overlaps(&self, other: &Self) -> bool {
-        other.v4.0.iter().any(|(s, e)| self.v4.overlaps(*s, *e))
-            || other.v6.0.iter().any(|(s, e)| self.v6.overlaps(*s, *e))
+        fn any(a: &Ranges, b: &Ranges) -> bool {
+            let (small, large) = if a.0.len() <= b.0.len() { (a, b) } else { (b, a) };
+            small.0.iter().any(|(s, e)| large.overlaps(*s, *e))
+        }
+        any(&self.v4, &other.v4) || any(&self.v6, &other.v6)
     }
 
     /// Whether the set is empty.

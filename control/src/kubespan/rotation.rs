@@ -147,13 +147,20 @@ pub const HANDSHAKE_POLL: Duration = Duration::from_secs(1);
 
 /// When the peer should be looked at again without waiting for the tick (§8.5): while
 /// it is unknown, every [`HANDSHAKE_POLL`] until `lastEndpointChange + 15 s`, then at
-/// that deadline (where it turns down and the next endpoint is pushed).
+/// that deadline (where it turns down and the next endpoint is pushed); while it is up,
+/// when it would turn down without a new handshake.
 #[must_use]
 pub fn next_wake(status: &KubeSpanPeerStatusSpec, now: SystemTime) -> Option<SystemTime> {
     match (status.state, status.last_endpoint_change) {
         (PeerState::Unknown, Some(t)) => {
             let deadline = t + ENDPOINT_CONNECTION_TIMEOUT;
             Some(deadline.min(now + HANDSHAKE_POLL))
+        }
+        // An up peer turns down once both its last handshake and its last endpoint
+        // change are older than the down interval (just past it: the rule is strict).
+        (PeerState::Up, ec) => {
+            let latest = status.last_handshake_time.max(ec)?;
+            Some(latest + PEER_DOWN_INTERVAL + Duration::from_secs(1))
         }
         _ => None,
     }
@@ -337,7 +344,10 @@ mod tests {
             }
         );
         assert_eq!((s.receive_bytes, s.transmit_bytes), (100, 200));
-        assert_eq!(next_wake(&s, t(20)), None);
+        // Looked at again just after it would turn down without a new handshake.
+        assert_eq!(next_wake(&s, t(20)), Some(t(3 + 275 + 1)));
+        step(&mut s, &[a, b], None, t(3 + 275 + 1));
+        assert_ne!(s.state, PeerState::Up);
     }
 
     #[test]
