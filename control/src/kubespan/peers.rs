@@ -113,7 +113,17 @@ pub struct Resolved {
 /// overlapping one, and costs O(log n) per range.
 #[must_use]
 pub fn resolve_overlaps<'a>(claimed: impl IntoIterator<Item = &'a PrefixSet>) -> Vec<Resolved> {
-    let mut earlier = PrefixSet::new();
+    resolve_overlaps_after(&PrefixSet::new(), claimed)
+}
+
+/// [`resolve_overlaps`] with `reserved` claimed before every peer (this node's own
+/// KubeSpan address: a peer with the same one, a cloned MAC, must not take it).
+#[must_use]
+pub fn resolve_overlaps_after<'a>(
+    reserved: &PrefixSet,
+    claimed: impl IntoIterator<Item = &'a PrefixSet>,
+) -> Vec<Resolved> {
+    let mut earlier = reserved.clone();
     let mut out = Vec::new();
     for set in claimed {
         if earlier.overlaps(set) {

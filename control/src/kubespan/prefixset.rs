@@ -98,6 +98,14 @@ impl PrefixSet {
         }
     }
 
+    /// The addresses of one prefix.
+    #[must_use]
+    pub fn from_prefix(net: &IpNet) -> Self {
+        let mut s = Self::new();
+        s.insert(net);
+        s
+    }
+
     /// Adds every address of `net` (host bits ignored).
     pub fn insert(&mut self, net: &IpNet) {
         let (v6, s, e) = bounds(net);
@@ -135,7 +143,11 @@ impl PrefixSet {
     #[must_use]
     pub fn overlaps(&self, other: &Self) -> bool {
         fn any(a: &Ranges, b: &Ranges) -> bool {
-            let (small, large) = if a.0.len() <= b.0.len() { (a, b) } else { (b, a) };
+            let (small, large) = if a.0.len() <= b.0.len() {
+                (a, b)
+            } else {
+                (b, a)
+            };
             small.0.iter().any(|(s, e)| large.overlaps(*s, *e))
         }
         any(&self.v4, &other.v4) || any(&self.v6, &other.v6)

@@ -19,7 +19,7 @@ use futures::future::BoxFuture;
 
 use crate::{
     kubespan::{
-        peers::{claimed_set, resolve_overlaps, select},
+        peers::{claimed_set, resolve_overlaps_after, select},
         prefixset::PrefixSet,
     },
     resources::{
@@ -43,6 +43,8 @@ const INCREMENTAL_MAX: usize = 16;
 struct Clean {
     local: String,
     own_key: String,
+    /// This node's KubeSpan address: no peer may claim it (cloned MACs collide).
+    own_address: Option<ipnet::IpNet>,
     /// node id → public key of every selected peer.
     selected: HashMap<String, String>,
     /// The reverse: public key → node id.
@@ -109,14 +111,18 @@ impl KubeSpanPeerSpecController {
         &mut self,
         rt: &mut ControllerRuntime,
         local: &str,
-        own_key: &str,
+        (own_key, own_address): (&str, Option<ipnet::IpNet>),
         ids: &[String],
         written: &mut BTreeMap<String, KubeSpanPeerSpecSpec>,
     ) -> Result<bool, crate::runtime::ControllerError> {
         let Some(clean) = self.clean.as_mut() else {
             return Ok(false);
         };
-        if clean.local != local || clean.own_key != own_key || ids.len() > INCREMENTAL_MAX {
+        if clean.local != local
+            || clean.own_key != own_key
+            || clean.own_address != own_address
+            || ids.len() > INCREMENTAL_MAX
+        {
             return Ok(false);
         }
         // What each changed affiliate was and becomes: (id, key before, key after).
@@ -211,7 +217,7 @@ impl KubeSpanPeerSpecController {
     fn full_pass(
         &mut self,
         local: &str,
-        own_key: &str,
+        (own_key, own_address): (&str, Option<ipnet::IpNet>),
         affiliates: &[Arc<Resource<Affiliate>>],
     ) -> BTreeMap<String, KubeSpanPeerSpecSpec> {
         let mut desired = BTreeMap::new();
@@ -243,13 +249,19 @@ impl KubeSpanPeerSpecController {
                 );
             }
         }
-        let resolved = resolve_overlaps(
+        // This node's own address counts as claimed before every peer (§3.4).
+        let mut reserved = PrefixSet::new();
+        if let Some(a) = own_address {
+            reserved.insert(&ipnet::IpNet::from(a.addr()));
+        }
+        let resolved = resolve_overlaps_after(
+            &reserved,
             selected
                 .iter()
                 .filter_map(|s| self.claimed.get(s.node_id).map(|(_, _, set)| set)),
         );
         let mut overlap = false;
-        let mut union = PrefixSet::new();
+        let mut union = reserved.clone();
         for (s, r) in selected.iter().zip(resolved) {
             if r.allowed_ips.is_empty() {
                 tracing::warn!(peer = %s.public_key, node = %s.node_id, "peer keeps no AllowedIPs");
@@ -260,8 +272,15 @@ impl KubeSpanPeerSpecController {
                 }
             } else {
                 overlap = true;
+                if r.removed
+                    .iter()
+                    .any(|p| reserved.overlaps(&PrefixSet::from_prefix(p)))
+                {
+                    tracing::warn!(peer = %s.public_key, node = %s.node_id,
+                        "peer claims this node's KubeSpan address (same MAC, a cloned machine?); not routed to it");
+                }
                 tracing::warn!(peer = %s.public_key, node = %s.node_id, removed = ?r.removed,
-                    "peer address overlap: ranges already claimed by an earlier peer");
+                    "peer address overlap: ranges already claimed by an earlier peer or this node");
             }
             desired.insert(
                 s.public_key.to_owned(),
@@ -271,6 +290,7 @@ impl KubeSpanPeerSpecController {
         self.clean = (!overlap && conflicts.is_empty()).then(|| Clean {
             local: local.to_owned(),
             own_key: own_key.to_owned(),
+            own_address,
             selected: selected
                 .iter()
                 .map(|s| (s.node_id.to_owned(), s.public_key.to_owned()))
@@ -319,12 +339,14 @@ impl KubeSpanPeerSpecController {
                 .get_opt::<NodeIdentity>(NodeIdentity::DEFAULT_NAMESPACE, LOCAL)?
                 .map(|r| r.spec.node_id.clone())
                 .unwrap_or_default();
-            let own_key = rt
-                .get_opt::<KubeSpanIdentity>(NS, KUBESPAN)?
+            let identity = rt.get_opt::<KubeSpanIdentity>(NS, KUBESPAN)?;
+            let own_key = identity
+                .as_ref()
                 .map(|r| r.spec.public_key.clone())
                 .unwrap_or_default();
+            let own = (own_key.as_str(), identity.and_then(|r| r.spec.address));
             if let Some(ids) = &changed {
-                match self.try_incremental(rt, &local, &own_key, ids, &mut written) {
+                match self.try_incremental(rt, &local, own, ids, &mut written) {
                     Ok(true) => {
                         self.written = Some(written);
                         return Ok(());
@@ -338,7 +360,7 @@ impl KubeSpanPeerSpecController {
             }
             let affiliates: Vec<Arc<Resource<Affiliate>>> =
                 self.affiliates.values().cloned().collect();
-            self.full_pass(&local, &own_key, &affiliates)
+            self.full_pass(&local, own, &affiliates)
         } else {
             self.claimed.clear();
             self.clean = None;

@@ -793,3 +793,40 @@ async fn peer_specs_after_random_changes_equal_a_full_pass() {
     }
     m.h.stop().await.unwrap();
 }
+
+/// A peer with this node's KubeSpan address (a cloned MAC) keeps its other ranges but
+/// not that address, and the spec says what was withheld (spec §3.4).
+#[tokio::test]
+async fn a_peer_claiming_this_nodes_address_does_not_get_it() {
+    let m = start("", tempfile::tempdir().unwrap());
+    let store = &m.h.store;
+    let own: std::net::IpAddr = "fd21:4de:ec13:da02:216:3eff:fe12:3456".parse().unwrap();
+    set_affiliate(store, &affiliate(1, &["192.0.2.1:51820"]));
+    let mut clone = affiliate(2, &["192.0.2.2:51820"]);
+    clone.kubespan.as_mut().unwrap().address = Some(own);
+    set_affiliate(store, &clone);
+    assert_resource::<KubeSpanPeerSpec>(store, NS, &key(2), |r| {
+        let allowed: Vec<String> = r.spec.allowed_ips.iter().map(ToString::to_string).collect();
+        let removed: Vec<String> = r
+            .spec
+            .overlap_removed
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        (allowed == ["10.5.0.2/32", "10.244.2.0/24"] && removed == [format!("{own}/128")])
+            .then_some(())
+            .ok_or(format!("allowed {allowed:?} removed {removed:?}"))
+    })
+    .await;
+    // Once it has its own address again, nothing is withheld (and peer 1 never changed).
+    set_affiliate(store, &affiliate(2, &["192.0.2.2:51820"]));
+    assert_resource::<KubeSpanPeerSpec>(store, NS, &key(2), |r| {
+        (r.spec.overlap_removed.is_empty() && r.spec.allowed_ips.len() == 3)
+            .then_some(())
+            .ok_or(format!("{:?}", r.spec))
+    })
+    .await;
+    let p1 = store.get::<KubeSpanPeerSpec>(NS, &key(1)).unwrap();
+    assert!(p1.spec.overlap_removed.is_empty(), "{:?}", p1.spec);
+    m.h.stop().await.unwrap();
+}
