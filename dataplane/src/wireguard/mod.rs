@@ -1089,7 +1089,7 @@ mod tests {
         );
         apply_peer_updates(&mut st, &mut index, &ups);
         assert_eq!(index, index_of(&st), "index follows the state");
-        let mut want = d.clone();
+        let mut want = d;
         want.peers.retain(|p| p.public_key != key(1));
         want.peers[0] = changed;
         want.peers.push(peer(9, &["10.0.0.9/32"]));

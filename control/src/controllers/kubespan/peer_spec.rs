@@ -35,6 +35,9 @@ use crate::{
     },
 };
 
+/// What a changed affiliate becomes: a selected peer's key and the affiliate, or none.
+type Becomes = Option<(String, Arc<Resource<Affiliate>>)>;
+
 /// At most this many changed affiliates take the incremental path.
 const INCREMENTAL_MAX: usize = 16;
 
@@ -126,11 +129,7 @@ impl KubeSpanPeerSpecController {
             return Ok(false);
         }
         // What each changed affiliate was and becomes: (id, key before, key after).
-        let mut ops: Vec<(
-            &String,
-            Option<String>,
-            Option<(String, Arc<Resource<Affiliate>>)>,
-        )> = Vec::with_capacity(ids.len());
+        let mut ops: Vec<(&String, Option<String>, Becomes)> = Vec::with_capacity(ids.len());
         let mut joining = std::collections::HashSet::new();
         for id in ids {
             if id == local {
