@@ -71,7 +71,7 @@ use self::{
 };
 use crate::{
     error::Invalid,
-    marking::MarkingSpec,
+    marking::{MarkingSpec, PrefixDelta},
     netns::Netns,
     watch::{Change, NetEvent, Watcher},
 };
@@ -204,6 +204,9 @@ pub enum FastPathError {
     /// The namespace could not be entered or watched.
     #[error("network namespace: {0}")]
     Netns(#[source] io::Error),
+    /// A delta was given before any spec was applied.
+    #[error("a routed-set delta needs a spec applied first")]
+    NotApplied,
 }
 
 impl FastPathError {
@@ -489,7 +492,33 @@ impl Programs {
     pub fn apply(&mut self, spec: &MarkingSpec) -> Result<SyncStats, FastPathError> {
         spec.validate()?;
         let (plan, next) = self.state.plan(spec);
-        let occ = next.occupancy();
+        self.check_capacity(next.occupancy())?;
+        let stats = self.write(&plan)?;
+        self.state = next;
+        Ok(stats)
+    }
+
+    /// Applies `delta` to the routed set last applied (marks unchanged), writing only
+    /// what it changes, in time proportional to the delta: only its prefixes are
+    /// planned against the remembered state, and the capacity check uses the entry
+    /// counts updated by the delta.
+    ///
+    /// # Errors
+    /// [`FastPathError::NotApplied`] before the first [`Programs::apply`]; an invalid
+    /// delta or capacity exceeded (nothing written); a map write failed (the state
+    /// stays as before the delta, to retry from).
+    pub fn apply_delta(&mut self, delta: &PrefixDelta) -> Result<SyncStats, FastPathError> {
+        if !self.state.is_applied() {
+            return Err(FastPathError::NotApplied);
+        }
+        let (plan, changes) = self.state.plan_delta(delta)?;
+        self.check_capacity(changes.occupancy)?;
+        let stats = self.write(&plan)?;
+        self.state.commit_delta(delta, &plan, changes);
+        Ok(stats)
+    }
+
+    fn check_capacity(&self, occ: Occupancy) -> Result<(), FastPathError> {
         let cap = self.max_prefixes as usize;
         for (map, needed) in [
             (wirespan_ebpf::MAP_PHASH_V4, occ.phash.0),
@@ -507,9 +536,7 @@ impl Programs {
                 });
             }
         }
-        let stats = self.write(&plan)?;
-        self.state = next;
-        Ok(stats)
+        Ok(())
     }
 
     fn write(&mut self, plan: &Plan) -> Result<SyncStats, FastPathError> {
@@ -889,6 +916,14 @@ impl FastPath {
     /// As [`Programs::apply`].
     pub fn apply(&self, spec: &MarkingSpec) -> Result<SyncStats, FastPathError> {
         lock(&self.shared).programs.apply(spec)
+    }
+
+    /// Applies a routed-set delta to the maps (see [`Programs::apply_delta`]).
+    ///
+    /// # Errors
+    /// As [`Programs::apply_delta`].
+    pub fn apply_delta(&self, delta: &PrefixDelta) -> Result<SyncStats, FastPathError> {
+        lock(&self.shared).programs.apply_delta(delta)
     }
 
     /// The packet counters.
