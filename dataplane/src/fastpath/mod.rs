@@ -302,6 +302,30 @@ impl SyncStats {
     }
 }
 
+/// The lookup maps as the kernel holds them (see [`Programs::dump`]): keys as plain
+/// tuples, values the route marks; buckets and their bitmaps only where non-zero.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MapDump {
+    /// Prefix hash, IPv4: (address, mask).
+    pub phash_v4: BTreeMap<(u32, u32), u32>,
+    /// Prefix hash, IPv6: (hi, lo, id).
+    pub phash_v6: BTreeMap<(u64, u64, u64), u32>,
+    /// Exact hosts, IPv4.
+    pub hosts_v4: BTreeMap<u32, u32>,
+    /// Exact hosts, IPv6.
+    pub hosts_v6: BTreeMap<[u8; 16], u32>,
+    /// LPM trie, IPv4: (length, address).
+    pub lpm_v4: BTreeMap<(u32, u32), u32>,
+    /// LPM trie, IPv6: (length, address).
+    pub lpm_v6: BTreeMap<(u32, [u8; 16]), u32>,
+    /// IPv4 bucket bitmaps.
+    pub buckets_v4: BTreeMap<u32, u64>,
+    /// IPv6 bucket bitmaps: (lo, hi).
+    pub buckets_v6: BTreeMap<u32, (u64, u64)>,
+    /// The config entry.
+    pub config: Config,
+}
+
 /// Typed handles of the maps.
 struct Maps {
     config: Array<MapData, Config>,
@@ -630,6 +654,60 @@ impl Programs {
             buckets: plan.buckets_v4.len() + plan.buckets_v6.len(),
             config: plan.config.is_some(),
         })
+    }
+
+    /// Reads every lookup map back from the kernel (for tests: one syscall per
+    /// entry and per bucket).
+    ///
+    /// # Errors
+    /// A map could not be read.
+    pub fn dump(&self) -> Result<MapDump, FastPathError> {
+        let m = &self.maps;
+        let err = |map: &'static str| move |source| FastPathError::Map { map, source };
+        let mut d = MapDump::default();
+        for kv in m.phash_v4.iter() {
+            let (k, v) = kv.map_err(err(wirespan_ebpf::MAP_PHASH_V4))?;
+            d.phash_v4.insert((k.addr, k.mask), v);
+        }
+        for kv in m.phash_v6.iter() {
+            let (k, v) = kv.map_err(err(wirespan_ebpf::MAP_PHASH_V6))?;
+            d.phash_v6.insert((k.hi, k.lo, k.id), v);
+        }
+        for kv in m.hosts_v4.iter() {
+            let (k, v) = kv.map_err(err(wirespan_ebpf::MAP_HOSTS_V4))?;
+            d.hosts_v4.insert(k, v);
+        }
+        for kv in m.hosts_v6.iter() {
+            let (k, v) = kv.map_err(err(wirespan_ebpf::MAP_HOSTS_V6))?;
+            d.hosts_v6.insert(k, v);
+        }
+        for kv in m.lpm_v4.iter() {
+            let (k, v) = kv.map_err(err(wirespan_ebpf::MAP_LPM_V4))?;
+            d.lpm_v4.insert((k.prefix_len(), k.data()), v);
+        }
+        for kv in m.lpm_v6.iter() {
+            let (k, v) = kv.map_err(err(wirespan_ebpf::MAP_LPM_V6))?;
+            d.lpm_v6.insert((k.prefix_len(), k.data()), v);
+        }
+        for (b, bits) in m.buckets_v4.iter().enumerate() {
+            let bits = bits.map_err(err(wirespan_ebpf::MAP_BUCKETS_V4))?;
+            if bits != 0 {
+                d.buckets_v4
+                    .insert(u32::try_from(b).unwrap_or(u32::MAX), bits);
+            }
+        }
+        for (b, bits) in m.buckets_v6.iter().enumerate() {
+            let bits = bits.map_err(err(wirespan_ebpf::MAP_BUCKETS_V6))?;
+            if bits != Bits6::default() {
+                d.buckets_v6
+                    .insert(u32::try_from(b).unwrap_or(u32::MAX), (bits.lo, bits.hi));
+            }
+        }
+        d.config = m
+            .config
+            .get(&0, 0)
+            .map_err(err(wirespan_ebpf::MAP_CONFIG))?;
+        Ok(d)
     }
 
     /// The packet counters, summed over CPUs.
