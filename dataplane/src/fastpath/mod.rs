@@ -518,7 +518,8 @@ impl Programs {
         let (plan, next) = self.state.plan(spec);
         self.check_capacity(next.occupancy())?;
         let stats = self.write(&plan)?;
-        self.state = next;
+        let old = std::mem::replace(&mut self.state, next);
+        self.state.adopt_index(old);
         Ok(stats)
     }
 

@@ -241,6 +241,14 @@ impl MapState {
         (plan, next)
     }
 
+    /// Takes over `old`'s position index (a [`MapState::plan`] result has none: the
+    /// lists are copied without it) where the lists allow, so the next delta need not
+    /// rebuild it.
+    pub fn adopt_index(&mut self, old: MapState) {
+        let lists = std::mem::take(&mut self.lists);
+        self.lists = old.lists.updated_to(&lists);
+    }
+
     /// Whether a spec was applied (a delta needs one).
     #[must_use]
     pub fn is_applied(&self) -> bool {

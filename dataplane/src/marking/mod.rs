@@ -11,6 +11,9 @@
 //! ruleset generation shows no transaction but ours, the table is not read at all,
 //! and a spec that differs from the previous one in a few prefixes is re-rendered
 //! incrementally: a steady-state change costs time in proportion to the change.
+//! [`Marking::apply_delta`] goes further: given the change itself ([`PrefixDelta`]),
+//! no list is compared at all, and the element changes it renders are committed
+//! straight onto the remembered table state.
 //!
 //! Every rule carries a comment naming what it does and its parameters
 //! (`wirespan:mss:v4_hosts:1368`); the comments of the listed rules are compared with

@@ -84,12 +84,22 @@ fn family(p: &IpNet) -> usize {
 }
 
 /// The IPv4 and IPv6 prefix lists of a routed set (multisets: order carries no
-/// meaning, duplicates do).
-#[derive(Debug, Clone, Default)]
+/// meaning, duplicates do). A clone copies the lists, not the index (rebuilt on its
+/// first delta): cloning stays a memory copy.
+#[derive(Debug, Default)]
 pub struct PrefixLists {
     lists: [Vec<IpNet>; 2],
     /// Per family: prefix -> its positions. Built on the first delta.
     index: Option<[Index; 2]>,
+}
+
+impl Clone for PrefixLists {
+    fn clone(&self) -> Self {
+        Self {
+            lists: self.lists.clone(),
+            index: None,
+        }
+    }
 }
 
 impl PrefixLists {
@@ -131,6 +141,14 @@ impl PrefixLists {
                 }
             }
         }
+    }
+
+    /// `self` (whose index may be built) brought to `other`'s lists, keeping the
+    /// index where the lengths allow (see [`PrefixLists::assign`]).
+    #[must_use]
+    pub fn updated_to(mut self, other: &PrefixLists) -> Self {
+        self.assign(other.v4(), other.v6());
+        self
     }
 
     /// Puts `p` at position `at` of list `f` (0: IPv4, 1: IPv6).
