@@ -688,6 +688,15 @@ mod tests {
         /// Prefixes of every kind the maps treat differently: hosts, bucketed and
         /// global lengths, `::/0`; few distinct values, so duplicates and shared
         /// buckets are common.
+        fn prefix_v4(&mut self) -> IpNet {
+            loop {
+                let p = self.prefix();
+                if matches!(p, IpNet::V4(_)) {
+                    return p;
+                }
+            }
+        }
+
         fn prefix(&mut self) -> IpNet {
             let lens4: [u8; 6] = [32, 30, 24, 16, 8, 0];
             let lens6: [u8; 6] = [128, 96, 64, 56, 48, 0];
@@ -757,6 +766,16 @@ mod tests {
                     // And a full apply on top of the deltas has nothing to write.
                     let (again, _) = st.plan(&spec);
                     assert!(again.is_empty(), "{again:?}");
+                    // Now and then a full apply with one position changed, keeping the
+                    // index for the deltas after it.
+                    if r.below(4) == 0 && !spec.prefixes_v4.is_empty() {
+                        let at = r.below(spec.prefixes_v4.len());
+                        spec.prefixes_v4[at] = r.prefix_v4();
+                        let (plan, next) = st.plan(&spec);
+                        maps.write(&plan);
+                        let old = std::mem::replace(&mut st, next);
+                        st.adopt_index(old);
+                    }
                 }
             }
         }

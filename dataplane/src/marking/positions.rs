@@ -388,6 +388,15 @@ mod tests {
                 assert_eq!(lists.count(&p), f.count(&p), "{round} {p}");
             }
             spec = want;
+            // Now and then a positional change (a full spec of the same lengths).
+            if round % 5 == 0 && !lists.v4().is_empty() {
+                let mut v4 = lists.v4().to_vec();
+                v4[0] = pick(next() % 1_000 * 3 + 1);
+                let v6 = lists.v6().to_vec();
+                lists.assign(&v4, &v6);
+                spec.prefixes_v4 = v4;
+                spec.prefixes_v6 = v6;
+            }
         }
     }
 
