@@ -9,9 +9,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use rand::{rngs::StdRng, Rng, SeedableRng};
 use wirespan_dataplane::{
-    fastpath::{sync::Structures, testrun::udp_frame, Counters, FastPathError, Programs},
+    fastpath::{sync::Structures, testrun::udp_frame, Counters, FastPathError, MapDump, Programs},
     ipnet::IpNet,
-    marking::MarkingSpec,
+    marking::{MarkingSpec, PrefixDelta},
 };
 use wirespan_ebpf::{PROG_FLOOR, PROG_LPM, PROG_PHASH};
 
@@ -327,4 +327,124 @@ fn both_structures_agree_with_a_reference_on_random_sets() {
             assert_eq!(got == 0x40, want, "round {round}: {dst}");
         }
     }
+}
+
+/// A delta before any apply is refused; after one, a sequence of random deltas leaves
+/// the kernel maps exactly as a full apply of the resulting spec into fresh maps does,
+/// and lookups agree with a plain reference.
+#[test]
+fn deltas_leave_the_maps_as_a_full_apply_would() {
+    let mut rng = StdRng::seed_from_u64(17);
+    let mut p = load();
+    let first = PrefixDelta {
+        remove: vec![],
+        add: vec!["10.0.0.1/32".parse().unwrap()],
+    };
+    assert!(matches!(
+        p.apply_delta(&first),
+        Err(FastPathError::NotApplied)
+    ));
+    assert_eq!(p.dump().unwrap(), MapDump::default());
+    let mut s = MarkingSpec::default();
+    for _ in 0..100 {
+        s.prefixes_v4.push(random_prefix(&mut rng, true));
+        s.prefixes_v6.push(random_prefix(&mut rng, false));
+    }
+    p.apply(&s).unwrap();
+    for step in 0..60 {
+        let mut delta = PrefixDelta::default();
+        let mut left: Vec<IpNet> = s
+            .prefixes_v4
+            .iter()
+            .chain(&s.prefixes_v6)
+            .copied()
+            .collect();
+        for _ in 0..rng.gen_range(0..4) {
+            delta
+                .remove
+                .push(left.swap_remove(rng.gen_range(0..left.len())));
+        }
+        for _ in 0..rng.gen_range(0..4) {
+            let v4 = rng.gen();
+            delta.add.push(random_prefix(&mut rng, v4));
+        }
+        p.apply_delta(&delta).unwrap();
+        s = delta.applied_to(&s).unwrap();
+        if step % 20 == 19 {
+            let mut full = load();
+            full.apply(&s).unwrap();
+            assert_eq!(p.dump().unwrap(), full.dump().unwrap(), "step {step}");
+            for _ in 0..100 {
+                let dst: IpAddr = if rng.gen() {
+                    Ipv4Addr::from(0x0a00_0000 | (rng.gen::<u32>() & 0x000f_0fff)).into()
+                } else {
+                    Ipv6Addr::from(
+                        0xfd00_u128 << 112
+                            | u128::from(rng.gen::<u8>() & 3) << 64
+                            | u128::from(rng.gen::<u16>()),
+                    )
+                    .into()
+                };
+                let want = s
+                    .prefixes_v4
+                    .iter()
+                    .chain(&s.prefixes_v6)
+                    .any(|n| n.contains(&dst));
+                let got = mark_of(&p, &frame(&dst.to_string()), 0);
+                assert_eq!(got == 0x40, want, "step {step}: {dst}");
+            }
+        }
+    }
+}
+
+/// An invalid delta names its entry, a delta beyond capacity is refused, and neither
+/// writes anything.
+#[test]
+fn invalid_or_oversized_deltas_write_nothing() {
+    let mut p = Programs::load(BOTH, 4, &[PROG_PHASH, PROG_LPM]).unwrap();
+    p.apply(&spec(&["10.0.0.1/32", "10.0.0.2/32", "10.1.0.0/24"], &[]))
+        .unwrap();
+    let before = p.dump().unwrap();
+    let n = |s: &str| s.parse::<IpNet>().unwrap();
+    for (bad, field) in [
+        (
+            PrefixDelta {
+                remove: vec![n("10.0.0.1/32"), n("10.0.0.9/32")],
+                add: vec![],
+            },
+            "remove[1]",
+        ),
+        (
+            PrefixDelta {
+                remove: vec![],
+                add: vec![n("10.0.0.3/32"), n("10.2.0.1/24")],
+            },
+            "add[1]",
+        ),
+    ] {
+        match p.apply_delta(&bad) {
+            Err(FastPathError::Invalid(e)) => assert_eq!(e.field, field, "{e}"),
+            other => panic!("expected invalid {field}, got {other:?}"),
+        }
+    }
+    let e = p
+        .apply_delta(&PrefixDelta {
+            remove: vec![],
+            add: vec![n("10.0.0.3/32"), n("10.0.0.4/32")],
+        })
+        .unwrap_err();
+    assert!(
+        matches!(e, FastPathError::Capacity { needed: 5, .. }),
+        "{e}"
+    );
+    assert_eq!(p.dump().unwrap(), before);
+    // Within capacity (insertions are written before removals, so the maps must
+    // hold both for a moment) it applies.
+    p.apply_delta(&PrefixDelta {
+        remove: vec![n("10.0.0.1/32")],
+        add: vec![n("10.0.0.4/32")],
+    })
+    .unwrap();
+    assert_eq!(mark_of(&p, &frame("10.0.0.1"), 0), 0);
+    assert_eq!(mark_of(&p, &frame("10.0.0.4"), 0), 0x40);
 }

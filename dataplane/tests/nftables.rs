@@ -3,7 +3,7 @@
 use ipnet::IpNet;
 use serde_json::Value;
 use wirespan_dataplane::{
-    marking::{Marking, MarkingError, MarkingSpec, NftMarking, SetLayout},
+    marking::{render, Marking, MarkingError, MarkingSpec, NftMarking, PrefixDelta, SetLayout},
     netns::NetnsGuard,
 };
 
@@ -403,4 +403,173 @@ fn large_element_change_goes_through_nft() {
     assert!(m.apply(&s).unwrap());
     assert_eq!(listed(&ns, "v4_nets").len(), 3000);
     assert!(!NftMarking::new(ns.netns().clone()).apply(&s).unwrap());
+}
+
+/// What nft should list for each set of `spec`'s rendering (format of [`listed`]).
+fn rendered_sets(s: &MarkingSpec) -> Vec<(&'static str, Vec<String>)> {
+    render(s)
+        .sets
+        .iter()
+        .map(|set| {
+            let mut v: Vec<String> = set
+                .elements
+                .iter()
+                .map(|p| {
+                    // nft lists a one-address interval as the bare address.
+                    if set.interval && p.prefix_len() != p.max_prefix_len() {
+                        p.to_string()
+                    } else {
+                        p.addr().to_string()
+                    }
+                })
+                .collect();
+            v.sort();
+            (set.name, v)
+        })
+        .collect()
+}
+
+/// Deltas before any apply are refused; after one, each delta leaves the kernel with
+/// exactly the table a full apply of the resulting spec renders (both layouts), in
+/// one transaction and without listing the table while no one else wrote; a delta
+/// that empties a set rewrites the rules; after a foreign transaction the delta still
+/// ends right (the table is read once).
+#[test]
+fn deltas_leave_exactly_the_rendered_table() {
+    let p = |s: &str| s.parse::<IpNet>().unwrap();
+    for layout in [SetLayout::Split, SetLayout::Interval] {
+        let ns = NetnsGuard::new("wsnftd").unwrap();
+        let mut m = NftMarking::new(ns.netns().clone());
+        let first = PrefixDelta {
+            remove: vec![],
+            add: vec![p("10.9.0.1/32")],
+        };
+        assert!(matches!(
+            m.apply_delta(&first),
+            Err(MarkingError::NotApplied)
+        ));
+        assert!(ns
+            .run_stdout("nft", &["list", "ruleset"])
+            .unwrap()
+            .trim()
+            .is_empty());
+        let mut s = MarkingSpec {
+            layout,
+            ..spec(
+                &["10.9.0.1/32", "10.9.0.2/32", "10.0.0.0/26", "10.0.0.0/24"],
+                &["fd00::1/128", "fd10::/64"],
+            )
+        };
+        m.apply(&s).unwrap();
+        let steps: Vec<(Vec<&str>, Vec<&str>)> = vec![
+            // A host for a host; an adjacent interval.
+            (vec!["10.9.0.1/32"], vec!["10.9.0.3/32", "10.0.1.0/24"]),
+            // The covering /24 goes: the /26 it hid appears.
+            (vec!["10.0.0.0/24"], vec![]),
+            // A covering prefix arrives over two others.
+            (vec![], vec!["10.0.0.0/16"]),
+            // A duplicate added, then one copy removed: no change.
+            (vec![], vec!["10.9.0.2/32"]),
+            (vec!["10.9.0.2/32"], vec![]),
+            // IPv6: a /64 for a /56 covering it, a host replaced.
+            (
+                vec!["fd10::/64", "fd00::1/128"],
+                vec!["fd10::/56", "fd00::2/128"],
+            ),
+            // Top of the address space.
+            (vec![], vec!["255.255.255.0/24"]),
+        ];
+        for (i, (remove, add)) in steps.iter().enumerate() {
+            let delta = PrefixDelta {
+                remove: remove.iter().map(|q| p(q)).collect(),
+                add: add.iter().map(|q| p(q)).collect(),
+            };
+            let (writes, reads) = (m.transactions(), m.reads());
+            let before = rendered_sets(&s);
+            s = delta.applied_to(&s).unwrap();
+            let wrote = m.apply_delta(&delta).unwrap();
+            let want = rendered_sets(&s);
+            assert_eq!(wrote, before != want, "{layout:?} step {i}");
+            assert_eq!(
+                m.transactions(),
+                writes + u64::from(wrote),
+                "{layout:?} step {i}"
+            );
+            assert_eq!(m.reads(), reads, "{layout:?} step {i}: table listed");
+            for (set, elems) in &want {
+                assert_eq!(&listed(&ns, set), elems, "{layout:?} step {i} {set}");
+            }
+            assert!(
+                !NftMarking::new(ns.netns().clone()).apply(&s).unwrap(),
+                "{layout:?} step {i}: kernel differs from a full apply"
+            );
+        }
+        // Everything IPv6 goes: its sets empty, its rules go with them.
+        let delta = PrefixDelta {
+            remove: s.prefixes_v6.clone(),
+            add: vec![],
+        };
+        s = delta.applied_to(&s).unwrap();
+        assert!(m.apply_delta(&delta).unwrap());
+        let rules = ns
+            .run_stdout("nft", &["list", "table", "inet", "wirespan"])
+            .unwrap();
+        assert!(!rules.contains("ip6 daddr"), "{rules}");
+        assert!(!NftMarking::new(ns.netns().clone()).apply(&s).unwrap());
+        // A foreign transaction: the next delta reads the table once and ends right.
+        ns.run("nft", &["add", "table", "inet", "other"]).unwrap();
+        let reads = m.reads();
+        let delta = PrefixDelta {
+            remove: vec![p("10.9.0.3/32")],
+            add: vec![p("fd00::9/128")],
+        };
+        s = delta.applied_to(&s).unwrap();
+        assert!(m.apply_delta(&delta).unwrap());
+        assert_eq!(m.reads(), reads + 1);
+        for (set, elems) in &rendered_sets(&s) {
+            assert_eq!(&listed(&ns, set), elems, "{layout:?} after foreign {set}");
+        }
+        assert!(!NftMarking::new(ns.netns().clone()).apply(&s).unwrap());
+    }
+}
+
+/// An invalid delta names its entry and writes nothing; the next valid one applies.
+#[test]
+fn invalid_delta_writes_nothing() {
+    let p = |s: &str| s.parse::<IpNet>().unwrap();
+    let ns = NetnsGuard::new("wsnftd").unwrap();
+    let mut m = NftMarking::new(ns.netns().clone());
+    let s = spec(&["10.9.0.1/32", "10.0.0.0/24"], &[]);
+    m.apply(&s).unwrap();
+    let before = ns.run_stdout("nft", &["list", "ruleset"]).unwrap();
+    for (bad, field) in [
+        (
+            PrefixDelta {
+                remove: vec![p("10.0.0.0/24"), p("10.9.0.9/32")],
+                add: vec![p("10.1.0.0/24")],
+            },
+            "remove[1]",
+        ),
+        (
+            PrefixDelta {
+                remove: vec![p("10.0.0.0/24")],
+                add: vec![p("10.1.0.0/24"), p("10.2.0.1/24")],
+            },
+            "add[1]",
+        ),
+    ] {
+        match m.apply_delta(&bad) {
+            Err(MarkingError::Invalid(e)) => assert_eq!(e.field, field, "{e}"),
+            other => panic!("expected invalid {field}, got {other:?}"),
+        }
+    }
+    assert_eq!(m.transactions(), 1);
+    assert_eq!(ns.run_stdout("nft", &["list", "ruleset"]).unwrap(), before);
+    let ok = PrefixDelta {
+        remove: vec![p("10.0.0.0/24")],
+        add: vec![p("10.1.0.0/24")],
+    };
+    assert!(m.apply_delta(&ok).unwrap());
+    assert_eq!(listed(&ns, "v4_nets"), vec!["10.1.0.0/24".to_owned()]);
+    assert_eq!(listed(&ns, "v4_hosts"), vec!["10.9.0.1".to_owned()]);
 }

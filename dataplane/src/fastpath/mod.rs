@@ -71,7 +71,7 @@ use self::{
 };
 use crate::{
     error::Invalid,
-    marking::MarkingSpec,
+    marking::{MarkingSpec, PrefixDelta},
     netns::Netns,
     watch::{Change, NetEvent, Watcher},
 };
@@ -204,6 +204,9 @@ pub enum FastPathError {
     /// The namespace could not be entered or watched.
     #[error("network namespace: {0}")]
     Netns(#[source] io::Error),
+    /// A delta was given before any spec was applied.
+    #[error("a routed-set delta needs a spec applied first")]
+    NotApplied,
 }
 
 impl FastPathError {
@@ -297,6 +300,30 @@ impl SyncStats {
     pub fn writes(&self) -> usize {
         self.inserted + self.removed + self.buckets + usize::from(self.config)
     }
+}
+
+/// The lookup maps as the kernel holds them (see [`Programs::dump`]): keys as plain
+/// tuples, values the route marks; buckets and their bitmaps only where non-zero.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MapDump {
+    /// Prefix hash, IPv4: (address, mask).
+    pub phash_v4: BTreeMap<(u32, u32), u32>,
+    /// Prefix hash, IPv6: (hi, lo, id).
+    pub phash_v6: BTreeMap<(u64, u64, u64), u32>,
+    /// Exact hosts, IPv4.
+    pub hosts_v4: BTreeMap<u32, u32>,
+    /// Exact hosts, IPv6.
+    pub hosts_v6: BTreeMap<[u8; 16], u32>,
+    /// LPM trie, IPv4: (length, address).
+    pub lpm_v4: BTreeMap<(u32, u32), u32>,
+    /// LPM trie, IPv6: (length, address).
+    pub lpm_v6: BTreeMap<(u32, [u8; 16]), u32>,
+    /// IPv4 bucket bitmaps.
+    pub buckets_v4: BTreeMap<u32, u64>,
+    /// IPv6 bucket bitmaps: (lo, hi).
+    pub buckets_v6: BTreeMap<u32, (u64, u64)>,
+    /// The config entry.
+    pub config: Config,
 }
 
 /// Typed handles of the maps.
@@ -489,7 +516,34 @@ impl Programs {
     pub fn apply(&mut self, spec: &MarkingSpec) -> Result<SyncStats, FastPathError> {
         spec.validate()?;
         let (plan, next) = self.state.plan(spec);
-        let occ = next.occupancy();
+        self.check_capacity(next.occupancy())?;
+        let stats = self.write(&plan)?;
+        let old = std::mem::replace(&mut self.state, next);
+        self.state.adopt_index(old);
+        Ok(stats)
+    }
+
+    /// Applies `delta` to the routed set last applied (marks unchanged), writing only
+    /// what it changes, in time proportional to the delta: only its prefixes are
+    /// planned against the remembered state, and the capacity check uses the entry
+    /// counts updated by the delta.
+    ///
+    /// # Errors
+    /// [`FastPathError::NotApplied`] before the first [`Programs::apply`]; an invalid
+    /// delta or capacity exceeded (nothing written); a map write failed (the state
+    /// stays as before the delta, to retry from).
+    pub fn apply_delta(&mut self, delta: &PrefixDelta) -> Result<SyncStats, FastPathError> {
+        if !self.state.is_applied() {
+            return Err(FastPathError::NotApplied);
+        }
+        let (plan, changes) = self.state.plan_delta(delta)?;
+        self.check_capacity(changes.occupancy)?;
+        let stats = self.write(&plan)?;
+        self.state.commit_delta(delta, &plan, changes);
+        Ok(stats)
+    }
+
+    fn check_capacity(&self, occ: Occupancy) -> Result<(), FastPathError> {
         let cap = self.max_prefixes as usize;
         for (map, needed) in [
             (wirespan_ebpf::MAP_PHASH_V4, occ.phash.0),
@@ -507,9 +561,7 @@ impl Programs {
                 });
             }
         }
-        let stats = self.write(&plan)?;
-        self.state = next;
-        Ok(stats)
+        Ok(())
     }
 
     fn write(&mut self, plan: &Plan) -> Result<SyncStats, FastPathError> {
@@ -603,6 +655,60 @@ impl Programs {
             buckets: plan.buckets_v4.len() + plan.buckets_v6.len(),
             config: plan.config.is_some(),
         })
+    }
+
+    /// Reads every lookup map back from the kernel (for tests: one syscall per
+    /// entry and per bucket).
+    ///
+    /// # Errors
+    /// A map could not be read.
+    pub fn dump(&self) -> Result<MapDump, FastPathError> {
+        let m = &self.maps;
+        let err = |map: &'static str| move |source| FastPathError::Map { map, source };
+        let mut d = MapDump::default();
+        for kv in m.phash_v4.iter() {
+            let (k, v) = kv.map_err(err(wirespan_ebpf::MAP_PHASH_V4))?;
+            d.phash_v4.insert((k.addr, k.mask), v);
+        }
+        for kv in m.phash_v6.iter() {
+            let (k, v) = kv.map_err(err(wirespan_ebpf::MAP_PHASH_V6))?;
+            d.phash_v6.insert((k.hi, k.lo, k.id), v);
+        }
+        for kv in m.hosts_v4.iter() {
+            let (k, v) = kv.map_err(err(wirespan_ebpf::MAP_HOSTS_V4))?;
+            d.hosts_v4.insert(k, v);
+        }
+        for kv in m.hosts_v6.iter() {
+            let (k, v) = kv.map_err(err(wirespan_ebpf::MAP_HOSTS_V6))?;
+            d.hosts_v6.insert(k, v);
+        }
+        for kv in m.lpm_v4.iter() {
+            let (k, v) = kv.map_err(err(wirespan_ebpf::MAP_LPM_V4))?;
+            d.lpm_v4.insert((k.prefix_len(), k.data()), v);
+        }
+        for kv in m.lpm_v6.iter() {
+            let (k, v) = kv.map_err(err(wirespan_ebpf::MAP_LPM_V6))?;
+            d.lpm_v6.insert((k.prefix_len(), k.data()), v);
+        }
+        for (b, bits) in m.buckets_v4.iter().enumerate() {
+            let bits = bits.map_err(err(wirespan_ebpf::MAP_BUCKETS_V4))?;
+            if bits != 0 {
+                d.buckets_v4
+                    .insert(u32::try_from(b).unwrap_or(u32::MAX), bits);
+            }
+        }
+        for (b, bits) in m.buckets_v6.iter().enumerate() {
+            let bits = bits.map_err(err(wirespan_ebpf::MAP_BUCKETS_V6))?;
+            if bits != Bits6::default() {
+                d.buckets_v6
+                    .insert(u32::try_from(b).unwrap_or(u32::MAX), (bits.lo, bits.hi));
+            }
+        }
+        d.config = m
+            .config
+            .get(&0, 0)
+            .map_err(err(wirespan_ebpf::MAP_CONFIG))?;
+        Ok(d)
     }
 
     /// The packet counters, summed over CPUs.
@@ -889,6 +995,14 @@ impl FastPath {
     /// As [`Programs::apply`].
     pub fn apply(&self, spec: &MarkingSpec) -> Result<SyncStats, FastPathError> {
         lock(&self.shared).programs.apply(spec)
+    }
+
+    /// Applies a routed-set delta to the maps (see [`Programs::apply_delta`]).
+    ///
+    /// # Errors
+    /// As [`Programs::apply_delta`].
+    pub fn apply_delta(&self, delta: &PrefixDelta) -> Result<SyncStats, FastPathError> {
+        lock(&self.shared).programs.apply_delta(delta)
     }
 
     /// The packet counters.

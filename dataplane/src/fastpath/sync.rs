@@ -13,7 +13,10 @@ use std::collections::HashMap;
 use ipnet::IpNet;
 
 use super::keys::{self, Bits6, Config, Slot};
-use crate::marking::MarkingSpec;
+use crate::{
+    error::Invalid,
+    marking::{MarkingSpec, PrefixDelta, PrefixLists},
+};
 
 /// Which lookup structures are kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,8 +73,8 @@ pub struct Occupancy {
 #[derive(Debug, Clone)]
 pub struct MapState {
     structures: Structures,
-    v4: Vec<IpNet>,
-    v6: Vec<IpNet>,
+    /// The prefix lists of the last spec (with deltas applied).
+    lists: PrefixLists,
     /// Multiplicity of each prefix in the lists.
     mult: HashMap<IpNet, u32>,
     /// Prefix-hash length counts: bucket -> per-bit counts (sparse).
@@ -96,8 +99,7 @@ impl MapState {
     pub fn new(structures: Structures) -> Self {
         Self {
             structures,
-            v4: Vec::new(),
-            v6: Vec::new(),
+            lists: PrefixLists::default(),
             mult: HashMap::new(),
             bucket_counts_v4: HashMap::new(),
             bucket_counts_v6: HashMap::new(),
@@ -129,7 +131,10 @@ impl MapState {
         };
         // Multiset changes: (prefix, +1 / -1).
         let mut deltas: Vec<(IpNet, i32)> = Vec::new();
-        for (old, new) in [(&self.v4, &spec.prefixes_v4), (&self.v6, &spec.prefixes_v6)] {
+        for (old, new) in [
+            (self.lists.v4(), &spec.prefixes_v4),
+            (self.lists.v6(), &spec.prefixes_v6),
+        ] {
             if old.len() == new.len() {
                 for (o, n) in old.iter().zip(new) {
                     if o != n {
@@ -184,9 +189,7 @@ impl MapState {
             touched6.sort_unstable();
             touched6.dedup();
             for b in touched4 {
-                let bits = (0..=8u32)
-                    .filter(|j| next.bucket_counts_v4.get(&(b, *j)).is_some_and(|c| *c > 0))
-                    .fold(0u64, |acc, j| acc | (1 << j));
+                let bits = bits4(|j| next.bucket_counts_v4.get(&(b, j)).copied());
                 let old = next.bucket_bits_v4.get(&b).copied().unwrap_or(0);
                 if bits != old {
                     plan.buckets_v4.push((b, bits));
@@ -198,16 +201,7 @@ impl MapState {
                 }
             }
             for b in touched6 {
-                let mut bits = Bits6::default();
-                for j in 0..=64u32 {
-                    if next.bucket_counts_v6.get(&(b, j)).is_some_and(|c| *c > 0) {
-                        if j < 64 {
-                            bits.lo |= 1 << j;
-                        } else {
-                            bits.hi |= 1;
-                        }
-                    }
-                }
+                let bits = bits6(|j| next.bucket_counts_v6.get(&(b, j)).copied());
                 let old = next.bucket_bits_v6.get(&b).copied().unwrap_or_default();
                 if bits != old {
                     plan.buckets_v6.push((b, bits));
@@ -220,26 +214,14 @@ impl MapState {
             }
         }
 
-        let mut config = Config {
-            device_mark: spec.device_mark,
-            mask: spec.mask,
-            ..Config::default()
-        };
-        if next.structures.phash {
-            for (j, c) in next.global_counts_v4.iter().enumerate() {
-                if *c > 0 {
-                    config.v4_global |= 1 << j;
-                }
-            }
-            for (j, c) in next.global_counts_v6.iter().enumerate().take(128).skip(65) {
-                if *c > 0 {
-                    config.v6_global_hi |= 1 << (j - 64);
-                }
-            }
-            if next.global_counts_v6[128] > 0 {
-                config.v6_all_mark = spec.mark;
-            }
-        }
+        let config = config_of(
+            next.structures,
+            spec.device_mark,
+            spec.mask,
+            spec.mark,
+            &next.global_counts_v4,
+            &next.global_counts_v6,
+        );
         if next.config != Some(config) {
             plan.config = Some(config);
             next.config = Some(config);
@@ -254,10 +236,210 @@ impl MapState {
             next.route_mark = Some(spec.mark);
         }
         plan.remove = vanished;
-        next.v4.clone_from(&spec.prefixes_v4);
-        next.v6.clone_from(&spec.prefixes_v6);
+        next.lists.assign(&spec.prefixes_v4, &spec.prefixes_v6);
         next.occupancy = next.count_occupancy();
         (plan, next)
+    }
+
+    /// Takes over `old`'s position index (a [`MapState::plan`] result has none: the
+    /// lists are copied without it) where the lists allow, so the next delta need not
+    /// rebuild it.
+    pub fn adopt_index(&mut self, old: MapState) {
+        let lists = std::mem::take(&mut self.lists);
+        self.lists = old.lists.updated_to(&lists);
+    }
+
+    /// Whether a spec was applied (a delta needs one).
+    #[must_use]
+    pub fn is_applied(&self) -> bool {
+        self.config.is_some()
+    }
+
+    /// The writes that apply `delta` to the last spec (marks unchanged), and the
+    /// state changes to [`MapState::commit_delta`] once they succeeded. Read-only and
+    /// in time proportional to the delta: only its prefixes, their buckets and the
+    /// global bitmaps are looked at.
+    ///
+    /// # Errors
+    /// An added prefix is invalid or a removed one is not in the routed set (see
+    /// [`PrefixLists::check`]).
+    pub fn plan_delta(&self, delta: &PrefixDelta) -> Result<(Plan, StateDelta), Invalid> {
+        delta.validate()?;
+        let mark = self.route_mark.unwrap_or_default();
+        let mut plan = Plan {
+            route_mark: mark,
+            ..Plan::default()
+        };
+        let mut out = StateDelta {
+            mult: Vec::with_capacity(delta.remove.len() + delta.add.len()),
+            bucket_counts_v4: Vec::new(),
+            bucket_counts_v6: Vec::new(),
+            global_counts_v4: self.global_counts_v4,
+            global_counts_v6: self.global_counts_v6,
+            occupancy: self.occupancy,
+        };
+        // Net effect per prefix, checked against the multiplicities (removals before
+        // additions, as `PrefixDelta::applied_to` counts them).
+        let mut net: HashMap<IpNet, i64> = HashMap::new();
+        for (i, p) in delta.remove.iter().enumerate() {
+            let d = net.entry(*p).or_insert(0);
+            *d -= 1;
+            let have = i64::from(self.mult.get(p).copied().unwrap_or(0));
+            if have + *d < 0 {
+                return Err(Invalid::new(
+                    format!("remove[{i}]"),
+                    format!("{p} is not in the routed set"),
+                ));
+            }
+        }
+        for p in &delta.add {
+            *net.entry(*p).or_insert(0) += 1;
+        }
+        let mut net: Vec<(IpNet, i64)> = net.into_iter().filter(|(_, d)| *d != 0).collect();
+        net.sort_unstable();
+        for (p, d) in net {
+            let before = self.mult.get(&p).copied().unwrap_or(0);
+            let after = u32::try_from(i64::from(before) + d).unwrap_or(0);
+            out.mult.push((p, after));
+            if before == 0 && after > 0 {
+                plan.insert.push(p);
+                out.occupancy = bump_occupancy(out.occupancy, self.structures, &p, 1);
+            } else if before > 0 && after == 0 {
+                plan.remove.push(p);
+                out.occupancy = bump_occupancy(out.occupancy, self.structures, &p, -1);
+            }
+        }
+        if self.structures.phash {
+            let mut counts4: HashMap<(u32, u32), u32> = HashMap::new();
+            let mut counts6: HashMap<(u32, u32), u32> = HashMap::new();
+            for (p, d) in plan
+                .insert
+                .iter()
+                .map(|p| (p, 1i64))
+                .chain(plan.remove.iter().map(|p| (p, -1)))
+            {
+                let bump = |c: &mut u32| *c = u32::try_from(i64::from(*c) + d).unwrap_or(0);
+                match keys::slot(p) {
+                    Slot::V4(_, j, Some(b)) => bump(
+                        counts4
+                            .entry((b, j))
+                            .or_insert_with(|| self.bucket_count_v4(b, j)),
+                    ),
+                    Slot::V4(_, j, None) => bump(&mut out.global_counts_v4[j as usize]),
+                    Slot::V6(_, j, Some(b)) => bump(
+                        counts6
+                            .entry((b, j))
+                            .or_insert_with(|| self.bucket_count_v6(b, j)),
+                    ),
+                    Slot::V6(_, j, None) => bump(&mut out.global_counts_v6[j as usize]),
+                }
+            }
+            let mut touched4: Vec<u32> = counts4.keys().map(|(b, _)| *b).collect();
+            touched4.sort_unstable();
+            touched4.dedup();
+            for b in touched4 {
+                let bits = bits4(|j| {
+                    Some(
+                        counts4
+                            .get(&(b, j))
+                            .copied()
+                            .unwrap_or_else(|| self.bucket_count_v4(b, j)),
+                    )
+                });
+                if bits != self.bucket_bits_v4.get(&b).copied().unwrap_or(0) {
+                    plan.buckets_v4.push((b, bits));
+                }
+            }
+            let mut touched6: Vec<u32> = counts6.keys().map(|(b, _)| *b).collect();
+            touched6.sort_unstable();
+            touched6.dedup();
+            for b in touched6 {
+                let bits = bits6(|j| {
+                    Some(
+                        counts6
+                            .get(&(b, j))
+                            .copied()
+                            .unwrap_or_else(|| self.bucket_count_v6(b, j)),
+                    )
+                });
+                if bits != self.bucket_bits_v6.get(&b).copied().unwrap_or_default() {
+                    plan.buckets_v6.push((b, bits));
+                }
+            }
+            out.bucket_counts_v4 = counts4.into_iter().collect();
+            out.bucket_counts_v6 = counts6.into_iter().collect();
+        }
+        if let Some(cur) = self.config {
+            let config = config_of(
+                self.structures,
+                cur.device_mark,
+                cur.mask,
+                mark,
+                &out.global_counts_v4,
+                &out.global_counts_v6,
+            );
+            if config != cur {
+                plan.config = Some(config);
+            }
+        }
+        Ok((plan, out))
+    }
+
+    /// Records that `plan` and `changes` (from [`MapState::plan_delta`] of `delta`)
+    /// were written.
+    pub fn commit_delta(&mut self, delta: &PrefixDelta, plan: &Plan, changes: StateDelta) {
+        for (p, m) in changes.mult {
+            if m == 0 {
+                self.mult.remove(&p);
+            } else {
+                self.mult.insert(p, m);
+            }
+        }
+        for (k, c) in changes.bucket_counts_v4 {
+            if c == 0 {
+                self.bucket_counts_v4.remove(&k);
+            } else {
+                self.bucket_counts_v4.insert(k, c);
+            }
+        }
+        for (k, c) in changes.bucket_counts_v6 {
+            if c == 0 {
+                self.bucket_counts_v6.remove(&k);
+            } else {
+                self.bucket_counts_v6.insert(k, c);
+            }
+        }
+        for (b, bits) in &plan.buckets_v4 {
+            if *bits == 0 {
+                self.bucket_bits_v4.remove(b);
+            } else {
+                self.bucket_bits_v4.insert(*b, *bits);
+            }
+        }
+        for (b, bits) in &plan.buckets_v6 {
+            if *bits == Bits6::default() {
+                self.bucket_bits_v6.remove(b);
+            } else {
+                self.bucket_bits_v6.insert(*b, *bits);
+            }
+        }
+        self.global_counts_v4 = changes.global_counts_v4;
+        self.global_counts_v6 = changes.global_counts_v6;
+        if plan.config.is_some() {
+            self.config = plan.config;
+        }
+        self.occupancy = changes.occupancy;
+        // Checked by `plan_delta` against the same multiset.
+        let applied = self.lists.apply(delta);
+        debug_assert!(applied.is_ok(), "{applied:?}");
+    }
+
+    fn bucket_count_v4(&self, b: u32, j: u32) -> u32 {
+        self.bucket_counts_v4.get(&(b, j)).copied().unwrap_or(0)
+    }
+
+    fn bucket_count_v6(&self, b: u32, j: u32) -> u32 {
+        self.bucket_counts_v6.get(&(b, j)).copied().unwrap_or(0)
     }
 
     fn count_slot(&mut self, p: &IpNet, d: i64, touched4: &mut Vec<u32>, touched6: &mut Vec<u32>) {
@@ -277,29 +459,98 @@ impl MapState {
     }
 
     fn count_occupancy(&self) -> Occupancy {
-        let mut o = Occupancy::default();
-        for p in self.mult.keys() {
-            let v4 = matches!(p, IpNet::V4(_));
-            let bump = |t: &mut (usize, usize)| {
-                if v4 {
-                    t.0 += 1;
-                } else {
-                    t.1 += 1;
-                }
-            };
-            if self.structures.phash && (v4 || p.prefix_len() != 0) {
-                bump(&mut o.phash);
-            }
-            if self.structures.lpm {
-                if is_host(p) {
-                    bump(&mut o.hosts);
-                } else {
-                    bump(&mut o.lpm);
-                }
+        self.mult.keys().fold(Occupancy::default(), |o, p| {
+            bump_occupancy(o, self.structures, p, 1)
+        })
+    }
+}
+
+/// State changes of a planned delta (see [`MapState::plan_delta`]).
+#[derive(Debug, Clone)]
+pub struct StateDelta {
+    /// New multiplicities of the delta's prefixes (0: gone).
+    mult: Vec<(IpNet, u32)>,
+    /// New per-bucket length counts of the touched (bucket, bit)s.
+    bucket_counts_v4: Vec<((u32, u32), u32)>,
+    bucket_counts_v6: Vec<((u32, u32), u32)>,
+    global_counts_v4: [u32; 33],
+    global_counts_v6: [u32; 129],
+    /// Entry counts after the delta.
+    pub occupancy: Occupancy,
+}
+
+/// `o` with prefix `p` added (`d` = 1) or removed (`d` = -1).
+fn bump_occupancy(mut o: Occupancy, structures: Structures, p: &IpNet, d: isize) -> Occupancy {
+    let v4 = matches!(p, IpNet::V4(_));
+    let bump = |t: &mut (usize, usize)| {
+        let n = if v4 { &mut t.0 } else { &mut t.1 };
+        *n = n.saturating_add_signed(d);
+    };
+    if structures.phash && (v4 || p.prefix_len() != 0) {
+        bump(&mut o.phash);
+    }
+    if structures.lpm {
+        if is_host(p) {
+            bump(&mut o.hosts);
+        } else {
+            bump(&mut o.lpm);
+        }
+    }
+    o
+}
+
+/// The length bitmap of an IPv4 bucket from its per-bit counts.
+fn bits4(count: impl Fn(u32) -> Option<u32>) -> u64 {
+    (0..=8u32)
+        .filter(|j| count(*j).is_some_and(|c| c > 0))
+        .fold(0u64, |acc, j| acc | (1 << j))
+}
+
+/// The length bitmap of an IPv6 bucket from its per-bit counts.
+fn bits6(count: impl Fn(u32) -> Option<u32>) -> Bits6 {
+    let mut bits = Bits6::default();
+    for j in 0..=64u32 {
+        if count(j).is_some_and(|c| c > 0) {
+            if j < 64 {
+                bits.lo |= 1 << j;
+            } else {
+                bits.hi |= 1;
             }
         }
-        o
     }
+    bits
+}
+
+/// The config entry for the marks and the global length counts.
+fn config_of(
+    structures: Structures,
+    device_mark: u32,
+    mask: u32,
+    mark: u32,
+    global_v4: &[u32; 33],
+    global_v6: &[u32; 129],
+) -> Config {
+    let mut config = Config {
+        device_mark,
+        mask,
+        ..Config::default()
+    };
+    if structures.phash {
+        for (j, c) in global_v4.iter().enumerate() {
+            if *c > 0 {
+                config.v4_global |= 1 << j;
+            }
+        }
+        for (j, c) in global_v6.iter().enumerate().take(128).skip(65) {
+            if *c > 0 {
+                config.v6_global_hi |= 1 << (j - 64);
+            }
+        }
+        if global_v6[128] > 0 {
+            config.v6_all_mark = mark;
+        }
+    }
+    config
 }
 
 /// Whether `p` belongs in the exact-host map (else the LPM trie).
@@ -392,6 +643,159 @@ mod tests {
         let (plan, _) = st.plan(&spec(&[], &[]));
         assert_eq!(plan.remove, nets(&["10.0.0.0/8"]));
         assert_eq!(plan.config.unwrap().v4_global, 0);
+    }
+
+    /// What the kernel maps hold after a sequence of plans.
+    #[derive(Debug, Default, PartialEq, Eq)]
+    struct Maps {
+        entries: HashMap<IpNet, u32>,
+        buckets_v4: HashMap<u32, u64>,
+        buckets_v6: HashMap<u32, Bits6>,
+        config: Option<Config>,
+    }
+
+    impl Maps {
+        fn write(&mut self, plan: &Plan) {
+            for p in &plan.insert {
+                self.entries.insert(*p, plan.route_mark);
+            }
+            for (b, bits) in &plan.buckets_v4 {
+                self.buckets_v4.insert(*b, *bits);
+            }
+            self.buckets_v4.retain(|_, bits| *bits != 0);
+            for (b, bits) in &plan.buckets_v6 {
+                self.buckets_v6.insert(*b, *bits);
+            }
+            self.buckets_v6.retain(|_, bits| *bits != Bits6::default());
+            if plan.config.is_some() {
+                self.config = plan.config;
+            }
+            for p in &plan.remove {
+                self.entries.remove(p);
+            }
+        }
+    }
+
+    /// xorshift64: deterministic, no dependency.
+    struct Rng(u64);
+    impl Rng {
+        fn below(&mut self, n: usize) -> usize {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            usize::try_from(self.0 % n as u64).unwrap_or(0)
+        }
+        /// Prefixes of every kind the maps treat differently: hosts, bucketed and
+        /// global lengths, `::/0`; few distinct values, so duplicates and shared
+        /// buckets are common.
+        fn prefix_v4(&mut self) -> IpNet {
+            loop {
+                let p = self.prefix();
+                if matches!(p, IpNet::V4(_)) {
+                    return p;
+                }
+            }
+        }
+
+        fn prefix(&mut self) -> IpNet {
+            let lens4: [u8; 6] = [32, 30, 24, 16, 8, 0];
+            let lens6: [u8; 6] = [128, 96, 64, 56, 48, 0];
+            let p = if self.below(2) == 0 {
+                let a = 0x0a00_0000_u32 | (self.below(8) as u32) << 8 | self.below(4) as u32;
+                IpNet::new(std::net::Ipv4Addr::from(a).into(), lens4[self.below(6)])
+            } else {
+                let a = 0xfd00_u128 << 112 | (self.below(8) as u128) << 64 | self.below(4) as u128;
+                IpNet::new(std::net::Ipv6Addr::from(a).into(), lens6[self.below(6)])
+            };
+            p.unwrap().trunc()
+        }
+    }
+
+    #[test]
+    fn deltas_end_in_the_same_maps_as_a_full_apply() {
+        for structures in [
+            BOTH,
+            Structures {
+                phash: true,
+                lpm: false,
+            },
+            Structures {
+                phash: false,
+                lpm: true,
+            },
+        ] {
+            let mut r = Rng(0x9e37_79b9_7f4a_7c15);
+            for _round in 0..20 {
+                let mut spec = MarkingSpec::default();
+                for _ in 0..r.below(12) {
+                    let p = r.prefix();
+                    match p {
+                        IpNet::V4(_) => spec.prefixes_v4.push(p),
+                        IpNet::V6(_) => spec.prefixes_v6.push(p),
+                    }
+                }
+                let (plan, mut st) = MapState::new(structures).plan(&spec);
+                let mut maps = Maps::default();
+                maps.write(&plan);
+                for _step in 0..40 {
+                    let mut delta = PrefixDelta::default();
+                    let mut left: Vec<IpNet> = spec
+                        .prefixes_v4
+                        .iter()
+                        .chain(&spec.prefixes_v6)
+                        .copied()
+                        .collect();
+                    for _ in 0..r.below(4) {
+                        if !left.is_empty() {
+                            delta.remove.push(left.swap_remove(r.below(left.len())));
+                        }
+                    }
+                    for _ in 0..r.below(4) {
+                        delta.add.push(r.prefix());
+                    }
+                    let (plan, changes) = st.plan_delta(&delta).unwrap();
+                    maps.write(&plan);
+                    st.commit_delta(&delta, &plan, changes);
+                    spec = delta.applied_to(&spec).unwrap();
+                    // The same maps as writing the resulting spec into empty ones.
+                    let (full, fresh) = MapState::new(structures).plan(&spec);
+                    let mut want = Maps::default();
+                    want.write(&full);
+                    assert_eq!(maps, want, "{structures:?} {delta:?}");
+                    assert_eq!(st.occupancy(), fresh.occupancy());
+                    // And a full apply on top of the deltas has nothing to write.
+                    let (again, _) = st.plan(&spec);
+                    assert!(again.is_empty(), "{again:?}");
+                    // Now and then a full apply with one position changed, keeping the
+                    // index for the deltas after it.
+                    if r.below(4) == 0 && !spec.prefixes_v4.is_empty() {
+                        let at = r.below(spec.prefixes_v4.len());
+                        spec.prefixes_v4[at] = r.prefix_v4();
+                        let (plan, next) = st.plan(&spec);
+                        maps.write(&plan);
+                        let old = std::mem::replace(&mut st, next);
+                        st.adopt_index(old);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_invalid_delta_names_the_entry_and_plans_nothing() {
+        let (_, st) = MapState::new(BOTH).plan(&spec(&["10.0.0.1/32"], &[]));
+        let p = |s: &str| s.parse::<IpNet>().unwrap();
+        let bad = PrefixDelta {
+            remove: vec![p("10.0.0.1/32"), p("10.0.0.1/32")],
+            add: vec![],
+        };
+        assert_eq!(st.plan_delta(&bad).unwrap_err().field, "remove[1]");
+        let bad = PrefixDelta {
+            remove: vec![],
+            add: vec![p("10.0.0.1/24")],
+        };
+        assert_eq!(st.plan_delta(&bad).unwrap_err().field, "add[0]");
+        assert!(!MapState::new(BOTH).is_applied());
     }
 
     #[test]

@@ -11,6 +11,9 @@
 //! ruleset generation shows no transaction but ours, the table is not read at all,
 //! and a spec that differs from the previous one in a few prefixes is re-rendered
 //! incrementally: a steady-state change costs time in proportion to the change.
+//! [`Marking::apply_delta`] goes further: given the change itself ([`PrefixDelta`]),
+//! no list is compared at all, and the element changes it renders are committed
+//! straight onto the remembered table state.
 //!
 //! Every rule carries a comment naming what it does and its parameters
 //! (`wirespan:mss:v4_hosts:1368`); the comments of the listed rules are compared with
@@ -36,6 +39,9 @@ use serde_json::json;
 use crate::{error::Invalid, netns::Netns};
 
 mod incremental;
+mod positions;
+
+pub use positions::{AppliedSpec, PrefixLists};
 
 /// Default table name (ours alone, not shared with the host firewall).
 pub const DEFAULT_TABLE: &str = "wirespan";
@@ -387,6 +393,16 @@ pub fn render(spec: &MarkingSpec) -> Ruleset {
         }
     }
 
+    Ruleset {
+        table: spec.table.clone(),
+        chains: render_chains(spec, &sets),
+        sets,
+    }
+}
+
+/// The chains of the table for `spec` whose sets are `sets` (only which sets are empty
+/// matters).
+fn render_chains(spec: &MarkingSpec, sets: &[SetDef]) -> Vec<ChainDef> {
     let live: Vec<&SetDef> = sets.iter().filter(|s| !s.elements.is_empty()).collect();
     let mss = |f: Family| match f {
         Family::V4 => spec.mss_v4(),
@@ -433,25 +449,21 @@ pub fn render(spec: &MarkingSpec) -> Ruleset {
     );
     out.extend(live.iter().map(|s| mark_rule(s.family, s.name, spec)));
 
-    Ruleset {
-        table: spec.table.clone(),
-        sets,
-        chains: vec![
-            ChainDef {
-                name: CHAIN_PREROUTING,
-                kind: NfChainType::Filter,
-                hook: NfHook::Prerouting,
-                rules: pre,
-            },
-            ChainDef {
-                name: CHAIN_OUTGOING,
-                // `route` so the kernel re-routes a local packet after its mark changes.
-                kind: NfChainType::Route,
-                hook: NfHook::Output,
-                rules: out,
-            },
-        ],
-    }
+    vec![
+        ChainDef {
+            name: CHAIN_PREROUTING,
+            kind: NfChainType::Filter,
+            hook: NfHook::Prerouting,
+            rules: pre,
+        },
+        ChainDef {
+            name: CHAIN_OUTGOING,
+            // `route` so the kernel re-routes a local packet after its mark changes.
+            kind: NfChainType::Route,
+            hook: NfHook::Output,
+            rules: out,
+        },
+    ]
 }
 
 fn elem_expr(p: &IpNet, interval: bool) -> Expression<'static> {
@@ -1104,13 +1116,24 @@ impl Marking for NftMarking {
         result
     }
 
+    /// Updates the remembered rendering by the delta alone and, while the kernel's
+    /// table is known to be as we left it (no other transaction since ours), commits
+    /// just the resulting element changes: time in proportion to the delta, whatever
+    /// the size of the routed set. Otherwise (a set became empty or non-empty, or the
+    /// table must be read) as [`Marking::apply`] with the changed spec. After a write
+    /// error the delta still counts as desired: the next apply or delta writes it.
     fn apply_delta(&mut self, delta: &PrefixDelta) -> Result<bool, MarkingError> {
-        let last = self.render.as_ref().ok_or(MarkingError::NotApplied)?;
+        let mut cache = self.render.take().ok_or(MarkingError::NotApplied)?;
         if delta.is_empty() {
+            self.render = Some(cache);
             return Ok(false);
         }
-        let spec = delta.applied_to(last.spec())?;
-        self.apply(&spec)
+        let result = match cache.apply_delta(delta) {
+            Ok(changes) => self.write_changes(&cache, &changes),
+            Err(e) => Err(e.into()),
+        };
+        self.render = Some(cache);
+        result
     }
 
     fn observe(&mut self) -> Result<MarkingStatus, MarkingError> {
@@ -1146,6 +1169,41 @@ impl Marking for NftMarking {
 }
 
 impl NftMarking {
+    /// Makes the kernel hold `cache`'s rendering after `changes` brought it there:
+    /// just the element changes when the remembered table state is still valid and
+    /// the rules stay, else the full comparison of [`NftMarking::apply_rendered`].
+    fn write_changes(
+        &mut self,
+        cache: &incremental::RenderCache,
+        changes: &incremental::SetChanges,
+    ) -> Result<bool, MarkingError> {
+        let spec = cache.fields();
+        if !changes.rules_changed && self.table.as_deref() == Some(spec.table.as_str()) {
+            let gen_before = self.generation();
+            match (self.cache.take(), gen_before) {
+                (Some((g, mut st)), Some(now)) if g == now => {
+                    if changes.diffs.is_empty() {
+                        self.cache = Some((g, st));
+                        return Ok(false);
+                    }
+                    let diffs = &changes.diffs;
+                    let (add, del) = diffs
+                        .iter()
+                        .fold((0, 0), |(a, d), s| (a + s.add.len(), d + s.delete.len()));
+                    tracing::debug!(table = %spec.table, add, delete = del, "updating set elements by a delta");
+                    apply_diffs(&mut st, diffs);
+                    if !self.commit_elements_netlink(&spec.table, diffs)? {
+                        self.commit(&element_batch(&spec.table, diffs), "update set elements")?;
+                    }
+                    self.after_commit(gen_before, st);
+                    return Ok(true);
+                }
+                _ => {}
+            }
+        }
+        self.apply_rendered(spec, cache.ruleset())
+    }
+
     /// Makes the kernel hold `rs` (rendered from `spec`) with the least change.
     fn apply_rendered(&mut self, spec: &MarkingSpec, rs: &Ruleset) -> Result<bool, MarkingError> {
         // A renamed table: the old one is ours too and goes first (own transaction; if

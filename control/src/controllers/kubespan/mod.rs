@@ -13,7 +13,7 @@ use std::{path::PathBuf, sync::Arc};
 use wirespan_dataplane::{
     fastpath::{self, FastPathConfig, FastPathError, Interfaces},
     marking::{
-        Marking, MarkingError, MarkingSpec, MarkingStatus, NftMarking, PrefixDelta,
+        AppliedSpec, Marking, MarkingError, MarkingSpec, MarkingStatus, NftMarking, PrefixDelta,
         PreroutingMarking,
     },
     netns::Netns,
@@ -193,6 +193,12 @@ pub trait Classifier {
     /// # Errors
     /// Invalid spec, capacity, or a map write failed.
     fn apply(&mut self, spec: &MarkingSpec) -> Result<bool, FastPathError>;
+    /// Applies a routed-set delta to the maps (marks as last applied); returns whether
+    /// anything was written.
+    ///
+    /// # Errors
+    /// Nothing applied yet, invalid delta, capacity, or a map write failed.
+    fn apply_delta(&mut self, delta: &PrefixDelta) -> Result<bool, FastPathError>;
     /// Detaches and unloads.
     ///
     /// # Errors
@@ -203,6 +209,10 @@ pub trait Classifier {
 impl Classifier for fastpath::FastPath {
     fn apply(&mut self, spec: &MarkingSpec) -> Result<bool, FastPathError> {
         fastpath::FastPath::apply(self, spec).map(|s| s.writes() > 0)
+    }
+
+    fn apply_delta(&mut self, delta: &PrefixDelta) -> Result<bool, FastPathError> {
+        fastpath::FastPath::apply_delta(self, delta).map(|s| s.writes() > 0)
     }
 
     fn teardown(self) -> Result<(), FastPathError> {
@@ -218,8 +228,10 @@ impl Classifier for fastpath::FastPath {
 struct FastPathMarking<N: Marking, C: Classifier> {
     nft: N,
     classifier: Option<C>,
-    /// The last spec applied (restored with nftables prerouting on drop).
-    applied: Option<MarkingSpec>,
+    /// The last spec applied, with the deltas since (restored with nftables
+    /// prerouting on drop). Kept as [`AppliedSpec`] so a delta updates it in time
+    /// proportional to the delta.
+    applied: Option<AppliedSpec>,
 }
 
 impl<N: Marking, C: Classifier> Drop for FastPathMarking<N, C> {
@@ -227,10 +239,10 @@ impl<N: Marking, C: Classifier> Drop for FastPathMarking<N, C> {
         let Some(classifier) = self.classifier.take() else {
             return;
         };
-        if let Some(spec) = self.applied.take() {
+        if let Some(applied) = self.applied.take() {
             let spec = MarkingSpec {
                 prerouting: PreroutingMarking::Nftables,
-                ..spec
+                ..applied.to_spec()
             };
             if let Err(e) = self.nft.apply(&spec) {
                 tracing::warn!(error = %e, "restoring the nftables prerouting marking failed");
@@ -257,21 +269,38 @@ impl<N: Marking, C: Classifier> Marking for FastPathMarking<N, C> {
             prerouting: PreroutingMarking::FastPath,
             ..spec.clone()
         };
-        let changed = self.nft.apply(&spec)? || maps;
-        self.applied = Some(spec);
-        Ok(changed)
+        let nft = self.nft.apply(&spec);
+        // The maps hold `spec` now; nftables remembers it even when its write failed
+        // (the next apply or delta writes it), so it is what a delta applies to.
+        if !matches!(nft, Err(MarkingError::Invalid(_))) {
+            self.applied = Some(AppliedSpec::new(spec));
+        }
+        Ok(nft? || maps)
     }
 
+    /// The classifier's delta first (forwarded traffic is marked before anything
+    /// else changes), then nftables'; both in time proportional to the delta. An
+    /// invalid delta writes nothing.
     fn apply_delta(&mut self, delta: &PrefixDelta) -> Result<bool, MarkingError> {
-        if self.classifier.is_none() {
+        let Some(classifier) = self.classifier.as_mut() else {
             return self.nft.apply_delta(delta);
-        }
-        let last = self.applied.as_ref().ok_or(MarkingError::NotApplied)?;
+        };
+        let applied = self.applied.as_mut().ok_or(MarkingError::NotApplied)?;
         if delta.is_empty() {
             return Ok(false);
         }
-        let spec = delta.applied_to(last)?;
-        self.apply(&spec)
+        applied.check_delta(delta)?;
+        let maps = classifier
+            .apply_delta(delta)
+            .map_err(MarkingError::FastPath)?;
+        let nft = self.nft.apply_delta(delta);
+        if !matches!(
+            nft,
+            Err(MarkingError::Invalid(_) | MarkingError::NotApplied)
+        ) {
+            applied.apply_delta(delta)?;
+        }
+        Ok(nft? || maps)
     }
 
     fn observe(&mut self) -> Result<MarkingStatus, MarkingError> {
