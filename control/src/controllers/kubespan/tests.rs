@@ -838,6 +838,7 @@ async fn a_peer_claiming_this_nodes_address_does_not_get_it() {
     let p1 = store.get::<KubeSpanPeerSpec>(NS, &key(1)).unwrap();
     assert!(p1.spec.overlap_removed.is_empty(), "{:?}", p1.spec);
     m.h.stop().await.unwrap();
+}
 
 #[test]
 fn fast_path_marking_applies_deltas_to_both_and_restores_the_result_when_dropped() {
