@@ -114,6 +114,57 @@ fn apply_from_empty_then_noop_then_incremental() {
     assert_eq!(st.peers.len(), 2);
 }
 
+/// Peer changes touch only the peers named; the device then is exactly what a full
+/// apply of the result describes (so that apply writes nothing), and a bad change
+/// writes nothing at all.
+#[test]
+fn peer_changes_write_only_those_peers() {
+    use wireguard::PeerChange;
+    let (ns, mut wg, mut dev) = setup(51825);
+    assert!(wg.apply(&dev).unwrap());
+    let (_, before) = dump(&ns, &dev.name);
+
+    let added = peer(&["10.1.0.3/32"]);
+    let mut changed = dev.peers[1].clone();
+    changed.allowed_ips.push("10.245.0.0/16".parse().unwrap());
+    let removed = dev.peers.remove(0);
+    assert!(wg
+        .apply_peers(&[
+            PeerChange::Upsert(changed.clone()),
+            PeerChange::Remove(removed.public_key.clone()),
+            PeerChange::Upsert(added.clone()),
+        ])
+        .unwrap());
+    assert_eq!(wg.writes(), 2);
+    let (_, peers) = dump(&ns, &dev.name);
+    assert_eq!(peers.len(), 2, "{peers:?}");
+    assert!(peers.iter().all(|l| l[0] != removed.public_key.to_base64()));
+    let c = find(&peers, &changed);
+    assert_eq!(c[3], "10.1.0.2/32,10.245.0.0/16,fd00:1::2/128");
+    // Its endpoint, key and keepalive are as they were.
+    let was = find(&before, &changed);
+    assert_eq!((&c[1], &c[2], &c[7]), (&was[1], &was[2], &was[7]));
+    assert_eq!(find(&peers, &added)[3], "10.1.0.3/32");
+
+    // Unchanged peers again: nothing written; the full state agrees with the device.
+    assert!(!wg
+        .apply_peers(&[PeerChange::Upsert(added.clone())])
+        .unwrap());
+    dev.peers = vec![changed, added];
+    assert!(!wg.apply(&dev).unwrap());
+    assert_eq!(wg.writes(), 2);
+
+    // A bad change names its field and writes nothing.
+    let bad = peer(&["10.9.0.1/24"]);
+    let err = wg.apply_peers(&[PeerChange::Upsert(bad)]).unwrap_err();
+    assert!(
+        err.to_string().contains("changes[0].allowed_ips[0]"),
+        "{err}"
+    );
+    assert_eq!(wg.writes(), 2);
+    assert_eq!(dump(&ns, &dev.name).1.len(), 2);
+}
+
 #[test]
 fn roamed_endpoint_is_kept_and_set_endpoint_wins() {
     let (ns, mut wg, mut dev) = setup(51820);

@@ -168,6 +168,16 @@ impl KernelBackend {
         })
     }
 
+    fn write(&mut self, up: &WgUpdate) -> Result<(), WgError> {
+        let (update, iface) = (to_update(up), self.iface);
+        self.thread
+            .run(move || update.apply(&iface, Backend::Kernel))
+            .map_err(io("set", &self.name))?
+            .map_err(io("set", &self.name))?;
+        self.writes += 1;
+        Ok(())
+    }
+
     fn read(&self) -> Result<Option<DeviceState>, WgError> {
         let iface = self.iface;
         let r = self
@@ -208,12 +218,7 @@ impl WireGuard for KernelBackend {
         if up.is_empty() {
             return Ok(false);
         }
-        let (update, iface) = (to_update(&up), self.iface);
-        self.thread
-            .run(move || update.apply(&iface, Backend::Kernel))
-            .map_err(io("set", &self.name))?
-            .map_err(io("set", &self.name))?;
-        self.writes += 1;
+        self.write(&up)?;
         Ok(true)
     }
 
@@ -228,12 +233,7 @@ impl WireGuard for KernelBackend {
             peers: changes.iter().map(full_update).collect(),
             ..WgUpdate::default()
         };
-        let (update, iface) = (to_update(&up), self.iface);
-        self.thread
-            .run(move || update.apply(&iface, Backend::Kernel))
-            .map_err(io("set", &self.name))?
-            .map_err(io("set", &self.name))?;
-        self.writes += 1;
+        self.write(&up)?;
         Ok(true)
     }
 

@@ -257,14 +257,7 @@ pub(crate) fn diff_peers(
             let cur = index.get(c.public_key()).map(|i| &current.peers[*i]);
             match c {
                 PeerChange::Upsert(p) => peer_update(cur, p),
-                PeerChange::Remove(k) => cur.map(|_| PeerUpdate {
-                    public_key: k.clone(),
-                    remove: true,
-                    preshared_key: None,
-                    persistent_keepalive: None,
-                    endpoint: None,
-                    allowed_ips: None,
-                }),
+                PeerChange::Remove(_) => cur.map(|_| full_update(c)),
             }
         })
         .collect()

@@ -384,6 +384,18 @@ fn supervise(
     }
 }
 
+impl UserspaceBackend {
+    /// Writes `up`; returns the errno wireguard-go answered (0: applied).
+    fn set(&mut self, up: &WgUpdate) -> Result<i32, WgError> {
+        let answer = self.exchange(&uapi::format_set(up), "set")?;
+        self.writes += 1;
+        uapi::parse_errno(&answer).map_err(|message| WgError::Protocol {
+            name: self.name.clone(),
+            message,
+        })
+    }
+}
+
 impl WireGuard for UserspaceBackend {
     fn name(&self) -> &str {
         &self.name
@@ -423,12 +435,7 @@ impl WireGuard for UserspaceBackend {
         let removed = up.peers.iter().filter(|p| p.remove).count();
         tracing::debug!(link = %self.name, peers_changed = up.peers.len() - removed, peers_removed = removed,
             port = ?up.listen_port, key_changed = up.private_key.is_some(), "updating WireGuard device");
-        let answer = self.exchange(&uapi::format_set(&up), "set")?;
-        self.writes += 1;
-        let errno = uapi::parse_errno(&answer).map_err(|message| WgError::Protocol {
-            name: self.name.clone(),
-            message,
-        })?;
+        let errno = self.set(&up)?;
         if errno != 0 {
             // wireguard-go stops at the failing line but has already dropped its old
             // socket when a new port is refused: put the previous state back.
@@ -471,12 +478,7 @@ impl WireGuard for UserspaceBackend {
             ..WgUpdate::default()
         };
         // A failure leaves the state forgotten: the next apply reads the device.
-        let answer = self.exchange(&uapi::format_set(&up), "set")?;
-        self.writes += 1;
-        let errno = uapi::parse_errno(&answer).map_err(|message| WgError::Protocol {
-            name: self.name.clone(),
-            message,
-        })?;
+        let errno = self.set(&up)?;
         if errno != 0 {
             return Err(WgError::Refused {
                 name: self.name.clone(),

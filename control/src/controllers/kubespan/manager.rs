@@ -206,6 +206,13 @@ async fn blocking<T: Send + 'static, R: Send + 'static>(
     .map_err(ControllerError::other)
 }
 
+fn wg_error(link: &str, source: WgError) -> ControllerError {
+    ControllerError::other(ManagerError::WireGuard {
+        link: link.to_owned(),
+        source,
+    })
+}
+
 fn operator_id(key: &str) -> String {
     format!("{}/{key}", ConfigLayer::Operator.prefix())
 }
@@ -667,12 +674,7 @@ impl KubeSpanManagerController {
             .unwrap_or_else(|| unreachable!("checked by the caller"));
         let (wg, res) = blocking(wg, move |w| w.apply_peers(&changes)).await?;
         self.wg = Some(wg);
-        res.map_err(|source| {
-            ControllerError::other(ManagerError::WireGuard {
-                link: s.link_name.clone(),
-                source,
-            })
-        })?;
+        res.map_err(|source| wg_error(&s.link_name, source))?;
         if !delta.is_empty() {
             let m = self
                 .marking
@@ -716,12 +718,12 @@ impl KubeSpanManagerController {
         }
         if self.wg.is_none() {
             self.last_read = None;
-            self.wg = Some(self.deps.wireguard.create(&s.link_name).map_err(|source| {
-                ControllerError::other(ManagerError::WireGuard {
-                    link: s.link_name.clone(),
-                    source,
-                })
-            })?);
+            self.wg = Some(
+                self.deps
+                    .wireguard
+                    .create(&s.link_name)
+                    .map_err(|source| wg_error(&s.link_name, source))?,
+            );
         }
         let now = self.deps.clock.now();
         let read = read || self.last_read.is_none();
@@ -821,12 +823,7 @@ impl KubeSpanManagerController {
         let wg = self.wg.take().unwrap_or_else(|| unreachable!("set above"));
         let (wg, res) = blocking(wg, move |w| w.apply(&device)).await?;
         self.wg = Some(wg);
-        res.map_err(|source| {
-            ControllerError::other(ManagerError::WireGuard {
-                link: s.link_name.clone(),
-                source,
-            })
-        })?;
+        res.map_err(|source| wg_error(&s.link_name, source))?;
         let marking_spec = MarkingSpec {
             table: DEFAULT_TABLE.to_owned(),
             device_mark: s.device_mark,
