@@ -3,8 +3,11 @@
 //! and keeps a status per peer with the endpoint-rotation state machine (spec §6–§9).
 //!
 //! Woken by its inputs, every 30 s, every second while a peer awaits its first
-//! handshake, and at `lastEndpointChange + 15 s` of peers in
-//! `unknown` (§8.5); time comes from a [`Clock`], so tests drive rotation by hand.
+//! handshake, at `lastEndpointChange + 15 s` of peers in `unknown` and when an `up`
+//! peer would turn down (§8.5); time comes from a [`Clock`], so tests drive rotation
+//! by hand. A change of a few peer specs between those wake-ups is a delta round:
+//! only those peers are stepped and written, as WireGuard peer changes and a
+//! routed-set delta (see `reconcile`).
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
