@@ -145,6 +145,32 @@ pub fn step(
 /// 1 s would show `unknown` until the 15 s deadline.
 pub const HANDSHAKE_POLL: Duration = Duration::from_secs(1);
 
+/// How long the side with the higher public key leaves a new peer's first handshake
+/// to the other side (see [`defers_first_handshake`]).
+pub const FIRST_HANDSHAKE_DEFERRAL: Duration = Duration::from_secs(1);
+
+/// Whether to hold back the keepalive, and so the handshake initiation, towards a peer
+/// never handshaken with, just after its endpoint was pushed. Two nodes that learn of
+/// each other at once both initiate at once (a new peer with a keepalive sends one
+/// immediately); each answers the other's initiation, which replaces its own initiator
+/// state, so neither completes until WireGuard retries 5 s later. The side with the
+/// higher public key therefore waits [`FIRST_HANDSHAKE_DEFERRAL`] for the other's
+/// initiation, which it answers; then it initiates itself (a peer that cannot reach
+/// this node, behind NAT, still gets connected).
+#[must_use]
+pub fn defers_first_handshake(
+    own_key: &[u8; 32],
+    peer_key: &[u8; 32],
+    status: &KubeSpanPeerStatusSpec,
+    now: SystemTime,
+) -> bool {
+    own_key > peer_key
+        && status.last_handshake_time.is_none()
+        && status
+            .last_endpoint_change
+            .is_some_and(|t| now.duration_since(t).unwrap_or_default() < FIRST_HANDSHAKE_DEFERRAL)
+}
+
 /// When the peer should be looked at again without waiting for the tick (§8.5): while
 /// it is unknown, every [`HANDSHAKE_POLL`] until `lastEndpointChange + 15 s`, then at
 /// that deadline (where it turns down and the next endpoint is pushed); while it is up,
@@ -348,6 +374,29 @@ mod tests {
         assert_eq!(next_wake(&s, t(20)), Some(t(3 + 275 + 1)));
         step(&mut s, &[a, b], None, t(3 + 275 + 1));
         assert_ne!(s.state, PeerState::Up);
+    }
+
+    #[test]
+    fn only_the_higher_key_defers_a_new_peers_first_handshake_and_not_for_long() {
+        let (a, b) = (ep("10.0.0.1:51820"), ep("10.0.0.2:51820"));
+        let (low, high) = ([1u8; 32], [2u8; 32]);
+        let mut s = status();
+        step(&mut s, &[a, b], None, t(0));
+        assert!(defers_first_handshake(&high, &low, &s, t(0)));
+        assert!(!defers_first_handshake(&low, &high, &s, t(0)));
+        // Only for the deferral: the 1 s handshake poll then turns the keepalive on.
+        let just_before = t(0) + FIRST_HANDSHAKE_DEFERRAL - Duration::from_millis(1);
+        assert!(defers_first_handshake(&high, &low, &s, just_before));
+        assert!(!defers_first_handshake(
+            &high,
+            &low,
+            &s,
+            t(0) + FIRST_HANDSHAKE_DEFERRAL
+        ));
+        // A peer once handshaken with is never deferred, even after a new endpoint.
+        s.last_handshake_time = Some(t(1));
+        s.last_endpoint_change = Some(t(100));
+        assert!(!defers_first_handshake(&high, &low, &s, t(100)));
     }
 
     #[test]

@@ -32,7 +32,7 @@ use crate::{
     kubespan::{
         clock::Clock,
         peers::{harvest, routed_prefixes},
-        rotation::{next_wake, step, Observed, RECONCILE_TICK},
+        rotation::{defers_first_handshake, next_wake, step, Observed, RECONCILE_TICK},
     },
     resources::{
         cluster::{self, ClusterIdentity, CLUSTER},
@@ -168,6 +168,8 @@ pub struct KubeSpanManagerController {
     routed: HashMap<String, Vec<IpNet>>,
     /// The earliest per-peer wake-up known.
     wake: Option<SystemTime>,
+    /// This node's public key (set by a complete round).
+    own_key: Option<PublicKey>,
     /// Kernel state may exist from an earlier run: clean it up once if disabled.
     first_round: bool,
     /// When the device was last read (`None`: never, or the device is new).
@@ -209,6 +211,23 @@ async fn blocking<T: Send + 'static, R: Send + 'static>(
     .map_err(ControllerError::other)
 }
 
+/// The keepalive to program for a peer now (0 while its first handshake is deferred).
+fn keepalive(
+    own_key: Option<&PublicKey>,
+    peer: &WgPeer,
+    status: &KubeSpanPeerStatusSpec,
+    now: SystemTime,
+) -> u16 {
+    let defer = own_key.is_some_and(|own| {
+        defers_first_handshake(own.as_bytes(), peer.public_key.as_bytes(), status, now)
+    });
+    if defer {
+        0
+    } else {
+        peer.persistent_keepalive
+    }
+}
+
 fn wg_error(link: &str, source: WgError) -> ControllerError {
     ControllerError::other(ManagerError::WireGuard {
         link: link.to_owned(),
@@ -239,6 +258,7 @@ impl KubeSpanManagerController {
             basis: None,
             routed: HashMap::new(),
             wake: None,
+            own_key: None,
             first_round: true,
             last_read: None,
         }
@@ -660,6 +680,7 @@ impl KubeSpanManagerController {
             );
             changes.push(PeerChange::Upsert(WgPeer {
                 endpoint: step.desired_endpoint,
+                persistent_keepalive: keepalive(self.own_key.as_ref(), &peer, st, now),
                 ..peer
             }));
             let old = self
@@ -768,6 +789,7 @@ impl KubeSpanManagerController {
         });
 
         // Step 1, 3–5: statuses and desired endpoints.
+        self.own_key = PublicKey::from_base64("publicKey", &identity.spec.public_key).ok();
         let psk = PresharedKey::from_bytes(*cluster.spec.secret.bytes());
         let specs: Vec<Arc<Resource<KubeSpanPeerSpec>>> = self.specs.values().cloned().collect();
         let force = !s.allow_down_peer_bypass;
@@ -804,6 +826,7 @@ impl KubeSpanManagerController {
             routed.insert(key.clone(), prefixes);
             wg_peers.push(WgPeer {
                 endpoint: step.desired_endpoint,
+                persistent_keepalive: keepalive(self.own_key.as_ref(), &base, st, now),
                 ..base
             });
         }

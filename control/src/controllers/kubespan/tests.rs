@@ -340,11 +340,32 @@ async fn peers_from_affiliates_with_psk_keepalive_and_per_peer_updates() {
         (device_peers(&m.wg) == 3).then(|| m.wg.device().unwrap())
     })
     .await;
+    // The side with the higher key leaves a new peer's first handshake to the other
+    // for a moment (no keepalive), then keeps it alive like every peer.
+    let own = store
+        .get::<KubeSpanIdentity>(NS, KUBESPAN)
+        .unwrap()
+        .spec
+        .public_key
+        .clone();
+    let own = PublicKey::from_base64("own", &own).unwrap();
     for p in &dev.peers {
         assert_eq!(p.preshared_key.as_ref().unwrap().as_bytes(), &SECRET);
-        assert_eq!(p.persistent_keepalive, 25);
+        let deferred = own.as_bytes() > p.public_key.as_bytes();
+        assert_eq!(
+            p.persistent_keepalive,
+            if deferred { 0 } else { 25 },
+            "{p:?}"
+        );
         assert_eq!(p.endpoint, Some("192.0.2.1:51820".parse().unwrap()));
     }
+    m.clock
+        .advance(crate::kubespan::rotation::FIRST_HANDSHAKE_DEFERRAL);
+    eventually("every peer kept alive after the deferral", || {
+        m.wg.device()
+            .filter(|d| d.peers.iter().all(|p| p.persistent_keepalive == 25))
+    })
+    .await;
     let p2 = dev
         .peers
         .iter()
