@@ -58,6 +58,36 @@ impl<K: ResourceKind> ChangeFeed<K> {
         self.watch = None;
     }
 
+    /// Brings `mirror` (id → resource) up to date: `None` when it was filled anew
+    /// from a full list, else the ids that changed (sorted).
+    ///
+    /// # Errors
+    /// As [`ChangeFeed::take`].
+    pub fn sync(
+        &mut self,
+        rt: &ControllerRuntime,
+        mirror: &mut BTreeMap<String, Arc<Resource<K>>>,
+    ) -> Result<Option<Vec<String>>, ControllerError> {
+        Ok(match self.take(rt)? {
+            Changes::All(all) => {
+                *mirror = all
+                    .into_iter()
+                    .map(|r| (r.metadata.id.clone(), r))
+                    .collect();
+                None
+            }
+            Changes::Some(changes) => {
+                for (id, r) in &changes {
+                    match r {
+                        Some(r) => mirror.insert(id.clone(), Arc::clone(r)),
+                        None => mirror.remove(id),
+                    };
+                }
+                Some(changes.into_keys().collect())
+            }
+        })
+    }
+
     /// What changed since the previous take. The kind must be an input (or output) of
     /// the controller, as for a list.
     ///

@@ -648,15 +648,7 @@ pub fn apply_update(state: &mut DeviceState, up: &WgUpdate) {
         state.peers.retain(|p| !removed.contains(&p.public_key));
     }
     // A few changed peers (the steady state) are found by a scan; many through a map.
-    let mut index: Option<std::collections::HashMap<PublicKey, usize>> =
-        (up.peers.len() > 8).then(|| {
-            state
-                .peers
-                .iter()
-                .enumerate()
-                .map(|(i, p)| (p.public_key.clone(), i))
-                .collect()
-        });
+    let mut index: Option<PeerIndex> = (up.peers.len() > 8).then(|| index_of(state));
     for u in up.peers.iter().filter(|p| !p.remove) {
         let found = match &index {
             Some(m) => m.get(&u.public_key).copied(),

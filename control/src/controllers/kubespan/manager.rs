@@ -47,8 +47,8 @@ use crate::{
         },
     },
     runtime::{
-        ChangeFeed, Changes, Controller, ControllerError, ControllerResult, ControllerRuntime,
-        Input, InputKind, Output, Pointer, Resource, ResourceKind,
+        ChangeFeed, Controller, ControllerError, ControllerResult, ControllerRuntime, Input,
+        InputKind, Output, Pointer, Resource, ResourceKind,
     },
 };
 
@@ -466,24 +466,7 @@ impl KubeSpanManagerController {
         rt: &mut ControllerRuntime,
         timer: bool,
     ) -> Result<Option<SystemTime>, ControllerError> {
-        let changed = match self.feed.take(rt)? {
-            Changes::All(all) => {
-                self.specs = all
-                    .into_iter()
-                    .map(|r| (r.metadata.id.clone(), r))
-                    .collect();
-                None
-            }
-            Changes::Some(changes) => {
-                for (id, r) in &changes {
-                    match r {
-                        Some(r) => self.specs.insert(id.clone(), Arc::clone(r)),
-                        None => self.specs.remove(id),
-                    };
-                }
-                Some(changes.into_keys().collect::<Vec<_>>())
-            }
-        };
+        let changed = self.feed.sync(rt, &mut self.specs)?;
         let Some(cfg) = rt
             .get_opt::<KubeSpanConfig>(NS, KUBESPAN)?
             .filter(|c| c.spec.config.enabled)

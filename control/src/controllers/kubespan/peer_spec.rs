@@ -30,8 +30,8 @@ use crate::{
         },
     },
     runtime::{
-        ChangeFeed, Changes, Controller, ControllerResult, ControllerRuntime, Input, InputKind,
-        Output, Pointer, Resource, ResourceKind as _,
+        ChangeFeed, Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output,
+        Pointer, Resource, ResourceKind as _,
     },
 };
 
@@ -304,24 +304,7 @@ impl KubeSpanPeerSpecController {
     }
 
     fn reconcile(&mut self, rt: &mut ControllerRuntime) -> ControllerResult {
-        let changed = match self.feed.take(rt)? {
-            Changes::All(all) => {
-                self.affiliates = all
-                    .into_iter()
-                    .map(|a| (a.metadata.id.clone(), a))
-                    .collect();
-                None
-            }
-            Changes::Some(changes) => {
-                for (id, a) in &changes {
-                    match a {
-                        Some(a) => self.affiliates.insert(id.clone(), Arc::clone(a)),
-                        None => self.affiliates.remove(id),
-                    };
-                }
-                Some(changes.into_keys().collect::<Vec<_>>())
-            }
-        };
+        let changed = self.feed.sync(rt, &mut self.affiliates)?;
         let mut written = match self.written.take() {
             Some(w) => w,
             None => rt
