@@ -10,7 +10,8 @@
 //! * [`config`]: the multi-document YAML config and its validation.
 //! * [`secret`]: secret values that never print.
 //! * [`api`]: the resource API (tonic over a unix socket) served to the CLI.
-//! * [`testing`]: assert-eventually helpers and a runtime harness for controller tests.
+//! * `testing` (tests and the `testing` feature only): assert-eventually helpers and small
+//!   resource kinds for controller tests. The product never enables it.
 
 pub mod api;
 pub mod config;
@@ -19,4 +20,5 @@ pub mod kubespan;
 pub mod resources;
 pub mod runtime;
 pub mod secret;
+#[cfg(any(test, feature = "testing"))]
 pub mod testing;

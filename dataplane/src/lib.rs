@@ -10,6 +10,9 @@
 //! in a given [`netns::Netns`].
 
 pub mod error;
+/// In-memory doubles of every adapter, for controller tests only: compiled under `cfg(test)`
+/// or the `testing` feature, which dev-dependencies enable and the product never does.
+#[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod fastpath;
 pub mod marking;

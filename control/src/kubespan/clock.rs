@@ -31,10 +31,12 @@ impl Clock for SystemClock {
     }
 }
 
-/// A clock that moves only when told to.
+/// A clock that moves only when told to (tests only).
+#[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone)]
 pub struct FakeClock(Arc<watch::Sender<SystemTime>>);
 
+#[cfg(any(test, feature = "testing"))]
 impl FakeClock {
     /// A clock at `start`.
     #[must_use]
@@ -48,6 +50,7 @@ impl FakeClock {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl Clock for FakeClock {
     fn now(&self) -> SystemTime {
         *self.0.borrow()

@@ -55,6 +55,7 @@ impl ChangeFeed for NetlinkFeed {
     }
 }
 
+#[cfg(any(test, feature = "testing"))]
 impl ChangeFeed for wirespan_dataplane::fake::FakeNetwork {
     fn subscribe(&self) -> std::io::Result<BoxStream<'static, ()>> {
         let rx = wirespan_dataplane::fake::FakeNetwork::subscribe(self);
