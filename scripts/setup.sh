@@ -38,3 +38,10 @@ fi
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
   rustup component add rustfmt clippy
 fi
+
+# The suite runs under nextest (one process per test, so namespace state cannot leak
+# between tests); there is no fallback to plain `cargo test`.
+if ! cargo nextest --version >/dev/null 2>&1; then
+  echo "setup: installing cargo-nextest from crates.io" >&2
+  cargo install cargo-nextest --locked
+fi

@@ -10,10 +10,6 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 # Doc tests first, so the run ends on the summary of the whole suite.
 cargo test --workspace --locked --doc
-if cargo nextest --version >/dev/null 2>&1; then
-  # nextest runs each test in its own process: kernel tests that enter namespaces
-  # cannot leak that state into their neighbours.
-  cargo nextest run --workspace --locked --no-fail-fast
-else
-  cargo test --workspace --locked --no-fail-fast
-fi
+# nextest runs each test in its own process: kernel tests that enter namespaces
+# cannot leak that state into their neighbours. setup.sh installed it.
+cargo nextest run --workspace --locked --no-fail-fast
