@@ -1,6 +1,16 @@
 //! wirespan-bench: reproducible benchmarks behind `wirespan bench …`.
 //!
 //! Each benchmark prints its figures and compares alternatives in the same run.
+//!
+//! The `wirespan` binary links this crate on purpose: it is the simplest honest design.
+//! Operators run the benchmarks with the very binary they deploy, on the host they care
+//! about (its kernel, its CPU, its nftables), and the lab uses the same binary, so the
+//! figures describe the code that runs in production rather than a separately built
+//! tool. The cost is binary size (the benchmark code; it adds no dependency the daemon
+//! does not already link); none of it runs unless `wirespan bench` is invoked. For the
+//! same reason this crate uses only product APIs of the other crates (for instance
+//! `wirespan_control::runtime::Harness` and its own resource kinds, never
+//! `wirespan_control::testing`).
 
 pub mod dataplane;
 pub mod discovery;

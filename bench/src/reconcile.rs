@@ -39,9 +39,8 @@ use wirespan_control::{
         kubespan::{KubeSpanPeerStatus, PeerState, NS},
         network::{AddressSpec, LinkSpec, RouteSpec, RoutingRuleSpec, NS_CONFIG},
     },
-    runtime::{Resource, Runtime, Store, StoreOptions},
+    runtime::{Harness, Resource, Runtime, Store, StoreOptions},
     secret::Key32,
-    testing::Harness,
 };
 use wirespan_dataplane::{
     ipnet::{IpNet, Ipv4Net},

@@ -15,12 +15,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use wirespan_control::{
-    runtime::{
-        Controller, ControllerResult, ControllerRuntime, Definition, Event, Input, InputKind, Kind,
-        Output, ResourceKind, Runtime, Store, StoreOptions, WatchOptions,
-    },
-    testing::{Harness, IntResource, IntSpec},
+use serde::{Deserialize, Serialize};
+use wirespan_control::runtime::{
+    Controller, ControllerResult, ControllerRuntime, Definition, Event, Harness, Input, InputKind,
+    Kind, Output, ResourceKind, Runtime, Store, StoreOptions, WatchOptions,
 };
 
 /// Options of `wirespan bench runtime`.
@@ -61,6 +59,27 @@ impl Args {
 }
 
 const NS: &str = "bench";
+
+/// The kind the store benchmarks write: an integer spec, the smallest that a real
+/// update changes. The bench defines its own kinds rather than borrowing test ones.
+#[derive(Debug)]
+pub struct BenchResource;
+
+impl ResourceKind for BenchResource {
+    const TYPE: &'static str = "BenchResources.bench.wirespan.dev";
+    const DEFAULT_NAMESPACE: &'static str = NS;
+    type Spec = BenchSpec;
+    fn definition() -> Definition {
+        Definition::new(Self::TYPE, "BenchResource", NS).column("Value", ".value")
+    }
+}
+
+/// Spec of [`BenchResource`] and of the chain stages.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BenchSpec {
+    /// The value.
+    pub value: i64,
+}
 
 /// Runs the benchmark and prints its report.
 ///
@@ -152,9 +171,9 @@ fn updates(rt: &tokio::runtime::Runtime, args: &Args, watchers: usize) -> anyhow
     let store = Store::new(StoreOptions {
         history_capacity: HISTORY,
     });
-    let kind = Kind::new(NS, IntResource::TYPE);
+    let kind = Kind::new(NS, BenchResource::TYPE);
     for id in 0..args.ids {
-        store.modify::<IntResource>(NS, &id.to_string(), "bench", |r| r.spec.value = -1)?;
+        store.modify::<BenchResource>(NS, &id.to_string(), "bench", |r| r.spec.value = -1)?;
     }
     let ids: Vec<String> = (0..args.ids).map(|i| i.to_string()).collect();
     let progress: Arc<Vec<AtomicU64>> =
@@ -197,7 +216,7 @@ fn updates(rt: &tokio::runtime::Runtime, args: &Args, watchers: usize) -> anyhow
         }
         let id = &ids[usize::try_from(i % args.ids)?];
         let v = i64::try_from(i)?;
-        store.modify::<IntResource>(NS, id, "bench", |r| r.spec.value = v)?;
+        store.modify::<BenchResource>(NS, id, "bench", |r| r.spec.value = v)?;
     }
     for t in tasks {
         rt.block_on(t)??;
@@ -210,10 +229,10 @@ fn updates(rt: &tokio::runtime::Runtime, args: &Args, watchers: usize) -> anyhow
 /// Modify that changes nothing: Get + copy + compare, no write, no event.
 fn noops(args: &Args) -> f64 {
     let store = Store::default();
-    let _ = store.modify::<IntResource>(NS, "x", "bench", |r| r.spec.value = 7);
+    let _ = store.modify::<BenchResource>(NS, "x", "bench", |r| r.spec.value = 7);
     let start = Instant::now();
     for _ in 0..args.noops {
-        let r = store.modify::<IntResource>(NS, "x", "bench", |r| r.spec.value = 7);
+        let r = store.modify::<BenchResource>(NS, "x", "bench", |r| r.spec.value = 7);
         debug_assert!(r.is_ok_and(|r| r.metadata.version == 1));
     }
     #[allow(clippy::cast_precision_loss)]
@@ -222,7 +241,7 @@ fn noops(args: &Args) -> f64 {
 }
 
 /// Spec of the chain stages: the value copied down the chain.
-type StageSpec = IntSpec;
+type StageSpec = BenchSpec;
 
 macro_rules! stages {
     ($($name:ident = $ty:literal),*) => {$(

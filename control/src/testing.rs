@@ -1,5 +1,6 @@
-//! Test helpers for controller tests (spec §8): assert-eventually on the store, a
-//! runtime harness, and small resource kinds.
+//! Test helpers for controller tests (spec §8): assert-eventually on the store, the
+//! runtime harness (re-exported from [`crate::runtime`], where it lives), and small
+//! resource kinds.
 //!
 //! The assertions watch the resource(s) and re-run the check on every event until it
 //! passes or the timeout expires; on timeout they panic with the last failure.
@@ -7,13 +8,9 @@
 use std::{sync::Arc, time::Duration};
 
 use serde::{Deserialize, Serialize};
-use tokio::task::JoinHandle;
-use tokio_util::sync::CancellationToken;
 
-use crate::runtime::{
-    Definition, Event, Kind, Pointer, Resource, ResourceKind, Runtime, RuntimeError, Store,
-    WatchOptions,
-};
+pub use crate::runtime::Harness;
+use crate::runtime::{Definition, Event, Kind, Pointer, Resource, ResourceKind, Store, WatchOptions};
 
 /// Default per-assertion timeout.
 pub const TIMEOUT: Duration = Duration::from_secs(10);
@@ -111,61 +108,6 @@ pub async fn assert_length(store: &Store, kind: &Kind, n: usize) {
         "assert_length {kind}: want {n}, have {}",
         ids.len()
     );
-}
-
-/// A running runtime for a test; [`Harness::stop`] cancels it and waits for all tasks.
-#[derive(Debug)]
-pub struct Harness {
-    /// The store.
-    pub store: Store,
-    cancel: CancellationToken,
-    join: Option<JoinHandle<Result<(), RuntimeError>>>,
-}
-
-impl Harness {
-    /// Spawns `runtime.run`.
-    #[must_use]
-    pub fn start(runtime: Runtime) -> Self {
-        let store = runtime.store().clone();
-        let cancel = CancellationToken::new();
-        let join = tokio::spawn(runtime.run(cancel.clone()));
-        Self {
-            store,
-            cancel,
-            join: Some(join),
-        }
-    }
-
-    /// Cancels the runtime and returns its result.
-    ///
-    /// # Panics
-    /// If the runtime task panicked.
-    pub async fn stop(mut self) -> Result<(), RuntimeError> {
-        self.cancel.cancel();
-        self.join
-            .take()
-            .expect("not stopped")
-            .await
-            .expect("runtime task panicked")
-    }
-
-    /// Waits for the runtime to stop by itself (e.g. on a watch error).
-    ///
-    /// # Panics
-    /// If the runtime task panicked or does not stop within `timeout`.
-    pub async fn wait_stopped(mut self, timeout: Duration) -> Result<(), RuntimeError> {
-        let join = self.join.take().expect("not stopped");
-        tokio::time::timeout(timeout, join)
-            .await
-            .expect("runtime did not stop")
-            .expect("runtime task panicked")
-    }
-}
-
-impl Drop for Harness {
-    fn drop(&mut self) {
-        self.cancel.cancel();
-    }
 }
 
 /// Test kind: an integer spec.

@@ -5,6 +5,7 @@ pub mod backoff;
 pub mod controller;
 pub mod feed;
 pub mod graph;
+mod harness;
 pub mod metadata;
 pub mod query;
 pub mod resource;
@@ -17,6 +18,7 @@ pub use controller::{
     Waker,
 };
 pub use feed::{ChangeFeed, Changes};
+pub use harness::Harness;
 pub use metadata::{Finalizers, Kind, Metadata, Phase, Pointer};
 pub use query::{Filter, LabelOp, LabelQuery, LabelTerm};
 pub use resource::{downcast, AnyResource, Definition, PrintColumn, Resource, ResourceKind};
