@@ -234,6 +234,7 @@ impl KubeSpanManagerController {
         let tick = now + RECONCILE_TICK;
         Ok(Some(wake.map_or(tick, |w| w.min(tick))))
     }
+
     fn ensure_marking(&mut self, configured: FastPath, link: &str) -> &mut ActiveMarking {
         if self
             .marking
