@@ -5,11 +5,11 @@ use std::sync::Arc;
 
 use rand::RngCore;
 
-use super::{
-    super::model::{decode_endpoint, AffiliateInfo},
-    Affiliate, Machine, Phase,
+use super::{Affiliate, Machine, Phase};
+use crate::{
+    client::model::{decode_endpoint, AffiliateInfo},
+    proto::server as wire,
 };
-use crate::proto::server as wire;
 
 impl<R: RngCore> Machine<R> {
     /// One Watch message arrived. Returns whether the discovered set changed.

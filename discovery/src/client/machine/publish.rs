@@ -6,14 +6,14 @@ use std::{collections::BTreeMap, time::Instant};
 
 use rand::RngCore;
 
-use super::{
-    super::{
+use super::{Action, LocalData, LocalDataError, Machine, Phase, RefreshCall, MAX_ENDPOINTS};
+use crate::{
+    client::{
         crypto::{GCM_OVERHEAD, MAX_AFFILIATE_BLOB},
         model::{encode_endpoint, AffiliateInfo, Endpoint},
     },
-    Action, LocalData, LocalDataError, Machine, Phase, RefreshCall, MAX_ENDPOINTS,
+    proto::server as wire,
 };
-use crate::proto::server as wire;
 
 impl<R: RngCore> Machine<R> {
     /// The refresh batch finished.
