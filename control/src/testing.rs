@@ -10,7 +10,9 @@ use std::{sync::Arc, time::Duration};
 use serde::{Deserialize, Serialize};
 
 pub use crate::runtime::Harness;
-use crate::runtime::{Definition, Event, Kind, Pointer, Resource, ResourceKind, Store, WatchOptions};
+use crate::runtime::{
+    Definition, Event, Kind, Pointer, Resource, ResourceKind, Store, WatchOptions,
+};
 
 /// Default per-assertion timeout.
 pub const TIMEOUT: Duration = Duration::from_secs(10);

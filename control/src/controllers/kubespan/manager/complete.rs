@@ -1,0 +1,261 @@
+//! The complete round (spec §8.2): every peer stepped against what the device
+//! reports (when it is read), the whole device and marking set applied, every output
+//! written, and the marking adapter chosen for the configured fast path.
+
+use std::{
+    collections::{BTreeSet, HashMap},
+    sync::Arc,
+    time::SystemTime,
+};
+
+use ipnet::IpNet;
+use wirespan_dataplane::{
+    marking::{MarkingSpec, DEFAULT_TABLE},
+    wireguard::{PresharedKey, PrivateKey, PublicKey, WgDevice, WgPeer},
+};
+
+use super::{
+    blocking, keepalive, wg_error, ActiveMarking, KubeSpanManagerController, ManagerError,
+};
+use crate::{
+    config::kubespan::{FastPath, KubeSpanConfig as Settings},
+    controllers::kubespan::metrics::PeerFigures,
+    kubespan::{
+        peers::routed_prefixes,
+        rotation::{next_wake, step, Observed, RECONCILE_TICK},
+    },
+    resources::{
+        cluster::ClusterIdentity,
+        kubespan::{KubeSpanIdentity, KubeSpanPeerSpec, KubeSpanPeerStatusSpec, PeerState},
+    },
+    runtime::{ControllerError, ControllerRuntime, Resource},
+};
+
+impl KubeSpanManagerController {
+    /// A complete round (see [`Self::reconcile`]); `read`: read the device first.
+    #[allow(clippy::too_many_lines)]
+    pub(super) async fn complete_round(
+        &mut self,
+        rt: &mut ControllerRuntime,
+        s: &Settings,
+        identity: &Resource<KubeSpanIdentity>,
+        cluster: &Resource<ClusterIdentity>,
+        read: bool,
+    ) -> Result<Option<SystemTime>, ControllerError> {
+        if self.wg_link != s.link_name {
+            if self.wg.is_some() {
+                tracing::info!(old = %self.wg_link, new = %s.link_name, "mesh link renamed");
+                self.teardown_kernel().await;
+            }
+            self.wg = None;
+            self.peers.clear();
+            self.wg_link.clone_from(&s.link_name);
+        }
+        if self.wg.is_none() {
+            self.last_read = None;
+            self.wg = Some(
+                self.deps
+                    .wireguard
+                    .create(&s.link_name)
+                    .map_err(|source| wg_error(&s.link_name, source))?,
+            );
+        }
+        let now = self.deps.clock.now();
+        let read = read || self.last_read.is_none();
+
+        // §8.2 step 2: what the device reports.
+        let observed = if read {
+            let wg = self
+                .wg
+                .take()
+                .unwrap_or_else(|| unreachable!("created above"));
+            let (wg, observed) = blocking(wg, |w| w.observe()).await?;
+            self.wg = Some(wg);
+            self.last_read = Some(now);
+            Some(observed)
+        } else {
+            None
+        };
+        let observed: Option<HashMap<String, Observed>> = observed.map(|observed| match observed {
+            Ok(st) if st.present => st
+                .peers
+                .into_iter()
+                .map(|p| {
+                    (
+                        p.public_key.to_base64(),
+                        Observed {
+                            endpoint: p.endpoint,
+                            last_handshake: p.last_handshake,
+                            rx_bytes: p.rx_bytes,
+                            tx_bytes: p.tx_bytes,
+                        },
+                    )
+                })
+                .collect(),
+            Ok(_) => HashMap::new(),
+            Err(e) => {
+                tracing::warn!(link = %s.link_name, error = %e, "reading the WireGuard device failed");
+                HashMap::new()
+            }
+        });
+
+        // Step 1, 3–5: statuses and desired endpoints.
+        self.own_key = PublicKey::from_base64("publicKey", &identity.spec.public_key).ok();
+        let psk = PresharedKey::from_bytes(*cluster.spec.secret.bytes());
+        let specs: Vec<Arc<Resource<KubeSpanPeerSpec>>> = self.specs.values().cloned().collect();
+        let force = !s.allow_down_peer_bypass;
+        let mut wg_peers = Vec::with_capacity(specs.len());
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        let mut routed = HashMap::with_capacity(specs.len());
+        let mut wake: Option<SystemTime> = None;
+        for r in &specs {
+            let key = &r.metadata.id;
+            let Some(base) = self.peer_of(key, &r.spec, &psk) else {
+                continue;
+            };
+            let st = self
+                .statuses
+                .entry(key.clone())
+                .or_insert_with(|| KubeSpanPeerStatusSpec {
+                    label: r.spec.label.clone(),
+                    ..KubeSpanPeerStatusSpec::default()
+                });
+            // Without a read (or without the peer on the device) the status keeps its
+            // last observation.
+            let seen = observed.as_ref().and_then(|o| o.get(key));
+            let step = step(st, &r.spec.endpoints, seen, now);
+            if let Some(w) = next_wake(st, now) {
+                wake = Some(wake.map_or(w, |x: SystemTime| x.min(w)));
+            }
+            let prefixes = routed_prefixes(force, &base.allowed_ips, st.state == PeerState::Up);
+            for p in &prefixes {
+                match p {
+                    IpNet::V4(_) => v4.push(*p),
+                    IpNet::V6(_) => v6.push(*p),
+                }
+            }
+            routed.insert(key.clone(), prefixes);
+            wg_peers.push(WgPeer {
+                endpoint: step.desired_endpoint,
+                persistent_keepalive: keepalive(self.own_key.as_ref(), &base, st, now),
+                ..base
+            });
+        }
+
+        // Statuses of peers that went away: every spec has a status now, so there are
+        // more statuses than specs exactly when some are stale (no lookups otherwise).
+        if self.statuses.len() > specs.len() || self.peers.len() > specs.len() {
+            self.statuses.retain(|k, _| self.specs.contains_key(k));
+            self.peers.retain(|k, _| self.specs.contains_key(k));
+        }
+
+        // Step 6: device, routed set, statuses.
+        let device = WgDevice {
+            name: s.link_name.clone(),
+            private_key: PrivateKey::from_bytes(*identity.spec.private_key.bytes()),
+            listen_port: s.listen_port,
+            fwmark: s.device_mark,
+            peers: wg_peers,
+        };
+        let wg = self.wg.take().unwrap_or_else(|| unreachable!("set above"));
+        let (wg, res) = blocking(wg, move |w| w.apply(&device)).await?;
+        self.wg = Some(wg);
+        res.map_err(|source| wg_error(&s.link_name, source))?;
+        let marking_spec = MarkingSpec {
+            table: DEFAULT_TABLE.to_owned(),
+            device_mark: s.device_mark,
+            mark: s.route_mark,
+            mask: s.mark_mask,
+            mtu: s.mtu,
+            prefixes_v4: v4,
+            prefixes_v6: v6,
+            ..MarkingSpec::default()
+        };
+        self.ensure_marking(s.fast_path, &s.link_name);
+        let m = self
+            .marking
+            .take()
+            .unwrap_or_else(|| unreachable!("set above"));
+        let (m, res) = blocking(m, move |m| m.marking.apply(&marking_spec)).await?;
+        self.marking = Some(m);
+        res.map_err(|e| ControllerError::other(ManagerError::Marking(e)))?;
+        self.routed = routed;
+
+        let keys: Vec<String> = self.statuses.keys().cloned().collect();
+        for key in &keys {
+            self.write_status(rt, key)?;
+        }
+        // Everything live was written, so more written than live means some are gone.
+        if self.written_statuses.len() > self.statuses.len() {
+            let gone: Vec<String> = self
+                .written_statuses
+                .keys()
+                .filter(|id| !self.statuses.contains_key(*id))
+                .cloned()
+                .collect();
+            for key in &gone {
+                self.write_status(rt, key)?;
+            }
+        }
+
+        // Step 7: link, address, routes, rules (no-op writes are suppressed).
+        self.write_network_specs(rt, s, identity.spec.address)?;
+
+        // §9 harvest.
+        let mut keys: BTreeSet<String> = self.written_endpoints.keys().cloned().collect();
+        if s.harvest_extra_endpoints {
+            keys.extend(self.statuses.keys().cloned());
+        }
+        for key in &keys {
+            self.write_harvested(rt, s, key)?;
+        }
+
+        self.write_manager_status(rt, s)?;
+
+        if let Some(metrics) = self.deps.metrics.as_ref().filter(|_| read) {
+            let figures: Vec<PeerFigures> = self
+                .statuses
+                .iter()
+                .map(|(k, st)| PeerFigures {
+                    public_key: k.clone(),
+                    label: st.label.clone(),
+                    state: st.state.as_str(),
+                    handshake_age: st
+                        .last_handshake_time
+                        .and_then(|t| now.duration_since(t).ok())
+                        .map(|d| d.as_secs_f64()),
+                    rx: st.receive_bytes,
+                    tx: st.transmit_bytes,
+                })
+                .collect();
+            metrics.set_peers(&figures);
+        }
+        self.wake = wake;
+        let tick = now + RECONCILE_TICK;
+        Ok(Some(wake.map_or(tick, |w| w.min(tick))))
+    }
+
+    fn ensure_marking(&mut self, configured: FastPath, link: &str) -> &mut ActiveMarking {
+        if self
+            .marking
+            .as_ref()
+            .is_some_and(|m| m.configured != configured || m.link != link)
+        {
+            // A fast-path change: the new adapter replaces the table it finds.
+            self.marking = None;
+        }
+        self.marking.get_or_insert_with(|| {
+            let c = self.deps.marking.create(configured, link);
+            if !c.note.is_empty() {
+                tracing::warn!(configured = ?configured, in_use = ?c.fast_path, note = %c.note, "marking fast path fallback");
+            }
+            ActiveMarking {
+                marking: c.marking,
+                configured,
+                link: link.to_owned(),
+                in_use: c.fast_path,
+                note: c.note,
+            }
+        })
+    }
+}

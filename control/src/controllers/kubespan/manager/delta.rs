@@ -1,0 +1,112 @@
+//! The delta round: only the peers whose specs changed are stepped (without a device
+//! read) and written, as WireGuard peer changes and a routed-set delta, so its work
+//! is proportional to the change, not to the mesh.
+
+use std::time::SystemTime;
+
+use wirespan_dataplane::{
+    marking::PrefixDelta,
+    wireguard::{PeerChange, PresharedKey, WgPeer},
+};
+
+use super::{blocking, keepalive, wg_error, KubeSpanManagerController, ManagerError};
+use crate::{
+    config::kubespan::KubeSpanConfig as Settings,
+    kubespan::{
+        peers::routed_prefixes,
+        rotation::{next_wake, step, RECONCILE_TICK},
+    },
+    resources::{
+        cluster::ClusterIdentity,
+        kubespan::{KubeSpanPeerStatusSpec, PeerState},
+    },
+    runtime::{ControllerError, ControllerRuntime, Resource},
+};
+
+impl KubeSpanManagerController {
+    /// A delta round over the peers `keys` (see [`Self::reconcile`]).
+    pub(super) async fn delta_round(
+        &mut self,
+        rt: &mut ControllerRuntime,
+        s: &Settings,
+        cluster: &Resource<ClusterIdentity>,
+        keys: &[String],
+        now: SystemTime,
+    ) -> Result<Option<SystemTime>, ControllerError> {
+        let psk = PresharedKey::from_bytes(*cluster.spec.secret.bytes());
+        let mut changes = Vec::with_capacity(keys.len());
+        let mut delta = PrefixDelta::default();
+        let mut wake = self.wake;
+        for key in keys {
+            let spec = self.specs.get(key).map(|r| r.spec.clone());
+            let peer = spec.as_ref().and_then(|spec| self.peer_of(key, spec, &psk));
+            let (Some(spec), Some(peer)) = (spec, peer) else {
+                // Gone (or never a valid peer).
+                self.statuses.remove(key);
+                if let Some((_, p)) = self.peers.remove(key) {
+                    changes.push(PeerChange::Remove(p.public_key));
+                }
+                if let Some(old) = self.routed.remove(key) {
+                    delta.remove.extend(old);
+                }
+                continue;
+            };
+            let st = self
+                .statuses
+                .entry(key.clone())
+                .or_insert_with(|| KubeSpanPeerStatusSpec {
+                    label: spec.label.clone(),
+                    ..KubeSpanPeerStatusSpec::default()
+                });
+            let step = step(st, &spec.endpoints, None, now);
+            if let Some(w) = next_wake(st, now) {
+                wake = Some(wake.map_or(w, |x| x.min(w)));
+            }
+            let routed = routed_prefixes(
+                !s.allow_down_peer_bypass,
+                &peer.allowed_ips,
+                st.state == PeerState::Up,
+            );
+            changes.push(PeerChange::Upsert(WgPeer {
+                endpoint: step.desired_endpoint,
+                persistent_keepalive: keepalive(self.own_key.as_ref(), &peer, st, now),
+                ..peer
+            }));
+            let old = self
+                .routed
+                .insert(key.clone(), routed.clone())
+                .unwrap_or_default();
+            if old != routed {
+                delta.remove.extend(old);
+                delta.add.extend(routed);
+            }
+        }
+        let wg = self
+            .wg
+            .take()
+            .unwrap_or_else(|| unreachable!("checked by the caller"));
+        let (wg, res) = blocking(wg, move |w| w.apply_peers(&changes)).await?;
+        self.wg = Some(wg);
+        res.map_err(|source| wg_error(&s.link_name, source))?;
+        if !delta.is_empty() {
+            let m = self
+                .marking
+                .take()
+                .unwrap_or_else(|| unreachable!("set by a complete round"));
+            let (m, res) = blocking(m, move |m| m.marking.apply_delta(&delta)).await?;
+            self.marking = Some(m);
+            res.map_err(|e| ControllerError::other(ManagerError::Marking(e)))?;
+        }
+        for key in keys {
+            self.write_status(rt, key)?;
+            self.write_harvested(rt, s, key)?;
+        }
+        self.write_manager_status(rt, s)?;
+        self.wake = wake;
+        let tick = self.last_read.map(|t| t + RECONCILE_TICK);
+        Ok(match (wake, tick) {
+            (Some(w), Some(t)) => Some(w.min(t)),
+            (w, t) => w.or(t),
+        })
+    }
+}

@@ -1,0 +1,425 @@
+//! `KubeSpanManagerController`: programs the WireGuard device and its peers, the
+//! marking set, emits the link/address/routes/rules as operator-layer network specs,
+//! and keeps a status per peer with the endpoint-rotation state machine (spec §6–§9).
+//!
+//! Woken by its inputs, every 30 s, every second while a peer awaits its first
+//! handshake, at `lastEndpointChange + 15 s` of peers in `unknown` and when an `up`
+//! peer would turn down (§8.5); time comes from a [`Clock`], so tests drive rotation
+//! by hand. A change of a few peer specs between those wake-ups is a delta round:
+//! only those peers are stepped and written, as WireGuard peer changes and a
+//! routed-set delta (see `reconcile`).
+//!
+//! By concern: this file holds the public types, the controller's run loop and the
+//! choice between a `complete` and a `delta` round; `outputs` writes statuses,
+//! endpoints and network specs; `teardown` removes kernel state.
+
+mod complete;
+mod delta;
+mod outputs;
+mod teardown;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    fmt,
+    sync::Arc,
+    time::{Instant, SystemTime},
+};
+
+use futures::future::BoxFuture;
+use ipnet::IpNet;
+use wirespan_dataplane::{
+    marking::{Marking, MarkingError},
+    routing::Routing,
+    wireguard::{PresharedKey, PublicKey, WgError, WgPeer, WireGuard},
+};
+
+use super::metrics::MeshMetrics;
+use crate::{
+    config::kubespan::FastPath,
+    kubespan::{
+        clock::Clock,
+        rotation::{defers_first_handshake, RECONCILE_TICK},
+    },
+    resources::{
+        cluster::{self, ClusterIdentity, CLUSTER},
+        kubespan::{
+            KubeSpanConfig, KubeSpanEndpoint, KubeSpanEndpointSpec, KubeSpanIdentity,
+            KubeSpanManagerStatus, KubeSpanPeerSpec, KubeSpanPeerSpecSpec, KubeSpanPeerStatus,
+            KubeSpanPeerStatusSpec, KUBESPAN, NS,
+        },
+        network::{AddressSpec, LinkSpec, RouteSpec, RoutingRuleSpec},
+    },
+    runtime::{
+        ChangeFeed, Controller, ControllerError, ControllerResult, ControllerRuntime, Input,
+        InputKind, Output, Resource,
+    },
+};
+
+/// Persistent keepalive of every peer (seconds).
+pub const PERSISTENT_KEEPALIVE: u16 = 25;
+
+/// Builds the WireGuard backend for a link.
+pub trait WireGuardFactory: Send + Sync + fmt::Debug {
+    /// A backend for device `link` (nothing created until used).
+    ///
+    /// # Errors
+    /// The backend cannot be built.
+    fn create(&self, link: &str) -> Result<Box<dyn WireGuard + Send>, WgError>;
+}
+
+/// The marking in use and why it is not the configured one.
+pub struct MarkingChoice {
+    /// The adapter.
+    pub marking: Box<dyn Marking + Send>,
+    /// What it is.
+    pub fast_path: FastPath,
+    /// Empty, or why the configured fast path is not in use.
+    pub note: String,
+}
+
+/// Builds the marking adapter for a configured fast path (the eBPF fast path plugs in
+/// here; without it the factory falls back to nftables and says so).
+pub trait MarkingFactory: Send + Sync + fmt::Debug {
+    /// The marking for `fast_path`; `link` is the mesh link (the eBPF classifier goes
+    /// on every other interface).
+    fn create(&self, fast_path: FastPath, link: &str) -> MarkingChoice;
+}
+
+/// What to do with kernel state when the daemon stops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnStop {
+    /// Leave device, peers, marking and routes in place (traffic keeps flowing).
+    #[default]
+    Keep,
+    /// Remove them.
+    Teardown,
+}
+
+/// What the manager needs from outside.
+pub struct ManagerDeps {
+    /// WireGuard backends.
+    pub wireguard: Arc<dyn WireGuardFactory>,
+    /// Marking adapters.
+    pub marking: Arc<dyn MarkingFactory>,
+    /// Removes our rules and routes on teardown (they are applied by the network
+    /// controllers from the specs this manager emits).
+    pub routing_cleanup: Option<Box<dyn Routing + Send>>,
+    /// Time.
+    pub clock: Arc<dyn Clock>,
+    /// Metrics, if exported.
+    pub metrics: Option<Arc<MeshMetrics>>,
+    /// Shutdown behaviour.
+    pub on_stop: OnStop,
+}
+
+impl fmt::Debug for ManagerDeps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ManagerDeps")
+            .field("wireguard", &self.wireguard)
+            .field("marking", &self.marking)
+            .field("on_stop", &self.on_stop)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Errors of the manager's kernel writes.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    /// WireGuard.
+    #[error("WireGuard link {link}: {source}")]
+    WireGuard {
+        /// The link.
+        link: String,
+        /// Cause.
+        #[source]
+        source: WgError,
+    },
+    /// Marking.
+    #[error("marking table: {0}")]
+    Marking(#[source] MarkingError),
+}
+
+struct ActiveMarking {
+    marking: Box<dyn Marking + Send>,
+    configured: FastPath,
+    link: String,
+    in_use: FastPath,
+    note: String,
+}
+
+/// The mesh manager.
+pub struct KubeSpanManagerController {
+    deps: ManagerDeps,
+    wg: Option<Box<dyn WireGuard + Send>>,
+    wg_link: String,
+    marking: Option<ActiveMarking>,
+    /// Live per-peer state (the rotation cursor), by public key.
+    statuses: BTreeMap<String, KubeSpanPeerStatusSpec>,
+    /// What was last written to the store.
+    written_statuses: BTreeMap<String, KubeSpanPeerStatusSpec>,
+    written_endpoints: BTreeMap<String, KubeSpanEndpointSpec>,
+    /// Network specs written: (type, id).
+    written_specs: BTreeSet<(&'static str, String)>,
+    /// public key → (spec, peer without endpoint), so unchanged peers are not rebuilt.
+    peers: HashMap<String, (KubeSpanPeerSpecSpec, WgPeer)>,
+    /// Peer specs as last seen (the feed's mirror).
+    specs: BTreeMap<String, Arc<Resource<KubeSpanPeerSpec>>>,
+    feed: ChangeFeed<KubeSpanPeerSpec>,
+    /// The non-peer inputs of the last complete round (`None`: the next is complete).
+    basis: Option<Basis>,
+    /// Each peer's prefixes in the marking set as last applied.
+    routed: HashMap<String, Vec<IpNet>>,
+    /// The earliest per-peer wake-up known.
+    wake: Option<SystemTime>,
+    /// This node's public key (set by a complete round).
+    own_key: Option<PublicKey>,
+    /// Kernel state may exist from an earlier run: clean it up once if disabled.
+    first_round: bool,
+    /// When the device was last read (`None`: never, or the device is new).
+    last_read: Option<SystemTime>,
+}
+
+impl fmt::Debug for KubeSpanManagerController {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KubeSpanManagerController")
+            .field("link", &self.wg_link)
+            .field("peers", &self.statuses.len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// More changed peers than this take a complete round.
+const DELTA_MAX: usize = 64;
+
+/// The inputs besides the peer specs, as a complete round saw them.
+#[derive(Debug, PartialEq)]
+struct Basis {
+    config: (u64, crate::resources::kubespan::KubeSpanConfigSpec),
+    identity: (u64, crate::resources::kubespan::KubeSpanIdentitySpec),
+    cluster: (u64, crate::resources::cluster::ClusterIdentitySpec),
+}
+
+/// Name of the manager controller (also the owner of what it writes).
+pub const NAME: &str = "KubeSpanManagerController";
+
+async fn blocking<T: Send + 'static, R: Send + 'static>(
+    mut t: T,
+    f: impl FnOnce(&mut T) -> R + Send + 'static,
+) -> Result<(T, R), ControllerError> {
+    tokio::task::spawn_blocking(move || {
+        let r = f(&mut t);
+        (t, r)
+    })
+    .await
+    .map_err(ControllerError::other)
+}
+
+/// The keepalive to program for a peer now (0 while its first handshake is deferred).
+fn keepalive(
+    own_key: Option<&PublicKey>,
+    peer: &WgPeer,
+    status: &KubeSpanPeerStatusSpec,
+    now: SystemTime,
+) -> u16 {
+    let defer = own_key.is_some_and(|own| {
+        defers_first_handshake(own.as_bytes(), peer.public_key.as_bytes(), status, now)
+    });
+    if defer {
+        0
+    } else {
+        peer.persistent_keepalive
+    }
+}
+
+fn wg_error(link: &str, source: WgError) -> ControllerError {
+    ControllerError::other(ManagerError::WireGuard {
+        link: link.to_owned(),
+        source,
+    })
+}
+
+impl KubeSpanManagerController {
+    /// A manager over `deps`.
+    #[must_use]
+    pub fn new(deps: ManagerDeps) -> Self {
+        Self {
+            deps,
+            wg: None,
+            wg_link: String::new(),
+            marking: None,
+            statuses: BTreeMap::new(),
+            written_statuses: BTreeMap::new(),
+            written_endpoints: BTreeMap::new(),
+            written_specs: BTreeSet::new(),
+            peers: HashMap::new(),
+            specs: BTreeMap::new(),
+            feed: ChangeFeed::new(NS),
+            basis: None,
+            routed: HashMap::new(),
+            wake: None,
+            own_key: None,
+            first_round: true,
+            last_read: None,
+        }
+    }
+
+    /// One reconcile; returns the next timer deadline.
+    ///
+    /// A round is *complete* (every peer looked at, the whole device and marking set
+    /// applied) when a timer woke the manager, when the device is due for a read (§8.2
+    /// step 2: on the first round with a device and a tick after the last read), when
+    /// anything but peer specs changed since the last complete round, or when many
+    /// peers did. Otherwise it is a *delta* round over the peers whose specs changed,
+    /// with work proportional to them: their statuses stepped without a device read,
+    /// their WireGuard peers and routed prefixes applied as changes.
+    async fn reconcile(
+        &mut self,
+        rt: &mut ControllerRuntime,
+        timer: bool,
+    ) -> Result<Option<SystemTime>, ControllerError> {
+        let changed = self.feed.sync(rt, &mut self.specs)?;
+        let Some(cfg) = rt
+            .get_opt::<KubeSpanConfig>(NS, KUBESPAN)?
+            .filter(|c| c.spec.config.enabled)
+        else {
+            self.basis = None;
+            self.disable(rt).await?;
+            return Ok(None);
+        };
+        let identity = rt.get_opt::<KubeSpanIdentity>(NS, KUBESPAN)?;
+        let cluster = rt.get_opt::<ClusterIdentity>(cluster::NS, CLUSTER)?;
+        let (Some(identity), Some(cluster)) = (identity, cluster) else {
+            // Enabled but not ready: wait for the identity and the cluster secret.
+            self.basis = None;
+            return Ok(None);
+        };
+        let basis = Basis {
+            config: (cfg.metadata.version, cfg.spec.clone()),
+            identity: (identity.metadata.version, identity.spec.clone()),
+            cluster: (cluster.metadata.version, cluster.spec.clone()),
+        };
+        let now = self.deps.clock.now();
+        let read_due = self
+            .last_read
+            .is_none_or(|t| now.duration_since(t).unwrap_or_default() >= RECONCILE_TICK);
+        match changed {
+            Some(keys)
+                if !timer
+                    && !read_due
+                    && self.wg.is_some()
+                    && keys.len() <= DELTA_MAX
+                    && self.basis.as_ref() == Some(&basis) =>
+            {
+                self.delta_round(rt, &cfg.spec.config, &cluster, &keys, now)
+                    .await
+            }
+            _ => {
+                self.basis = None;
+                let wake = self
+                    .complete_round(rt, &cfg.spec.config, &identity, &cluster, timer || read_due)
+                    .await?;
+                self.basis = Some(basis);
+                Ok(wake)
+            }
+        }
+    }
+
+    /// The WireGuard peer for a spec (cached while the spec and the secret stay), and
+    /// its routed prefixes; `None` for a spec whose id is not a public key.
+    fn peer_of(
+        &mut self,
+        key: &str,
+        spec: &KubeSpanPeerSpecSpec,
+        psk: &PresharedKey,
+    ) -> Option<WgPeer> {
+        if let Some((cached, peer)) = self.peers.get(key) {
+            if cached == spec && peer.preshared_key.as_ref() == Some(psk) {
+                return Some(peer.clone());
+            }
+        }
+        let Ok(public_key) = PublicKey::from_base64("publicKey", key) else {
+            tracing::warn!(peer = %key, "peer spec id is not a WireGuard public key; skipped");
+            return None;
+        };
+        let peer = WgPeer {
+            public_key,
+            preshared_key: Some(psk.clone()),
+            persistent_keepalive: PERSISTENT_KEEPALIVE,
+            endpoint: None,
+            allowed_ips: spec.allowed_ips.clone(),
+        };
+        self.peers
+            .insert(key.to_owned(), (spec.clone(), peer.clone()));
+        Some(peer)
+    }
+}
+
+impl Controller for KubeSpanManagerController {
+    fn name(&self) -> &str {
+        NAME
+    }
+
+    fn inputs(&self) -> Vec<Input> {
+        vec![
+            Input::id_of::<KubeSpanConfig>(NS, KUBESPAN, InputKind::Weak),
+            Input::id_of::<KubeSpanIdentity>(NS, KUBESPAN, InputKind::Weak),
+            Input::id_of::<ClusterIdentity>(cluster::NS, CLUSTER, InputKind::Weak),
+            Input::of::<KubeSpanPeerSpec>(NS, InputKind::Weak),
+        ]
+    }
+
+    fn outputs(&self) -> Vec<Output> {
+        vec![
+            Output::exclusive::<KubeSpanPeerStatus>(),
+            Output::exclusive::<KubeSpanEndpoint>(),
+            Output::exclusive::<KubeSpanManagerStatus>(),
+            Output::shared::<LinkSpec>(),
+            Output::shared::<AddressSpec>(),
+            Output::shared::<RouteSpec>(),
+            Output::shared::<RoutingRuleSpec>(),
+        ]
+    }
+
+    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+        Box::pin(async move {
+            self.adopt_outputs(rt)?;
+            // A restart looks at everything again.
+            self.feed.reset();
+            self.basis = None;
+            let mut deadline: Option<SystemTime> = None;
+            loop {
+                let sleep = match deadline {
+                    Some(d) => self.deps.clock.sleep_until(d),
+                    None => Box::pin(std::future::pending()),
+                };
+                let timer = tokio::select! {
+                    biased;
+                    () = rt.cancelled() => break,
+                    () = rt.changed() => false,
+                    () = sleep => true,
+                };
+                let started = Instant::now();
+                deadline = self.reconcile(rt, timer).await?;
+                self.first_round = false;
+                if let Some(m) = &self.deps.metrics {
+                    m.observe_reconcile(NAME, started.elapsed());
+                }
+                rt.reset_restart_backoff();
+            }
+            match self.deps.on_stop {
+                OnStop::Teardown => {
+                    tracing::info!("stopping: tearing down mesh kernel state");
+                    self.teardown_kernel().await;
+                }
+                OnStop::Keep => {
+                    tracing::info!(link = %self.wg_link, "stopping: keeping mesh kernel state");
+                    // A userspace backend would stop wireguard-go when dropped.
+                    if let Some(wg) = self.wg.take() {
+                        std::mem::forget(wg);
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+}

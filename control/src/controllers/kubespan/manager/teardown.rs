@@ -1,0 +1,58 @@
+//! Tearing mesh kernel state down: when the mesh is disabled, when the link is
+//! renamed, and on stop with `OnStop::Teardown`.
+
+use super::{blocking, KubeSpanManagerController};
+use crate::{
+    config::kubespan::FastPath,
+    runtime::{ControllerResult, ControllerRuntime},
+};
+
+impl KubeSpanManagerController {
+    /// Removes kernel state (device, marking table, our rules and routes).
+    pub(super) async fn teardown_kernel(&mut self) {
+        if let Some(wg) = self.wg.take() {
+            if let Ok((_, Err(e))) = blocking(wg, |w| w.teardown()).await {
+                tracing::warn!(link = %self.wg_link, error = %e, "removing the WireGuard device failed");
+            }
+        }
+        let marking = match self.marking.take() {
+            Some(m) => Some(m.marking),
+            None if self.first_round => Some(
+                self.deps
+                    .marking
+                    .create(FastPath::Nftables, &self.wg_link)
+                    .marking,
+            ),
+            None => None,
+        };
+        if let Some(m) = marking {
+            if let Ok((_, Err(e))) = blocking(m, |m| m.teardown()).await {
+                tracing::warn!(error = %e, "removing the marking table failed");
+            }
+        }
+        if let Some(r) = self.deps.routing_cleanup.take() {
+            match blocking(r, |r| r.teardown()).await {
+                Ok((r, res)) => {
+                    if let Err(e) = res {
+                        tracing::warn!(error = %e, "removing mesh rules and routes failed");
+                    }
+                    self.deps.routing_cleanup = Some(r);
+                }
+                Err(e) => tracing::warn!(error = %e, "routing cleanup task failed"),
+            }
+        }
+        self.peers.clear();
+    }
+
+    /// Disabled: remove kernel state and every output.
+    pub(super) async fn disable(&mut self, rt: &mut ControllerRuntime) -> ControllerResult {
+        let active = self.wg.is_some() || self.marking.is_some() || self.first_round;
+        if active {
+            tracing::info!("mesh disabled: tearing down");
+            self.teardown_kernel().await;
+        }
+        self.statuses.clear();
+        self.destroy_outputs(rt)?;
+        Ok(())
+    }
+}

@@ -1,0 +1,98 @@
+//! The discovered set: Watch messages decrypted and decoded into [`Affiliate`]s
+//! (discovery-wire.md §8.5). What does not decrypt or decode is skipped, never fatal.
+
+use std::sync::Arc;
+
+use rand::RngCore;
+
+use super::{Affiliate, Machine, Phase};
+use crate::{
+    client::model::{decode_endpoint, AffiliateInfo},
+    proto::server as wire,
+};
+
+impl<R: RngCore> Machine<R> {
+    /// One Watch message arrived. Returns whether the discovered set changed.
+    pub fn watch_message(&mut self, response: &wire::WatchResponse) -> bool {
+        let Phase::Watching { snapshot_seen } = &mut self.phase else {
+            return false;
+        };
+        let mut changed = false;
+        if !*snapshot_seen {
+            *snapshot_seen = true;
+            // The first message is the snapshot: it replaces everything.
+            if !self.affiliates.is_empty() {
+                Arc::make_mut(&mut self.affiliates).clear();
+                changed = true;
+            }
+        }
+        for wire_affiliate in &response.affiliates {
+            if wire_affiliate.id == self.config.affiliate_id {
+                continue;
+            }
+            if response.deleted {
+                if self.affiliates.contains_key(&wire_affiliate.id) {
+                    Arc::make_mut(&mut self.affiliates).remove(&wire_affiliate.id);
+                    changed = true;
+                }
+                continue;
+            }
+            if wire_affiliate.data.is_empty() {
+                continue;
+            }
+            let Some(affiliate) = self.decode_affiliate(wire_affiliate) else {
+                continue;
+            };
+            if self.affiliates.get(&affiliate.id) != Some(&affiliate) {
+                Arc::make_mut(&mut self.affiliates).insert(affiliate.id.clone(), affiliate);
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    fn decode_affiliate(&self, wire_affiliate: &wire::Affiliate) -> Option<Affiliate> {
+        let id = &wire_affiliate.id;
+        let plaintext = match self.cipher.open_affiliate(&wire_affiliate.data) {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::warn!(affiliate = %id, error = %e, "skipping affiliate data that does not decrypt");
+                return None;
+            }
+        };
+        let info = match AffiliateInfo::decode(&plaintext) {
+            Ok(i) => i,
+            Err(e) => {
+                tracing::warn!(affiliate = %id, error = %e, "skipping affiliate data that does not decode");
+                return None;
+            }
+        };
+        if info.node_id != *id {
+            tracing::warn!(affiliate = %id, "skipping affiliate whose data names another node");
+            return None;
+        }
+        let endpoints = wire_affiliate
+            .endpoints
+            .iter()
+            .filter_map(|blob| {
+                let decoded = self
+                    .cipher
+                    .open_endpoint(blob)
+                    .map_err(|e| e.to_string())
+                    .and_then(|pb| decode_endpoint(&pb).map_err(|e| e.to_string()));
+                match decoded {
+                    Ok(ep) => Some(ep),
+                    Err(error) => {
+                        tracing::debug!(affiliate = %id, %error, "skipping endpoint blob");
+                        None
+                    }
+                }
+            })
+            .collect();
+        Some(Affiliate {
+            id: id.clone(),
+            info,
+            endpoints,
+        })
+    }
+}

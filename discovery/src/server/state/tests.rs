@@ -1,0 +1,268 @@
+//! Tests of the server state: validation, expiry, limits, watchers and GC, on a
+//! fake clock.
+
+use super::*;
+
+fn req(
+    aff: &str,
+    data: Option<&[u8]>,
+    endpoints: &[&[u8]],
+    ttl_secs: i64,
+) -> pb::AffiliateUpdateRequest {
+    pb::AffiliateUpdateRequest {
+        cluster_id: "c".into(),
+        affiliate_id: aff.into(),
+        affiliate_data: data.map(<[u8]>::to_vec),
+        affiliate_endpoints: endpoints.iter().map(|e| e.to_vec()).collect(),
+        ttl: Some(prost_types::Duration {
+            seconds: ttl_secs,
+            nanos: 0,
+        }),
+    }
+}
+
+fn min(n: u64) -> Duration {
+    Duration::from_secs(60 * n)
+}
+
+fn drain(sub: &mut Subscription) -> Vec<pb::WatchResponse> {
+    let mut out = Vec::new();
+    while let Ok(ev) = sub.events.try_recv() {
+        out.push((*ev).clone());
+    }
+    out
+}
+
+#[test]
+fn validation_order_and_messages() {
+    let long = "x".repeat(257);
+    let max = "x".repeat(256);
+    let mut r = req("a", Some(b"d"), &[], 60);
+    r.cluster_id = String::new();
+    assert_eq!(validate_update(&r), Err(RequestError::ClusterIdEmpty));
+    r.cluster_id.clone_from(&long);
+    r.affiliate_id = String::new();
+    // Cluster checks come first.
+    assert_eq!(validate_update(&r), Err(RequestError::ClusterIdTooLong));
+    r.cluster_id.clone_from(&max);
+    assert_eq!(validate_update(&r), Err(RequestError::AffiliateIdEmpty));
+    r.affiliate_id.clone_from(&long);
+    assert_eq!(validate_update(&r), Err(RequestError::AffiliateIdTooLong));
+    r.affiliate_id.clone_from(&max);
+    r.affiliate_data = Some(vec![0; 2049]);
+    r.affiliate_endpoints = vec![vec![0; 33]];
+    assert_eq!(validate_update(&r), Err(RequestError::DataTooBig));
+    r.affiliate_data = Some(vec![0; 2048]);
+    assert_eq!(validate_update(&r), Err(RequestError::EndpointTooBig));
+    r.affiliate_endpoints = vec![vec![0; 32]];
+    r.ttl = Some(prost_types::Duration {
+        seconds: 1800,
+        nanos: 1,
+    });
+    assert_eq!(validate_update(&r), Err(RequestError::TtlTooLarge));
+    r.ttl = Some(prost_types::Duration {
+        seconds: 1800,
+        nanos: 0,
+    });
+    assert_eq!(validate_update(&r), Ok(()));
+    r.ttl = Some(prost_types::Duration {
+        seconds: -5,
+        nanos: 0,
+    });
+    assert_eq!(validate_update(&r), Ok(()));
+    // A rejected update touches nothing.
+    let mut s = State::new();
+    r.ttl = Some(prost_types::Duration {
+        seconds: 3600,
+        nanos: 0,
+    });
+    assert!(s.update(Instant::now(), &r).is_err());
+    assert_eq!(s.counts(), Counts::default());
+}
+
+#[test]
+fn endpoint_expires_before_affiliate_and_gc_sends_upsert_then_delete() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    s.update(t0, &req("a", Some(b"d"), &[], 180)).unwrap();
+    s.update(t0, &req("a", None, &[b"e1"], 60)).unwrap();
+    let mut w = s.watch("c", WATCH_QUEUE).unwrap();
+    assert_eq!(w.snapshot.affiliates[0].endpoints, vec![b"e1".to_vec()]);
+
+    assert_eq!(
+        s.gc(t0 + min(1) - Duration::from_secs(1)),
+        GcStats::default()
+    );
+    let stats = s.gc(t0 + min(2));
+    assert_eq!(stats.endpoints, 1);
+    assert_eq!(stats.affiliates, 0);
+    // Endpoint-only expiry: an upsert with the current state, not a delete.
+    assert_eq!(
+        drain(&mut w),
+        vec![pb::WatchResponse {
+            affiliates: vec![pb::Affiliate {
+                id: "a".into(),
+                data: b"d".to_vec(),
+                endpoints: vec![],
+            }],
+            deleted: false,
+        }]
+    );
+    let stats = s.gc(t0 + min(4));
+    assert_eq!(stats.affiliates, 1);
+    assert_eq!(stats.clusters, 0, "the watcher keeps the cluster");
+    let events = drain(&mut w);
+    assert_eq!(events.len(), 1);
+    assert!(events[0].deleted);
+    assert_eq!(events[0].affiliates[0].id, "a");
+    assert!(events[0].affiliates[0].data.is_empty());
+    s.unsubscribe("c", w.id);
+    assert_eq!(s.gc(t0 + min(4)).clusters, 1);
+    assert_eq!(s.counts(), Counts::default());
+}
+
+#[test]
+fn expiration_rules() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    // Data may shrink the expiration.
+    s.update(t0, &req("a", Some(b"d"), &[], 600)).unwrap();
+    s.update(t0, &req("a", Some(b"d2"), &[], 60)).unwrap();
+    assert_eq!(s.inspect("c", t0).unwrap()[0].expires_in_secs, 60);
+    // Endpoint-only updates extend it, and extend an existing endpoint.
+    s.update(t0, &req("a", None, &[b"e"], 120)).unwrap();
+    assert_eq!(s.inspect("c", t0).unwrap()[0].expires_in_secs, 120);
+    s.update(t0, &req("a", None, &[b"e"], 30)).unwrap();
+    assert_eq!(s.inspect("c", t0).unwrap()[0].expires_in_secs, 120);
+    // Zero TTL: expiration = now, collected once time moves on.
+    s.update(t0, &req("z", Some(b"d"), &[], 0)).unwrap();
+    assert_eq!(s.gc(t0).affiliates, 0);
+    assert_eq!(s.gc(t0 + Duration::from_millis(1)).affiliates, 1);
+    // Negative TTL is accepted and already expired.
+    s.update(t0, &req("n", Some(b"d"), &[], -10)).unwrap();
+    assert_eq!(s.gc(t0).affiliates, 1);
+}
+
+#[test]
+fn endpoint_only_update_creates_affiliate_with_empty_data() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    let mut w = s.watch("c", WATCH_QUEUE).unwrap();
+    s.update(t0, &req("x", None, &[b"e"], 60)).unwrap();
+    let ev = drain(&mut w);
+    assert_eq!(ev.len(), 1);
+    assert!(ev[0].affiliates[0].data.is_empty());
+    // A repeated endpoint is not a change: no event.
+    s.update(t0, &req("x", None, &[b"e"], 60)).unwrap();
+    assert!(drain(&mut w).is_empty());
+    // A data refresh always is, even with identical bytes.
+    s.update(t0, &req("x", Some(b"d"), &[], 60)).unwrap();
+    s.update(t0, &req("x", Some(b"d"), &[], 60)).unwrap();
+    assert_eq!(drain(&mut w).len(), 2);
+}
+
+#[test]
+fn limits_affiliates_and_endpoints() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    for i in 0..MAX_AFFILIATES {
+        s.update(t0, &req(&format!("a{i}"), Some(b"d"), &[], 60))
+            .unwrap();
+    }
+    assert_eq!(
+        s.update(t0, &req("one-more", Some(b"d"), &[], 60)),
+        Err(RequestError::TooManyAffiliates)
+    );
+    // Existing affiliates can still be updated.
+    s.update(t0, &req("a0", Some(b"d2"), &[], 60)).unwrap();
+    assert_eq!(s.counts().affiliates, MAX_AFFILIATES);
+
+    let mut w = s.watch("c", WATCH_QUEUE).unwrap();
+    let blobs: Vec<Vec<u8>> = (0..65u32).map(|i| i.to_be_bytes().to_vec()).collect();
+    let first: Vec<&[u8]> = blobs[..63].iter().map(Vec::as_slice).collect();
+    s.update(t0, &req("a1", None, &first, 60)).unwrap();
+    assert_eq!(drain(&mut w).len(), 1);
+    // 64th merges, 65th fails: earlier merges stay and are notified.
+    let last: Vec<&[u8]> = blobs[63..].iter().map(Vec::as_slice).collect();
+    assert_eq!(
+        s.update(t0, &req("a1", None, &last, 60)),
+        Err(RequestError::TooManyEndpoints)
+    );
+    let ev = drain(&mut w);
+    assert_eq!(ev.len(), 1);
+    assert_eq!(ev[0].affiliates[0].endpoints.len(), MAX_ENDPOINTS);
+}
+
+#[test]
+fn slow_watchers_are_dropped_live_ones_see_every_event() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    let mut live: Vec<_> = (0..5).map(|_| s.watch("c", 16).unwrap()).collect();
+    let mut dead: Vec<_> = (0..2).map(|_| s.watch("c", 1).unwrap()).collect();
+    for i in 0..4 {
+        s.update(t0, &req(&format!("a{i}"), Some(b"d"), &[], 60))
+            .unwrap();
+    }
+    assert_eq!(s.counts().subscriptions, 5);
+    for w in &mut live {
+        let ids: Vec<String> = drain(w)
+            .into_iter()
+            .map(|e| e.affiliates[0].id.clone())
+            .collect();
+        assert_eq!(ids, ["a0", "a1", "a2", "a3"]);
+        assert!(!w.lost.load(Ordering::Acquire));
+    }
+    for w in &mut dead {
+        assert!(w.lost.load(Ordering::Acquire));
+        // The one queued event, then the closed queue.
+        assert_eq!(drain(w).len(), 1);
+        assert!(matches!(
+            w.events.try_recv(),
+            Err(mpsc::error::TryRecvError::Disconnected)
+        ));
+    }
+}
+
+#[test]
+fn read_only_cluster_is_collected_at_first_gc() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    assert!(s.list("ro").unwrap().is_empty());
+    s.delete("ro2", "x").unwrap();
+    assert_eq!(s.counts().clusters, 2);
+    assert_eq!(s.gc(t0).clusters, 2);
+    // A watcher that went away without unsubscribing does not pin its cluster.
+    let w = s.watch("w", 1).unwrap();
+    drop(w);
+    assert_eq!(s.gc(t0).clusters, 1);
+}
+
+#[test]
+fn watch_snapshot_and_registration_are_atomic() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    s.update(t0, &req("a", Some(b"d"), &[], 60)).unwrap();
+    let mut w = s.watch("c", WATCH_QUEUE).unwrap();
+    assert_eq!(w.snapshot.affiliates.len(), 1);
+    assert!(!w.snapshot.deleted);
+    s.delete("c", "a").unwrap();
+    s.delete("c", "a").unwrap(); // absent: no event
+    let ev = drain(&mut w);
+    assert_eq!(ev.len(), 1);
+    assert!(ev[0].deleted);
+}
+
+#[test]
+fn ttl_saturates() {
+    assert_eq!(
+        ttl_nanos(Some(&prost_types::Duration {
+            seconds: i64::MAX,
+            nanos: 999_999_999
+        })),
+        i64::MAX
+    );
+    assert_eq!(ttl_nanos(None), 0);
+    let now = Instant::now();
+    assert!(offset(now, i64::MAX) > now);
+    assert!(offset(now, -1) < now);
+}
