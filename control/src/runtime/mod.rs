@@ -1,8 +1,18 @@
 //! The COSI-style resource runtime: resources, the in-memory store, watches and the
 //! controller runtime (spec `resource-runtime.md` §1–§3).
+//!
+//! Store and watches are layered one way (apart from `metadata`, `query` and
+//! `resource`, each module uses only those before it, never one after it):
+//! `error` ([`StateError`]) → `event` ([`Event`], [`WatchOptions`]) → `channel` (a
+//! kind's resources, event ring and wake-up, shared by writer and readers) → `watch`
+//! ([`KindWatch`], reads a channel) → `store` ([`Store`], writes channels and opens
+//! watches) → `controller` and `feed`.
 
 pub mod backoff;
+mod channel;
 pub mod controller;
+mod error;
+mod event;
 pub mod feed;
 pub mod graph;
 mod harness;

@@ -15,112 +15,15 @@ use std::{
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+pub use super::error::StateError;
 use super::{
+    channel::{KindShared, KindState},
+    event::{Event, RingEvent, Tombstone, WatchOptions},
     metadata::{Kind, Metadata, Phase, Pointer},
     query::Filter,
     resource::{downcast, AnyResource, Resource, ResourceKind},
-    watch::{Event, KindWatch, RingEvent, Tombstone, WatchOptions},
+    watch::KindWatch,
 };
-
-/// Store errors (spec §2.2); every variant names the resource.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum StateError {
-    /// The resource does not exist.
-    #[error("resource {pointer} doesn't exist")]
-    NotFound {
-        /// The resource.
-        pointer: Pointer,
-    },
-    /// Create of an existing resource.
-    #[error("resource {pointer} already exists")]
-    AlreadyExists {
-        /// The resource.
-        pointer: Pointer,
-    },
-    /// Update with a version other than the stored one.
-    #[error(
-        "resource {pointer} update conflict: expected version {expected}, actual version {actual}"
-    )]
-    VersionConflict {
-        /// The resource.
-        pointer: Pointer,
-        /// The version the caller sent.
-        expected: u64,
-        /// The stored version.
-        actual: u64,
-    },
-    /// The caller is not the resource's owner.
-    #[error("resource {pointer} is owned by {owner:?}")]
-    OwnerConflict {
-        /// The resource.
-        pointer: Pointer,
-        /// The stored owner.
-        owner: String,
-    },
-    /// The resource is not in the expected phase.
-    #[error("resource {pointer} is not in phase {expected}")]
-    PhaseConflict {
-        /// The resource.
-        pointer: Pointer,
-        /// The phase the caller expected.
-        expected: Phase,
-    },
-    /// Destroy while finalizers are set.
-    #[error("resource {pointer} has pending finalizers {finalizers:?}")]
-    PendingFinalizers {
-        /// The resource.
-        pointer: Pointer,
-        /// The finalizers still set.
-        finalizers: Vec<String>,
-    },
-    /// A resume position that the store does not know.
-    #[error("invalid bookmark for {pointer}")]
-    InvalidBookmark {
-        /// The kind (empty id).
-        pointer: Pointer,
-    },
-    /// A watcher fell behind the kind's history.
-    #[error("buffer overrun: watcher of {pointer} fell more than {capacity} events behind")]
-    Overrun {
-        /// The kind (empty id).
-        pointer: Pointer,
-        /// History capacity.
-        capacity: usize,
-    },
-    /// The stored resource is not of the requested Rust type.
-    #[error("resource {pointer} is not of the requested type")]
-    TypeMismatch {
-        /// The resource.
-        pointer: Pointer,
-    },
-}
-
-impl StateError {
-    /// Upstream classifies all these as conflicts.
-    #[must_use]
-    pub fn is_conflict(&self) -> bool {
-        matches!(
-            self,
-            Self::AlreadyExists { .. }
-                | Self::VersionConflict { .. }
-                | Self::OwnerConflict { .. }
-                | Self::PhaseConflict { .. }
-                | Self::PendingFinalizers { .. }
-        )
-    }
-
-    /// True for `NotFound`.
-    #[must_use]
-    pub fn is_not_found(&self) -> bool {
-        matches!(self, Self::NotFound { .. })
-    }
-
-    /// True for `PhaseConflict`.
-    #[must_use]
-    pub fn is_phase_conflict(&self) -> bool {
-        matches!(self, Self::PhaseConflict { .. })
-    }
-}
 
 /// Store tuning.
 #[derive(Debug, Clone, Copy)]
@@ -134,59 +37,6 @@ impl Default for StoreOptions {
         Self {
             history_capacity: 4096,
         }
-    }
-}
-
-pub(crate) struct KindState {
-    pub(crate) resources: BTreeMap<String, Arc<dyn AnyResource>>,
-    pub(crate) ring: VecDeque<RingEvent>,
-    /// Absolute position of `ring[0]`.
-    pub(crate) start: u64,
-}
-
-impl KindState {
-    pub(crate) fn head(&self) -> u64 {
-        self.start + self.ring.len() as u64
-    }
-
-    /// The metadata of `ptr`'s resource, if it exists and `owner` owns it.
-    fn owned(&self, ptr: &Pointer, owner: &str) -> Result<&Metadata, StateError> {
-        let Some(cur) = self.resources.get(&ptr.id) else {
-            return Err(StateError::NotFound {
-                pointer: ptr.clone(),
-            });
-        };
-        let md = cur.metadata();
-        if md.owner != owner {
-            return Err(StateError::OwnerConflict {
-                pointer: ptr.clone(),
-                owner: md.owner.clone(),
-            });
-        }
-        Ok(md)
-    }
-}
-
-pub(crate) struct KindShared {
-    pub(crate) kind: Kind,
-    pub(crate) capacity: usize,
-    pub(crate) state: Mutex<KindState>,
-    pub(crate) notify: Notify,
-}
-
-impl KindShared {
-    pub(crate) fn lock(&self) -> std::sync::MutexGuard<'_, KindState> {
-        // A panic while holding the lock cannot leave the map half-written (each critical
-        // section does one insert/remove and one push), so poisoning is ignored.
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn push(&self, st: &mut KindState, ev: RingEvent) {
-        if st.ring.len() == self.capacity {
-            st.ring.pop_front();
-            st.start += 1;
-        }
-        st.ring.push_back(ev);
     }
 }
 

@@ -1,0 +1,108 @@
+//! Addresses: reading a link's addresses and adding/removing single ones.
+
+use futures::TryStreamExt;
+use ipnet::IpNet;
+use rtnetlink::{
+    packet_route::address::{AddressAttribute, AddressMessage},
+    Handle,
+};
+
+use super::{
+    error::nl,
+    link::{find_link, link_index},
+    owner::{addr_ours, RTPROT_WIRESPAN},
+    AddressParams, ObservedAddress, RoutingError,
+};
+
+pub(super) fn addr_of(msg: &AddressMessage) -> Option<IpNet> {
+    let ip = msg.attributes.iter().find_map(|a| match a {
+        AddressAttribute::Local(ip) => Some(*ip),
+        _ => None,
+    });
+    let ip = ip.or_else(|| {
+        msg.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Address(ip) => Some(*ip),
+            _ => None,
+        })
+    })?;
+    IpNet::new(ip, msg.header.prefix_len).ok()
+}
+
+pub(super) fn observed_address(m: &AddressMessage) -> Option<ObservedAddress> {
+    addr_of(m).map(|address| ObservedAddress {
+        link_index: m.header.index,
+        address,
+        scope: u8::from(m.header.scope),
+        ours: addr_ours(m),
+    })
+}
+
+pub(super) async fn link_addresses(
+    h: &Handle,
+    index: u32,
+) -> Result<Vec<(IpNet, AddressMessage)>, RoutingError> {
+    let msgs: Vec<AddressMessage> = h
+        .address()
+        .get()
+        .set_link_index_filter(index)
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl("get addresses"))?;
+    Ok(msgs
+        .into_iter()
+        .filter(|m| m.header.index == index)
+        .filter_map(|m| addr_of(&m).map(|a| (a, m)))
+        .collect())
+}
+
+pub(super) async fn apply_address_in_ns(h: Handle, p: AddressParams) -> Result<bool, RoutingError> {
+    use rtnetlink::packet_route::address::AddressProtocol;
+    let index = link_index(&h, &p.link).await?;
+    let have = link_addresses(&h, index).await?;
+    if let Some((_, msg)) = have.iter().find(|(a, _)| *a == p.address) {
+        if u8::from(msg.header.scope) == p.scope || !addr_ours(msg) {
+            return Ok(false);
+        }
+        h.address()
+            .del(msg.clone())
+            .execute()
+            .await
+            .map_err(nl("delete address"))?;
+    }
+    let mut req = h
+        .address()
+        .add(index, p.address.addr(), p.address.prefix_len());
+    req.message_mut().header.scope = p.scope.into();
+    req.message_mut()
+        .attributes
+        .push(AddressAttribute::Protocol(AddressProtocol::Other(
+            RTPROT_WIRESPAN,
+        )));
+    match req.execute().await {
+        Ok(()) => Ok(true),
+        Err(rtnetlink::Error::NetlinkError(e)) if e.raw_code() == -libc::EEXIST => Ok(false),
+        Err(e) => Err(nl("add address")(e)),
+    }
+}
+
+pub(super) async fn remove_address_in_ns(
+    h: Handle,
+    p: AddressParams,
+) -> Result<bool, RoutingError> {
+    let Some(link) = find_link(&h, &p.link).await? else {
+        return Ok(false);
+    };
+    let mut removed = false;
+    for (a, msg) in link_addresses(&h, link.index).await? {
+        if a == p.address && addr_ours(&msg) {
+            h.address()
+                .del(msg)
+                .execute()
+                .await
+                .map_err(nl("delete address"))?;
+            removed = true;
+        }
+    }
+    Ok(removed)
+}

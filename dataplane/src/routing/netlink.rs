@@ -1,0 +1,147 @@
+//! [`NetlinkRouting`]: an rtnetlink handle on a thread inside the target namespace,
+//! and its per-object [`NetworkConfig`] (the mesh's [`super::Routing`] is in `mesh`).
+
+use futures::TryStreamExt;
+use rtnetlink::{packet_route::address::AddressMessage, Handle};
+
+use super::{
+    address::{apply_address_in_ns, observed_address, remove_address_in_ns},
+    error::nl,
+    link::{apply_link_in_ns, observed_link, remove_link_in_ns},
+    route::{all_routes, apply_route_in_ns, observed_route, remove_route_in_ns},
+    rule::{all_rules, apply_rule_in_ns, observed_rule, remove_rule_in_ns},
+    AddressParams, LinkParams, NetworkConfig, NetworkState, RouteParams, RoutingError, RuleParams,
+};
+use crate::{
+    error::check_ifname,
+    netns::{Netns, NetnsThread},
+};
+
+/// Routing through rtnetlink, on a thread inside the target namespace.
+#[derive(Debug)]
+pub struct NetlinkRouting {
+    pub(super) thread: NetnsThread,
+    pub(super) handle: Handle,
+    pub(super) writes: u64,
+}
+
+impl NetlinkRouting {
+    /// Opens a netlink connection inside `netns`.
+    ///
+    /// # Errors
+    /// The namespace cannot be entered or the socket not opened.
+    pub fn new(netns: &Netns) -> Result<Self, RoutingError> {
+        let thread = NetnsThread::spawn(netns)?;
+        let handle = thread.block_on(|| async {
+            let (conn, handle, _) = rtnetlink::new_connection()?;
+            tokio::spawn(conn);
+            Ok::<_, std::io::Error>(handle)
+        })??;
+        Ok(Self {
+            thread,
+            handle,
+            writes: 0,
+        })
+    }
+
+    fn run_op<T, Fut>(
+        &mut self,
+        f: impl FnOnce(Handle) -> Fut + Send + 'static,
+    ) -> Result<T, RoutingError>
+    where
+        T: Send + 'static,
+        Fut: std::future::Future<Output = Result<T, RoutingError>> + 'static,
+    {
+        let h = self.handle.clone();
+        self.thread.block_on(move || f(h))?
+    }
+
+    fn count(&mut self, wrote: bool) -> bool {
+        if wrote {
+            self.writes += 1;
+        }
+        wrote
+    }
+}
+
+async fn state_in_ns(h: Handle) -> Result<NetworkState, RoutingError> {
+    let links: Vec<_> = h
+        .link()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl("get links"))?;
+    let addrs: Vec<AddressMessage> = h
+        .address()
+        .get()
+        .execute()
+        .try_collect()
+        .await
+        .map_err(nl("get addresses"))?;
+    Ok(NetworkState {
+        links: links.iter().map(observed_link).collect(),
+        addresses: addrs.iter().filter_map(observed_address).collect(),
+        routes: all_routes(&h)
+            .await?
+            .iter()
+            .filter_map(observed_route)
+            .collect(),
+        rules: all_rules(&h).await?.iter().map(observed_rule).collect(),
+    })
+}
+
+impl NetworkConfig for NetlinkRouting {
+    fn apply_link(&mut self, p: &LinkParams) -> Result<bool, RoutingError> {
+        check_ifname("name", &p.name)?;
+        let p = p.clone();
+        let w = self.run_op(move |h| apply_link_in_ns(h, p))?;
+        Ok(self.count(w))
+    }
+
+    fn remove_link(&mut self, name: &str) -> Result<bool, RoutingError> {
+        let n = name.to_owned();
+        let w = self.run_op(move |h| remove_link_in_ns(h, n))?;
+        Ok(self.count(w))
+    }
+
+    fn apply_address(&mut self, p: &AddressParams) -> Result<bool, RoutingError> {
+        let p = p.clone();
+        let w = self.run_op(move |h| apply_address_in_ns(h, p))?;
+        Ok(self.count(w))
+    }
+
+    fn remove_address(&mut self, p: &AddressParams) -> Result<bool, RoutingError> {
+        let p = p.clone();
+        let w = self.run_op(move |h| remove_address_in_ns(h, p))?;
+        Ok(self.count(w))
+    }
+
+    fn apply_route(&mut self, p: &RouteParams) -> Result<bool, RoutingError> {
+        let p = p.clone();
+        let w = self.run_op(move |h| apply_route_in_ns(h, p))?;
+        Ok(self.count(w))
+    }
+
+    fn remove_route(&mut self, p: &RouteParams) -> Result<bool, RoutingError> {
+        let p = p.clone();
+        let w = self.run_op(move |h| remove_route_in_ns(h, p))?;
+        Ok(self.count(w))
+    }
+
+    fn apply_rule(&mut self, p: &RuleParams) -> Result<bool, RoutingError> {
+        let p = p.clone();
+        let w = self.run_op(move |h| apply_rule_in_ns(h, p))?;
+        Ok(self.count(w))
+    }
+
+    fn remove_rule(&mut self, p: &RuleParams) -> Result<bool, RoutingError> {
+        let p = p.clone();
+        let w = self.run_op(move |h| remove_rule_in_ns(h, p))?;
+        Ok(self.count(w))
+    }
+
+    fn state(&mut self) -> Result<NetworkState, RoutingError> {
+        self.run_op(state_in_ns)
+    }
+}

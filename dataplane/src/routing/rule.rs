@@ -1,0 +1,241 @@
+//! Policy rules: decoding rule messages, the mesh's fwmark rules, and single rules of
+//! the per-object configuration.
+
+use futures::TryStreamExt;
+use ipnet::IpNet;
+use rtnetlink::{
+    packet_route::{
+        route::RouteProtocol,
+        rule::{RuleAction, RuleAttribute, RuleMessage},
+        AddressFamily,
+    },
+    Handle, IpVersion,
+};
+
+use super::{
+    error::nl,
+    owner::{is_ours_proto, RTPROT_WIRESPAN},
+    ObservedRule, RoutingError, RoutingSpec, RuleParams,
+};
+
+pub(super) fn rule_table(r: &RuleMessage) -> u32 {
+    r.attributes
+        .iter()
+        .find_map(|a| match a {
+            RuleAttribute::Table(t) => Some(*t),
+            _ => None,
+        })
+        .unwrap_or(u32::from(r.header.table))
+}
+
+pub(super) fn rule_field(
+    r: &RuleMessage,
+    f: impl Fn(&RuleAttribute) -> Option<u32>,
+) -> Option<u32> {
+    r.attributes.iter().find_map(f)
+}
+
+pub(super) fn rule_net(r: &RuleMessage, src: bool) -> Option<IpNet> {
+    let len = if src {
+        r.header.src_len
+    } else {
+        r.header.dst_len
+    };
+    r.attributes
+        .iter()
+        .find_map(|a| match (a, src) {
+            (RuleAttribute::Source(ip), true) | (RuleAttribute::Destination(ip), false) => {
+                Some(*ip)
+            }
+            _ => None,
+        })
+        .and_then(|ip| IpNet::new(ip, len).ok())
+}
+
+pub(super) async fn our_rules(h: &Handle) -> Result<Vec<RuleMessage>, RoutingError> {
+    let mut out = Vec::new();
+    for v in [IpVersion::V4, IpVersion::V6] {
+        let rules: Vec<RuleMessage> = h
+            .rule()
+            .get(v)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(nl("get rules"))?;
+        out.extend(rules.into_iter().filter(|r| {
+            r.attributes
+                .iter()
+                .any(|a| matches!(a, RuleAttribute::Protocol(p) if is_ours_proto(*p)))
+        }));
+    }
+    Ok(out)
+}
+
+pub(super) async fn all_rules(h: &Handle) -> Result<Vec<RuleMessage>, RoutingError> {
+    let mut out = Vec::new();
+    for v in [IpVersion::V4, IpVersion::V6] {
+        let rules: Vec<RuleMessage> = h
+            .rule()
+            .get(v)
+            .execute()
+            .try_collect()
+            .await
+            .map_err(nl("get rules"))?;
+        out.extend(rules);
+    }
+    Ok(out)
+}
+
+pub(super) fn observed_rule(r: &RuleMessage) -> ObservedRule {
+    ObservedRule {
+        v6: r.header.family == AddressFamily::Inet6,
+        src: rule_net(r, true),
+        dst: rule_net(r, false),
+        table: rule_table(r),
+        priority: rule_field(r, |a| match a {
+            RuleAttribute::Priority(p) => Some(*p),
+            _ => None,
+        })
+        .unwrap_or_default(),
+        fwmark: rule_field(r, |a| match a {
+            RuleAttribute::FwMark(p) => Some(*p),
+            _ => None,
+        })
+        .unwrap_or_default(),
+        fwmask: rule_field(r, |a| match a {
+            RuleAttribute::FwMask(p) => Some(*p),
+            _ => None,
+        })
+        .unwrap_or_default(),
+        protocol: r
+            .attributes
+            .iter()
+            .find_map(|a| match a {
+                RuleAttribute::Protocol(p) => Some(u8::from(*p)),
+                _ => None,
+            })
+            .unwrap_or_default(),
+    }
+}
+
+pub(super) fn rule_matches(r: &RuleMessage, spec: &RoutingSpec) -> bool {
+    let v6 = r.header.family == AddressFamily::Inet6;
+    let want_family = if v6 { spec.ipv6 } else { spec.ipv4 };
+    want_family
+        && r.header.action == RuleAction::ToTable
+        && rule_table(r) == spec.table
+        && rule_field(r, |a| match a {
+            RuleAttribute::Priority(p) => Some(*p),
+            _ => None,
+        }) == Some(spec.priority)
+        && rule_field(r, |a| match a {
+            RuleAttribute::FwMark(p) => Some(*p),
+            _ => None,
+        }) == Some(spec.fwmark)
+        && rule_field(r, |a| match a {
+            RuleAttribute::FwMask(p) => Some(*p),
+            _ => None,
+        }) == Some(spec.fwmask)
+}
+
+pub(super) fn rule_equal(o: &ObservedRule, p: &RuleParams) -> bool {
+    o.v6 == p.v6
+        && o.src == p.src
+        && o.dst == p.dst
+        && o.table == p.table
+        && o.priority == p.priority
+        && o.fwmark == p.fwmark
+        && o.fwmask == p.fwmask
+}
+
+pub(super) async fn add_rule(h: &Handle, spec: &RoutingSpec, v6: bool) -> Result<(), RoutingError> {
+    let base = h
+        .rule()
+        .add()
+        .priority(spec.priority)
+        .fw_mark(spec.fwmark)
+        .table_id(spec.table)
+        .action(RuleAction::ToTable);
+    let extra = [
+        RuleAttribute::FwMask(spec.fwmask),
+        RuleAttribute::Protocol(RouteProtocol::Other(RTPROT_WIRESPAN)),
+    ];
+    if v6 {
+        let mut req = base.v6();
+        req.message_mut().attributes.extend(extra);
+        req.execute().await.map_err(nl("add rule"))
+    } else {
+        let mut req = base.v4();
+        req.message_mut().attributes.extend(extra);
+        req.execute().await.map_err(nl("add rule"))
+    }
+}
+
+pub(super) async fn apply_rule_in_ns(h: Handle, p: RuleParams) -> Result<bool, RoutingError> {
+    let mut changed = false;
+    let mut present = false;
+    for r in all_rules(&h).await? {
+        let o = observed_rule(&r);
+        if o.v6 != p.v6 || o.priority != p.priority {
+            continue;
+        }
+        if rule_equal(&o, &p) {
+            present = true;
+        } else if o.protocol == RTPROT_WIRESPAN {
+            h.rule().del(r).execute().await.map_err(nl("delete rule"))?;
+            changed = true;
+        }
+    }
+    if present {
+        return Ok(changed);
+    }
+    let base = h
+        .rule()
+        .add()
+        .priority(p.priority)
+        .table_id(p.table)
+        .action(RuleAction::ToTable);
+    let mut extra = vec![RuleAttribute::Protocol(RouteProtocol::Other(
+        RTPROT_WIRESPAN,
+    ))];
+    if p.fwmark != 0 {
+        extra.push(RuleAttribute::FwMark(p.fwmark));
+    }
+    if p.fwmask != 0 {
+        extra.push(RuleAttribute::FwMask(p.fwmask));
+    }
+    let fill = |m: &mut RuleMessage| {
+        m.attributes.extend(extra.iter().cloned());
+        if let Some(s) = p.src {
+            m.header.src_len = s.prefix_len();
+            m.attributes.push(RuleAttribute::Source(s.addr()));
+        }
+        if let Some(d) = p.dst {
+            m.header.dst_len = d.prefix_len();
+            m.attributes.push(RuleAttribute::Destination(d.addr()));
+        }
+    };
+    let res = if p.v6 {
+        let mut req = base.v6();
+        fill(req.message_mut());
+        req.execute().await
+    } else {
+        let mut req = base.v4();
+        fill(req.message_mut());
+        req.execute().await
+    };
+    res.map_err(nl("add rule"))?;
+    Ok(true)
+}
+
+pub(super) async fn remove_rule_in_ns(h: Handle, p: RuleParams) -> Result<bool, RoutingError> {
+    let mut removed = false;
+    for r in all_rules(&h).await? {
+        let o = observed_rule(&r);
+        if o.v6 == p.v6 && o.priority == p.priority && o.protocol == RTPROT_WIRESPAN {
+            h.rule().del(r).execute().await.map_err(nl("delete rule"))?;
+            removed = true;
+        }
+    }
+    Ok(removed)
+}
