@@ -71,7 +71,7 @@ use self::{
 };
 use crate::{
     error::Invalid,
-    marking::{MarkingSpec, PrefixDelta},
+    markspec::{MarkingSpec, PrefixDelta},
     netns::Netns,
     watch::{Change, NetEvent, Watcher},
 };

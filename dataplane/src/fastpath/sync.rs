@@ -15,7 +15,7 @@ use ipnet::IpNet;
 use super::keys::{self, Bits6, Config, Slot};
 use crate::{
     error::Invalid,
-    marking::{MarkingSpec, PrefixDelta, PrefixLists},
+    markspec::{MarkingSpec, PrefixDelta, PrefixLists},
 };
 
 /// Which lookup structures are kept.
