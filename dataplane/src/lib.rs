@@ -16,6 +16,7 @@ pub mod error;
 pub mod fake;
 pub mod fastpath;
 pub mod marking;
+pub mod markspec;
 pub mod netns;
 mod nfnl;
 pub mod routing;

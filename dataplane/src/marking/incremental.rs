@@ -8,7 +8,7 @@
 //! sets stay normalised (no prefix inside another): a region is recomputed only under
 //! a changed prefix that no unchanged prefix covers. Anything else (other fields
 //! changed, lists of other lengths, many changes) falls back to a full
-//! [`super::render`]; a set becoming empty or non-empty re-renders the chains only.
+//! [`render()`]; a set becoming empty or non-empty re-renders the chains only.
 //!
 //! A [`PrefixDelta`] (the routed set's change itself, not the next whole spec) goes
 //! the same way without comparing the lists at all: the cost is the delta's.
@@ -18,9 +18,10 @@ use std::collections::{BTreeMap, BTreeSet};
 use ipnet::IpNet;
 
 use super::{
-    positions::AppliedSpec, render, render_chains, Invalid, MarkingSpec, PrefixDelta, Ruleset,
-    SetDiff, SetLayout,
+    render, ruleset::render_chains, AppliedSpec, MarkingSpec, PrefixDelta, Ruleset, SetDiff,
+    SetLayout,
 };
+use crate::error::Invalid;
 
 /// More changed positions than this: render in full.
 const MAX_CHANGES: usize = 64;
@@ -127,7 +128,7 @@ impl RenderCache {
     ///
     /// # Errors
     /// The delta does not fit the remembered spec (see
-    /// [`super::positions::PrefixLists::check`]); nothing changes then.
+    /// [`PrefixLists::check`](crate::markspec::PrefixLists::check)); nothing changes then.
     pub(super) fn apply_delta(&mut self, delta: &PrefixDelta) -> Result<SetChanges, Invalid> {
         self.spec.apply_delta(delta)?;
         Ok(self.change_sets(&delta.remove, &delta.add))

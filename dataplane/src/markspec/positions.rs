@@ -152,7 +152,7 @@ impl PrefixLists {
     }
 
     /// Puts `p` at position `at` of list `f` (0: IPv4, 1: IPv6).
-    pub(super) fn set(&mut self, f: usize, at: usize, p: IpNet) {
+    pub(crate) fn set(&mut self, f: usize, at: usize, p: IpNet) {
         let old = std::mem::replace(&mut self.lists[f][at], p);
         if let Some(index) = self.index.as_mut() {
             slot_take(&mut index[f], &old, Some(at));
@@ -275,7 +275,7 @@ impl AppliedSpec {
     }
 
     /// The prefix lists, to change.
-    pub(super) fn prefixes_mut(&mut self) -> &mut PrefixLists {
+    pub(crate) fn prefixes_mut(&mut self) -> &mut PrefixLists {
         &mut self.prefixes
     }
 
