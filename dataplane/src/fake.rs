@@ -89,6 +89,10 @@ impl Marking for FakeMarking {
             });
         }
         let rs = render(spec);
+        // A renamed table: the real adapter deletes the old one in its own transaction.
+        if g.spec.as_ref().is_some_and(|old| old.table != spec.table) {
+            g.transactions += 1;
+        }
         g.spec = Some(spec.clone());
         if g.ruleset.as_ref() == Some(&rs) {
             return Ok(false);
@@ -119,7 +123,18 @@ impl Marking for FakeMarking {
                     .iter()
                     .map(|s| (s.name.to_owned(), s.elements.len()))
                     .collect(),
-                counters: Vec::new(),
+                // The kernel lists a counter for each counting rule; no traffic here.
+                counters: rs
+                    .chains
+                    .iter()
+                    .flat_map(|c| &c.rules)
+                    .filter(|r| {
+                        r.statements
+                            .iter()
+                            .any(|s| matches!(s, nftables::stmt::Statement::Counter(_)))
+                    })
+                    .map(|r| (r.comment.clone(), 0, 0))
+                    .collect(),
             }))
     }
 
@@ -140,6 +155,8 @@ impl Marking for FakeMarking {
 #[derive(Debug, Default)]
 struct RoutingInner {
     spec: Option<RoutingSpec>,
+    /// Rules and routes removed by `teardown`; the link keeps MTU and addresses.
+    torn_down: bool,
     missing_links: Vec<String>,
     writes: u64,
 }
@@ -178,10 +195,11 @@ impl Routing for FakeRouting {
         if g.missing_links.contains(&spec.link) {
             return Err(RoutingError::LinkNotFound(spec.link.clone()));
         }
-        if g.spec.as_ref() == Some(spec) {
+        if g.spec.as_ref() == Some(spec) && !g.torn_down {
             return Ok(RoutingChanges::default());
         }
         g.spec = Some(spec.clone());
+        g.torn_down = false;
         g.writes += 1;
         Ok(RoutingChanges {
             link: 1,
@@ -201,16 +219,29 @@ impl Routing for FakeRouting {
             addresses: s.addresses.clone(),
             rules: [(false, s.ipv4), (true, s.ipv6)]
                 .into_iter()
-                .filter(|(_, on)| *on)
+                .filter(|(_, on)| *on && !g.torn_down)
                 .map(|(v6, _)| (v6, s.priority, s.table))
                 .collect(),
-            routes: Vec::new(),
+            // The default route of each enabled family, as the real adapter reports it.
+            routes: [(false, s.ipv4), (true, s.ipv6)]
+                .into_iter()
+                .filter(|(_, on)| *on && !g.torn_down)
+                .map(|(v6, _)| {
+                    let default = if v6 {
+                        IpNet::V6(ipnet::Ipv6Net::default())
+                    } else {
+                        IpNet::V4(ipnet::Ipv4Net::default())
+                    };
+                    (default, s.table, s.metric, s.mtu)
+                })
+                .collect(),
         })
     }
 
     fn teardown(&mut self) -> Result<(), RoutingError> {
         let mut g = lock(&self.0);
-        if g.spec.take().is_some() {
+        if g.spec.is_some() && !g.torn_down {
+            g.torn_down = true;
             g.writes += 1;
         }
         Ok(())
@@ -302,6 +333,24 @@ impl FakeWireGuard {
     }
 }
 
+/// WireGuard keeps allowed IPs in a trie mapping each prefix to one peer: a prefix
+/// written for a peer is taken from any other peer holding it, the last write wins.
+fn move_allowed_ips(dev: &mut DeviceState, written: &[crate::wireguard::PeerUpdate]) {
+    let mut owner = std::collections::HashMap::new();
+    for u in written.iter().filter(|u| !u.remove) {
+        for ip in u.allowed_ips.iter().flatten() {
+            owner.insert(*ip, &u.public_key);
+        }
+    }
+    if owner.is_empty() {
+        return;
+    }
+    for p in &mut dev.peers {
+        p.allowed_ips
+            .retain(|ip| owner.get(ip).is_none_or(|k| *k == &p.public_key));
+    }
+}
+
 impl WireGuard for FakeWireGuard {
     fn name(&self) -> &str {
         &self.name
@@ -331,6 +380,7 @@ impl WireGuard for FakeWireGuard {
         }
         let mut dev = current;
         apply_update(&mut dev, &up);
+        move_allowed_ips(&mut dev, &up.peers);
         g.device = Some(dev);
         g.updates.push(up);
         g.writes += 1;
@@ -340,9 +390,11 @@ impl WireGuard for FakeWireGuard {
     fn apply_peers(&mut self, changes: &[PeerChange]) -> Result<bool, WgError> {
         let mut g = lock(&self.inner);
         g.peer_applies += 1;
-        let Some(mut dev) = g.device.clone() else {
-            return Err(WgError::State(self.name.clone(), "no device"));
-        };
+        if changes.is_empty() {
+            return Ok(false);
+        }
+        // As the real backends do, a missing device is created first.
+        let mut dev = g.device.get_or_insert_with(DeviceState::default).clone();
         let own = dev.private_key.as_ref().map(PrivateKey::public_key);
         validate_changes(own.as_ref(), changes)?;
         let mut index = index_of(&dev);
@@ -357,6 +409,7 @@ impl WireGuard for FakeWireGuard {
             });
         }
         apply_peer_updates(&mut dev, &mut index, &peers);
+        move_allowed_ips(&mut dev, &peers);
         g.device = Some(dev);
         g.updates.push(WgUpdate {
             peers,
@@ -583,6 +636,15 @@ impl NetworkConfig for FakeNetwork {
                     l.up = p.up;
                     l.oper_state = if p.up { "unknown" } else { "down" }.to_owned();
                     w = true;
+                    if !p.up {
+                        // The kernel flushes the routes through a link going down, and
+                        // its IPv6 addresses (`keep_addr_on_down` is 0 by default).
+                        let idx = l.index;
+                        g.state.routes.retain(|r| r.oif != Some(idx));
+                        g.state
+                            .addresses
+                            .retain(|a| a.link_index != idx || a.address.addr().is_ipv4());
+                    }
                 }
                 return Ok(w);
             }
@@ -676,7 +738,12 @@ impl NetworkConfig for FakeNetwork {
                 source: p.source,
                 oif,
                 table: p.table,
-                metric: p.metric,
+                // The kernel stores IPv6 metric 0 as 1024.
+                metric: if p.destination.addr().is_ipv6() && p.metric == 0 {
+                    1024
+                } else {
+                    p.metric
+                },
                 scope: p.scope,
                 kind: p.kind,
                 protocol: RTPROT_WIRESPAN,
@@ -712,7 +779,12 @@ impl NetworkConfig for FakeNetwork {
                 table: p.table,
                 priority: p.priority,
                 fwmark: p.fwmark,
-                fwmask: p.fwmask,
+                // The kernel matches a mark without a mask under all ones.
+                fwmask: if p.fwmark != 0 && p.fwmask == 0 {
+                    u32::MAX
+                } else {
+                    p.fwmask
+                },
                 protocol: RTPROT_WIRESPAN,
             };
             if g.state.rules.contains(&want) {
