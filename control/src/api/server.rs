@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 
 use super::{proto, resolve};
 use crate::{
+    config::loader::{self, ConfigLoader},
     resources::meta,
     runtime::{
         graph::{to_dot, EdgeKind},
@@ -28,9 +29,10 @@ pub struct ResourceApi {
     config_apply: Option<ConfigApply>,
 }
 
-/// Where `ApplyConfig` persists an accepted config.
+/// How `ApplyConfig` takes a config, and the config file it also rewrites.
 #[derive(Debug, Clone)]
 struct ConfigApply {
+    loader: ConfigLoader,
     file: Option<PathBuf>,
 }
 
@@ -45,11 +47,12 @@ impl ResourceApi {
         }
     }
 
-    /// Enables `ApplyConfig`; accepted configs are also written to `file` (atomically,
-    /// 0600) so the daemon's file watcher keeps them.
+    /// Enables `ApplyConfig` through `loader` (which persists accepted configs and
+    /// records rejections); accepted configs are also written to `file` (atomically,
+    /// 0600) so that the file and the node agree.
     #[must_use]
-    pub fn with_config_apply(mut self, file: Option<PathBuf>) -> Self {
-        self.config_apply = Some(ConfigApply { file });
+    pub fn with_config_apply(mut self, loader: ConfigLoader, file: Option<PathBuf>) -> Self {
+        self.config_apply = Some(ConfigApply { loader, file });
         self
     }
 
@@ -224,24 +227,44 @@ impl proto::resource_service_server::ResourceService for ResourceApi {
             return Err(Status::unimplemented("this server does not take configs"));
         };
         let req = request.into_inner();
-        if let Err(e) = crate::config::parse(&req.config) {
-            return Ok(Response::new(proto::ApplyConfigResponse {
-                changed: false,
-                errors: e.documents.iter().map(ToString::to_string).collect(),
+        let rejected = |e: &loader::LoadError| proto::ApplyConfigResponse {
+            changed: false,
+            errors: e.problems(),
+            accepted_version: apply.loader.accepted_version(),
+            documents: 0,
+        };
+        if req.dry_run {
+            return Ok(Response::new(match loader::validate(&req.config) {
+                Ok(_) => proto::ApplyConfigResponse {
+                    accepted_version: apply.loader.accepted_version(),
+                    ..Default::default()
+                },
+                Err(e) => rejected(&e),
             }));
         }
-        if req.dry_run {
-            return Ok(Response::new(proto::ApplyConfigResponse::default()));
-        }
+        let accepted = match apply.loader.accept(&req.config, "api") {
+            Ok(a) => a,
+            Err(e) => return Ok(Response::new(rejected(&e))),
+        };
         if let Some(file) = &apply.file {
-            crate::resources::identity::write_atomic(file, req.config.as_bytes())
-                .map_err(|e| Status::internal(format!("writing {}: {e}", file.display())))?;
+            // Skipped when the file already holds it: no rewrite, no reload event.
+            if std::fs::read(file).ok().as_deref() != Some(req.config.as_bytes()) {
+                crate::resources::identity::write_atomic(file, req.config.as_bytes()).map_err(
+                    |e| {
+                        Status::internal(format!(
+                            "config accepted (version {}), but writing {} failed: {e}; the file still holds the previous config",
+                            accepted.version,
+                            file.display()
+                        ))
+                    },
+                )?;
+            }
         }
-        let changed = crate::config::loader::apply_text(&self.store, &req.config, "api")
-            .map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(proto::ApplyConfigResponse {
-            changed,
+            changed: accepted.changed,
             errors: Vec::new(),
+            accepted_version: accepted.version,
+            documents: u32::try_from(accepted.documents).unwrap_or(u32::MAX),
         }))
     }
 
@@ -349,7 +372,11 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let api = Arc::new(api);
     let res = tonic::transport::Server::builder()
-        .add_service(proto::resource_service_server::ResourceServiceServer::from_arc(api))
+        .add_service(
+            proto::resource_service_server::ResourceServiceServer::from_arc(api)
+                .max_decoding_message_size(super::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(super::MAX_MESSAGE_BYTES),
+        )
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(listener),
             shutdown.cancelled_owned(),
