@@ -385,3 +385,81 @@ pub async fn serve(
     let _ = std::fs::remove_file(path);
     res.map_err(Into::into)
 }
+
+#[cfg(test)]
+mod tests {
+    use proto::resource_service_server::ResourceService as _;
+
+    use super::*;
+    use crate::{
+        config::{loader::version_of, MAX_CONFIG_BYTES},
+        runtime::StoreOptions,
+    };
+
+    const GOOD: &str = "apiVersion: v1alpha1\nkind: LinkConfig\nname: eth0\nmtu: 1400\n";
+
+    async fn apply(api: &ResourceApi, config: &str, dry_run: bool) -> proto::ApplyConfigResponse {
+        api.apply_config(Request::new(proto::ApplyConfigRequest {
+            config: config.to_owned(),
+            dry_run,
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+    }
+
+    #[tokio::test]
+    async fn apply_reports_the_version_in_force_or_every_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.yaml");
+        let store = Store::new(StoreOptions::default());
+        let loader = ConfigLoader::in_state_dir(store.clone(), &dir.path().join("state"));
+        let api = ResourceApi::new(store, None).with_config_apply(loader, Some(file.clone()));
+
+        let r = apply(&api, GOOD, true).await;
+        assert!(r.errors.is_empty() && !r.changed && r.accepted_version.is_empty());
+        assert!(!file.exists(), "a dry run writes nothing");
+
+        let r = apply(&api, GOOD, false).await;
+        assert_eq!(
+            (r.changed, r.accepted_version.as_str(), r.documents),
+            (true, version_of(GOOD).as_str(), 1)
+        );
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), GOOD);
+        assert!(!apply(&api, GOOD, false).await.changed);
+
+        let bad = format!(
+            "{GOOD}---\napiVersion: v1alpha1\nkind: LinkConfig\nname: eth0\nmtu: 1\n---\nkind: X\n"
+        );
+        let r = apply(&api, &bad, false).await;
+        assert!(!r.changed);
+        assert_eq!(r.accepted_version, version_of(GOOD), "the kept version");
+        assert_eq!(r.errors.len(), 2, "{:?}", r.errors);
+        assert!(
+            r.errors[0].starts_with("document 2 (LinkConfig \"eth0\"): mtu: 1 is outside"),
+            "{:?}",
+            r.errors
+        );
+        assert!(
+            r.errors[1].starts_with("document 3 (X): apiVersion"),
+            "{:?}",
+            r.errors
+        );
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), GOOD);
+
+        let r = apply(&api, "", false).await;
+        assert_eq!(
+            r.errors,
+            ["config file is empty; to turn the mesh off set enabled: false"]
+        );
+        let big = format!("{GOOD}#{}", "x".repeat(MAX_CONFIG_BYTES));
+        let r = apply(&api, &big, true).await;
+        assert_eq!(
+            r.errors,
+            [format!(
+                "config is {} bytes, over the 4194304-byte (4 MiB) limit",
+                big.len()
+            )]
+        );
+    }
+}

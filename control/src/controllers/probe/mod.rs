@@ -443,4 +443,101 @@ mod tests {
             assert_eq!(got, want, "threshold {threshold}");
         }
     }
+
+    /// Runs `runner` with a fake probe whose first attempt takes `first` (tokio time)
+    /// and the others `takes`, all failing; returns the start times of the first `n`
+    /// attempts, relative to the first.
+    async fn attempt_starts(
+        interval: Duration,
+        first: Duration,
+        takes: Duration,
+        n: usize,
+    ) -> Vec<Duration> {
+        let starts = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let s = Arc::clone(&starts);
+        let probe: Prober = Arc::new(move |_, _| {
+            let mut starts = s.lock().unwrap();
+            let takes = if starts.is_empty() { first } else { takes };
+            starts.push(tokio::time::Instant::now());
+            Box::pin(async move {
+                tokio::time::sleep(takes).await;
+                Err("down".to_owned())
+            })
+        });
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let cancel = CancellationToken::new();
+        let spec = ProbeSpecSpec {
+            interval,
+            ..ProbeSpecSpec::default()
+        };
+        let task = tokio::spawn(runner(
+            "p".into(),
+            1,
+            spec,
+            ProbeEnv::process_source(),
+            probe,
+            tx,
+            cancel.clone(),
+        ));
+        // Every failure is reported (threshold 0): one report per finished attempt.
+        for _ in 0..n {
+            rx.recv().await.unwrap();
+        }
+        cancel.cancel();
+        task.await.unwrap();
+        let starts = starts.lock().unwrap();
+        starts[..n].iter().map(|t| *t - starts[0]).collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn probes_start_on_the_interval_grid_whatever_they_take() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        // A 300 ms probe every second starts at 0, 1, 2, 3 s (a sleep after each
+        // probe would drift: 0, 1.3, 2.6, 3.9 s).
+        assert_eq!(
+            attempt_starts(s(1), ms(300), ms(300), 4).await,
+            [s(0), s(1), s(2), s(3)]
+        );
+        // A probe longer than the interval (3.5 s): the overdue one starts at once,
+        // then the grid is kept (Skip: 4, 5 s) — no burst of the missed ticks at 3.5 s
+        // (Burst), no grid shifted by the overrun (Delay: 4.5, 5.5 s).
+        assert_eq!(
+            attempt_starts(s(1), ms(3500), ms(10), 4).await,
+            [s(0), ms(3500), s(4), s(5)]
+        );
+        // Zero: the default interval.
+        assert_eq!(
+            attempt_starts(Duration::ZERO, ms(10), ms(10), 2).await,
+            [s(0), DEFAULT_INTERVAL]
+        );
+    }
+
+    #[tokio::test]
+    async fn zero_timeouts_mean_the_default_not_an_immediate_failure() {
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = l.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            loop {
+                let (mut s, _) = l.accept().await.unwrap();
+                tokio::spawn(async move {
+                    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+                    let mut buf = [0u8; 1024];
+                    let _ = s.read(&mut buf).await;
+                    let _ = s.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await;
+                });
+            }
+        });
+        let env = ProbeEnv::default();
+        let http = HttpProbeSpec {
+            url: format!("http://127.0.0.1:{port}/"),
+            timeout: Duration::ZERO,
+        };
+        probe_http(&http, &env).await.unwrap();
+        let tcp = TcpProbeSpec {
+            endpoint: format!("127.0.0.1:{port}"),
+            timeout: Duration::ZERO,
+        };
+        probe_tcp(&tcp).await.unwrap();
+    }
 }
