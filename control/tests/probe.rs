@@ -399,9 +399,12 @@ async fn http_probe_sends_proxy_and_target_credentials_as_basic_auth() {
         ..ProbeEnv::default()
     };
     let target = spec("http://admin:hunter2@probe-target.invalid/health");
-    probe::probe_http(&target, &env(format!("http://user:p%40ss@127.0.0.1:{port}")))
-        .await
-        .unwrap();
+    probe::probe_http(
+        &target,
+        &env(format!("http://user:p%40ss@127.0.0.1:{port}")),
+    )
+    .await
+    .unwrap();
     let head = seen.lock().unwrap().last().cloned().unwrap();
     assert!(
         head.starts_with("GET http://probe-target.invalid:80/health HTTP/1.1"),
@@ -473,9 +476,14 @@ async fn probe_specs_are_shown_without_url_credentials() {
         .get::<wirespan_control::resources::network::ProbeSpec>(NS, &id)
         .unwrap();
     let shown = serde_yaml_ng::to_string(&spec.spec).unwrap();
-    assert!(!shown.contains("s3cret") && !shown.contains("user"), "{shown}");
     assert!(
-        shown.contains(&format!("url: http://<redacted>@127.0.0.1:{port}/status/200")),
+        !shown.contains("s3cret") && !shown.contains("user"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!(
+            "url: http://<redacted>@127.0.0.1:{port}/status/200"
+        )),
         "{shown}"
     );
     harness.stop().await.unwrap();

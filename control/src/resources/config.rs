@@ -77,7 +77,7 @@ impl ResourceKind for ConfigStatus {
     fn definition() -> Definition {
         // Derived aliases: configstatus, configstatuses, cs.
         Definition::new(Self::TYPE, "ConfigStatus", Self::DEFAULT_NAMESPACE)
-            .column("Version", ".acceptedVersion")
+            .column("Accepted", ".acceptedVersion")
             .column("Source", ".source")
             .column("LastAttempt", ".lastAttempt")
             .column("LastErrorTime", ".lastErrorTime")
