@@ -524,6 +524,8 @@ mod tests {
                     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
                     let mut buf = [0u8; 1024];
                     let _ = s.read(&mut buf).await;
+                    // A slow answer: a zero timeout taken literally fails first.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                     let _ = s.write_all(b"HTTP/1.1 200 OK\r\n\r\n").await;
                 });
             }
