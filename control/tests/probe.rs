@@ -1,4 +1,7 @@
 //! Probes against local TCP/HTTP servers and a local proxy, through the real runtime.
+//! Proxy settings are injected as values ([`probe::register_with_env`]), never through
+//! the process environment, so these tests do not race under a plain `cargo test`
+//! (one process, tests in parallel threads).
 
 use std::{
     collections::HashMap,
@@ -12,7 +15,7 @@ use tokio::{
 };
 use wirespan_control::{
     config,
-    controllers::probe,
+    controllers::probe::{self, ProbeEnv},
     resources::{
         config::{MachineConfig, MachineConfigSpec, ACTIVE},
         network::{ProbeStatus, NS},
@@ -71,9 +74,17 @@ fn hits(h: &Hits, path: &str) -> usize {
     h.lock().unwrap().get(path).copied().unwrap_or(0)
 }
 
+/// Proxy settings a test changes while its probes run (read on every attempt).
+type Env = Arc<Mutex<ProbeEnv>>;
+
 fn start(store: &Store) -> Harness {
+    start_with_env(store, &Env::default())
+}
+
+fn start_with_env(store: &Store, env: &Env) -> Harness {
     let mut rt = Runtime::new(store.clone());
-    probe::register(&mut rt).unwrap();
+    let env = Arc::clone(env);
+    probe::register_with_env(&mut rt, Arc::new(move || env.lock().unwrap().clone())).unwrap();
     Harness::start(rt)
 }
 
@@ -155,14 +166,9 @@ async fn http_probe_uses_the_proxy_set_after_start() {
                 .await;
         }
     });
-    // SAFETY-free in edition 2021; nextest runs each test in its own process.
-    std::env::remove_var("HTTP_PROXY");
-    std::env::remove_var("http_proxy");
-    std::env::remove_var("NO_PROXY");
-    std::env::remove_var("no_proxy");
-
+    let env = Env::default();
     let store = Store::new(StoreOptions::default());
-    let harness = start(&store);
+    let harness = start_with_env(&store, &env);
     let url = "http://probe-target.invalid:8080/health";
     set_config(
         &store,
@@ -170,7 +176,7 @@ async fn http_probe_uses_the_proxy_set_after_start() {
     );
     let id = format!("http:{url}");
     assert_resource::<ProbeStatus>(&store, NS, &id, success(false)).await;
-    std::env::set_var("http_proxy", format!("http://127.0.0.1:{proxy_port}"));
+    env.lock().unwrap().http_proxy = Some(format!("http://127.0.0.1:{proxy_port}"));
     assert_resource::<ProbeStatus>(&store, NS, &id, success(true)).await;
     assert!(
         seen.lock()
@@ -181,7 +187,7 @@ async fn http_probe_uses_the_proxy_set_after_start() {
         seen.lock().unwrap()
     );
     // NO_PROXY exempts the host again.
-    std::env::set_var("NO_PROXY", ".invalid");
+    env.lock().unwrap().no_proxy = Some(".invalid".into());
     assert_resource::<ProbeStatus>(&store, NS, &id, success(false)).await;
     harness.stop().await.unwrap();
 }
@@ -231,13 +237,13 @@ async fn tcp_probe_open_and_closed_ports() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn https_probe_tunnels_through_connect_proxy_and_verifies_the_server_name() {
+async fn https_probe_tunnels_through_an_authenticated_connect_proxy_and_verifies_the_server_name() {
     // TLS server for probe-target.test (self-signed, trusted through SSL_CERT_FILE).
     let cert = rcgen::generate_simple_self_signed(vec!["probe-target.test".to_owned()]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.pem");
     std::fs::write(&ca, cert.cert.pem()).unwrap();
-    std::env::set_var("SSL_CERT_FILE", &ca);
+
     let tls_cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -271,7 +277,8 @@ async fn https_probe_tunnels_through_connect_proxy_and_verifies_the_server_name(
             });
         }
     });
-    // CONNECT proxy: tunnels every CONNECT to the TLS server, records the target.
+    // CONNECT proxy: tunnels every CONNECT to the TLS server, records the target and
+    // its credentials; refuses a CONNECT without them.
     let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let proxy_port = proxy.local_addr().unwrap().port();
     let seen: Arc<Mutex<Vec<String>>> = Arc::default();
@@ -285,13 +292,22 @@ async fn https_probe_tunnels_through_connect_proxy_and_verifies_the_server_name(
                 let mut line = String::new();
                 r.read_line(&mut line).await.unwrap();
                 seen.lock().unwrap().push(line.trim_end().to_owned());
+                let mut authorized = false;
                 loop {
                     let mut h = String::new();
                     if r.read_line(&mut h).await.unwrap() == 0 || h == "\r\n" {
                         break;
                     }
+                    // base64("probe:s3cret")
+                    authorized |= h.trim_end() == "Proxy-Authorization: Basic cHJvYmU6czNjcmV0";
                 }
                 let mut client = r.into_inner();
+                if !authorized {
+                    let _ = client
+                        .write_all(b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n")
+                        .await;
+                    return;
+                }
                 client
                     .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
                     .await
@@ -303,12 +319,14 @@ async fn https_probe_tunnels_through_connect_proxy_and_verifies_the_server_name(
             });
         }
     });
-    std::env::remove_var("NO_PROXY");
-    std::env::remove_var("no_proxy");
-    std::env::set_var("HTTPS_PROXY", format!("127.0.0.1:{proxy_port}"));
+    let env = Env::new(Mutex::new(ProbeEnv {
+        https_proxy: Some(format!("probe:s3cret@127.0.0.1:{proxy_port}")),
+        ssl_cert_file: Some(ca.clone()),
+        ..ProbeEnv::default()
+    }));
 
     let store = Store::new(StoreOptions::default());
-    let harness = start(&store);
+    let harness = start_with_env(&store, &env);
     let url = format!("https://probe-target.test:{tls_port}/");
     set_config(
         &store,
@@ -331,5 +349,142 @@ async fn https_probe_tunnels_through_connect_proxy_and_verifies_the_server_name(
     let st =
         assert_resource::<ProbeStatus>(&store, NS, &format!("http:{bad}"), success(false)).await;
     assert!(st.spec.last_error.contains("TLS"), "{}", st.spec.last_error);
+    harness.stop().await.unwrap();
+}
+
+/// A proxy that answers 204 to requests carrying `Proxy-Authorization: Basic <want>`
+/// and 407 to the others; records each request's line and headers.
+async fn auth_proxy(want: &'static str) -> (u16, Arc<Mutex<Vec<String>>>) {
+    let proxy = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = proxy.local_addr().unwrap().port();
+    let seen: Arc<Mutex<Vec<String>>> = Arc::default();
+    let s2 = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let (s, _) = proxy.accept().await.unwrap();
+            let mut r = BufReader::new(s);
+            let mut head = Vec::new();
+            loop {
+                let mut h = String::new();
+                if r.read_line(&mut h).await.unwrap() == 0 || h == "\r\n" {
+                    break;
+                }
+                head.push(h.trim_end().to_owned());
+            }
+            let ok = head
+                .iter()
+                .any(|h| *h == format!("Proxy-Authorization: Basic {want}"));
+            s2.lock().unwrap().push(head.join("\n"));
+            let resp: &[u8] = if ok {
+                b"HTTP/1.1 204 No Content\r\nConnection: close\r\n\r\n"
+            } else {
+                b"HTTP/1.1 407 Proxy Authentication Required\r\n\r\n"
+            };
+            let _ = r.get_mut().write_all(resp).await;
+        }
+    });
+    (port, seen)
+}
+
+#[tokio::test]
+async fn http_probe_sends_proxy_and_target_credentials_as_basic_auth() {
+    // base64("user:p@ss"), the password percent-encoded in the proxy URL.
+    let (port, seen) = auth_proxy("dXNlcjpwQHNz").await;
+    let spec = |url: &str| wirespan_control::resources::network::HttpProbeSpec {
+        url: url.to_owned(),
+        timeout: Duration::from_secs(5),
+    };
+    let env = |proxy: String| ProbeEnv {
+        http_proxy: Some(proxy),
+        ..ProbeEnv::default()
+    };
+    let target = spec("http://admin:hunter2@probe-target.invalid/health");
+    probe::probe_http(
+        &target,
+        &env(format!("http://user:p%40ss@127.0.0.1:{port}")),
+    )
+    .await
+    .unwrap();
+    let head = seen.lock().unwrap().last().cloned().unwrap();
+    assert!(
+        head.starts_with("GET http://probe-target.invalid:80/health HTTP/1.1"),
+        "{head}"
+    );
+    // base64("admin:hunter2") for the target itself.
+    assert!(
+        head.contains("Authorization: Basic YWRtaW46aHVudGVyMg=="),
+        "{head}"
+    );
+    let err = probe::probe_http(&target, &env(format!("http://127.0.0.1:{port}")))
+        .await
+        .unwrap_err();
+    assert_eq!(err, "received non-success status code: 407");
+}
+
+#[tokio::test]
+async fn http_probe_against_a_server_that_never_answers_times_out() {
+    // Accepts, reads nothing, answers nothing, keeps the connection open.
+    let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let a2 = accepted.clone();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (s, _) = l.accept().await.unwrap();
+            a2.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            held.push(s);
+        }
+    });
+    let spec = wirespan_control::resources::network::HttpProbeSpec {
+        url: format!("http://user:pw@127.0.0.1:{port}/slow"),
+        timeout: Duration::from_millis(200),
+    };
+    // The guard only keeps a broken probe from hanging the test; the probe's own
+    // timeout is what ends it.
+    let err = tokio::time::timeout(
+        Duration::from_secs(30),
+        probe::probe_http(&spec, &ProbeEnv::default()),
+    )
+    .await
+    .expect("the probe's timeout did not fire")
+    .unwrap_err();
+    assert_eq!(
+        err,
+        format!("GET http://127.0.0.1:{port}/slow: timeout after 200ms")
+    );
+    assert_eq!(
+        accepted.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "connected, then waited for the answer"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn probe_specs_are_shown_without_url_credentials() {
+    let (port, _) = http_server().await;
+    let store = Store::new(StoreOptions::default());
+    let harness = start(&store);
+    set_config(
+        &store,
+        &format!("apiVersion: v1alpha1\nkind: HTTPProbeConfig\nname: c\nurl: http://user:s3cret@127.0.0.1:{port}/status/200\ninterval: 100ms\n"),
+    );
+    let id = format!("http:http://127.0.0.1:{port}/status/200");
+    // The prober used the URL (credentials and all) and succeeded.
+    assert_resource::<ProbeStatus>(&store, NS, &id, success(true)).await;
+    let spec = store
+        .get::<wirespan_control::resources::network::ProbeSpec>(NS, &id)
+        .unwrap();
+    let shown = serde_yaml_ng::to_string(&spec.spec).unwrap();
+    assert!(
+        !shown.contains("s3cret") && !shown.contains("user"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!(
+            "url: http://<redacted>@127.0.0.1:{port}/status/200"
+        )),
+        "{shown}"
+    );
     harness.stop().await.unwrap();
 }

@@ -1,11 +1,14 @@
 //! `wirespan apply FILE`: replace a running node's config through the API. An invalid
 //! config is rejected whole (every problem printed, naming document and field) and
-//! the node keeps its previous config.
+//! the node keeps its previous config; either way the version in force is printed.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
-use wirespan_control::api::{client::connect, proto};
+use wirespan_control::{
+    api::{client::connect, proto},
+    config::loader,
+};
 
 /// Options of `wirespan apply`.
 #[derive(Debug, clap::Args)]
@@ -18,7 +21,8 @@ pub struct Args {
 }
 
 pub fn run(args: &Args, socket: &Path) -> anyhow::Result<()> {
-    let config = std::fs::read_to_string(&args.file)
+    // Same size cap as the node's, checked before sending.
+    let config = loader::read_file(&args.file)
         .with_context(|| format!("reading {}", args.file.display()))?;
     super::block_on(async {
         let mut client = connect(socket).await?;
@@ -34,17 +38,28 @@ pub fn run(args: &Args, socket: &Path) -> anyhow::Result<()> {
             for e in &resp.errors {
                 eprintln!("{e}");
             }
+            let kept = if resp.accepted_version.is_empty() {
+                String::new()
+            } else {
+                format!(" (version {})", resp.accepted_version)
+            };
             anyhow::bail!(
-                "config rejected ({} document(s) with errors); the node keeps its previous config",
+                "config rejected ({} error(s)); the node keeps its previous config{kept}",
                 resp.errors.len()
             );
         }
         if args.dry_run {
             println!("config is valid");
         } else if resp.changed {
-            println!("config applied");
+            println!(
+                "config applied: version {} ({} documents)",
+                resp.accepted_version, resp.documents
+            );
         } else {
-            println!("config unchanged");
+            println!(
+                "config unchanged: version {} in force",
+                resp.accepted_version
+            );
         }
         Ok(())
     })

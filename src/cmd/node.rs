@@ -1,11 +1,11 @@
 //! `wirespan node`: the mesh daemon. Runs in the network namespace it was started
-//! in: loads `--config FILE` (and reloads it when it changes; `wirespan apply` replaces
-//! it through the API), runs the controllers and serves the resource API.
+//! in: loads `--config FILE` (and reloads it after each complete write; `wirespan
+//! apply` replaces it through the API; a bad file keeps the last good config, see
+//! `config::loader`), runs the controllers and serves the resource API.
 
 use std::{
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
-    time::Duration,
 };
 
 use anyhow::Context as _;
@@ -19,17 +19,16 @@ use wirespan_control::{
 };
 use wirespan_dataplane::{netns::Netns, routing::NetlinkRouting};
 
-/// How often the config file is checked for changes.
-const CONFIG_POLL: Duration = Duration::from_secs(2);
-
 /// Options of `wirespan node`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
     /// Directory for persistent state (node identity, keys).
     #[arg(long, env = "WIRESPAN_STATE_DIR", default_value = "/var/lib/wirespan")]
     pub state_dir: PathBuf,
-    /// Machine config (multi-document YAML); watched and reloaded on change. An
-    /// invalid file at start is fatal; an invalid change is rejected and logged.
+    /// Machine config (multi-document YAML); reloaded after each complete write. A bad
+    /// file (invalid, empty, over 4 MiB) is rejected, logged and shown by `wirespan get
+    /// configstatus`, and the last good config stays (at start: the copy kept in the
+    /// state dir; fatal when there is none).
     #[arg(long, env = "WIRESPAN_CONFIG")]
     pub config: Option<PathBuf>,
     #[command(flatten)]
@@ -130,10 +129,16 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
     });
     meta::register(&store, &resources::definitions())
         .context("registering resource definitions")?;
-    if let Some(path) = &args.config {
-        loader::apply_file(&store, path)
-            .with_context(|| format!("loading config {}", path.display()))?;
-    }
+    let config_loader = loader::ConfigLoader::in_state_dir(store.clone(), &args.state_dir);
+    config_loader
+        .start(args.config.as_deref())
+        .with_context(|| match &args.config {
+            Some(p) => format!(
+                "loading config {} (and no last good config to fall back to)",
+                p.display()
+            ),
+            None => "loading the last good config".to_owned(),
+        })?;
     let mut runtime = Runtime::new(store.clone());
     runtime.register(NodeIdentityController::new(args.state_dir.clone()))?;
     let netns = Netns::current();
@@ -148,7 +153,7 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
     wirespan_control::controllers::cluster::register(&mut runtime, Default::default())?;
     let metrics = register_mesh(&mut runtime, &args.state_dir, &args.mesh)?;
     let api = ResourceApi::new(store.clone(), Some(runtime.graph()))
-        .with_config_apply(args.config.clone());
+        .with_config_apply(config_loader.clone(), args.config.clone());
     let listener = bind(socket)?;
     tracing::info!(socket = %socket.display(), state_dir = %args.state_dir.display(), "node started");
 
@@ -162,13 +167,7 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
     }
     let mut rt_task = tokio::spawn(runtime.run(cancel.clone()));
     if let Some(path) = &args.config {
-        tokio::spawn(loader::watch_file(
-            store,
-            path.clone(),
-            CONFIG_POLL,
-            cancel.clone(),
-            None,
-        ));
+        tokio::spawn(config_loader.watch_file(path.clone(), cancel.clone(), None));
     }
     let mut api_task = tokio::spawn({
         let cancel = cancel.clone();

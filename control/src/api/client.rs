@@ -59,5 +59,7 @@ pub async fn connect(path: &Path) -> Result<ResourceServiceClient<Channel>, Conn
             reason: e.to_string(),
             path,
         })?;
-    Ok(ResourceServiceClient::new(channel))
+    Ok(ResourceServiceClient::new(channel)
+        .max_decoding_message_size(super::MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(super::MAX_MESSAGE_BYTES))
 }

@@ -15,6 +15,11 @@ use crate::runtime::Definition;
 /// Default path of the API socket.
 pub const DEFAULT_SOCKET: &str = "/run/wirespan/node.sock";
 
+/// Largest API message, both ways: a config of [`crate::config::MAX_CONFIG_BYTES`]
+/// plus room for the request's other fields, so the config's own cap (with its clear
+/// error) is the one that applies.
+pub const MAX_MESSAGE_BYTES: usize = crate::config::MAX_CONFIG_BYTES + 64 * 1024;
+
 impl From<&Definition> for proto::Definition {
     fn from(d: &Definition) -> Self {
         Self {

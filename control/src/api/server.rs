@@ -13,6 +13,7 @@ use tonic::{Request, Response, Status};
 
 use super::{proto, resolve};
 use crate::{
+    config::loader::{self, ConfigLoader},
     resources::meta,
     runtime::{
         graph::{to_dot, EdgeKind},
@@ -28,9 +29,10 @@ pub struct ResourceApi {
     config_apply: Option<ConfigApply>,
 }
 
-/// Where `ApplyConfig` persists an accepted config.
+/// How `ApplyConfig` takes a config, and the config file it also rewrites.
 #[derive(Debug, Clone)]
 struct ConfigApply {
+    loader: ConfigLoader,
     file: Option<PathBuf>,
 }
 
@@ -45,11 +47,12 @@ impl ResourceApi {
         }
     }
 
-    /// Enables `ApplyConfig`; accepted configs are also written to `file` (atomically,
-    /// 0600) so the daemon's file watcher keeps them.
+    /// Enables `ApplyConfig` through `loader` (which persists accepted configs and
+    /// records rejections); accepted configs are also written to `file` (atomically,
+    /// 0600) so that the file and the node agree.
     #[must_use]
-    pub fn with_config_apply(mut self, file: Option<PathBuf>) -> Self {
-        self.config_apply = Some(ConfigApply { file });
+    pub fn with_config_apply(mut self, loader: ConfigLoader, file: Option<PathBuf>) -> Self {
+        self.config_apply = Some(ConfigApply { loader, file });
         self
     }
 
@@ -224,24 +227,44 @@ impl proto::resource_service_server::ResourceService for ResourceApi {
             return Err(Status::unimplemented("this server does not take configs"));
         };
         let req = request.into_inner();
-        if let Err(e) = crate::config::parse(&req.config) {
-            return Ok(Response::new(proto::ApplyConfigResponse {
-                changed: false,
-                errors: e.documents.iter().map(ToString::to_string).collect(),
+        let rejected = |e: &loader::LoadError| proto::ApplyConfigResponse {
+            changed: false,
+            errors: e.problems(),
+            accepted_version: apply.loader.accepted_version(),
+            documents: 0,
+        };
+        if req.dry_run {
+            return Ok(Response::new(match loader::validate(&req.config) {
+                Ok(_) => proto::ApplyConfigResponse {
+                    accepted_version: apply.loader.accepted_version(),
+                    ..Default::default()
+                },
+                Err(e) => rejected(&e),
             }));
         }
-        if req.dry_run {
-            return Ok(Response::new(proto::ApplyConfigResponse::default()));
-        }
+        let accepted = match apply.loader.accept(&req.config, "api") {
+            Ok(a) => a,
+            Err(e) => return Ok(Response::new(rejected(&e))),
+        };
         if let Some(file) = &apply.file {
-            crate::resources::identity::write_atomic(file, req.config.as_bytes())
-                .map_err(|e| Status::internal(format!("writing {}: {e}", file.display())))?;
+            // Skipped when the file already holds it: no rewrite, no reload event.
+            if std::fs::read(file).ok().as_deref() != Some(req.config.as_bytes()) {
+                crate::resources::identity::write_atomic(file, req.config.as_bytes()).map_err(
+                    |e| {
+                        Status::internal(format!(
+                            "config accepted (version {}), but writing {} failed: {e}; the file still holds the previous config",
+                            accepted.version,
+                            file.display()
+                        ))
+                    },
+                )?;
+            }
         }
-        let changed = crate::config::loader::apply_text(&self.store, &req.config, "api")
-            .map_err(|e| Status::internal(e.to_string()))?;
         Ok(Response::new(proto::ApplyConfigResponse {
-            changed,
+            changed: accepted.changed,
             errors: Vec::new(),
+            accepted_version: accepted.version,
+            documents: u32::try_from(accepted.documents).unwrap_or(u32::MAX),
         }))
     }
 
@@ -349,7 +372,11 @@ pub async fn serve(
 ) -> Result<(), ServeError> {
     let api = Arc::new(api);
     let res = tonic::transport::Server::builder()
-        .add_service(proto::resource_service_server::ResourceServiceServer::from_arc(api))
+        .add_service(
+            proto::resource_service_server::ResourceServiceServer::from_arc(api)
+                .max_decoding_message_size(super::MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(super::MAX_MESSAGE_BYTES),
+        )
         .serve_with_incoming_shutdown(
             UnixListenerStream::new(listener),
             shutdown.cancelled_owned(),
@@ -357,4 +384,82 @@ pub async fn serve(
         .await;
     let _ = std::fs::remove_file(path);
     res.map_err(Into::into)
+}
+
+#[cfg(test)]
+mod tests {
+    use proto::resource_service_server::ResourceService as _;
+
+    use super::*;
+    use crate::{
+        config::{loader::version_of, MAX_CONFIG_BYTES},
+        runtime::StoreOptions,
+    };
+
+    const GOOD: &str = "apiVersion: v1alpha1\nkind: LinkConfig\nname: eth0\nmtu: 1400\n";
+
+    async fn apply(api: &ResourceApi, config: &str, dry_run: bool) -> proto::ApplyConfigResponse {
+        api.apply_config(Request::new(proto::ApplyConfigRequest {
+            config: config.to_owned(),
+            dry_run,
+        }))
+        .await
+        .unwrap()
+        .into_inner()
+    }
+
+    #[tokio::test]
+    async fn apply_reports_the_version_in_force_or_every_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.yaml");
+        let store = Store::new(StoreOptions::default());
+        let loader = ConfigLoader::in_state_dir(store.clone(), &dir.path().join("state"));
+        let api = ResourceApi::new(store, None).with_config_apply(loader, Some(file.clone()));
+
+        let r = apply(&api, GOOD, true).await;
+        assert!(r.errors.is_empty() && !r.changed && r.accepted_version.is_empty());
+        assert!(!file.exists(), "a dry run writes nothing");
+
+        let r = apply(&api, GOOD, false).await;
+        assert_eq!(
+            (r.changed, r.accepted_version.as_str(), r.documents),
+            (true, version_of(GOOD).as_str(), 1)
+        );
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), GOOD);
+        assert!(!apply(&api, GOOD, false).await.changed);
+
+        let bad = format!(
+            "{GOOD}---\napiVersion: v1alpha1\nkind: LinkConfig\nname: eth0\nmtu: 1\n---\nkind: X\n"
+        );
+        let r = apply(&api, &bad, false).await;
+        assert!(!r.changed);
+        assert_eq!(r.accepted_version, version_of(GOOD), "the kept version");
+        assert_eq!(r.errors.len(), 2, "{:?}", r.errors);
+        assert!(
+            r.errors[0].starts_with("document 2 (LinkConfig \"eth0\"): mtu: 1 is outside"),
+            "{:?}",
+            r.errors
+        );
+        assert!(
+            r.errors[1].starts_with("document 3 (X): apiVersion"),
+            "{:?}",
+            r.errors
+        );
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), GOOD);
+
+        let r = apply(&api, "", false).await;
+        assert_eq!(
+            r.errors,
+            ["config file is empty; to turn the mesh off set enabled: false"]
+        );
+        let big = format!("{GOOD}#{}", "x".repeat(MAX_CONFIG_BYTES));
+        let r = apply(&api, &big, true).await;
+        assert_eq!(
+            r.errors,
+            [format!(
+                "config is {} bytes, over the 4194304-byte (4 MiB) limit",
+                big.len()
+            )]
+        );
+    }
 }

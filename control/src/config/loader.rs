@@ -1,19 +1,43 @@
 //! The config loader: file (or API text) → [`super::parse`] → `config/MachineConfig
 //! active`, written unowned and only when the whole text validated, so a bad config
-//! keeps the previous one in force. [`watch_file`] re-reads the file when it changes.
+//! keeps the previous one in force.
+//!
+//! Safety rules (the node must never lose its mesh to a bad write of its config):
+//! - an accepted config's text is persisted in the state dir ([`LAST_GOOD_FILE`],
+//!   atomically, 0600: it may hold the cluster secret); at start, a config file that
+//!   is unreadable, empty, too large or invalid falls back to that copy;
+//! - an empty config is an error ([`EMPTY`]): turning the mesh off is an explicit
+//!   `enabled: false`, never the side effect of a truncated file;
+//! - a config over [`MAX_CONFIG_BYTES`] (the API's limit too) is rejected;
+//! - every rejection is logged and recorded in `config/ConfigStatus current`, next to
+//!   the version in force (a content hash, [`version_of`]);
+//! - [`ConfigLoader::watch_file`] re-reads the file only after a complete write
+//!   (inotify close-write, or a rename onto it), not on a timer.
 
 use std::{
+    io::Read as _,
     path::{Path, PathBuf},
+    sync::{Arc, Mutex},
     time::Duration,
 };
 
+use sha2::Digest as _;
 use tokio_util::sync::CancellationToken;
 
-use super::ConfigError;
+use super::{ConfigError, MAX_CONFIG_BYTES};
 use crate::{
-    resources::config::{MachineConfig, MachineConfigSpec, ACTIVE},
+    resources::config::{
+        attempt, ConfigStatus, ConfigStatusSpec, MachineConfig, MachineConfigSpec, ACTIVE, CURRENT,
+    },
     runtime::{ResourceKind, StateError, Store},
 };
+
+/// Name of the last good config's copy in the state dir.
+pub const LAST_GOOD_FILE: &str = "last-good-config.yaml";
+/// The error of a config without documents.
+pub const EMPTY: &str = "config file is empty; to turn the mesh off set enabled: false";
+/// Poll period of the file when inotify cannot be used.
+pub const FALLBACK_POLL: Duration = Duration::from_secs(30);
 
 /// Why a config was not applied.
 #[derive(Debug, thiserror::Error)]
@@ -27,164 +51,443 @@ pub enum LoadError {
         #[source]
         source: std::io::Error,
     },
+    /// Over [`MAX_CONFIG_BYTES`].
+    #[error("config is {size} bytes, over the {cap}-byte ({} MiB) limit", .cap >> 20)]
+    TooLarge {
+        /// Its size (of the file: at least this much).
+        size: u64,
+        /// The cap.
+        cap: usize,
+    },
+    /// No documents.
+    #[error("{EMPTY}")]
+    Empty,
     /// The text is invalid (every problem, naming document and field).
     #[error(transparent)]
     Invalid(#[from] ConfigError),
+    /// The last good copy could not be written; nothing was applied.
+    #[error("saving the accepted config to {path}: {source}")]
+    Persist {
+        /// The state file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
     /// The store refused the write.
     #[error("storing config: {0}")]
     Store(#[from] StateError),
 }
 
-/// Validates `text` and, only if all of it is valid, makes it the active config.
-/// Returns whether the active config changed.
-///
-/// # Errors
-/// Every problem of the text; nothing is written then.
-pub fn apply_text(store: &Store, text: &str, source: &str) -> Result<bool, LoadError> {
-    let cfg = super::parse(text)?;
-    let spec = MachineConfigSpec {
-        source: source.to_owned(),
-        document_count: cfg.documents.len(),
-        config: cfg,
-    };
-    let before = store
-        .get::<MachineConfig>(MachineConfig::DEFAULT_NAMESPACE, ACTIVE)
-        .ok();
-    let after =
-        store.modify::<MachineConfig>(MachineConfig::DEFAULT_NAMESPACE, ACTIVE, "", |r| {
-            r.spec = spec.clone();
-        })?;
-    let changed = before.is_none_or(|b| b.metadata.version != after.metadata.version);
-    if changed {
-        tracing::info!(source, documents = spec.document_count, "config applied");
-    }
-    Ok(changed)
-}
-
-/// Reads and applies `path`.
-///
-/// # Errors
-/// Unreadable or invalid file; nothing is written then.
-pub fn apply_file(store: &Store, path: &Path) -> Result<bool, LoadError> {
-    let text = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
-        path: path.to_owned(),
-        source,
-    })?;
-    apply_text(store, &text, &path.display().to_string())
-}
-
-/// Polls `path` every `period` and re-applies it when its content changes; an invalid
-/// new content is logged with every error and the previous config stays. Returns
-/// when `cancel` fires. Each outcome (changed?, or the error text) is also sent to
-/// `reports` when given. The file is first read when this is called (not when the
-/// future is first polled), so a change right after the call is seen.
-pub fn watch_file(
-    store: Store,
-    path: PathBuf,
-    period: Duration,
-    cancel: CancellationToken,
-    reports: Option<tokio::sync::mpsc::UnboundedSender<Result<bool, String>>>,
-) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let mut last = std::fs::read(&path).ok();
-    async move {
-        let mut tick = tokio::time::interval(period);
-        loop {
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                _ = tick.tick() => {}
-            }
-            let now = std::fs::read(&path).ok();
-            if now.is_none() || now == last {
-                continue;
-            }
-            last.clone_from(&now);
-            let res = apply_file(&store, &path).map_err(|e| e.to_string());
-            if let Err(e) = &res {
-                tracing::error!(path = %path.display(), error = %e,
-                "config rejected; the previous config stays in force");
-            }
-            if let Some(r) = &reports {
-                let _ = r.send(res);
-            }
+impl LoadError {
+    /// The problems, one line each (one per document of an invalid config).
+    #[must_use]
+    pub fn problems(&self) -> Vec<String> {
+        match self {
+            Self::Invalid(e) => e.documents.iter().map(ToString::to_string).collect(),
+            other => vec![other.to_string()],
         }
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::runtime::StoreOptions;
+/// A config the node accepted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Accepted {
+    /// Whether the config in force changed (false: the same text was in force).
+    pub changed: bool,
+    /// Its version ([`version_of`]).
+    pub version: String,
+    /// Its number of documents.
+    pub documents: usize,
+}
 
-    const GOOD: &str =
-        "apiVersion: v1alpha1\nkind: AddressConfig\nlink: eth0\naddress: 10.0.0.1/24\n";
-    const BAD: &str = "apiVersion: v1alpha1\nkind: AddressConfig\nlink: eth0\naddress: 10.0.0.1/24\n---\napiVersion: v1alpha1\nkind: HTTPProbeConfig\nname: web\nurl: ftp://x/\nfailureThreshold: -1\n";
+/// The version of a config text: the first 16 hex digits of its SHA-256
+/// (`sha256sum FILE | cut -c1-16`). A hash rather than a counter so that the same
+/// text has the same version across restarts and nodes.
+#[must_use]
+pub fn version_of(text: &str) -> String {
+    let digest = sha2::Sha256::digest(text.as_bytes());
+    digest[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
 
-    #[test]
-    fn invalid_config_keeps_the_previous_one_and_names_document_and_field() {
-        let store = Store::new(StoreOptions::default());
-        assert!(apply_text(&store, GOOD, "test").unwrap());
-        assert!(
-            !apply_text(&store, GOOD, "test").unwrap(),
-            "same text is a no-op"
-        );
-        let err = apply_text(&store, BAD, "test").unwrap_err().to_string();
-        assert!(err.contains("HTTPProbeConfig \"web\""), "{err}");
-        assert!(
-            err.contains("url: HTTP probe URL scheme must be http or https, got \"ftp\""),
-            "{err}"
-        );
-        assert!(
-            err.contains("failureThreshold: probe failure threshold cannot be negative: -1"),
-            "{err}"
-        );
-        let active = store.get::<MachineConfig>("config", ACTIVE).unwrap();
-        assert_eq!(active.spec.document_count, 1);
-        assert_eq!(active.metadata.version, 1);
-        assert_eq!(active.metadata.owner, "");
+fn check_size(size: u64) -> Result<(), LoadError> {
+    if size > MAX_CONFIG_BYTES as u64 {
+        return Err(LoadError::TooLarge {
+            size,
+            cap: MAX_CONFIG_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// Reads a config file, refusing one over [`MAX_CONFIG_BYTES`] without reading it all.
+///
+/// # Errors
+/// Unreadable or too large.
+pub fn read_file(path: &Path) -> Result<String, LoadError> {
+    let read_err = |source| LoadError::Read {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(read_err)?;
+    check_size(file.metadata().map_err(read_err)?.len())?;
+    // The file may grow between the stat and the read.
+    let mut text = String::new();
+    file.take(MAX_CONFIG_BYTES as u64 + 1)
+        .read_to_string(&mut text)
+        .map_err(read_err)?;
+    check_size(text.len() as u64)?;
+    Ok(text)
+}
+
+/// Validates a whole config text: size, at least one document, every document.
+///
+/// # Errors
+/// Every problem.
+pub fn validate(text: &str) -> Result<super::MachineConfig, LoadError> {
+    check_size(text.len() as u64)?;
+    let cfg = super::parse(text)?;
+    if cfg.documents.is_empty() {
+        return Err(LoadError::Empty);
+    }
+    Ok(cfg)
+}
+
+fn now_rfc3339() -> String {
+    humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string()
+}
+
+/// Takes configs from the file, the API and the state dir into the store, keeps the
+/// last good copy and `config/ConfigStatus current`. Clones share one lock, so a file
+/// reload and an API apply never interleave.
+#[derive(Debug, Clone)]
+pub struct ConfigLoader {
+    store: Store,
+    last_good: Option<PathBuf>,
+    lock: Arc<Mutex<()>>,
+}
+
+impl ConfigLoader {
+    /// A loader that keeps the last good config at `last_good` (none: not persisted).
+    #[must_use]
+    pub fn new(store: Store, last_good: Option<PathBuf>) -> Self {
+        Self {
+            store,
+            last_good,
+            lock: Arc::default(),
+        }
     }
 
-    #[tokio::test]
-    async fn watched_file_reloads_valid_changes_only() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("config.yaml");
-        std::fs::write(&path, GOOD).unwrap();
-        let store = Store::new(StoreOptions::default());
-        apply_file(&store, &path).unwrap();
-        let cancel = CancellationToken::new();
-        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
-        let task = tokio::spawn(watch_file(
-            store.clone(),
-            path.clone(),
-            Duration::from_millis(20),
-            cancel.clone(),
-            Some(tx),
-        ));
-        std::fs::write(&path, BAD).unwrap();
-        let report = tokio::time::timeout(Duration::from_secs(10), rx.recv())
-            .await
-            .unwrap()
-            .unwrap();
-        assert!(report.unwrap_err().contains("HTTPProbeConfig"));
-        let two =
-            format!("{GOOD}---\napiVersion: v1alpha1\nkind: LinkConfig\nname: eth0\nmtu: 1400\n");
-        assert_eq!(
-            store
-                .get::<MachineConfig>("config", ACTIVE)
-                .unwrap()
-                .spec
-                .document_count,
-            1
-        );
-        std::fs::write(&path, &two).unwrap();
-        crate::testing::assert_resource::<MachineConfig>(&store, "config", ACTIVE, |r| {
-            if r.spec.document_count == 2 {
-                Ok(())
-            } else {
-                Err(format!("{} documents", r.spec.document_count))
+    /// A loader that keeps the last good config in `state_dir`.
+    #[must_use]
+    pub fn in_state_dir(store: Store, state_dir: &Path) -> Self {
+        Self::new(store, Some(state_dir.join(LAST_GOOD_FILE)))
+    }
+
+    /// Where the last good config is kept.
+    #[must_use]
+    pub fn last_good_path(&self) -> Option<&Path> {
+        self.last_good.as_deref()
+    }
+
+    /// The current status, if any config was offered yet.
+    #[must_use]
+    pub fn status(&self) -> Option<ConfigStatusSpec> {
+        self.store
+            .get::<ConfigStatus>(ConfigStatus::DEFAULT_NAMESPACE, CURRENT)
+            .ok()
+            .map(|r| r.spec.clone())
+    }
+
+    /// The version in force (empty when none).
+    #[must_use]
+    pub fn accepted_version(&self) -> String {
+        self.status()
+            .map(|s| s.accepted_version)
+            .unwrap_or_default()
+    }
+
+    /// Validates `text` and, only if all of it is valid, persists it and makes it the
+    /// active config. A rejection is logged and recorded in the status.
+    ///
+    /// # Errors
+    /// Every problem of the text; nothing changes then (but the status).
+    pub fn accept(&self, text: &str, source: &str) -> Result<Accepted, LoadError> {
+        let _g = self
+            .lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.try_accept(text, source)
+            .inspect_err(|e| self.record_rejection(source, e))
+    }
+
+    /// Reads `path` and [`Self::accept`]s it; read errors are recorded too.
+    ///
+    /// # Errors
+    /// Unreadable, too large or invalid file; nothing changes then.
+    pub fn accept_file(&self, path: &Path) -> Result<Accepted, LoadError> {
+        let source = path.display().to_string();
+        match read_file(path) {
+            Ok(text) => self.accept(&text, &source),
+            Err(e) => {
+                let _g = self
+                    .lock
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                self.record_rejection(&source, &e);
+                Err(e)
             }
+        }
+    }
+
+    /// The config at start: `file` if it is good, else the last good copy (and the
+    /// file's error recorded); without `file`, the last good copy if there is one.
+    ///
+    /// # Errors
+    /// The file's error when there is no usable last good copy to fall back to.
+    pub fn start(&self, file: Option<&Path>) -> Result<Option<Accepted>, LoadError> {
+        let _g = self
+            .lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(path) = file else {
+            let Some((text, source)) = self.read_last_good() else {
+                return Ok(None);
+            };
+            return self.try_accept(&text, &source).map(Some);
+        };
+        let file_source = path.display().to_string();
+        let err = match read_file(path).and_then(|t| self.try_accept(&t, &file_source)) {
+            Ok(a) => return Ok(Some(a)),
+            Err(e) => e,
+        };
+        let Some((text, source)) = self.read_last_good() else {
+            return Err(err);
+        };
+        match self.try_accept(&text, &source) {
+            Ok(a) => {
+                tracing::error!(path = %path.display(), error = %err, last_good = %source,
+                    version = %a.version,
+                    "config file rejected; starting with the last good config");
+                self.record_rejection(&file_source, &err);
+                Ok(Some(a))
+            }
+            Err(e) => {
+                tracing::error!(last_good = %source, error = %e,
+                    "the last good config copy is not usable either");
+                Err(err)
+            }
+        }
+    }
+
+    fn read_last_good(&self) -> Option<(String, String)> {
+        let path = self.last_good.as_ref()?;
+        match read_file(path) {
+            Ok(text) => Some((text, path.display().to_string())),
+            Err(LoadError::Read { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                None
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "ignoring the last good config copy");
+                None
+            }
+        }
+    }
+
+    /// The work of [`Self::accept`], the lock held, without recording a rejection.
+    fn try_accept(&self, text: &str, source: &str) -> Result<Accepted, LoadError> {
+        let cfg = validate(text)?;
+        let version = version_of(text);
+        let documents = cfg.documents.len();
+        let in_force = self
+            .store
+            .get::<MachineConfig>(MachineConfig::DEFAULT_NAMESPACE, ACTIVE)
+            .is_ok();
+        let status = self.status().unwrap_or_default();
+        let changed = !(in_force && status.accepted_version == version);
+        if changed {
+            self.persist(text)?;
+            let spec = MachineConfigSpec {
+                source: source.to_owned(),
+                document_count: documents,
+                config: cfg,
+            };
+            self.store.modify::<MachineConfig>(
+                MachineConfig::DEFAULT_NAMESPACE,
+                ACTIVE,
+                "",
+                |r| {
+                    r.spec = spec.clone();
+                },
+            )?;
+            tracing::info!(source, version, documents, "config applied");
+        }
+        self.store
+            .modify::<ConfigStatus>(ConfigStatus::DEFAULT_NAMESPACE, CURRENT, "", |r| {
+                if changed {
+                    r.spec.source = source.to_owned();
+                    r.spec.accepted_version.clone_from(&version);
+                    r.spec.accepted_time = now_rfc3339();
+                    r.spec.documents = documents;
+                }
+                r.spec.last_attempt = attempt::ACCEPTED.to_owned();
+            })?;
+        Ok(Accepted {
+            changed,
+            version,
+            documents,
         })
-        .await;
-        cancel.cancel();
-        task.await.unwrap();
+    }
+
+    fn persist(&self, text: &str) -> Result<(), LoadError> {
+        let Some(path) = &self.last_good else {
+            return Ok(());
+        };
+        let err = |source| LoadError::Persist {
+            path: path.clone(),
+            source,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            use std::os::unix::fs::DirBuilderExt as _;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(err)?;
+        }
+        crate::resources::identity::write_atomic(path, text.as_bytes()).map_err(err)
+    }
+
+    fn record_rejection(&self, source: &str, e: &LoadError) {
+        let in_force = self.accepted_version();
+        tracing::error!(source, error = %e, in_force = %in_force,
+            "config rejected; the config in force stays");
+        let res =
+            self.store
+                .modify::<ConfigStatus>(ConfigStatus::DEFAULT_NAMESPACE, CURRENT, "", |r| {
+                    r.spec.last_attempt = attempt::REJECTED.to_owned();
+                    r.spec.last_error = e.to_string();
+                    r.spec.last_error_source = source.to_owned();
+                    r.spec.last_error_time = now_rfc3339();
+                });
+        if let Err(e) = res {
+            tracing::error!(error = %e, "recording the config status");
+        }
+    }
+
+    /// Re-reads `path` after every complete write of it (inotify close-write, or a
+    /// rename onto it: the directory is watched, so editors' and `write_atomic`'s
+    /// renames are seen) and accepts a changed content; a rejected one is logged and
+    /// recorded and the config in force stays. Polls every [`FALLBACK_POLL`] instead
+    /// when inotify cannot be used. Returns when `cancel` fires. Each outcome is also
+    /// sent to `reports` when given. The file's content and the watch are taken when
+    /// this is called (not when the future is first polled), so a change right after
+    /// the call is seen.
+    pub fn watch_file(
+        &self,
+        path: PathBuf,
+        cancel: CancellationToken,
+        reports: Option<tokio::sync::mpsc::UnboundedSender<Result<Accepted, String>>>,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let loader = self.clone();
+        let watch = watch(&path);
+        let mut last = read_file(&path).ok();
+        async move {
+            let (watcher, mut events) = match watch {
+                Ok((w, rx)) => (Some(w), Some(rx)),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, poll = ?FALLBACK_POLL,
+                        "cannot watch the config file with inotify; polling it instead");
+                    (None, None)
+                }
+            };
+            let mut poll = tokio::time::interval(FALLBACK_POLL);
+            poll.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = cancel.cancelled() => break,
+                    ev = async { events.as_mut()?.recv().await }, if events.is_some() => {
+                        if ev.is_none() {
+                            break;
+                        }
+                    }
+                    _ = poll.tick(), if events.is_none() => {}
+                }
+                if let Some(rx) = events.as_mut() {
+                    // Several events of one write: one read.
+                    while rx.try_recv().is_ok() {}
+                }
+                let now = read_file(&path);
+                let unchanged = match (&now, &last) {
+                    (Ok(a), Some(b)) => a == b,
+                    _ => false,
+                };
+                if unchanged {
+                    continue;
+                }
+                last = now.as_ref().ok().cloned();
+                let res = match now {
+                    Ok(text) => loader.accept(&text, &path.display().to_string()),
+                    // A read failure is a rejection too (recorded by accept_file).
+                    Err(_) => loader.accept_file(&path),
+                };
+                if let Some(r) = &reports {
+                    let _ = r.send(res.map_err(|e| e.to_string()));
+                }
+            }
+            drop(watcher);
+        }
     }
 }
+
+/// Whether `ev` ends a write of the file named `name` in the watched directory: the
+/// writer closed it, or a file was renamed onto it. Plain modifications (a write in
+/// progress) are not.
+fn completes_write(ev: &notify::Event, name: &std::ffi::OsStr) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind, RenameMode};
+    let ours = ev.paths.iter().any(|p| p.file_name() == Some(name));
+    match ev.kind {
+        EventKind::Access(AccessKind::Close(AccessMode::Write))
+        | EventKind::Modify(ModifyKind::Name(RenameMode::To)) => ours,
+        // Events were lost: the file may have changed.
+        _ => ev.need_rescan(),
+    }
+}
+
+type Watch = (
+    notify::RecommendedWatcher,
+    tokio::sync::mpsc::UnboundedReceiver<()>,
+);
+
+/// An inotify watch of `path`'s directory, sending `()` on each complete write of it.
+fn watch(path: &Path) -> notify::Result<Watch> {
+    use notify::Watcher as _;
+    let name = path
+        .file_name()
+        .ok_or_else(|| notify::Error::generic("the config path has no file name"))?
+        .to_owned();
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
+        _ => PathBuf::from("."),
+    };
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut watcher =
+        notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
+            Ok(ev) if !completes_write(&ev, &name) => {}
+            Ok(_) => {
+                let _ = tx.send(());
+            }
+            Err(e) => {
+                // Re-read: whatever was missed, the content comparison sorts it out.
+                tracing::warn!(error = %e, "config file watch");
+                let _ = tx.send(());
+            }
+        })?;
+    watcher.watch(&dir, notify::RecursiveMode::NonRecursive)?;
+    Ok((watcher, rx))
+}
+
+#[cfg(test)]
+mod tests;

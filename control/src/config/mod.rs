@@ -6,6 +6,10 @@
 //! each naming the document (position, kind and name) and the field: a config is taken
 //! whole or not at all, so a bad file never half-applies.
 //!
+//! Two documents of one kind with the same merge key (the id the config controllers
+//! write their spec under, see [`ConfigDocument::merge_key`]) are rejected: one would
+//! silently replace the other.
+//!
 //! Adding a kind: a type implementing [`ConfigDocument`] (with
 //! `#[serde(deny_unknown_fields, rename_all = "camelCase")]`) and one line in the
 //! `documents!` list below.
@@ -24,6 +28,10 @@ pub mod probe;
 
 /// The only `apiVersion` this build reads.
 pub const API_VERSION: &str = "v1alpha1";
+
+/// Largest config text the node takes, from a file or through the API (4 MiB, gRPC's
+/// customary message size; the API's message limit is derived from it).
+pub const MAX_CONFIG_BYTES: usize = 4 << 20;
 
 /// One problem with one field of a document.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +130,13 @@ pub trait ConfigDocument:
     }
     /// Every problem of the document (all reported together), fields relative to it.
     fn validate(&self) -> Vec<FieldError>;
+    /// For kinds whose documents become specs keyed by content: what the key is made
+    /// of (for the error message) and the key of this (valid) document. Two documents
+    /// with one key would write the same spec, the later silently replacing the
+    /// earlier, so [`parse`] rejects that.
+    fn merge_key(&self) -> Option<(&'static str, String)> {
+        None
+    }
 }
 
 /// Access to one variant of [`Document`]; implemented by `documents!`.
@@ -174,6 +189,10 @@ macro_rules! documents {
 
             fn validate(&self) -> Vec<FieldError> {
                 match self { $(Self::$variant(d) => d.validate(),)* }
+            }
+
+            fn merge_key(&self) -> Option<(&'static str, String)> {
+                match self { $(Self::$variant(d) => d.merge_key(),)* }
             }
 
             fn parse(kind: &str, body: Value) -> Option<Result<Self, FieldError>> {
@@ -343,7 +362,27 @@ fn parse_document(value: Value) -> Result<Option<Document>, Rejected> {
 
 fn check_duplicates(documents: &[(usize, Document)], errors: &mut Vec<DocumentError>) {
     let mut seen: Vec<(&'static str, Option<&str>, usize)> = Vec::new();
+    let mut keys: Vec<(&'static str, String, usize)> = Vec::new();
     for (position, doc) in documents {
+        let fail = |field: &str, message: String| DocumentError {
+            position: *position,
+            kind: Some(doc.kind().to_owned()),
+            name: doc.name().map(str::to_owned),
+            errors: vec![FieldError::new(field, message)],
+        };
+        if let Some((what, key)) = doc.merge_key() {
+            if let Some((_, _, first)) = keys.iter().find(|(k, n, _)| *k == doc.kind() && *n == key)
+            {
+                errors.push(fail(
+                    "",
+                    format!(
+                        "same {what} as document {first} ({key}); one would silently replace the other"
+                    ),
+                ));
+                continue;
+            }
+            keys.push((doc.kind(), key, *position));
+        }
         let key_name = if doc.singleton() { None } else { doc.name() };
         if !doc.singleton() && key_name.is_none() {
             continue;
@@ -352,23 +391,16 @@ fn check_duplicates(documents: &[(usize, Document)], errors: &mut Vec<DocumentEr
             .iter()
             .find(|(k, n, _)| *k == doc.kind() && *n == key_name)
         {
-            let what = if doc.singleton() {
-                format!("{} may appear only once", doc.kind())
+            errors.push(if doc.singleton() {
+                fail(
+                    "",
+                    format!(
+                        "{} may appear only once (also document {first})",
+                        doc.kind()
+                    ),
+                )
             } else {
-                format!("duplicate name (also document {first})")
-            };
-            errors.push(DocumentError {
-                position: *position,
-                kind: Some(doc.kind().to_owned()),
-                name: doc.name().map(str::to_owned),
-                errors: vec![FieldError::new(
-                    if doc.singleton() { "" } else { "name" },
-                    if doc.singleton() {
-                        format!("{what} (also document {first})")
-                    } else {
-                        what
-                    },
-                )],
+                fail("name", format!("duplicate name (also document {first})"))
             });
         } else {
             seen.push((doc.kind(), key_name, *position));

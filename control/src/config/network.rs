@@ -29,6 +29,10 @@
 //! table: 100
 //! src: 10.9.0.0/24
 //! ```
+//!
+//! Validation rejects what the kernel would silently rewrite: a route destination or
+//! rule selector with host bits set (the kernel stores the network address), and two
+//! documents that map to the same spec key (see [`super::ConfigDocument::merge_key`]).
 
 use std::net::IpAddr;
 
@@ -47,6 +51,24 @@ fn check_ifname(field: &str, name: &str, errs: &mut Vec<FieldError>) {
                 "{name:?} is not a valid interface name (at most 15 bytes, no '/', ':' or space)"
             ),
         ));
+    }
+}
+
+/// A prefix used as a selector (route destination, rule `src`/`dst`) must be its
+/// network address: the kernel would store `10.0.0.0/8` for `10.0.0.1/8` and the spec
+/// would never match what it reads back.
+fn check_network(field: &str, net: Option<IpNet>, errs: &mut Vec<FieldError>) {
+    if let Some(n) = net {
+        if n.trunc() != n {
+            errs.push(FieldError::new(
+                field,
+                format!(
+                    "{n} has host bits set; the kernel would use {}: write {field}: {}",
+                    n.trunc(),
+                    n.trunc()
+                ),
+            ));
+        }
     }
 }
 
@@ -128,6 +150,13 @@ pub struct AddressConfig {
 impl ConfigDocument for AddressConfig {
     const KIND: &'static str = "AddressConfig";
     const SINGLETON: bool = false;
+    fn merge_key(&self) -> Option<(&'static str, String)> {
+        // The key the network config controller writes the spec under.
+        Some((
+            "link and address",
+            crate::controllers::network::config::address_spec(self).key(),
+        ))
+    }
     fn validate(&self) -> Vec<FieldError> {
         let mut errs = Vec::new();
         check_ifname("link", &self.link, &mut errs);
@@ -183,8 +212,15 @@ impl RouteConfig {
 impl ConfigDocument for RouteConfig {
     const KIND: &'static str = "RouteConfig";
     const SINGLETON: bool = false;
+    fn merge_key(&self) -> Option<(&'static str, String)> {
+        Some((
+            "table, family, gateway, destination and metric (and link, for IPv6)",
+            crate::controllers::network::config::route_spec(self).key(),
+        ))
+    }
     fn validate(&self) -> Vec<FieldError> {
         let mut errs = Vec::new();
+        check_network("destination", self.destination, &mut errs);
         if !self.link.is_empty() {
             check_ifname("link", &self.link, &mut errs);
         }
@@ -259,6 +295,12 @@ impl RoutingRuleConfig {
 impl ConfigDocument for RoutingRuleConfig {
     const KIND: &'static str = "RoutingRuleConfig";
     const SINGLETON: bool = false;
+    fn merge_key(&self) -> Option<(&'static str, String)> {
+        Some((
+            "family and priority",
+            crate::controllers::network::config::rule_spec(self).key(),
+        ))
+    }
     fn validate(&self) -> Vec<FieldError> {
         let mut errs = Vec::new();
         if !(1..=32765).contains(&self.priority) {
@@ -278,6 +320,7 @@ impl ConfigDocument for RoutingRuleConfig {
         }
         let v6 = self.is_v6();
         for (field, n) in [("src", self.src), ("dst", self.dst)] {
+            check_network(field, n, &mut errs);
             if let Some(n) = n {
                 if n.addr().is_ipv6() != v6 {
                     errs.push(FieldError::new(
@@ -296,3 +339,6 @@ impl ConfigDocument for RoutingRuleConfig {
         errs
     }
 }
+
+#[cfg(test)]
+mod tests;

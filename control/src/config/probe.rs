@@ -4,7 +4,8 @@
 //! apiVersion: v1alpha1
 //! kind: HTTPProbeConfig
 //! name: proxy-check
-//! url: https://example.com/health   # http or https, absolute, non-empty host
+//! url: https://example.com/health   # http or https, absolute, non-empty host;
+//!                                   # IPv6 hosts in brackets: http://[fd00::1]:8080/
 //! interval: 30s                     # default 1s
 //! timeout: 5s                       # default 10s
 //! failureThreshold: 3               # default 0 (the first failure is reported)
@@ -12,8 +13,11 @@
 //! apiVersion: v1alpha1
 //! kind: TCPProbeConfig
 //! name: api
-//! endpoint: 10.0.0.1:6443
+//! endpoint: 10.0.0.1:6443          # IPv6: "[fd00::1]:6443"
 //! ```
+//!
+//! Two probe documents with the same target (`tcp:<endpoint>`, `http:<URL without
+//! credentials>`) would be one probe; the config is rejected instead.
 
 use std::time::Duration;
 
@@ -110,11 +114,30 @@ impl TcpProbeConfig {
     }
 }
 
+/// An IPv6 address as `host` of `host:port` without brackets (`fd00::1:80`): the
+/// error, with the bracketed form to write.
+fn unbracketed_v6(endpoint: &str) -> Option<String> {
+    let (host, port) = endpoint.rsplit_once(':')?;
+    if host.starts_with('[') || !host.contains(':') {
+        return None;
+    }
+    Some(format!(
+        "TCP probe endpoint {endpoint:?} has an IPv6 host without brackets; write \"[{host}]:{port}\""
+    ))
+}
+
 impl ConfigDocument for TcpProbeConfig {
     const KIND: &'static str = "TCPProbeConfig";
     const SINGLETON: bool = false;
     fn name(&self) -> Option<&str> {
         Some(&self.name)
+    }
+    fn merge_key(&self) -> Option<(&'static str, String)> {
+        // The probe id the probe config controller writes the spec under.
+        Some((
+            "target",
+            crate::controllers::probe::tcp_probe_spec(self).key(),
+        ))
     }
     fn validate(&self) -> Vec<FieldError> {
         let mut errs = Vec::new();
@@ -135,6 +158,8 @@ impl ConfigDocument for TcpProbeConfig {
                 "endpoint",
                 "TCP probe endpoint is required",
             ));
+        } else if let Some(e) = unbracketed_v6(&self.endpoint) {
+            errs.push(FieldError::new("endpoint", e));
         } else if !self
             .endpoint
             .rsplit_once(':')
@@ -194,19 +219,49 @@ pub fn check_probe_url(url: &str) -> Result<(), String> {
     }
     let auth = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
     let host_port = auth.rsplit_once('@').map_or(auth, |(_, h)| h);
-    let host = if host_port.starts_with('[') {
-        host_port
-            .split(']')
-            .next()
-            .unwrap_or("")
-            .trim_start_matches('[')
+    let (host, port) = if let Some(v6) = host_port.strip_prefix('[') {
+        let Some((host, after)) = v6.split_once(']') else {
+            return Err(format!(
+                "HTTP probe URL host {host_port:?} has no closing ']'"
+            ));
+        };
+        if host.parse::<std::net::Ipv6Addr>().is_err() {
+            return Err(format!(
+                "HTTP probe URL host [{host}] is not an IPv6 address"
+            ));
+        }
+        match after.strip_prefix(':') {
+            Some(p) => (host, Some(p)),
+            None if after.is_empty() => (host, None),
+            None => {
+                return Err(format!(
+                    "HTTP probe URL has {after:?} after the IPv6 host; want [address]:port"
+                ))
+            }
+        }
+    } else if host_port.matches(':').count() > 1 {
+        // `http://fd00::1/` cannot be told from a host and a port: the URL syntax
+        // (RFC 3986) puts IPv6 addresses in brackets.
+        return Err(format!(
+            "HTTP probe URL host {host_port:?} is an IPv6 address without brackets; write {scheme}://[{host_port}]/ (a port goes after the bracket: [{host_port}]:8080)"
+        ));
     } else {
-        host_port.split(':').next().unwrap_or("")
+        match host_port.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (host_port, None),
+        }
     };
     if host.is_empty() {
         return Err(
             "HTTP probe URL must be an absolute http or https URL with a non-empty host".to_owned(),
         );
+    }
+    if let Some(p) = port.filter(|p| !p.is_empty()) {
+        if !p.parse::<u16>().is_ok_and(|p| p != 0) {
+            return Err(format!(
+                "HTTP probe URL port {p:?} is not a port number (1–65535)"
+            ));
+        }
     }
     Ok(())
 }
@@ -224,6 +279,12 @@ impl ConfigDocument for HttpProbeConfig {
     const SINGLETON: bool = false;
     fn name(&self) -> Option<&str> {
         Some(&self.name)
+    }
+    fn merge_key(&self) -> Option<(&'static str, String)> {
+        Some((
+            "target",
+            crate::controllers::probe::http_probe_spec(self).key(),
+        ))
     }
     fn validate(&self) -> Vec<FieldError> {
         let mut errs = Vec::new();

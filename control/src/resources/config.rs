@@ -1,4 +1,5 @@
-//! The active machine config as a resource (`config/MachineConfig active`).
+//! The active machine config as a resource (`config/MachineConfig active`), and what
+//! became of the latest config offered to the node (`config/ConfigStatus current`).
 
 use serde::{Deserialize, Serialize};
 
@@ -59,4 +60,60 @@ impl MachineConfig {
     pub fn active(rt: &ControllerRuntime) -> Result<Option<Arc<Resource<Self>>>, ControllerError> {
         rt.get_opt::<Self>(Self::DEFAULT_NAMESPACE, ACTIVE)
     }
+}
+
+/// What the node did with the configs offered to it (file, reload, API apply): the one
+/// in force and the latest rejection. Written by the config loader.
+#[derive(Debug)]
+pub struct ConfigStatus;
+
+/// Id of the one config status.
+pub const CURRENT: &str = "current";
+
+impl ResourceKind for ConfigStatus {
+    const TYPE: &'static str = "ConfigStatuses.config.wirespan.dev";
+    const DEFAULT_NAMESPACE: &'static str = "config";
+    type Spec = ConfigStatusSpec;
+    fn definition() -> Definition {
+        // Derived aliases: configstatus, configstatuses, cs.
+        Definition::new(Self::TYPE, "ConfigStatus", Self::DEFAULT_NAMESPACE)
+            .column("Accepted", ".acceptedVersion")
+            .column("Source", ".source")
+            .column("LastAttempt", ".lastAttempt")
+            .column("LastErrorTime", ".lastErrorTime")
+            .column("LastError", ".lastError")
+    }
+}
+
+/// Outcome of the latest config offered to the node.
+pub mod attempt {
+    /// The latest config offered is the one in force.
+    pub const ACCEPTED: &str = "accepted";
+    /// The latest config offered was rejected; an older one stays in force.
+    pub const REJECTED: &str = "rejected";
+}
+
+/// Spec of [`ConfigStatus`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigStatusSpec {
+    /// Where the config in force came from: the config file, `api`, or the last good
+    /// copy in the state dir.
+    pub source: String,
+    /// Version of the config in force: the first 16 hex digits of the SHA-256 of its
+    /// text (`sha256sum FILE | cut -c1-16`); stable across restarts.
+    pub accepted_version: String,
+    /// When it was accepted (RFC 3339).
+    pub accepted_time: String,
+    /// Number of documents of the config in force.
+    pub documents: usize,
+    /// `accepted` or `rejected`: what became of the latest config offered.
+    pub last_attempt: String,
+    /// Every problem of the latest rejected config (kept after a later success, with
+    /// its time, so it can still be read).
+    pub last_error: String,
+    /// Where the rejected config came from.
+    pub last_error_source: String,
+    /// When it was rejected (RFC 3339).
+    pub last_error_time: String,
 }

@@ -17,6 +17,7 @@ pub fn definitions() -> Vec<Definition> {
         meta::Namespace::definition(),
         identity::NodeIdentity::definition(),
         config::MachineConfig::definition(),
+        config::ConfigStatus::definition(),
         network::LinkSpec::definition(),
         network::AddressSpec::definition(),
         network::RouteSpec::definition(),
@@ -46,7 +47,7 @@ pub fn definitions() -> Vec<Definition> {
 
 /// Namespaces the project uses (spec §1.4) with a short description each.
 pub const NAMESPACES: &[(&str, &str)] = &[
-    ("config", "machine config and derived configs"),
+    ("config", "machine config, its status and derived configs"),
     ("network-config", "raw per-source network specs"),
     (
         "network",
@@ -66,7 +67,7 @@ mod tests {
     use crate::api::resolve;
 
     #[test]
-    fn cluster_aliases_resolve_to_the_obvious_type_and_do_not_collide() {
+    fn aliases_resolve_to_the_obvious_type_and_do_not_collide() {
         let defs = super::definitions();
         for (alias, want) in [
             ("affiliates", "Affiliates.cluster.wirespan.dev"),
@@ -82,6 +83,9 @@ mod tests {
                 "DiscoveryServiceStatuses.cluster.wirespan.dev",
             ),
             ("dss", "DiscoveryServiceStatuses.cluster.wirespan.dev"),
+            ("configstatus", "ConfigStatuses.config.wirespan.dev"),
+            ("configstatuses", "ConfigStatuses.config.wirespan.dev"),
+            ("cs", "ConfigStatuses.config.wirespan.dev"),
         ] {
             assert_eq!(resolve(&defs, alias).unwrap().r#type, want, "{alias}");
             let claimants: Vec<&str> = defs

@@ -507,7 +507,10 @@ pub struct TcpProbeSpec {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct HttpProbeSpec {
-    /// `http://…` or `https://…`.
+    /// `http://…` or `https://…`, with credentials if the probe needs them; they are
+    /// serialized (the resource API, `get probespecs`) as `<redacted>`, the prober uses
+    /// the value itself.
+    #[serde(serialize_with = "serialize_redacted_url")]
     pub url: String,
     /// Timeout of the whole request up to the status line.
     #[serde(with = "crate::config::duration")]
@@ -556,6 +559,24 @@ pub fn strip_userinfo(url: &str) -> String {
         Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
         None => url.to_owned(),
     }
+}
+
+/// `scheme://user:pass@host/…` as `scheme://<redacted>@host/…`; URLs without
+/// credentials unchanged.
+#[must_use]
+pub fn redact_userinfo(url: &str) -> String {
+    let stripped = strip_userinfo(url);
+    if stripped == url {
+        return stripped;
+    }
+    match stripped.split_once("://") {
+        Some((scheme, rest)) => format!("{scheme}://{}@{rest}", crate::secret::REDACTED),
+        None => stripped,
+    }
+}
+
+fn serialize_redacted_url<S: serde::Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&redact_userinfo(url))
 }
 
 /// A probe's result (`network/ProbeStatus <probe id>`).
@@ -610,6 +631,18 @@ mod tests {
             ..ProbeSpecSpec::default()
         };
         assert_eq!(p.key(), "http:https://example.com:8443/health?x=1");
+        // Shown without the credentials; the spec itself keeps them for the prober.
+        let shown = serde_json::to_value(&p).unwrap();
+        assert_eq!(
+            shown["http"]["url"],
+            "https://<redacted>@example.com:8443/health?x=1"
+        );
+        assert!(!shown.to_string().contains("pw"), "{shown}");
+        assert_eq!(
+            p.http.as_ref().unwrap().url,
+            "https://user:pw@example.com:8443/health?x=1"
+        );
+        assert_eq!(redact_userinfo("http://a/b@c"), "http://a/b@c");
         let p = ProbeSpecSpec {
             tcp: Some(TcpProbeSpec {
                 endpoint: "10.0.0.1:22".into(),

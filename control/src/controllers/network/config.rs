@@ -37,73 +37,95 @@ pub struct NetworkSpecs {
     pub rules: Vec<RoutingRuleSpecSpec>,
 }
 
+/// The spec of a `LinkConfig` document.
+#[must_use]
+pub fn link_spec(l: &LinkConfig) -> LinkSpecSpec {
+    LinkSpecSpec {
+        name: l.name.clone(),
+        logical: l.link_kind.is_some(),
+        up: l.up.unwrap_or(true),
+        mtu: l.mtu.unwrap_or(0),
+        kind: l.link_kind.clone().unwrap_or_default(),
+        layer: LAYER,
+    }
+}
+
+/// The spec of an `AddressConfig` document.
+#[must_use]
+pub fn address_spec(a: &AddressConfig) -> AddressSpecSpec {
+    AddressSpecSpec {
+        address: a.address,
+        link_name: a.link.clone(),
+        scope: match a.scope {
+            ScopeName::Global => Scope::Global,
+            ScopeName::Site => Scope::Site,
+            ScopeName::Link => Scope::Link,
+            ScopeName::Host => Scope::Host,
+        },
+        layer: LAYER,
+    }
+}
+
+/// The spec of a `RouteConfig` document.
+#[must_use]
+pub fn route_spec(r: &RouteConfig) -> RouteSpecSpec {
+    RouteSpecSpec {
+        family: if r.is_v6() {
+            Family::Inet6
+        } else {
+            Family::Inet4
+        },
+        destination: r.destination.filter(|d| d.prefix_len() != 0),
+        source: r.source,
+        gateway: r.gateway,
+        out_link_name: r.link.clone(),
+        table: r.table.unwrap_or(TABLE_MAIN),
+        priority: r.metric.unwrap_or(1024),
+        scope: if r.gateway.is_none() && r.destination.is_some_and(|d| d.prefix_len() != 0) {
+            Scope::Link
+        } else {
+            Scope::Global
+        },
+        r#type: RouteType::Unicast,
+        mtu: r.mtu.unwrap_or(0),
+        layer: LAYER,
+    }
+}
+
+/// The spec of a `RoutingRuleConfig` document.
+#[must_use]
+pub fn rule_spec(r: &RoutingRuleConfig) -> RoutingRuleSpecSpec {
+    RoutingRuleSpecSpec {
+        family: if r.is_v6() {
+            Family::Inet6
+        } else {
+            Family::Inet4
+        },
+        src: r.src,
+        dst: r.dst,
+        table: r.table,
+        priority: r.priority,
+        fw_mark: r.fw_mark,
+        fw_mask: r.fw_mask,
+        layer: LAYER,
+    }
+}
+
 /// Pure mapping of documents to configuration-layer specs.
 #[must_use]
 pub fn specs(cfg: &crate::config::MachineConfig) -> NetworkSpecs {
-    let mut out = NetworkSpecs::default();
-    for l in cfg.documents_of::<LinkConfig>() {
-        out.links.push(LinkSpecSpec {
-            name: l.name.clone(),
-            logical: l.link_kind.is_some(),
-            up: l.up.unwrap_or(true),
-            mtu: l.mtu.unwrap_or(0),
-            kind: l.link_kind.clone().unwrap_or_default(),
-            layer: LAYER,
-        });
+    NetworkSpecs {
+        links: cfg.documents_of::<LinkConfig>().map(link_spec).collect(),
+        addresses: cfg
+            .documents_of::<AddressConfig>()
+            .map(address_spec)
+            .collect(),
+        routes: cfg.documents_of::<RouteConfig>().map(route_spec).collect(),
+        rules: cfg
+            .documents_of::<RoutingRuleConfig>()
+            .map(rule_spec)
+            .collect(),
     }
-    for a in cfg.documents_of::<AddressConfig>() {
-        out.addresses.push(AddressSpecSpec {
-            address: a.address,
-            link_name: a.link.clone(),
-            scope: match a.scope {
-                ScopeName::Global => Scope::Global,
-                ScopeName::Site => Scope::Site,
-                ScopeName::Link => Scope::Link,
-                ScopeName::Host => Scope::Host,
-            },
-            layer: LAYER,
-        });
-    }
-    for r in cfg.documents_of::<RouteConfig>() {
-        out.routes.push(RouteSpecSpec {
-            family: if r.is_v6() {
-                Family::Inet6
-            } else {
-                Family::Inet4
-            },
-            destination: r.destination.filter(|d| d.prefix_len() != 0),
-            source: r.source,
-            gateway: r.gateway,
-            out_link_name: r.link.clone(),
-            table: r.table.unwrap_or(TABLE_MAIN),
-            priority: r.metric.unwrap_or(1024),
-            scope: if r.gateway.is_none() && r.destination.is_some_and(|d| d.prefix_len() != 0) {
-                Scope::Link
-            } else {
-                Scope::Global
-            },
-            r#type: RouteType::Unicast,
-            mtu: r.mtu.unwrap_or(0),
-            layer: LAYER,
-        });
-    }
-    for r in cfg.documents_of::<RoutingRuleConfig>() {
-        out.rules.push(RoutingRuleSpecSpec {
-            family: if r.is_v6() {
-                Family::Inet6
-            } else {
-                Family::Inet4
-            },
-            src: r.src,
-            dst: r.dst,
-            table: r.table,
-            priority: r.priority,
-            fw_mark: r.fw_mark,
-            fw_mask: r.fw_mask,
-            layer: LAYER,
-        });
-    }
-    out
 }
 
 /// Writes configuration-layer network specs (Shared outputs).
