@@ -1,0 +1,6 @@
+//! placeholder
+#[derive(Debug, clap::Args)]
+pub struct Args {}
+pub fn run(_: &Args) -> anyhow::Result<()> {
+    Ok(())
+}
