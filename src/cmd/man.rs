@@ -1,7 +1,7 @@
 //! `wirespan man --out DIR`: roff man pages, one per command and subcommand
 //! (`wirespan.1`, `wirespan-node.1`, `wirespan-gen-cluster.1`, …).
 
-use std::path::PathBuf;
+use std::{io::Write as _, path::PathBuf};
 
 use anyhow::Context as _;
 
@@ -30,11 +30,12 @@ pub fn run(args: &Args, cmd: clap::Command) -> anyhow::Result<()> {
     cmd.build();
     let mut all = Vec::new();
     commands(&cmd, &mut all);
+    let mut stdout = std::io::stdout().lock();
     for c in all {
         let path = clap_mangen::Man::new(c)
             .generate_to(&args.out)
             .with_context(|| format!("writing a man page to {}", args.out.display()))?;
-        println!("{}", path.display());
+        writeln!(stdout, "{}", path.display())?;
     }
     Ok(())
 }
