@@ -13,8 +13,11 @@ pub struct Args {
 
 /// Writes the completion script for `args.shell` to stdout.
 pub fn run(args: &Args, mut cmd: clap::Command) -> anyhow::Result<()> {
+    // Into memory first: the generator panics on a write error (a closed pipe).
+    let mut script = Vec::new();
+    clap_complete::generate(args.shell, &mut cmd, "wirespan", &mut script);
     let mut out = std::io::stdout().lock();
-    clap_complete::generate(args.shell, &mut cmd, "wirespan", &mut out);
+    out.write_all(&script)?;
     out.flush()?;
     Ok(())
 }
