@@ -19,16 +19,20 @@ fn main() {
 
     // Rebuild when HEAD moves: HEAD itself (a checkout), and the branch it points to (a
     // commit). A worktree keeps HEAD in its own git dir and refs in the common one.
-    // Only existing files are named: cargo reruns a script on every build while a named
-    // file is missing (a packed ref has no file; packed-refs covers it).
+    // Only existing paths are named: cargo reruns a script on every build while a named
+    // path is missing. A packed branch has no file of its own: packed-refs, and the
+    // directory its loose file will appear in on the next commit, stand for it.
     let Some(git_dir) = git(&["rev-parse", "--git-dir"]).map(PathBuf::from) else {
         return;
     };
     let common =
         git(&["rev-parse", "--git-common-dir"]).map_or_else(|| git_dir.clone(), PathBuf::from);
     let mut watch = vec![git_dir.join("HEAD"), common.join("packed-refs")];
-    if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
-        watch.push(common.join(r));
+    if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]).map(|r| common.join(r)) {
+        if !r.exists() {
+            watch.extend(r.parent().map(PathBuf::from));
+        }
+        watch.push(r);
     }
     for p in watch.into_iter().filter(|p| p.exists()) {
         println!("cargo:rerun-if-changed={}", p.display());

@@ -85,6 +85,10 @@ fn systemd(args: &SystemdArgs) -> anyhow::Result<()> {
             .with_context(|| format!("writing {}", path.display()))?;
         println!("{}", path.display());
     }
+    eprintln!(
+        "next: `wirespan man --out {}` for the units' Documentation=, then `systemctl daemon-reload`",
+        args.prefix.join("share/man/man1").display()
+    );
     Ok(())
 }
 
