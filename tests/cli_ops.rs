@@ -228,13 +228,24 @@ const CHECKS: [&str; 10] = [
     "listen_port",
 ];
 
+/// `wirespan doctor ARGS…` in `ns` (its probes create a WireGuard link and bind the
+/// port; the host's namespace is left alone), under `wrap` (e.g. `setpriv …`).
+fn doctor_in(ns: &NetnsGuard, wrap: &[&str], args: &[&str]) -> Output {
+    Command::new("ip")
+        .args(["netns", "exec", ns.name()])
+        .args(wrap)
+        .args([BIN, "doctor"])
+        .args(args)
+        .env_remove("WIRESPAN_CONFIG")
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn doctor_prints_every_check_and_fails_on_a_taken_port() {
-    // A port nobody holds: the run's outcome is the host's.
-    let free = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
-    let port = free.local_addr().unwrap().port().to_string();
-    drop(free);
-    let o = run(&["doctor", "--port", &port]);
+    let ns = NetnsGuard::new("wsdr").unwrap();
+    let o = doctor_in(&ns, &[], &["--port", "51820"]);
     let out = String::from_utf8(o.stdout.clone()).unwrap();
     for check in CHECKS {
         let l = doctor_line(&out, check);
@@ -243,19 +254,28 @@ fn doctor_prints_every_check_and_fails_on_a_taken_port() {
             "{l}"
         );
     }
+    // The outcome is the host's; the exit status follows it.
     let failed = out.lines().any(|l| l.starts_with("fail"));
     assert_eq!(o.status.success(), !failed, "{out}");
     assert!(doctor_line(&out, "listen_port").starts_with("ok"), "{out}");
+    assert!(
+        out.lines().last().unwrap().starts_with("10 checks: "),
+        "{out}"
+    );
 
-    // The same port held: a failure, named with its fix, and exit status 1.
-    let held = std::net::UdpSocket::bind(format!("0.0.0.0:{port}")).unwrap();
-    let o = run(&["doctor", "--port", &port]);
+    // The port held in the namespace: a failure, named with its fix, and exit status 1.
+    let thread = wirespan_dataplane::netns::NetnsThread::spawn(ns.netns()).unwrap();
+    let held = thread
+        .run(|| std::net::UdpSocket::bind("0.0.0.0:51820"))
+        .unwrap()
+        .unwrap();
+    let o = doctor_in(&ns, &[], &["--port", "51820"]);
     let out = String::from_utf8(o.stdout).unwrap();
     assert!(
         doctor_line(&out, "listen_port").starts_with("fail"),
         "{out}"
     );
-    assert!(out.contains(&format!("ss -ulpn sport = :{port}")), "{out}");
+    assert!(out.contains("ss -ulpn sport = :51820"), "{out}");
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("check(s) failed"));
     drop(held);
@@ -267,6 +287,7 @@ fn doctor_prints_every_check_and_fails_on_a_taken_port() {
 fn node_unit_capabilities_suffice_for_nftables_and_bpf() {
     let caps = node_unit_capabilities();
     assert_eq!(caps, ["net_admin", "bpf", "perfmon"]);
+    let ns = NetnsGuard::new("wscp").unwrap();
     let with = |caps: &[String]| {
         let set = format!(
             "-all,{}",
@@ -275,11 +296,7 @@ fn node_unit_capabilities_suffice_for_nftables_and_bpf() {
                 .collect::<Vec<_>>()
                 .join(",")
         );
-        let o = Command::new("setpriv")
-            .args(["--bounding-set", &set, BIN, "doctor", "--port", "0"])
-            .env("RUST_BACKTRACE", "0")
-            .output()
-            .expect("setpriv (util-linux)");
+        let o = doctor_in(&ns, &["setpriv", "--bounding-set", &set], &[]);
         String::from_utf8(o.stdout).unwrap()
     };
     let out = with(&caps);
