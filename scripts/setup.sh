@@ -22,6 +22,12 @@ have curl         || need+=(curl)
 have ss           || need+=(iproute2)
 have sysctl       || need+=(procps)
 have openssl      || need+=(openssl)
+# The operations tests: unit files (systemd-analyze verify, which also resolves their
+# man: links), capability sets (setpriv) and completions (bash).
+have systemd-analyze || need+=(systemd)
+have man          || need+=(man-db)
+have setpriv      || need+=(util-linux)
+have bash         || need+=(bash)
 
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
@@ -33,6 +39,21 @@ if [ "${#need[@]}" -gt 0 ]; then
   apt-get update -q
   # --no-install-recommends: wireguard-tools would otherwise pull in a kernel.
   apt-get install -y -q --no-install-recommends "${need[@]}"
+fi
+
+# Kubernetes manifests are checked against the Kubernetes schemas
+# (tests/deploy_manifests.rs runs `python3 -m kubernetes_validate`).
+if ! python3 -c 'import kubernetes_validate' >/dev/null 2>&1; then
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    [ "$(id -u)" -eq 0 ] || { echo "setup: need pip to install kubernetes-validate; run as root" >&2; exit 1; }
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -q
+    apt-get install -y -q --no-install-recommends python3-pip
+  fi
+  echo "setup: installing kubernetes-validate (PyPI)" >&2
+  # Debian's own python3 refuses system-wide pip installs without this flag; a pyenv
+  # or venv python ignores it.
+  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet kubernetes-validate
 fi
 
 if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then

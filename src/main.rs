@@ -1,12 +1,21 @@
 //! The `wirespan` binary: mesh daemon, discovery server and operator CLI in one.
 
 mod cmd;
+mod notify;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
+
+/// `--version`: the package version and the git commit it was built from.
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (",
+    env!("WIRESPAN_GIT_COMMIT"),
+    ")"
+);
 
 /// WireGuard mesh daemon, discovery server and operator CLI.
 #[derive(Debug, Parser)]
-#[command(name = "wirespan", version, about, propagate_version = true)]
+#[command(name = "wirespan", version = VERSION, about, propagate_version = true)]
 struct Cli {
     /// Log filter (tracing EnvFilter syntax), e.g. `info` or `wirespan_control=debug`.
     /// Default: `info` for the daemons, `warn` for the CLI and benchmarks.
@@ -54,6 +63,18 @@ enum Command {
     Bench(cmd::bench::Bench),
     /// A local mesh of namespaced nodes: up, status, exec, down.
     Lab(cmd::lab::Args),
+    /// One screen on a running node: mesh, fast path, WireGuard, peers, discovery,
+    /// config, probes.
+    Status(cmd::status::Args),
+    /// Check this host's prerequisites for `wirespan node` (exit status 1 on a failure).
+    Doctor(cmd::doctor::Args),
+    /// Install wirespan into the system.
+    #[command(subcommand)]
+    Install(cmd::install::Install),
+    /// Print a shell completion script (`source <(wirespan completions bash)`).
+    Completions(cmd::completions::Args),
+    /// Write man pages for every command.
+    Man(cmd::man::Args),
 }
 
 fn init_tracing(cli: &Cli) -> anyhow::Result<()> {
@@ -87,6 +108,11 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Watch(args) => cmd::get::run(&args, &cli.socket, true),
         Command::Inspect(c) => cmd::inspect::run(&c, &cli.socket),
         Command::Lab(args) => cmd::lab::run(&args),
+        Command::Status(args) => cmd::status::run(&args, &cli.socket),
+        Command::Doctor(args) => cmd::doctor::run(&args),
+        Command::Install(i) => cmd::install::run(&i),
+        Command::Completions(args) => cmd::completions::run(&args, Cli::command()),
+        Command::Man(args) => cmd::man::run(&args, Cli::command()),
     }
 }
 

@@ -1,4 +1,5 @@
-//! `wirespan discovery`: the discovery server.
+//! `wirespan discovery`: the discovery server. Under systemd (`Type=notify`) it
+//! reports ready once it listens.
 
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
@@ -97,6 +98,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let server = server::spawn_with_metrics(config, listener, metrics)
             .await
             .context("starting the discovery server")?;
+        crate::notify::notify_or_log("READY=1");
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("installing the SIGTERM handler")?;
         tokio::select! {
@@ -106,6 +108,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 tracing::info!("SIGINT, shutting down");
             }
         }
+        crate::notify::notify_or_log("STOPPING=1");
         server.shutdown().await.context("shutting down")?;
         Ok(())
     })

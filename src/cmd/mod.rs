@@ -2,12 +2,17 @@
 
 pub mod apply;
 pub mod bench;
+pub mod completions;
 pub mod discovery;
+pub mod doctor;
 pub mod gen;
 pub mod get;
 pub mod inspect;
+pub mod install;
 pub mod lab;
+pub mod man;
 pub mod node;
+pub mod status;
 
 /// Runs a CLI future on a small current-thread runtime.
 pub fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {

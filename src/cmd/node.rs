@@ -1,23 +1,35 @@
 //! `wirespan node`: the mesh daemon. Runs in the network namespace it was started
 //! in: loads `--config FILE` (and reloads it after each complete write; `wirespan
 //! apply` replaces it through the API; a bad file keeps the last good config, see
-//! `config::loader`), runs the controllers and serves the resource API.
+//! `config::loader`), runs the controllers and serves the resource API. Under
+//! systemd (`Type=notify`) it reports ready once the first reconcile is done (see
+//! [`Readiness`]).
 
 use std::{
     path::{Path, PathBuf},
     sync::{Arc, Mutex},
+    time::Duration,
 };
 
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 use wirespan_control::{
     api::server::{bind, serve, ResourceApi},
-    config::loader,
+    config::{cluster::ClusterConfig, loader},
     controllers::{kubespan, network, probe},
-    resources::{self, identity::NodeIdentityController, meta},
-    runtime::{Runtime, Store, StoreOptions},
+    resources::{
+        self,
+        config::MachineConfig,
+        identity::{NodeIdentity, NodeIdentityController, LOCAL},
+        kubespan::{KubeSpanManagerStatus, KUBESPAN, NS as KUBESPAN_NS},
+        meta,
+    },
+    runtime::{ResourceKind as _, Runtime, Store, StoreOptions},
 };
 use wirespan_dataplane::{netns::Netns, routing::NetlinkRouting};
+
+/// How often the store is looked at until the node is ready.
+const READY_POLL: Duration = Duration::from_millis(50);
 
 /// Options of `wirespan node`.
 #[derive(Debug, clap::Args)]
@@ -113,6 +125,64 @@ fn register_mesh(
     Ok(metrics)
 }
 
+/// What readiness depends on, as found in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Readiness {
+    /// The node identity exists: the controllers have run once.
+    identity: bool,
+    /// The config in force turns the mesh on and names the cluster, so the mesh
+    /// manager has something to program.
+    mesh_expected: bool,
+    /// The mesh manager has programmed the device once (it then writes its status).
+    mesh_programmed: bool,
+}
+
+impl Readiness {
+    fn observe(store: &Store) -> Self {
+        let config = store
+            .get::<MachineConfig>(MachineConfig::DEFAULT_NAMESPACE, resources::config::ACTIVE)
+            .ok();
+        let mesh_expected = config.is_some_and(|c| {
+            c.spec.config.singleton::<ClusterConfig>().is_some()
+                && kubespan::config::effective(&c.spec.config).is_some_and(|k| k.config.enabled)
+        });
+        Self {
+            identity: store
+                .get::<NodeIdentity>(NodeIdentity::DEFAULT_NAMESPACE, LOCAL)
+                .is_ok(),
+            mesh_expected,
+            mesh_programmed: store
+                .get::<KubeSpanManagerStatus>(KUBESPAN_NS, KUBESPAN)
+                .is_ok(),
+        }
+    }
+
+    /// The first reconcile is done: the identity is there and, when the mesh is on,
+    /// the WireGuard device, marking and routes were programmed.
+    fn ready(self) -> bool {
+        self.identity && (!self.mesh_expected || self.mesh_programmed)
+    }
+}
+
+/// Tells systemd `READY=1` once the store shows the first reconcile done, and
+/// `STOPPING=1` when shutdown begins.
+async fn notify_systemd(store: Store, cancel: CancellationToken) {
+    let mut tick = tokio::time::interval(READY_POLL);
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => break,
+            _ = tick.tick() => {}
+        }
+        if Readiness::observe(&store).ready() {
+            tracing::info!("first reconcile done: node ready");
+            crate::notify::notify_or_log("READY=1");
+            cancel.cancelled().await;
+            break;
+        }
+    }
+    crate::notify::notify_or_log("STOPPING=1");
+}
+
 pub fn run(args: &Args, socket: &Path) -> anyhow::Result<()> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -166,6 +236,7 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
         tokio::spawn(kubespan::metrics::serve(listener, metrics, cancel.clone()));
     }
     let mut rt_task = tokio::spawn(runtime.run(cancel.clone()));
+    tokio::spawn(notify_systemd(store.clone(), cancel.clone()));
     if let Some(path) = &args.config {
         tokio::spawn(config_loader.watch_file(path.clone(), cancel.clone(), None));
     }
@@ -206,4 +277,26 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
     api_res.context("API task")??;
     tracing::info!("node stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Readiness;
+
+    #[test]
+    fn ready_after_identity_and_mesh_programming_when_the_mesh_is_on() {
+        let r = |identity, mesh_expected, mesh_programmed| {
+            Readiness {
+                identity,
+                mesh_expected,
+                mesh_programmed,
+            }
+            .ready()
+        };
+        assert!(!r(false, false, false));
+        assert!(r(true, false, false));
+        assert!(!r(true, true, false));
+        assert!(r(true, true, true));
+        assert!(!r(false, true, true));
+    }
 }
