@@ -208,7 +208,7 @@ impl Routing for FakeRouting {
         })
     }
 
-    fn teardown(&mut self) -> Result<(), RoutingError> {
+    fn teardown(&mut self, _table: u32, _priority: u32) -> Result<(), RoutingError> {
         let mut g = lock(&self.0);
         if g.spec.take().is_some() {
             g.writes += 1;

@@ -7,13 +7,15 @@ use std::{marker::PhantomData, net::IpAddr};
 use futures::{future::BoxFuture, StreamExt as _};
 use ipnet::IpNet;
 use wirespan_dataplane::routing::{
-    AddressParams, LinkParams, NetworkConfig, RouteKind, RouteParams, RoutingError, RuleParams,
+    AddressParams, LinkParams, NetworkConfig, Owner, RouteKind, RouteParams, RoutingError,
+    RuleParams,
 };
 
 use super::{scope_number, Deps};
 use crate::{
     resources::network::{
-        AddressSpec, Family, LinkSpec, RouteSpec, RouteType, RoutingRuleSpec, NS, TABLE_MAIN,
+        AddressSpec, ConfigLayer, Family, LinkSpec, RouteSpec, RouteType, RoutingRuleSpec, NS,
+        TABLE_MAIN,
     },
     runtime::{
         Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind, Output,
@@ -35,6 +37,18 @@ pub trait KernelObject: ResourceKind {
     /// # Errors
     /// Those of the adapter.
     fn remove(net: &mut dyn NetworkConfig, spec: &Self::Spec) -> Result<bool, RoutingError>;
+}
+
+/// Whose marker a merged spec's kernel object carries: the operator layer is the
+/// mesh manager's (protocol 211), every other layer comes from the user's network
+/// documents or defaults (212). The mesh's teardown removes only the former.
+#[must_use]
+pub fn owner_of(layer: ConfigLayer) -> Owner {
+    if layer == ConfigLayer::Operator {
+        Owner::Mesh
+    } else {
+        Owner::Config
+    }
 }
 
 fn link_params(s: &crate::resources::network::LinkSpecSpec) -> LinkParams {
@@ -66,6 +80,7 @@ fn address_params(s: &crate::resources::network::AddressSpecSpec) -> Option<Addr
         link: s.link_name.clone(),
         address: s.address?,
         scope: scope_number(s.scope),
+        owner: owner_of(s.layer),
     })
 }
 
@@ -101,6 +116,7 @@ pub fn route_params(s: &crate::resources::network::RouteSpecSpec) -> RouteParams
             RouteType::Prohibit => RouteKind::Prohibit,
         },
         mtu: s.mtu,
+        owner: owner_of(s.layer),
     }
 }
 
@@ -123,6 +139,7 @@ fn rule_params(s: &crate::resources::network::RoutingRuleSpecSpec) -> RuleParams
         priority: s.priority,
         fwmark: s.fw_mark,
         fwmask: s.fw_mask,
+        owner: owner_of(s.layer),
     }
 }
 
