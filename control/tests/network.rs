@@ -581,8 +581,7 @@ async fn resync_repairs_objects_deleted_from_outside() {
     };
     let store = Store::new(StoreOptions::default());
     let mut rt = Runtime::new(store.clone());
-    network::register_with_resync(&mut rt, &deps, std::time::Duration::from_millis(300))
-        .unwrap();
+    network::register_with_resync(&mut rt, &deps, std::time::Duration::from_millis(300)).unwrap();
     let h = Harness::start(rt);
     set_config(
         &store,
@@ -612,7 +611,7 @@ async fn resync_repairs_objects_deleted_from_outside() {
         .create(
             Resource::<network_res::RouteSpec>::new(
                 NS_CONFIG,
-                &format!("operator/{}", mesh_route.key()),
+                format!("operator/{}", mesh_route.key()),
                 mesh_route,
             ),
             "mesh",
@@ -622,7 +621,7 @@ async fn resync_repairs_objects_deleted_from_outside() {
         .create(
             Resource::<network_res::RoutingRuleSpec>::new(
                 NS_CONFIG,
-                &format!("operator/{}", mesh_rule.key()),
+                format!("operator/{}", mesh_rule.key()),
                 mesh_rule,
             ),
             "mesh",

@@ -27,8 +27,7 @@ use rtnetlink::{
         link::{LinkAttribute, LinkFlags, LinkMessage, State},
         route::{RouteAddress, RouteAttribute, RouteMessage},
         rule::{RuleAttribute, RuleMessage},
-        AddressFamily,
-        RouteNetlinkMessage,
+        AddressFamily, RouteNetlinkMessage,
     },
     MulticastGroup, RouteMessageBuilder,
 };

@@ -351,12 +351,22 @@ fn mesh_teardown_spares_config_and_foreign_objects() {
     // Foreign.
     ns.run(
         "ip",
-        &["route", "add", "10.66.0.0/16", "dev", "mesh0", "proto", "static"],
+        &[
+            "route",
+            "add",
+            "10.66.0.0/16",
+            "dev",
+            "mesh0",
+            "proto",
+            "static",
+        ],
     )
     .unwrap();
     ns.run(
         "ip",
-        &["rule", "add", "priority", "2000", "lookup", "101", "proto", "static"],
+        &[
+            "rule", "add", "priority", "2000", "lookup", "101", "proto", "static",
+        ],
     )
     .unwrap();
     let survivors = |ns: &NetnsGuard| {
@@ -394,7 +404,15 @@ fn mesh_teardown_spares_config_and_foreign_objects() {
     ns.run(
         "ip",
         &[
-            "rule", "add", "priority", "32500", "fwmark", "0x40/0x60", "lookup", "180", "proto",
+            "rule",
+            "add",
+            "priority",
+            "32500",
+            "fwmark",
+            "0x40/0x60",
+            "lookup",
+            "180",
+            "proto",
             "211",
         ],
     )
@@ -417,7 +435,9 @@ fn mesh_teardown_spares_config_and_foreign_objects() {
     // Enable (the mesh's specs are applied as the mesh's), then disable, then a
     // restart with `--on-stop teardown`.
     for _ in 0..2 {
-        assert!(r.apply_route(&route("0.0.0.0/0", 180, Owner::Mesh)).unwrap());
+        assert!(r
+            .apply_route(&route("0.0.0.0/0", 180, Owner::Mesh))
+            .unwrap());
         assert!(r.apply_rule(&rule(32500, 180, Owner::Mesh)).unwrap());
         assert_eq!(mesh_left(&ns), 2);
         r.teardown(180, 32500).unwrap();

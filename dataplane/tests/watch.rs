@@ -124,7 +124,9 @@ fn streams_rule_changes_v4_and_v6() {
         .unwrap();
     let mut w = Watcher::start(ns.netns(), false).unwrap();
     for (fam, v6) in [("-4", false), ("-6", true)] {
-        let add = ["rule", "add", "priority", "1234", "lookup", "77", "proto", "212"];
+        let add = [
+            "rule", "add", "priority", "1234", "lookup", "77", "proto", "212",
+        ];
         let mut args = vec![fam];
         args.extend_from_slice(&add);
         ns.run("ip", &args).unwrap();
@@ -139,8 +141,10 @@ fn streams_rule_changes_v4_and_v6() {
         });
         ns.run("ip", &[fam, "rule", "del", "priority", "1234"])
             .unwrap();
-        next_matching(&mut w, &rt, |e| {
-            matches!(e, NetEvent::Rule { change: Change::Removed, v6: x, priority: 1234, .. } if *x == v6)
-        });
+        next_matching(
+            &mut w,
+            &rt,
+            |e| matches!(e, NetEvent::Rule { change: Change::Removed, v6: x, priority: 1234, .. } if *x == v6),
+        );
     }
 }

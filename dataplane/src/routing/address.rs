@@ -61,8 +61,8 @@ pub(super) async fn apply_address_in_ns(h: Handle, p: AddressParams) -> Result<b
     let index = link_index(&h, &p.link).await?;
     let have = link_addresses(&h, index).await?;
     if let Some((_, msg)) = have.iter().find(|(a, _)| *a == p.address) {
-        let same = u8::from(msg.header.scope) == p.scope
-            && addr_proto(msg) == Some(p.owner.protocol());
+        let same =
+            u8::from(msg.header.scope) == p.scope && addr_proto(msg) == Some(p.owner.protocol());
         if same || !addr_ours(msg) {
             return Ok(false);
         }

@@ -367,14 +367,16 @@ impl ControllerRuntime {
         value: Option<&str>,
     ) -> Result<(), ControllerError> {
         self.check_finalizer(ptr)?;
-        self.shared.store.update_metadata(ptr, None, None, |m| match value {
-            Some(v) => {
-                m.annotations.insert(key.to_owned(), v.to_owned());
-            }
-            None => {
-                m.annotations.remove(key);
-            }
-        })?;
+        self.shared
+            .store
+            .update_metadata(ptr, None, None, |m| match value {
+                Some(v) => {
+                    m.annotations.insert(key.to_owned(), v.to_owned());
+                }
+                None => {
+                    m.annotations.remove(key);
+                }
+            })?;
         Ok(())
     }
 
