@@ -468,3 +468,191 @@ async fn merge_survives_flapping_raw_specs_under_a_foreign_finalizer() {
     .await;
     h.stop().await.unwrap();
 }
+
+/// A namespace with a veth pair `dum0`/`dum0p` up and 10.50.0.9/24 on `dum0`.
+fn veth_ns(name: &str) -> NetnsGuard {
+    let ns = NetnsGuard::new(name).unwrap();
+    ns.run(
+        "ip",
+        &[
+            "link", "add", "dum0", "type", "veth", "peer", "name", "dum0p",
+        ],
+    )
+    .unwrap();
+    ns.run("ip", &["link", "set", "dum0p", "up"]).unwrap();
+    ns.run("ip", &["link", "set", "dum0", "up"]).unwrap();
+    ns.run("ip", &["addr", "add", "10.50.0.9/24", "dev", "dum0"])
+        .unwrap();
+    ns
+}
+
+fn route_specs(store: &Store) -> Vec<Arc<Resource<network_res::RouteSpec>>> {
+    store.list::<network_res::RouteSpec>(NS, &wirespan_control::runtime::Filter::all())
+}
+
+use wirespan_control::resources::network as network_res;
+
+/// Issue 15 item 4: one route the kernel rejects (unreachable gateway) does not keep
+/// the good ones out; the bad one carries its error, the good ones none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_bad_route_does_not_stall_the_others_and_shows_its_error() {
+    let ns = veth_ns("wsbad");
+    let deps = Deps {
+        net: Arc::new(Mutex::new(NetlinkRouting::new(ns.netns()).unwrap())),
+        feed: Arc::new(NetlinkFeed(ns.netns().clone())),
+    };
+    let store = Store::new(StoreOptions::default());
+    let mut rt = Runtime::new(store.clone());
+    network::register(&mut rt, &deps).unwrap();
+    let h = Harness::start(rt);
+    let route = |dst: &str, gw: &str| {
+        format!(
+            "apiVersion: v1alpha1\nkind: RouteConfig\ndestination: {dst}\ngateway: {gw}\nlink: dum0\n"
+        )
+    };
+    // The bad one sorts first among the merged specs.
+    set_config(
+        &store,
+        &[
+            route("10.1.0.0/16", "10.99.0.1"),
+            route("10.61.0.0/16", "10.50.0.2"),
+            route("10.62.0.0/16", "10.50.0.3"),
+            route("10.63.0.0/16", "10.50.0.4"),
+        ]
+        .join("---\n"),
+    );
+    for dst in ["10.61.0.0/16", "10.62.0.0/16", "10.63.0.0/16"] {
+        until(dst, || has_route(&ns, dst)).await;
+    }
+    assert!(!has_route(&ns, "10.1.0.0/16"));
+    until("the bad route's error", || {
+        route_specs(&store).iter().any(|r| {
+            r.spec.destination == Some("10.1.0.0/16".parse().unwrap())
+                && r.metadata
+                    .annotations
+                    .get(network::spec::ERROR_ANNOTATION)
+                    .is_some_and(|e| e.contains("add route"))
+        })
+    })
+    .await;
+    for r in route_specs(&store) {
+        if r.spec.destination != Some("10.1.0.0/16".parse().unwrap()) {
+            assert_eq!(
+                r.metadata.annotations.get(network::spec::ERROR_ANNOTATION),
+                None,
+                "{}",
+                r.metadata.id
+            );
+        }
+    }
+    // Fixed in the config: the error goes.
+    set_config(&store, &route("10.1.0.0/16", "10.50.0.5"));
+    until("the fixed route", || has_route(&ns, "10.1.0.0/16")).await;
+    until("the error cleared", || {
+        route_specs(&store).iter().all(|r| {
+            !r.metadata
+                .annotations
+                .contains_key(network::spec::ERROR_ANNOTATION)
+        })
+    })
+    .await;
+    h.stop().await.unwrap();
+}
+
+/// A feed that never fires: only the resync timer wakes the spec controllers.
+struct SilentFeed;
+
+impl network::ChangeFeed for SilentFeed {
+    fn subscribe(&self) -> std::io::Result<futures::stream::BoxStream<'static, ()>> {
+        use futures::StreamExt as _;
+        Ok(futures::stream::pending().boxed())
+    }
+}
+
+/// Issue 15 item 3: drift is repaired by the resync timer alone (no kernel events):
+/// the mesh rule (32500 → 180) and a table-180 route (operator layer), a configured
+/// rule, route and address, each deleted from outside, come back within a period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resync_repairs_objects_deleted_from_outside() {
+    let ns = veth_ns("wsdrift");
+    let deps = Deps {
+        net: Arc::new(Mutex::new(NetlinkRouting::new(ns.netns()).unwrap())),
+        feed: Arc::new(SilentFeed),
+    };
+    let store = Store::new(StoreOptions::default());
+    let mut rt = Runtime::new(store.clone());
+    network::register_with_resync(&mut rt, &deps, std::time::Duration::from_millis(300)).unwrap();
+    let h = Harness::start(rt);
+    set_config(
+        &store,
+        "apiVersion: v1alpha1\nkind: AddressConfig\nlink: dum0\naddress: 10.50.0.1/24\n---\n\
+         apiVersion: v1alpha1\nkind: RouteConfig\ndestination: 10.60.0.0/16\ngateway: 10.50.0.2\nlink: dum0\n---\n\
+         apiVersion: v1alpha1\nkind: RoutingRuleConfig\npriority: 1234\ntable: 100\nsrc: 10.50.0.0/24\n",
+    );
+    // The mesh's rule and route, as the mesh manager emits them.
+    let mesh_route = network_res::RouteSpecSpec {
+        family: network_res::Family::Inet4,
+        out_link_name: "dum0".into(),
+        table: 180,
+        priority: 1,
+        layer: ConfigLayer::Operator,
+        ..network_res::RouteSpecSpec::default()
+    };
+    let mesh_rule = network_res::RoutingRuleSpecSpec {
+        family: network_res::Family::Inet4,
+        table: 180,
+        priority: 32500,
+        fw_mark: 0x40,
+        fw_mask: 0x60,
+        layer: ConfigLayer::Operator,
+        ..network_res::RoutingRuleSpecSpec::default()
+    };
+    store
+        .create(
+            Resource::<network_res::RouteSpec>::new(
+                NS_CONFIG,
+                format!("operator/{}", mesh_route.key()),
+                mesh_route,
+            ),
+            "mesh",
+        )
+        .unwrap();
+    store
+        .create(
+            Resource::<network_res::RoutingRuleSpec>::new(
+                NS_CONFIG,
+                format!("operator/{}", mesh_rule.key()),
+                mesh_rule,
+            ),
+            "mesh",
+        )
+        .unwrap();
+    let rule = |prio: &str| {
+        let out = ns.run_stdout("ip", &["rule", "show"]).unwrap();
+        out.lines().any(|l| l.starts_with(&format!("{prio}:")))
+    };
+    let table180 = |ns: &NetnsGuard| {
+        !ns.run_stdout("ip", &["route", "show", "table", "180"])
+            .unwrap()
+            .trim()
+            .is_empty()
+    };
+    until("address", || has_addr(&ns, "dum0", "10.50.0.1")).await;
+    until("route", || has_route(&ns, "10.60.0.0/16")).await;
+    until("rule 1234", || rule("1234")).await;
+    until("mesh rule", || rule("32500")).await;
+    until("table 180 route", || table180(&ns)).await;
+
+    ns.run("ip", &["rule", "del", "priority", "32500"]).unwrap();
+    ns.run("ip", &["route", "flush", "table", "180"]).unwrap();
+    ns.run("ip", &["rule", "del", "priority", "1234"]).unwrap();
+    ns.run("ip", &["route", "del", "10.60.0.0/16"]).unwrap();
+    ns.run("ip", &["addr", "del", "10.50.0.1/24", "dev", "dum0"])
+        .unwrap();
+    until("mesh rule repaired", || rule("32500")).await;
+    until("table 180 route repaired", || table180(&ns)).await;
+    until("rule 1234 repaired", || rule("1234")).await;
+    until("route repaired", || has_route(&ns, "10.60.0.0/16")).await;
+    until("address repaired", || has_addr(&ns, "dum0", "10.50.0.1")).await;
+    h.stop().await.unwrap();
+}

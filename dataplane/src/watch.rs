@@ -1,5 +1,6 @@
-//! A netlink watcher: a [`Stream`] of typed link, address and route changes in one
-//! namespace, optionally preceded by a dump of the current state (so a status
+//! A netlink watcher: a [`Stream`] of typed link, address, route and policy-rule
+//! changes in one namespace (rules: IPv4 and IPv6, so a rule deleted from outside is
+//! noticed and repaired), optionally preceded by a dump of the current state (so a status
 //! controller can build its view from the stream alone).
 //!
 //! The netlink socket is opened on a dedicated thread inside the namespace; it
@@ -25,7 +26,8 @@ use rtnetlink::{
         address::{AddressAttribute, AddressMessage},
         link::{LinkAttribute, LinkFlags, LinkMessage, State},
         route::{RouteAddress, RouteAttribute, RouteMessage},
-        RouteNetlinkMessage,
+        rule::{RuleAttribute, RuleMessage},
+        AddressFamily, RouteNetlinkMessage,
     },
     MulticastGroup, RouteMessageBuilder,
 };
@@ -83,6 +85,38 @@ pub enum NetEvent {
         /// Metric.
         metric: u32,
     },
+    /// A policy rule.
+    Rule {
+        /// Updated or removed.
+        change: Change,
+        /// IPv6 rule.
+        v6: bool,
+        /// Priority.
+        priority: u32,
+        /// Table looked up.
+        table: u32,
+        /// Protocol.
+        protocol: u8,
+    },
+}
+
+fn rule_event(change: Change, m: &RuleMessage) -> NetEvent {
+    let mut ev = (0, u32::from(m.header.table), 0);
+    for a in &m.attributes {
+        match a {
+            RuleAttribute::Priority(p) => ev.0 = *p,
+            RuleAttribute::Table(t) => ev.1 = *t,
+            RuleAttribute::Protocol(p) => ev.2 = u8::from(*p),
+            _ => {}
+        }
+    }
+    NetEvent::Rule {
+        change,
+        v6: m.header.family == AddressFamily::Inet6,
+        priority: ev.0,
+        table: ev.1,
+        protocol: ev.2,
+    }
 }
 
 fn link_event(change: Change, m: &LinkMessage) -> NetEvent {
@@ -165,6 +199,8 @@ pub fn to_event(msg: &RouteNetlinkMessage) -> Option<NetEvent> {
         RouteNetlinkMessage::DelAddress(m) => address_event(Change::Removed, m),
         RouteNetlinkMessage::NewRoute(m) => route_event(Change::Updated, m),
         RouteNetlinkMessage::DelRoute(m) => route_event(Change::Removed, m),
+        RouteNetlinkMessage::NewRule(m) => Some(rule_event(Change::Updated, m)),
+        RouteNetlinkMessage::DelRule(m) => Some(rule_event(Change::Removed, m)),
         _ => None,
     }
 }
@@ -231,6 +267,8 @@ async fn run(
         MulticastGroup::Ipv6Ifaddr,
         MulticastGroup::Ipv4Route,
         MulticastGroup::Ipv6Route,
+        MulticastGroup::Ipv4Rule,
+        MulticastGroup::Ipv6Rule,
     ];
     let (conn, handle, mut messages) = match rtnetlink::new_multicast_connection(&groups) {
         Ok(c) => c,

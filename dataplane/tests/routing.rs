@@ -146,7 +146,7 @@ fn teardown_leaves_foreign_rule_and_route() {
     .unwrap();
     // A second apply does not touch them either.
     assert!(r.apply(&spec).unwrap().is_empty());
-    r.teardown().unwrap();
+    r.teardown(180, 32500).unwrap();
     assert!(our_rules(&ns, "-4").is_empty() && our_rules(&ns, "-6").is_empty());
     let rules = ip_json(&ns, &["-4", "rule", "show"]);
     assert!(
@@ -278,6 +278,7 @@ fn generic_links_and_addresses_only_remove_what_wirespan_made() {
         link: "ours0".into(),
         address: "10.9.9.9/24".parse().unwrap(),
         scope: scope::UNIVERSE,
+        owner: wirespan_dataplane::routing::Owner::Config,
     };
     let mine = AddressParams {
         address: "10.9.9.1/24".parse().unwrap(),
@@ -307,4 +308,143 @@ fn generic_links_and_addresses_only_remove_what_wirespan_made() {
         .collect();
     assert!(names.contains(&"theirs0".to_owned()));
     assert!(!names.contains(&"ours0".to_owned()));
+}
+
+/// Issue 15 item 1: the mesh's teardown removes only the mesh's objects (marker 211 at
+/// its priority / in its table, also as an older wirespan wrote them); objects from
+/// network documents (212) and foreign ones (`proto static`) survive disable → enable
+/// → restart.
+#[test]
+fn mesh_teardown_spares_config_and_foreign_objects() {
+    use wirespan_dataplane::routing::{
+        NetworkConfig, Owner, RouteKind, RouteParams, RuleParams, RTPROT_WIRESPAN_CONFIG,
+    };
+    let (ns, mut r, _) = setup();
+    ns.run("ip", &["link", "set", "mesh0", "up"]).unwrap();
+    ns.run("ip", &["addr", "add", "10.77.0.1/24", "dev", "mesh0"])
+        .unwrap();
+    let route = |dst: &str, table: u32, owner: Owner| RouteParams {
+        destination: dst.parse().unwrap(),
+        gateway: None,
+        source: None,
+        out_link: "mesh0".into(),
+        table,
+        metric: 1,
+        scope: 0,
+        kind: RouteKind::Unicast,
+        mtu: 0,
+        owner,
+    };
+    let rule = |priority: u32, table: u32, owner: Owner| RuleParams {
+        priority,
+        table,
+        fwmark: if owner == Owner::Mesh { 0x40 } else { 0 },
+        fwmask: if owner == Owner::Mesh { 0x60 } else { 0 },
+        owner,
+        ..RuleParams::default()
+    };
+    // From network documents (RouteConfig / RoutingRuleConfig): in main and table 100.
+    let cfg_route = route("10.88.0.0/16", 254, Owner::Config);
+    let cfg_rule = rule(1000, 100, Owner::Config);
+    assert!(r.apply_route(&cfg_route).unwrap());
+    assert!(r.apply_rule(&cfg_rule).unwrap());
+    // Foreign.
+    ns.run(
+        "ip",
+        &[
+            "route",
+            "add",
+            "10.66.0.0/16",
+            "dev",
+            "mesh0",
+            "proto",
+            "static",
+        ],
+    )
+    .unwrap();
+    ns.run(
+        "ip",
+        &[
+            "rule", "add", "priority", "2000", "lookup", "101", "proto", "static",
+        ],
+    )
+    .unwrap();
+    let survivors = |ns: &NetnsGuard| {
+        let routes = ip_json(ns, &["-4", "route", "show", "table", "all"]);
+        let rules = ip_json(ns, &["-4", "rule", "show"]);
+        let route_proto = |dst: &str| {
+            routes
+                .iter()
+                .find(|r| r["dst"] == dst)
+                .map(|r| r["protocol"].to_string())
+        };
+        let rule_proto = |prio: u32| {
+            rules
+                .iter()
+                .find(|r| r["priority"] == prio)
+                .map(|r| r["protocol"].to_string())
+        };
+        (
+            route_proto("10.88.0.0/16"),
+            rule_proto(1000),
+            route_proto("10.66.0.0/16"),
+            rule_proto(2000),
+        )
+    };
+    let cfg = format!("\"{RTPROT_WIRESPAN_CONFIG}\"");
+    let expected = (
+        Some(cfg.clone()),
+        Some(cfg),
+        Some("\"static\"".to_owned()),
+        Some("\"static\"".to_owned()),
+    );
+    assert_eq!(survivors(&ns), expected);
+
+    // A mesh rule and route as an older wirespan left them (plain 211), on "restart".
+    ns.run(
+        "ip",
+        &[
+            "rule",
+            "add",
+            "priority",
+            "32500",
+            "fwmark",
+            "0x40/0x60",
+            "lookup",
+            "180",
+            "proto",
+            "211",
+        ],
+    )
+    .unwrap();
+    ns.run(
+        "ip",
+        &[
+            "route", "add", "default", "dev", "mesh0", "table", "180", "proto", "211",
+        ],
+    )
+    .unwrap();
+    let mesh_left = |ns: &NetnsGuard| {
+        our_rules(ns, "-4").len() + ip_json(ns, &["-4", "route", "show", "table", "180"]).len()
+    };
+    // First round while the mesh is off: only the mesh's go.
+    r.teardown(180, 32500).unwrap();
+    assert_eq!(mesh_left(&ns), 0);
+    assert_eq!(survivors(&ns), expected);
+
+    // Enable (the mesh's specs are applied as the mesh's), then disable, then a
+    // restart with `--on-stop teardown`.
+    for _ in 0..2 {
+        assert!(r
+            .apply_route(&route("0.0.0.0/0", 180, Owner::Mesh))
+            .unwrap());
+        assert!(r.apply_rule(&rule(32500, 180, Owner::Mesh)).unwrap());
+        assert_eq!(mesh_left(&ns), 2);
+        r.teardown(180, 32500).unwrap();
+        assert_eq!(mesh_left(&ns), 0);
+        assert_eq!(survivors(&ns), expected);
+        // The documents' objects are still converged (nothing to write).
+        assert!(!r.apply_route(&cfg_route).unwrap());
+        assert!(!r.apply_rule(&cfg_rule).unwrap());
+    }
 }

@@ -112,3 +112,39 @@ fn streams_link_address_and_route_changes() {
     );
     drop(w);
 }
+
+/// Issue 15 item 3: rule changes (IPv4 and IPv6) are watched, so a rule deleted from
+/// outside is noticed.
+#[test]
+fn streams_rule_changes_v4_and_v6() {
+    let ns = NetnsGuard::new("wswrule").unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut w = Watcher::start(ns.netns(), false).unwrap();
+    for (fam, v6) in [("-4", false), ("-6", true)] {
+        let add = [
+            "rule", "add", "priority", "1234", "lookup", "77", "proto", "212",
+        ];
+        let mut args = vec![fam];
+        args.extend_from_slice(&add);
+        ns.run("ip", &args).unwrap();
+        next_matching(&mut w, &rt, |e| {
+            *e == NetEvent::Rule {
+                change: Change::Updated,
+                v6,
+                priority: 1234,
+                table: 77,
+                protocol: 212,
+            }
+        });
+        ns.run("ip", &[fam, "rule", "del", "priority", "1234"])
+            .unwrap();
+        next_matching(
+            &mut w,
+            &rt,
+            |e| matches!(e, NetEvent::Rule { change: Change::Removed, v6: x, priority: 1234, .. } if *x == v6),
+        );
+    }
+}

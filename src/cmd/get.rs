@@ -232,7 +232,12 @@ impl Printer {
             md.version.to_string(),
         ]);
         for col in &self.def.print_columns {
-            c.push(if r.spec_redacted {
+            // `.metadata.annotations.<key>` columns read the metadata (the network
+            // spec controllers' per-object error); every other path reads the spec.
+            let annotation = col.json_path.strip_prefix(".metadata.annotations.");
+            c.push(if let Some(key) = annotation {
+                md.annotations.get(key).cloned().unwrap_or_default()
+            } else if r.spec_redacted {
                 "(sensitive)".into()
             } else {
                 cell(lookup(&spec, &col.json_path))

@@ -287,6 +287,7 @@ pub fn parse(text: &str) -> Result<MachineConfig, ConfigError> {
         }
     }
     check_duplicates(&documents, &mut errors);
+    network::check_mesh_reserved(&documents, &mut errors);
     if errors.is_empty() {
         Ok(MachineConfig {
             documents: documents.into_iter().map(|(_, d)| d).collect(),

@@ -340,5 +340,116 @@ impl ConfigDocument for RoutingRuleConfig {
     }
 }
 
+/// The mesh's rule priority and routing table (`KubeSpanConfig.rulePriority` and
+/// `.routingTable`, 32500 and 180 by default) belong to the mesh: its teardown removes
+/// what is there, and its rule sends marked traffic to that table. A `RouteConfig` or
+/// `RoutingRuleConfig` using either is rejected before anything is applied (also on
+/// `apply --dry-run`, which runs the same [`super::parse`]). Reserved whether or not
+/// the mesh is enabled, so enabling it later cannot collide.
+pub(super) fn check_mesh_reserved(
+    documents: &[(usize, super::Document)],
+    errors: &mut Vec<super::DocumentError>,
+) {
+    use super::Document;
+    let default = super::kubespan::KubeSpanConfig::default();
+    let mesh = documents
+        .iter()
+        .find_map(|(_, d)| match d {
+            Document::KubeSpanConfig(k) => Some(k),
+            _ => None,
+        })
+        .unwrap_or(&default);
+    let (table, priority) = (mesh.routing_table, mesh.rule_priority);
+    let reserved_table = |t: u32| {
+        FieldError::new(
+            "table",
+            format!("{t} is the mesh's routing table (KubeSpanConfig.routingTable)"),
+        )
+    };
+    for (position, doc) in documents {
+        let mut errs = Vec::new();
+        match doc {
+            Document::RouteConfig(r) if r.table == Some(table) => errs.push(reserved_table(table)),
+            Document::RoutingRuleConfig(r) => {
+                if r.priority == priority {
+                    errs.push(FieldError::new(
+                        "priority",
+                        format!(
+                            "{priority} is the mesh's rule priority (KubeSpanConfig.rulePriority)"
+                        ),
+                    ));
+                }
+                if r.table == table {
+                    errs.push(reserved_table(table));
+                }
+            }
+            _ => {}
+        }
+        if !errs.is_empty() {
+            errors.push(super::DocumentError {
+                position: *position,
+                kind: Some(doc.kind().to_owned()),
+                name: doc.name().map(str::to_owned),
+                errors: errs,
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod reserved_tests {
+    use crate::config::parse;
+
+    const HEAD: &str = "apiVersion: v1alpha1\n";
+
+    fn fields(text: &str) -> Vec<(usize, String)> {
+        parse(text).map_or_else(
+            |e| {
+                e.documents
+                    .iter()
+                    .flat_map(|d| d.errors.iter().map(move |f| (d.position, f.field.clone())))
+                    .collect()
+            },
+            |_| Vec::new(),
+        )
+    }
+
+    #[test]
+    fn default_mesh_priority_and_table_are_reserved() {
+        let text = format!(
+            "{HEAD}kind: RoutingRuleConfig\npriority: 32500\ntable: 100\n---\n\
+             {HEAD}kind: RoutingRuleConfig\npriority: 1000\ntable: 180\n---\n\
+             {HEAD}kind: RouteConfig\nlink: lo\ntable: 180\n---\n\
+             {HEAD}kind: RouteConfig\nlink: lo\ntable: 181\n---\n\
+             {HEAD}kind: RoutingRuleConfig\npriority: 1001\ntable: 181\n"
+        );
+        assert_eq!(
+            fields(&text),
+            [
+                (1, "priority".to_owned()),
+                (2, "table".to_owned()),
+                (3, "table".to_owned())
+            ]
+        );
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.contains("mesh's rule priority"), "{err}");
+    }
+
+    #[test]
+    fn configured_mesh_priority_and_table_are_reserved() {
+        let text = format!(
+            "{HEAD}kind: RoutingRuleConfig\npriority: 32400\ntable: 100\n---\n\
+             {HEAD}kind: RouteConfig\nlink: lo\ntable: 190\n---\n\
+             {HEAD}kind: RoutingRuleConfig\npriority: 32500\ntable: 180\n---\n\
+             {HEAD}kind: KubeSpanConfig\nroutingTable: 190\nrulePriority: 32400\n"
+        );
+        // The defaults are free once the mesh uses other numbers.
+        assert_eq!(
+            fields(&text),
+            [(1, "priority".to_owned()), (2, "table".to_owned())]
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -124,16 +124,16 @@ macro_rules! network_kind {
 }
 
 network_kind!(LinkSpec, LinkSpecSpec, "LinkSpecs.net.wirespan.dev", "LinkSpec", NS,
-    ["Name" => ".name", "Logical" => ".logical", "Up" => ".up", "MTU" => ".mtu", "Layer" => ".layer"],
+    ["Name" => ".name", "Logical" => ".logical", "Up" => ".up", "MTU" => ".mtu", "Layer" => ".layer", "Error" => ".metadata.annotations.error"],
     aliases ["linkspecs"]);
 network_kind!(AddressSpec, AddressSpecSpec, "AddressSpecs.net.wirespan.dev", "AddressSpec", NS,
-    ["Address" => ".address", "Link" => ".linkName", "Scope" => ".scope", "Layer" => ".layer"],
+    ["Address" => ".address", "Link" => ".linkName", "Scope" => ".scope", "Layer" => ".layer", "Error" => ".metadata.annotations.error"],
     aliases ["addressspecs"]);
 network_kind!(RouteSpec, RouteSpecSpec, "RouteSpecs.net.wirespan.dev", "RouteSpec", NS,
-    ["Destination" => ".destination", "Gateway" => ".gateway", "Link" => ".outLinkName", "Table" => ".table", "Metric" => ".priority", "Layer" => ".layer"],
+    ["Destination" => ".destination", "Gateway" => ".gateway", "Link" => ".outLinkName", "Table" => ".table", "Metric" => ".priority", "Layer" => ".layer", "Error" => ".metadata.annotations.error"],
     aliases ["routespecs"]);
 network_kind!(RoutingRuleSpec, RoutingRuleSpecSpec, "RoutingRuleSpecs.net.wirespan.dev", "RoutingRuleSpec", NS,
-    ["Priority" => ".priority", "Src" => ".src", "Dst" => ".dst", "FwMark" => ".fwMark", "Table" => ".table", "Layer" => ".layer"],
+    ["Priority" => ".priority", "Src" => ".src", "Dst" => ".dst", "FwMark" => ".fwMark", "Table" => ".table", "Layer" => ".layer", "Error" => ".metadata.annotations.error"],
     aliases ["routingrulespecs"]);
 network_kind!(HostnameStatus, HostnameStatusSpec, "HostnameStatuses.net.wirespan.dev", "HostnameStatus", NS,
     ["Hostname" => ".hostname", "Domainname" => ".domainname"],

@@ -10,7 +10,7 @@ use rtnetlink::{
 use super::{
     error::nl,
     link::{find_link, link_index},
-    owner::{addr_ours, RTPROT_WIRESPAN},
+    owner::{addr_ours, addr_proto},
     AddressParams, ObservedAddress, RoutingError,
 };
 
@@ -61,7 +61,9 @@ pub(super) async fn apply_address_in_ns(h: Handle, p: AddressParams) -> Result<b
     let index = link_index(&h, &p.link).await?;
     let have = link_addresses(&h, index).await?;
     if let Some((_, msg)) = have.iter().find(|(a, _)| *a == p.address) {
-        if u8::from(msg.header.scope) == p.scope || !addr_ours(msg) {
+        let same =
+            u8::from(msg.header.scope) == p.scope && addr_proto(msg) == Some(p.owner.protocol());
+        if same || !addr_ours(msg) {
             return Ok(false);
         }
         h.address()
@@ -76,8 +78,8 @@ pub(super) async fn apply_address_in_ns(h: Handle, p: AddressParams) -> Result<b
     req.message_mut().header.scope = p.scope.into();
     req.message_mut()
         .attributes
-        .push(AddressAttribute::Protocol(AddressProtocol::Other(
-            RTPROT_WIRESPAN,
+        .push(AddressAttribute::Protocol(AddressProtocol::from(
+            p.owner.protocol(),
         )));
     match req.execute().await {
         Ok(()) => Ok(true),

@@ -13,9 +13,9 @@ use super::{
     error::nl,
     link::find_link,
     route::{
-        desired_route, our_routes, route_dst, route_matches, route_mtu, route_table, route_u32,
+        desired_route, mesh_routes, route_dst, route_matches, route_mtu, route_table, route_u32,
     },
-    rule::{add_rule, our_rules, rule_field, rule_matches, rule_table},
+    rule::{add_rule, mesh_rules, rule_field, rule_matches, rule_table},
     NetlinkRouting, Routing, RoutingChanges, RoutingError, RoutingSpec, RoutingStatus,
 };
 
@@ -65,7 +65,7 @@ async fn apply_in_ns(h: Handle, spec: RoutingSpec) -> Result<RoutingChanges, Rou
     }
 
     // Routes: replace desired (atomic per route), then drop our stale ones.
-    let routes = our_routes(&h).await?;
+    let routes = mesh_routes(&h, spec.table).await?;
     for v6 in [false, true] {
         let wanted = if v6 { spec.ipv6 } else { spec.ipv4 };
         let present = routes.iter().any(|r| {
@@ -84,7 +84,7 @@ async fn apply_in_ns(h: Handle, spec: RoutingSpec) -> Result<RoutingChanges, Rou
     }
     // Re-read after writes: a replace may have consumed a stale route already.
     let routes = if ch.routes > 0 {
-        our_routes(&h).await?
+        mesh_routes(&h, spec.table).await?
     } else {
         routes
     };
@@ -100,7 +100,7 @@ async fn apply_in_ns(h: Handle, spec: RoutingSpec) -> Result<RoutingChanges, Rou
     }
 
     // Rules: add desired, then drop our stale ones.
-    let rules = our_rules(&h).await?;
+    let rules = mesh_rules(&h, spec.table, spec.priority).await?;
     for v6 in [false, true] {
         let wanted = if v6 { spec.ipv6 } else { spec.ipv4 };
         let present = rules
@@ -120,7 +120,12 @@ async fn apply_in_ns(h: Handle, spec: RoutingSpec) -> Result<RoutingChanges, Rou
     Ok(ch)
 }
 
-async fn observe_in_ns(h: Handle, name: String) -> Result<RoutingStatus, RoutingError> {
+async fn observe_in_ns(
+    h: Handle,
+    name: String,
+    table: u32,
+    priority: u32,
+) -> Result<RoutingStatus, RoutingError> {
     let mut st = RoutingStatus::default();
     if let Some(link) = find_link(&h, &name).await? {
         st.link_index = Some(link.index);
@@ -132,7 +137,7 @@ async fn observe_in_ns(h: Handle, name: String) -> Result<RoutingStatus, Routing
             .map(|(a, _)| a)
             .collect();
     }
-    for r in our_rules(&h).await? {
+    for r in mesh_rules(&h, table, priority).await? {
         st.rules.push((
             r.header.family == AddressFamily::Inet6,
             rule_field(&r, |a| match a {
@@ -143,7 +148,7 @@ async fn observe_in_ns(h: Handle, name: String) -> Result<RoutingStatus, Routing
             rule_table(&r),
         ));
     }
-    for r in our_routes(&h).await? {
+    for r in mesh_routes(&h, table).await? {
         if let Some(dst) = route_dst(&r) {
             let metric = route_u32(&r, |a| match a {
                 RouteAttribute::Priority(p) => Some(*p),
@@ -157,9 +162,9 @@ async fn observe_in_ns(h: Handle, name: String) -> Result<RoutingStatus, Routing
     Ok(st)
 }
 
-async fn teardown_in_ns(h: Handle) -> Result<u64, RoutingError> {
+async fn teardown_in_ns(h: Handle, table: u32, priority: u32) -> Result<u64, RoutingError> {
     let mut n = 0;
-    for r in our_routes(&h).await? {
+    for r in mesh_routes(&h, table).await? {
         h.route()
             .del(r)
             .execute()
@@ -167,7 +172,7 @@ async fn teardown_in_ns(h: Handle) -> Result<u64, RoutingError> {
             .map_err(nl("delete route"))?;
         n += 1;
     }
-    for r in our_rules(&h).await? {
+    for r in mesh_rules(&h, table, priority).await? {
         h.rule().del(r).execute().await.map_err(nl("delete rule"))?;
         n += 1;
     }
@@ -190,12 +195,15 @@ impl Routing for NetlinkRouting {
 
     fn observe(&mut self, link: &str) -> Result<RoutingStatus, RoutingError> {
         let (h, l) = (self.handle.clone(), link.to_owned());
-        self.thread.block_on(move || observe_in_ns(h, l))?
+        let (t, p) = (crate::ROUTE_TABLE, crate::RULE_PRIORITY);
+        self.thread.block_on(move || observe_in_ns(h, l, t, p))?
     }
 
-    fn teardown(&mut self) -> Result<(), RoutingError> {
+    fn teardown(&mut self, table: u32, priority: u32) -> Result<(), RoutingError> {
         let h = self.handle.clone();
-        let n = self.thread.block_on(move || teardown_in_ns(h))??;
+        let n = self
+            .thread
+            .block_on(move || teardown_in_ns(h, table, priority))??;
         self.writes += n;
         Ok(())
     }

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 
 use ipnet::IpNet;
 
-use super::RoutingError;
+use super::{Owner, RoutingError};
 
 /// Scope numbers (`RT_SCOPE_*`) of addresses and routes.
 pub mod scope {
@@ -44,6 +44,8 @@ pub struct AddressParams {
     pub address: IpNet,
     /// Scope (`scope::*`).
     pub scope: u8,
+    /// Whose marker the address carries.
+    pub owner: Owner,
 }
 
 /// Route types.
@@ -81,6 +83,8 @@ pub struct RouteParams {
     pub kind: RouteKind,
     /// Route MTU; 0 = none.
     pub mtu: u32,
+    /// Whose marker the route carries.
+    pub owner: Owner,
 }
 
 /// A policy rule to converge. Matched by (family, priority).
@@ -100,6 +104,8 @@ pub struct RuleParams {
     pub fwmark: u32,
     /// Mark mask (0 = none).
     pub fwmask: u32,
+    /// Whose marker the rule carries.
+    pub owner: Owner,
 }
 
 /// A link in the kernel.
@@ -159,7 +165,7 @@ pub struct ObservedRoute {
     pub scope: u8,
     /// Type.
     pub kind: RouteKind,
-    /// Protocol (211 = ours).
+    /// Protocol (211 = the mesh's, 212 = from network documents).
     pub protocol: u8,
 }
 
@@ -180,7 +186,7 @@ pub struct ObservedRule {
     pub fwmark: u32,
     /// Mask.
     pub fwmask: u32,
-    /// Protocol (211 = ours).
+    /// Protocol (211 = the mesh's, 212 = from network documents).
     pub protocol: u8,
 }
 

@@ -19,7 +19,7 @@ use rtnetlink::{
 use super::{
     error::nl,
     link::link_index,
-    owner::{is_ours_proto, RTPROT_WIRESPAN},
+    owner::{is_mesh_proto, is_ours_proto, RTPROT_WIRESPAN},
     ObservedRoute, RouteKind, RouteParams, RoutingError, RoutingSpec,
 };
 use crate::error::Invalid;
@@ -99,7 +99,9 @@ pub(super) fn route_type_of(k: RouteKind) -> RouteType {
     }
 }
 
-pub(super) async fn our_routes(h: &Handle) -> Result<Vec<RouteMessage>, RoutingError> {
+/// The mesh's routes: marked 211 and in the mesh table (an older wirespan marked the
+/// routes of network documents 211 too; those are elsewhere).
+pub(super) async fn mesh_routes(h: &Handle, table: u32) -> Result<Vec<RouteMessage>, RoutingError> {
     let mut out = Vec::new();
     for msg in [
         RouteMessageBuilder::<Ipv4Addr>::new().build(),
@@ -115,7 +117,7 @@ pub(super) async fn our_routes(h: &Handle) -> Result<Vec<RouteMessage>, RoutingE
         out.extend(
             routes
                 .into_iter()
-                .filter(|r| is_ours_proto(r.header.protocol)),
+                .filter(|r| is_mesh_proto(r.header.protocol) && route_table(r) == table),
         );
     }
     Ok(out)
@@ -241,7 +243,7 @@ pub(super) fn build_route(p: &RouteParams, oif: Option<u32>) -> Result<RouteMess
     let mut msg = b
         .table_id(p.table)
         .priority(p.metric)
-        .protocol(RouteProtocol::Other(RTPROT_WIRESPAN))
+        .protocol(RouteProtocol::from(p.owner.protocol()))
         .scope(RouteScope::from(p.scope))
         .kind(route_type_of(p.kind))
         .build();
@@ -278,6 +280,7 @@ pub(super) async fn apply_route_in_ns(h: Handle, p: RouteParams) -> Result<bool,
             && o.scope == p.scope
             && o.kind == p.kind
             && *mtu == p.mtu
+            && o.protocol == p.owner.protocol()
     });
     if equal {
         return Ok(false);

@@ -14,7 +14,7 @@ use rtnetlink::{
 
 use super::{
     error::nl,
-    owner::{is_ours_proto, RTPROT_WIRESPAN},
+    owner::{is_mesh_proto, is_ours_proto, RTPROT_WIRESPAN},
     ObservedRule, RoutingError, RoutingSpec, RuleParams,
 };
 
@@ -52,7 +52,13 @@ pub(super) fn rule_net(r: &RuleMessage, src: bool) -> Option<IpNet> {
         .and_then(|ip| IpNet::new(ip, len).ok())
 }
 
-pub(super) async fn our_rules(h: &Handle) -> Result<Vec<RuleMessage>, RoutingError> {
+/// The mesh's rules: marked 211 and at the mesh's priority or looking up its table
+/// (an older wirespan marked the rules of network documents 211 too).
+pub(super) async fn mesh_rules(
+    h: &Handle,
+    table: u32,
+    priority: u32,
+) -> Result<Vec<RuleMessage>, RoutingError> {
     let mut out = Vec::new();
     for v in [IpVersion::V4, IpVersion::V6] {
         let rules: Vec<RuleMessage> = h
@@ -63,9 +69,14 @@ pub(super) async fn our_rules(h: &Handle) -> Result<Vec<RuleMessage>, RoutingErr
             .await
             .map_err(nl("get rules"))?;
         out.extend(rules.into_iter().filter(|r| {
+            let prio = rule_field(r, |a| match a {
+                RuleAttribute::Priority(p) => Some(*p),
+                _ => None,
+            });
             r.attributes
                 .iter()
-                .any(|a| matches!(a, RuleAttribute::Protocol(p) if is_ours_proto(*p)))
+                .any(|a| matches!(a, RuleAttribute::Protocol(p) if is_mesh_proto(*p)))
+                && (prio == Some(priority) || rule_table(r) == table)
         }));
     }
     Ok(out)
@@ -179,9 +190,10 @@ pub(super) async fn apply_rule_in_ns(h: Handle, p: RuleParams) -> Result<bool, R
         if o.v6 != p.v6 || o.priority != p.priority {
             continue;
         }
-        if rule_equal(&o, &p) {
+        let ours = is_ours_proto(o.protocol.into());
+        if rule_equal(&o, &p) && (!ours || o.protocol == p.owner.protocol()) {
             present = true;
-        } else if o.protocol == RTPROT_WIRESPAN {
+        } else if ours {
             h.rule().del(r).execute().await.map_err(nl("delete rule"))?;
             changed = true;
         }
@@ -195,8 +207,8 @@ pub(super) async fn apply_rule_in_ns(h: Handle, p: RuleParams) -> Result<bool, R
         .priority(p.priority)
         .table_id(p.table)
         .action(RuleAction::ToTable);
-    let mut extra = vec![RuleAttribute::Protocol(RouteProtocol::Other(
-        RTPROT_WIRESPAN,
+    let mut extra = vec![RuleAttribute::Protocol(RouteProtocol::from(
+        p.owner.protocol(),
     ))];
     if p.fwmark != 0 {
         extra.push(RuleAttribute::FwMark(p.fwmark));
@@ -232,7 +244,7 @@ pub(super) async fn remove_rule_in_ns(h: Handle, p: RuleParams) -> Result<bool, 
     let mut removed = false;
     for r in all_rules(&h).await? {
         let o = observed_rule(&r);
-        if o.v6 == p.v6 && o.priority == p.priority && o.protocol == RTPROT_WIRESPAN {
+        if o.v6 == p.v6 && o.priority == p.priority && is_ours_proto(o.protocol.into()) {
             h.rule().del(r).execute().await.map_err(nl("delete rule"))?;
             removed = true;
         }

@@ -140,16 +140,19 @@ pub trait Routing {
     /// Invalid spec or missing link (nothing written), or a netlink failure (objects
     /// already in place stay; a retry converges).
     fn apply(&mut self, spec: &RoutingSpec) -> Result<RoutingChanges, RoutingError>;
-    /// Reads link, addresses, our rules and our routes.
+    /// Reads link, addresses, and the mesh's rules and routes (at the default
+    /// priority and table).
     ///
     /// # Errors
     /// Netlink failure.
     fn observe(&mut self, link: &str) -> Result<RoutingStatus, RoutingError>;
-    /// Removes our rules and routes (the link goes with the WireGuard backend).
+    /// Removes the mesh's rules and routes: those marked 211 at `priority` or looking
+    /// up `table`, and routes marked 211 in `table` (the link goes with the WireGuard
+    /// backend). Objects from network documents (212) and foreign ones stay.
     ///
     /// # Errors
     /// Netlink failure.
-    fn teardown(&mut self) -> Result<(), RoutingError>;
+    fn teardown(&mut self, table: u32, priority: u32) -> Result<(), RoutingError>;
     /// Number of netlink writes so far.
     fn writes(&self) -> u64;
 }

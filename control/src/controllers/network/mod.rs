@@ -108,15 +108,39 @@ impl std::fmt::Debug for Deps {
 /// # Errors
 /// Registration conflicts.
 pub fn register(runtime: &mut Runtime, deps: &Deps) -> Result<(), RegistrationError> {
+    register_with_resync(runtime, deps, spec::RESYNC)
+}
+
+/// [`register`] with another resync period of the spec controllers (tests).
+///
+/// # Errors
+/// Registration conflicts.
+pub fn register_with_resync(
+    runtime: &mut Runtime,
+    deps: &Deps,
+    resync: std::time::Duration,
+) -> Result<(), RegistrationError> {
     runtime.register(config::NetworkConfigController)?;
     runtime.register(merge::MergeController::<LinkSpec>::new())?;
     runtime.register(merge::MergeController::<AddressSpec>::new())?;
     runtime.register(merge::MergeController::<RouteSpec>::new())?;
     runtime.register(merge::MergeController::<RoutingRuleSpec>::new())?;
-    runtime.register(spec::SpecController::<LinkSpec>::new(deps.clone()))?;
-    runtime.register(spec::SpecController::<AddressSpec>::new(deps.clone()))?;
-    runtime.register(spec::SpecController::<RouteSpec>::new(deps.clone()))?;
-    runtime.register(spec::SpecController::<RoutingRuleSpec>::new(deps.clone()))?;
+    runtime.register(spec::SpecController::<LinkSpec>::with_resync(
+        deps.clone(),
+        resync,
+    ))?;
+    runtime.register(spec::SpecController::<AddressSpec>::with_resync(
+        deps.clone(),
+        resync,
+    ))?;
+    runtime.register(spec::SpecController::<RouteSpec>::with_resync(
+        deps.clone(),
+        resync,
+    ))?;
+    runtime.register(spec::SpecController::<RoutingRuleSpec>::with_resync(
+        deps.clone(),
+        resync,
+    ))?;
     runtime.register(status::NetworkStatusController::new(deps.clone()))?;
     runtime.register(node_address::NodeAddressController::default())?;
     runtime.register(hostname::HostnameStatusController::default())?;

@@ -2,18 +2,20 @@
 //! finalizer on each spec so a spec that goes away takes its kernel object with it.
 //! The adapter only ever removes objects wirespan made.
 
-use std::{marker::PhantomData, net::IpAddr};
+use std::{marker::PhantomData, net::IpAddr, time::Duration};
 
 use futures::{future::BoxFuture, StreamExt as _};
 use ipnet::IpNet;
 use wirespan_dataplane::routing::{
-    AddressParams, LinkParams, NetworkConfig, RouteKind, RouteParams, RoutingError, RuleParams,
+    AddressParams, LinkParams, NetworkConfig, Owner, RouteKind, RouteParams, RoutingError,
+    RuleParams,
 };
 
 use super::{scope_number, Deps};
 use crate::{
     resources::network::{
-        AddressSpec, Family, LinkSpec, RouteSpec, RouteType, RoutingRuleSpec, NS, TABLE_MAIN,
+        AddressSpec, ConfigLayer, Family, LinkSpec, RouteSpec, RouteType, RoutingRuleSpec, NS,
+        TABLE_MAIN,
     },
     runtime::{
         Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind, Output,
@@ -35,6 +37,18 @@ pub trait KernelObject: ResourceKind {
     /// # Errors
     /// Those of the adapter.
     fn remove(net: &mut dyn NetworkConfig, spec: &Self::Spec) -> Result<bool, RoutingError>;
+}
+
+/// Whose marker a merged spec's kernel object carries: the operator layer is the
+/// mesh manager's (protocol 211), every other layer comes from the user's network
+/// documents or defaults (212). The mesh's teardown removes only the former.
+#[must_use]
+pub fn owner_of(layer: ConfigLayer) -> Owner {
+    if layer == ConfigLayer::Operator {
+        Owner::Mesh
+    } else {
+        Owner::Config
+    }
 }
 
 fn link_params(s: &crate::resources::network::LinkSpecSpec) -> LinkParams {
@@ -66,6 +80,7 @@ fn address_params(s: &crate::resources::network::AddressSpecSpec) -> Option<Addr
         link: s.link_name.clone(),
         address: s.address?,
         scope: scope_number(s.scope),
+        owner: owner_of(s.layer),
     })
 }
 
@@ -101,6 +116,7 @@ pub fn route_params(s: &crate::resources::network::RouteSpecSpec) -> RouteParams
             RouteType::Prohibit => RouteKind::Prohibit,
         },
         mtu: s.mtu,
+        owner: owner_of(s.layer),
     }
 }
 
@@ -123,6 +139,7 @@ fn rule_params(s: &crate::resources::network::RoutingRuleSpecSpec) -> RuleParams
         priority: s.priority,
         fwmark: s.fw_mark,
         fwmask: s.fw_mask,
+        owner: owner_of(s.layer),
     }
 }
 
@@ -136,19 +153,41 @@ impl KernelObject for RoutingRuleSpec {
     }
 }
 
+/// How often every spec controller re-applies every spec although nothing woke it:
+/// repairs drift the netlink events do not show (or a missed event), and retries
+/// objects the kernel rejected.
+pub const RESYNC: Duration = Duration::from_secs(30);
+
+/// The annotation on a merged spec holding why its kernel object could not be applied
+/// (absent when it was); shown by `wirespan get` in the specs' `Error` column.
+pub const ERROR_ANNOTATION: &str = "error";
+
 /// Applies `network/K` specs (Strong input; no outputs).
+///
+/// Every spec is applied on its own: a kernel rejection (unreachable gateway,
+/// non-local source, MTU above the device's maximum, unknown link kind, missing link)
+/// is recorded on that spec ([`ERROR_ANNOTATION`]) and logged once per change, and
+/// the others still go in; it is retried on the next kernel event or resync.
 #[derive(Debug)]
 pub struct SpecController<K> {
     deps: Deps,
+    resync: Duration,
     _kind: PhantomData<fn() -> K>,
 }
 
 impl<K> SpecController<K> {
-    /// A controller using `deps.net`, woken by `deps.feed`.
+    /// A controller using `deps.net`, woken by `deps.feed` and every [`RESYNC`].
     #[must_use]
     pub fn new(deps: Deps) -> Self {
+        Self::with_resync(deps, RESYNC)
+    }
+
+    /// Same, with another resync period (tests).
+    #[must_use]
+    pub fn with_resync(deps: Deps, resync: Duration) -> Self {
         Self {
             deps,
+            resync,
             _kind: PhantomData,
         }
     }
@@ -178,17 +217,24 @@ where
 
     fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            // Kernel events (a link appearing) retry specs that were skipped.
+            // Kernel events (a link appearing, an object deleted from outside) and the
+            // resync timer start a round.
             let mut events = self.deps.feed.subscribe().map_err(ControllerError::other)?;
             let waker = rt.waker();
             let cancel = rt.cancellation();
+            let resync = self.resync;
             let pump = tokio::spawn(async move {
+                let mut tick = tokio::time::interval(resync);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                tick.tick().await;
                 loop {
                     tokio::select! {
                         () = cancel.cancelled() => break,
+                        _ = tick.tick() => waker.wake(),
                         ev = events.next() => match ev {
                             Some(()) => waker.wake(),
-                            None => break,
+                            // The feed ended: the timer still resyncs.
+                            None => std::future::pending::<()>().await,
                         },
                     }
                 }
@@ -216,15 +262,16 @@ where
                 .filter(|r| r.metadata.phase == Phase::TearingDown)
             {
                 if r.metadata.finalizers.contains(name) {
-                    work.push((r.pointer(), Op::Remove, r.spec.clone()));
+                    work.push((r, Op::Remove));
                 }
             }
             for r in specs.iter().filter(|r| r.metadata.phase == Phase::Running) {
                 rt.add_finalizer(&r.pointer(), &[name])?;
-                work.push((r.pointer(), Op::Apply, r.spec.clone()));
+                work.push((r, Op::Apply));
             }
-            for (ptr, op, spec) in work {
-                let net = self.deps.net.clone();
+            for (r, op) in work {
+                let ptr = r.pointer();
+                let (net, spec) = (self.deps.net.clone(), r.spec.clone());
                 let is_apply = matches!(op, Op::Apply);
                 let res = tokio::task::spawn_blocking(move || {
                     let mut g = net
@@ -238,33 +285,42 @@ where
                 })
                 .await
                 .map_err(ControllerError::other)?;
-                match res {
+                let op_name = if is_apply { "apply" } else { "remove" };
+                let error = match res {
                     Ok(wrote) => {
                         if wrote {
-                            tracing::info!(controller = name, id = %ptr.id,
-                                op = if is_apply { "apply" } else { "remove" }, "kernel updated");
+                            tracing::info!(controller = name, id = %ptr.id, op = op_name,
+                                "kernel updated");
                         }
                         if !is_apply {
                             rt.remove_finalizer(&ptr, &[name])?;
                         }
+                        None
                     }
-                    Err(RoutingError::LinkNotFound(link)) => {
-                        if is_apply {
-                            tracing::debug!(controller = name, id = %ptr.id, %link,
-                                "link missing; retrying on the next link event");
-                        } else {
-                            // The link is gone and took the object with it.
-                            rt.remove_finalizer(&ptr, &[name])?;
-                        }
+                    // The link is gone and took the object with it.
+                    Err(RoutingError::LinkNotFound(_)) if !is_apply => {
+                        rt.remove_finalizer(&ptr, &[name])?;
+                        None
                     }
-                    Err(RoutingError::Invalid(e)) => {
-                        tracing::warn!(controller = name, id = %ptr.id, error = %e,
-                            "spec cannot be applied");
-                        if !is_apply {
-                            rt.remove_finalizer(&ptr, &[name])?;
-                        }
+                    // Never applied, so nothing to remove.
+                    Err(RoutingError::Invalid(_)) if !is_apply => {
+                        rt.remove_finalizer(&ptr, &[name])?;
+                        None
                     }
-                    Err(e) => return Err(ControllerError::other(e)),
+                    // Kept on this object; retried on the next event or resync.
+                    Err(e) => Some(e.to_string()),
+                };
+                let before = r.metadata.annotations.get(ERROR_ANNOTATION);
+                if before != error.as_ref() {
+                    match &error {
+                        Some(e) => tracing::warn!(controller = name, id = %ptr.id, op = op_name,
+                            error = %e, "kernel object not applied; others continue"),
+                        None => tracing::info!(controller = name, id = %ptr.id,
+                            "kernel object applied after an earlier error"),
+                    }
+                    if is_apply || error.is_some() {
+                        rt.set_annotation(&ptr, ERROR_ANNOTATION, error.as_deref())?;
+                    }
                 }
             }
             rt.reset_restart_backoff();

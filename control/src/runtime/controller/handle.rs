@@ -353,6 +353,33 @@ impl ControllerRuntime {
         Ok(())
     }
 
+    /// Sets (`Some`) or clears (`None`) an annotation on a strong input, like a
+    /// finalizer bypassing ownership: how a controller that applies a resource reports
+    /// back on it (the network spec controllers' per-object `error`). No write when
+    /// unchanged.
+    ///
+    /// # Errors
+    /// Access violations and store errors.
+    pub fn set_annotation(
+        &self,
+        ptr: &Pointer,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<(), ControllerError> {
+        self.check_finalizer(ptr)?;
+        self.shared
+            .store
+            .update_metadata(ptr, None, None, |m| match value {
+                Some(v) => {
+                    m.annotations.insert(key.to_owned(), v.to_owned());
+                }
+                None => {
+                    m.annotations.remove(key);
+                }
+            })?;
+        Ok(())
+    }
+
     /// Starts recording every Create/Update/Modify of this round (spec §3.6).
     ///
     /// # Errors

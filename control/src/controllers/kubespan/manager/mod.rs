@@ -177,6 +177,9 @@ pub struct KubeSpanManagerController {
     first_round: bool,
     /// When the device was last read (`None`: never, or the device is new).
     last_read: Option<SystemTime>,
+    /// The mesh's routing table and rule priority as last configured (enabled or
+    /// not): what the routing teardown removes.
+    mesh_rules: (u32, u32),
 }
 
 impl fmt::Debug for KubeSpanManagerController {
@@ -260,6 +263,10 @@ impl KubeSpanManagerController {
             own_key: None,
             first_round: true,
             last_read: None,
+            mesh_rules: (
+                wirespan_dataplane::ROUTE_TABLE,
+                wirespan_dataplane::RULE_PRIORITY,
+            ),
         }
     }
 
@@ -278,10 +285,11 @@ impl KubeSpanManagerController {
         timer: bool,
     ) -> Result<Option<SystemTime>, ControllerError> {
         let changed = self.feed.sync(rt, &mut self.specs)?;
-        let Some(cfg) = rt
-            .get_opt::<KubeSpanConfig>(NS, KUBESPAN)?
-            .filter(|c| c.spec.config.enabled)
-        else {
+        let cfg = rt.get_opt::<KubeSpanConfig>(NS, KUBESPAN)?;
+        if let Some(c) = &cfg {
+            self.mesh_rules = (c.spec.config.routing_table, c.spec.config.rule_priority);
+        }
+        let Some(cfg) = cfg.filter(|c| c.spec.config.enabled) else {
             self.basis = None;
             self.disable(rt).await?;
             return Ok(None);

@@ -8,7 +8,8 @@ use crate::{
 };
 
 impl KubeSpanManagerController {
-    /// Removes kernel state (device, marking table, our rules and routes).
+    /// Removes kernel state (device, marking table, the mesh's rules and routes; rules
+    /// and routes from network documents carry another marker and stay).
     pub(super) async fn teardown_kernel(&mut self) {
         if let Some(wg) = self.wg.take() {
             if let Ok((_, Err(e))) = blocking(wg, |w| w.teardown()).await {
@@ -31,7 +32,8 @@ impl KubeSpanManagerController {
             }
         }
         if let Some(r) = self.deps.routing_cleanup.take() {
-            match blocking(r, |r| r.teardown()).await {
+            let (table, priority) = self.mesh_rules;
+            match blocking(r, move |r| r.teardown(table, priority)).await {
                 Ok((r, res)) => {
                     if let Err(e) = res {
                         tracing::warn!(error = %e, "removing mesh rules and routes failed");
