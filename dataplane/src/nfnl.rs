@@ -266,7 +266,8 @@ pub fn take_acks(buf: &[u8], pending: &mut Vec<u32>, refused: &mut Option<i32>) 
             continue;
         };
         pending.swap_remove(i);
-        let errno = -i32::from_ne_bytes(body[..4].try_into().unwrap_or_default());
+        // Wrapping: a bogus `i32::MIN` must not overflow; it is still a refusal.
+        let errno = i32::from_ne_bytes(body[..4].try_into().unwrap_or_default()).wrapping_neg();
         if errno != 0 && refused.is_none() {
             *refused = Some(errno);
             // The kernel aborts the batch; acknowledgements of the other messages
@@ -329,7 +330,7 @@ pub fn generation_reply(buf: &[u8], seq: u32) -> Option<io::Result<u32>> {
         }
         if kind == NLMSG_ERROR && body.len() >= 4 {
             let errno = i32::from_ne_bytes(body[..4].try_into().unwrap_or_default());
-            return Some(Err(io::Error::from_raw_os_error(-errno)));
+            return Some(Err(io::Error::from_raw_os_error(errno.wrapping_neg())));
         }
         if kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN {
             // Skip nfgenmsg (4 bytes), then walk the attributes.
@@ -439,5 +440,42 @@ mod tests {
         for (_, _, body) in messages(&buf) {
             assert!(body.len() < 65_000);
         }
+    }
+
+    fn nlmsg(kind: u16, seq: u32, body: &[u8]) -> Vec<u8> {
+        let len = u32::try_from(16 + body.len()).unwrap();
+        let mut m = Vec::new();
+        m.extend(len.to_ne_bytes());
+        m.extend(kind.to_ne_bytes());
+        m.extend(0u16.to_ne_bytes());
+        m.extend(seq.to_ne_bytes());
+        m.extend(0u32.to_ne_bytes());
+        m.extend(body);
+        m
+    }
+
+    /// Fuzzing (`nfnl_reply`): an error message carrying `i32::MIN` overflowed the
+    /// negation of the errno.
+    #[test]
+    fn errno_of_i32_min_does_not_overflow() {
+        let buf = nlmsg(NLMSG_ERROR, 7, &i32::MIN.to_ne_bytes());
+        let mut pending = vec![7, 8];
+        let mut refused = None;
+        take_acks(&buf, &mut pending, &mut refused);
+        assert!(refused.is_some() && pending.is_empty());
+        assert!(matches!(generation_reply(&buf, 7), Some(Err(_))));
+    }
+
+    #[test]
+    fn generation_reply_reads_the_gen_id_and_skips_other_sequences() {
+        let mut body = vec![0u8; 4];
+        body.extend(8u16.to_ne_bytes());
+        body.extend(NFTA_GEN_ID.to_ne_bytes());
+        body.extend(42u32.to_be_bytes());
+        let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN;
+        let mut buf = nlmsg(NLMSG_ERROR, 1, &0i32.to_ne_bytes());
+        buf.extend(nlmsg(kind, 2, &body));
+        assert!(generation_reply(&buf, 3).is_none());
+        assert_eq!(generation_reply(&buf, 2).unwrap().unwrap(), 42);
     }
 }

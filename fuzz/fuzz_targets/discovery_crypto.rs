@@ -33,7 +33,11 @@ fn check_endpoint(plain: &[u8]) {
     if let Ok(ep) = decode_endpoint(plain) {
         let once = encode_endpoint(&ep);
         let again = decode_endpoint(&once).expect("our own encoding decodes");
-        assert_eq!(encode_endpoint(&again), once, "endpoint encoding not stable");
+        assert_eq!(
+            encode_endpoint(&again),
+            once,
+            "endpoint encoding not stable"
+        );
     }
 }
 

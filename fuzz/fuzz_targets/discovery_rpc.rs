@@ -15,8 +15,8 @@ use arbitrary::Arbitrary;
 use futures::{FutureExt, StreamExt};
 use libfuzzer_sys::fuzz_target;
 use prost::Message;
-use tonic::Request;
 use tokio_util::sync::CancellationToken;
+use tonic::Request;
 use wirespan_discovery::{
     proto::server::{self as pb, cluster_server::Cluster},
     server::{
