@@ -18,7 +18,8 @@ pub mod fastpath;
 pub mod marking;
 pub mod markspec;
 pub mod netns;
-mod nfnl;
+#[doc(hidden)]
+pub mod nfnl;
 pub mod routing;
 pub mod watch;
 pub mod wireguard;

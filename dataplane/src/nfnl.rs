@@ -248,28 +248,39 @@ pub(crate) fn commit(sock: &Socket, batch: &[u8], acks: &[u32]) -> Result<(), Ba
     let mut refused = None;
     while !pending.is_empty() {
         let (buf, _) = sock.recv_from_full().map_err(BatchError::Io)?;
-        for (kind, seq, body) in messages(&buf) {
-            if kind != NLMSG_ERROR || body.len() < 4 {
-                continue;
-            }
-            let Some(i) = pending.iter().position(|s| *s == seq) else {
-                continue;
-            };
-            pending.swap_remove(i);
-            let errno = -i32::from_ne_bytes(body[..4].try_into().unwrap_or_default());
-            if errno != 0 && refused.is_none() {
-                refused = Some(errno);
-                // The kernel aborts the batch; acknowledgements of the other messages
-                // may or may not follow, and they no longer matter.
-                pending.clear();
-            }
-        }
+        take_acks(&buf, &mut pending, &mut refused);
     }
     refused.map_or(Ok(()), |e| Err(BatchError::Refused(e)))
 }
 
+/// Takes the acknowledgements in one received datagram off `pending`, and records the
+/// first refusal's errno in `refused` (after which nothing is pending any more).
+/// Pure, so the fuzz target can drive it with arbitrary datagrams.
+#[doc(hidden)]
+pub fn take_acks(buf: &[u8], pending: &mut Vec<u32>, refused: &mut Option<i32>) {
+    for (kind, seq, body) in messages(buf) {
+        if kind != NLMSG_ERROR || body.len() < 4 {
+            continue;
+        }
+        let Some(i) = pending.iter().position(|s| *s == seq) else {
+            continue;
+        };
+        pending.swap_remove(i);
+        // Wrapping: a bogus `i32::MIN` must not overflow; it is still a refusal.
+        let errno = i32::from_ne_bytes(body[..4].try_into().unwrap_or_default()).wrapping_neg();
+        if errno != 0 && refused.is_none() {
+            *refused = Some(errno);
+            // The kernel aborts the batch; acknowledgements of the other messages
+            // may or may not follow, and they no longer matter.
+            pending.clear();
+        }
+    }
+}
+
 /// (type, seq, payload) of every netlink message in a datagram.
-fn messages(buf: &[u8]) -> Vec<(u16, u32, &[u8])> {
+#[doc(hidden)]
+#[must_use]
+pub fn messages(buf: &[u8]) -> Vec<(u16, u32, &[u8])> {
     let mut out = Vec::new();
     let mut off = 0;
     while off + 16 <= buf.len() {
@@ -300,35 +311,47 @@ pub(crate) fn generation(sock: &Socket, seq: u32) -> io::Result<u32> {
     sock.send_to(&req, &SocketAddr::new(0, 0), 0)?;
     loop {
         let (buf, _) = sock.recv_from_full()?;
-        for (kind, mseq, body) in messages(&buf) {
-            if mseq != seq {
-                // A late acknowledgement of an earlier batch.
-                continue;
-            }
-            if kind == NLMSG_ERROR && body.len() >= 4 {
-                let errno = i32::from_ne_bytes(body[..4].try_into().unwrap_or_default());
-                return Err(io::Error::from_raw_os_error(-errno));
-            }
-            if kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN {
-                // Skip nfgenmsg (4 bytes), then walk the attributes.
-                let mut a = 4;
-                while a + 4 <= body.len() {
-                    let alen = usize::from(u16::from_ne_bytes([body[a], body[a + 1]]));
-                    let atype = u16::from_ne_bytes([body[a + 2], body[a + 3]]) & 0x3fff;
-                    if alen < 4 || a + alen > body.len() {
-                        break;
-                    }
-                    if atype == NFTA_GEN_ID && alen >= 8 {
-                        return Ok(u32::from_be_bytes(
-                            body[a + 4..a + 8].try_into().unwrap_or_default(),
-                        ));
-                    }
-                    a += alen.next_multiple_of(4);
-                }
-                return Err(io::Error::other("NEWGEN without NFTA_GEN_ID"));
-            }
+        if let Some(answer) = generation_reply(&buf, seq) {
+            return answer;
         }
     }
+}
+
+/// The answer to `NFT_MSG_GETGEN` number `seq` in one received datagram: `None` when
+/// the datagram holds no answer to it (late acknowledgements of earlier batches).
+/// Pure, so the fuzz target can drive it with arbitrary datagrams.
+#[doc(hidden)]
+#[must_use]
+pub fn generation_reply(buf: &[u8], seq: u32) -> Option<io::Result<u32>> {
+    for (kind, mseq, body) in messages(buf) {
+        if mseq != seq {
+            // A late acknowledgement of an earlier batch.
+            continue;
+        }
+        if kind == NLMSG_ERROR && body.len() >= 4 {
+            let errno = i32::from_ne_bytes(body[..4].try_into().unwrap_or_default());
+            return Some(Err(io::Error::from_raw_os_error(errno.wrapping_neg())));
+        }
+        if kind == (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN {
+            // Skip nfgenmsg (4 bytes), then walk the attributes.
+            let mut a = 4;
+            while a + 4 <= body.len() {
+                let alen = usize::from(u16::from_ne_bytes([body[a], body[a + 1]]));
+                let atype = u16::from_ne_bytes([body[a + 2], body[a + 3]]) & 0x3fff;
+                if alen < 4 || a + alen > body.len() {
+                    break;
+                }
+                if atype == NFTA_GEN_ID && alen >= 8 {
+                    return Some(Ok(u32::from_be_bytes(
+                        body[a + 4..a + 8].try_into().unwrap_or_default(),
+                    )));
+                }
+                a += alen.next_multiple_of(4);
+            }
+            return Some(Err(io::Error::other("NEWGEN without NFTA_GEN_ID")));
+        }
+    }
+    None
 }
 
 #[cfg(test)]
@@ -417,5 +440,42 @@ mod tests {
         for (_, _, body) in messages(&buf) {
             assert!(body.len() < 65_000);
         }
+    }
+
+    fn nlmsg(kind: u16, seq: u32, body: &[u8]) -> Vec<u8> {
+        let len = u32::try_from(16 + body.len()).unwrap();
+        let mut m = Vec::new();
+        m.extend(len.to_ne_bytes());
+        m.extend(kind.to_ne_bytes());
+        m.extend(0u16.to_ne_bytes());
+        m.extend(seq.to_ne_bytes());
+        m.extend(0u32.to_ne_bytes());
+        m.extend(body);
+        m
+    }
+
+    /// Fuzzing (`nfnl_reply`): an error message carrying `i32::MIN` overflowed the
+    /// negation of the errno.
+    #[test]
+    fn errno_of_i32_min_does_not_overflow() {
+        let buf = nlmsg(NLMSG_ERROR, 7, &i32::MIN.to_ne_bytes());
+        let mut pending = vec![7, 8];
+        let mut refused = None;
+        take_acks(&buf, &mut pending, &mut refused);
+        assert!(refused.is_some() && pending.is_empty());
+        assert!(matches!(generation_reply(&buf, 7), Some(Err(_))));
+    }
+
+    #[test]
+    fn generation_reply_reads_the_gen_id_and_skips_other_sequences() {
+        let mut body = vec![0u8; 4];
+        body.extend(8u16.to_ne_bytes());
+        body.extend(NFTA_GEN_ID.to_ne_bytes());
+        body.extend(42u32.to_be_bytes());
+        let kind = (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWGEN;
+        let mut buf = nlmsg(NLMSG_ERROR, 1, &0i32.to_ne_bytes());
+        buf.extend(nlmsg(kind, 2, &body));
+        assert!(generation_reply(&buf, 3).is_none());
+        assert_eq!(generation_reply(&buf, 2).unwrap().unwrap(), 42);
     }
 }

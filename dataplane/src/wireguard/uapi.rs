@@ -84,10 +84,16 @@ pub fn parse_get(text: &str) -> Result<DeviceState, GetError> {
     let finish = |peer: Option<PeerState>, sec: u64, nsec: u32, d: &mut DeviceState| {
         if let Some(mut p) = peer {
             if sec != 0 || nsec != 0 {
-                p.last_handshake = Some(SystemTime::UNIX_EPOCH + Duration::new(sec, nsec));
+                // Checked: a bogus time in the answer is a parse error, not a panic.
+                let t = SystemTime::UNIX_EPOCH
+                    .checked_add(Duration::from_secs(sec))
+                    .and_then(|t| t.checked_add(Duration::from_nanos(u64::from(nsec))))
+                    .ok_or_else(|| GetError::Parse("bad last_handshake_time_sec".into()))?;
+                p.last_handshake = Some(t);
             }
             d.peers.push(p);
         }
+        Ok(())
     };
     for line in text.lines() {
         if line.is_empty() {
@@ -111,7 +117,7 @@ pub fn parse_get(text: &str) -> Result<DeviceState, GetError> {
             "listen_port" => d.listen_port = v.parse().map_err(|_| bad(k))?,
             "fwmark" => d.fwmark = v.parse().map_err(|_| bad(k))?,
             "public_key" => {
-                finish(peer.take(), hs_sec, hs_nsec, &mut d);
+                finish(peer.take(), hs_sec, hs_nsec, &mut d)?;
                 hs_sec = 0;
                 hs_nsec = 0;
                 peer = Some(PeerState::new(PublicKey::from_bytes(
@@ -169,7 +175,7 @@ pub fn parse_get(text: &str) -> Result<DeviceState, GetError> {
             _ => {}
         }
     }
-    finish(peer, hs_sec, hs_nsec, &mut d);
+    finish(peer, hs_sec, hs_nsec, &mut d)?;
     Ok(d)
 }
 
@@ -271,5 +277,34 @@ mod tests {
             parse_get("allowed_ip=10.0.0.0/8\n\n"),
             Err(GetError::Parse(_))
         ));
+    }
+
+    /// Fuzzing (`uapi_parse`): a handshake time beyond what `SystemTime` holds, or
+    /// nanoseconds that carry it over, panicked in `Duration::new` / `SystemTime + _`.
+    #[test]
+    fn handshake_time_out_of_range_is_a_parse_error_not_a_panic() {
+        let key = "11".repeat(32);
+        for (sec, nsec) in [
+            (u64::MAX, 0u32),
+            (u64::MAX, u32::MAX),
+            (u64::MAX / 2, 5),
+            (1, u32::MAX),
+        ] {
+            let text = format!(
+                "public_key={key}\nlast_handshake_time_sec={sec}\nlast_handshake_time_nsec={nsec}\nerrno=0\n\n"
+            );
+            let r = parse_get(&text);
+            assert!(
+                matches!(r, Err(GetError::Parse(_))) || r.is_ok(),
+                "{sec} {nsec}: {r:?}"
+            );
+        }
+        assert_eq!(
+            parse_get(&format!(
+                "public_key={key}\nlast_handshake_time_sec={}\nerrno=0\n\n",
+                u64::MAX
+            )),
+            Err(GetError::Parse("bad last_handshake_time_sec".into()))
+        );
     }
 }

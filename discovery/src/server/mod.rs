@@ -22,7 +22,8 @@ mod health;
 pub mod metrics;
 mod panic;
 pub mod ratelimit;
-mod service;
+#[doc(hidden)]
+pub mod service;
 pub mod snapshot;
 pub mod state;
 mod web;

@@ -22,7 +22,7 @@ use super::{
 use crate::proto::server as pb;
 
 /// Everything the service, the background tasks and the web pages share.
-pub(crate) struct Shared {
+pub struct Shared {
     pub(crate) config: ServerConfig,
     pub(crate) state: Mutex<State>,
     pub(crate) limiter: Mutex<RateLimiter>,
@@ -34,7 +34,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(config: ServerConfig, state: State, shutdown: CancellationToken) -> Self {
+    pub fn new(config: ServerConfig, state: State, shutdown: CancellationToken) -> Self {
         Self {
             config,
             state: Mutex::new(state),
@@ -48,7 +48,7 @@ impl Shared {
     /// The state lock. A panic while holding it cannot leave the maps half-updated in
     /// a way later calls trip over (every operation validates first), so poisoning is
     /// ignored rather than turned into a crash of every later call.
-    pub(crate) fn state(&self) -> MutexGuard<'_, State> {
+    pub fn state(&self) -> MutexGuard<'_, State> {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -117,8 +117,8 @@ fn ip_bytes(ip: IpAddr) -> Vec<u8> {
 
 /// The `sidero.discovery.server.Cluster` implementation.
 #[derive(Clone)]
-pub(crate) struct ClusterService {
-    pub(crate) shared: Arc<Shared>,
+pub struct ClusterService {
+    pub shared: Arc<Shared>,
 }
 
 impl ClusterService {

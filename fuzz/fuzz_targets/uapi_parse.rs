@@ -1,0 +1,11 @@
+//! The WireGuard UAPI answer parsers (`parse_get`, `parse_errno`) on arbitrary text.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use wirespan_dataplane::wireguard::uapi;
+
+fuzz_target!(|data: &[u8]| {
+    let text = String::from_utf8_lossy(data);
+    let _ = uapi::parse_get(&text);
+    let _ = uapi::parse_errno(&text);
+});
