@@ -34,10 +34,37 @@ fn notify_socket(dir: &Path) -> (UnixDatagram, std::path::PathBuf) {
     (sock, path)
 }
 
-fn next_notification(sock: &UnixDatagram) -> String {
+/// The next datagram on `sock`. Waits up to 30 s while `child` runs; when it exits or
+/// time runs out, fails with its stderr (`log`) and the binary's version.
+fn next_notification(sock: &UnixDatagram, child: &mut ChildGuard, log: &Path) -> String {
+    sock.set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap();
     let mut buf = [0u8; 512];
-    let n = sock.recv(&mut buf).expect("no notification within 30 s");
-    String::from_utf8(buf[..n].to_vec()).unwrap()
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let why = loop {
+        if let Ok(n) = sock.recv(&mut buf) {
+            return String::from_utf8(buf[..n].to_vec()).unwrap();
+        }
+        if let Some(st) = child.0.try_wait().unwrap() {
+            break format!("exited ({st}) without notifying");
+        }
+        if std::time::Instant::now() > deadline {
+            break "no notification within 30 s".to_owned();
+        }
+    };
+    let version = String::from_utf8_lossy(&run(&["--version"]).stdout).into_owned();
+    panic!(
+        "{why}; {BIN} is {}stderr:\n{}",
+        version,
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+}
+
+/// A file for a child's stderr.
+fn log_file(dir: &Path, name: &str) -> (std::path::PathBuf, std::fs::File) {
+    let path = dir.join(name);
+    let f = std::fs::File::create(&path).unwrap();
+    (path, f)
 }
 
 fn sigterm(child: &ChildGuard) {
@@ -350,6 +377,7 @@ fn node_notifies_readiness_and_status_summarises_it() {
     )
     .unwrap();
     let (notify, notify_path) = notify_socket(dir.path());
+    let (log, log_f) = log_file(dir.path(), "node.log");
     let child = Command::new("ip")
         .args(["netns", "exec", ns.name(), BIN, "--socket"])
         .arg(&socket)
@@ -360,12 +388,12 @@ fn node_notifies_readiness_and_status_summarises_it() {
         .arg(&cfg)
         .env_remove("WIRESPAN_SOCKET")
         .env("NOTIFY_SOCKET", &notify_path)
+        .stderr(log_f)
         .spawn()
         .unwrap();
-    let node = ChildGuard(child);
+    let mut node = ChildGuard(child);
+    assert_eq!(next_notification(&notify, &mut node, &log), "READY=1");
     wait_for_path(&socket);
-
-    assert_eq!(next_notification(&notify), "READY=1");
     // Ready means programmed: the manager's status is there at once.
     let o = cli(
         &socket,
@@ -409,7 +437,7 @@ fn node_notifies_readiness_and_status_summarises_it() {
     assert_eq!(json["peers"], "0");
 
     sigterm(&node);
-    assert_eq!(next_notification(&notify), "STOPPING=1");
+    assert_eq!(next_notification(&notify, &mut node, &log), "STOPPING=1");
 }
 
 #[test]
@@ -433,16 +461,18 @@ fn discovery_notifies_readiness_when_it_listens() {
         .unwrap()
         .port();
     let addr = format!("127.0.0.1:{port}");
+    let (log, log_f) = log_file(dir.path(), "discovery.log");
     let child = Command::new(BIN)
         .args(["discovery", "--listen", &addr])
         .env("NOTIFY_SOCKET", &notify_path)
+        .stderr(log_f)
         .spawn()
         .unwrap();
-    let server = ChildGuard(child);
-    assert_eq!(next_notification(&notify), "READY=1");
+    let mut server = ChildGuard(child);
+    assert_eq!(next_notification(&notify, &mut server, &log), "READY=1");
     std::net::TcpStream::connect(&addr).expect("listening once ready");
     sigterm(&server);
-    assert_eq!(next_notification(&notify), "STOPPING=1");
+    assert_eq!(next_notification(&notify, &mut server, &log), "STOPPING=1");
 }
 
 /// `wirespan status` inside a 2-node lab: the mesh up through a discovery server.

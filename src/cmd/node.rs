@@ -164,23 +164,20 @@ impl Readiness {
     }
 }
 
-/// Tells systemd `READY=1` once the store shows the first reconcile done, and
-/// `STOPPING=1` when shutdown begins.
-async fn notify_systemd(store: Store, cancel: CancellationToken) {
+/// Tells systemd `READY=1` once the store shows the first reconcile done.
+async fn notify_when_ready(store: Store, cancel: CancellationToken) {
     let mut tick = tokio::time::interval(READY_POLL);
     loop {
         tokio::select! {
-            () = cancel.cancelled() => break,
+            () = cancel.cancelled() => return,
             _ = tick.tick() => {}
         }
         if Readiness::observe(&store).ready() {
             tracing::info!("first reconcile done: node ready");
             crate::notify::notify_or_log("READY=1");
-            cancel.cancelled().await;
-            break;
+            return;
         }
     }
-    crate::notify::notify_or_log("STOPPING=1");
 }
 
 pub fn run(args: &Args, socket: &Path) -> anyhow::Result<()> {
@@ -236,7 +233,7 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
         tokio::spawn(kubespan::metrics::serve(listener, metrics, cancel.clone()));
     }
     let mut rt_task = tokio::spawn(runtime.run(cancel.clone()));
-    tokio::spawn(notify_systemd(store.clone(), cancel.clone()));
+    tokio::spawn(notify_when_ready(store.clone(), cancel.clone()));
     if let Some(path) = &args.config {
         tokio::spawn(config_loader.watch_file(path.clone(), cancel.clone(), None));
     }
@@ -247,25 +244,31 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
     });
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    // Shutdown begins: tell systemd (before the teardown, which may take a while),
+    // then stop everything.
+    let stop = || {
+        crate::notify::notify_or_log("STOPPING=1");
+        cancel.cancel();
+    };
     // Whichever ends first (a signal, the runtime failing, the server failing) stops
     // everything; the other half is then awaited so its tasks finish cleanly.
     let (rt_res, api_res) = tokio::select! {
         _ = term.recv() => {
             tracing::info!("SIGTERM, shutting down");
-            cancel.cancel();
+            stop();
             (rt_task.await, api_task.await)
         }
         _ = tokio::signal::ctrl_c() => {
             tracing::info!("SIGINT, shutting down");
-            cancel.cancel();
+            stop();
             (rt_task.await, api_task.await)
         }
         r = &mut rt_task => {
-            cancel.cancel();
+            stop();
             (r, api_task.await)
         }
         a = &mut api_task => {
-            cancel.cancel();
+            stop();
             (rt_task.await, a)
         }
     };
