@@ -276,6 +276,7 @@ fn import_cluster(msg: pb::ClusterSnapshot, now: Instant, wall: SystemTime) -> (
                 expiration: expiration(a.ttl.as_ref(), a.expiration.as_ref(), now, wall),
                 data: a.data.into_boxed_slice(),
                 endpoints,
+                changed: 0,
             },
         );
     }
