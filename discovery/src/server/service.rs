@@ -151,7 +151,12 @@ impl ClusterService {
         Ok(())
     }
 
-    pub(crate) fn record<T>(&self, method: &'static str, start: Instant, result: &Result<T, Status>) {
+    pub(crate) fn record<T>(
+        &self,
+        method: &'static str,
+        start: Instant,
+        result: &Result<T, Status>,
+    ) {
         let code = result
             .as_ref()
             .map_or_else(Status::code, |_| tonic::Code::Ok);

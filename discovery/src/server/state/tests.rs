@@ -103,7 +103,10 @@ fn endpoint_expires_before_affiliate_and_gc_sends_upsert_then_delete() {
     s.update(t0, &req("a", Some(b"d"), &[], 180)).unwrap();
     s.update(t0, &req("a", None, &[b"e1"], 60)).unwrap();
     let mut w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
-    assert_eq!(decode(&w.snapshot).affiliates[0].endpoints, vec![b"e1".to_vec()]);
+    assert_eq!(
+        decode(&w.snapshot).affiliates[0].endpoints,
+        vec![b"e1".to_vec()]
+    );
 
     assert_eq!(
         s.gc(t0 + min(1) - Duration::from_secs(1)),

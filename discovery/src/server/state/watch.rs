@@ -213,10 +213,10 @@ fn affiliate_len(id: &str, a: &Affiliate) -> usize {
     if !id.is_empty() {
         len += field(id.len());
     }
-    if !a.data.is_empty() {
-        len += field(a.data.len());
+    if !a.data().is_empty() {
+        len += field(a.data().len());
     }
-    len + a.endpoints.iter().map(|e| field(e.data.len())).sum::<usize>()
+    len + a.endpoints().map(|e| field(e.data.len())).sum::<usize>()
 }
 
 fn put_field(buf: &mut BytesMut, tag: u8, bytes: &[u8]) {
@@ -233,11 +233,11 @@ pub(crate) fn put_affiliate(buf: &mut BytesMut, id: &str, a: &Affiliate) {
     if !id.is_empty() {
         put_field(buf, 0x0a, id.as_bytes());
     }
-    if !a.data.is_empty() {
-        put_field(buf, 0x12, &a.data);
+    if !a.data().is_empty() {
+        put_field(buf, 0x12, a.data());
     }
-    for e in &a.endpoints {
-        put_field(buf, 0x1a, &e.data);
+    for e in a.endpoints() {
+        put_field(buf, 0x1a, e.data);
     }
 }
 
