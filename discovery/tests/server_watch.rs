@@ -194,6 +194,7 @@ async fn converge_50() {
 async fn slow_watcher_is_aborted_fast_one_sees_everything() {
     let server = start(ServerConfig {
         rate_limit: false,
+        watch_stall: Duration::from_millis(300),
         ..ServerConfig::default()
     })
     .await;
@@ -236,6 +237,9 @@ async fn slow_watcher_is_aborted_fast_one_sees_everything() {
     }
     let (seen, _fast) = reader.await.unwrap();
     assert_eq!(seen, EVENTS);
+    // Its queue is full and it takes nothing for longer than the stall timeout
+    // (a watcher that keeps reading is never aborted; see the unit tests).
+    tokio::time::sleep(Duration::from_secs(1)).await;
 
     // The slow one gets what was buffered, then ABORTED.
     let mut received = 0;

@@ -27,6 +27,10 @@ pub struct Args {
     /// Disable the per-client-address rate limit (15 requests/s, burst 60).
     #[arg(long)]
     no_rate_limit: bool,
+    /// Most affiliates in one cluster (upstream: 1024); a new affiliate beyond it gets
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "N", default_value_t = wirespan_discovery::server::state::MAX_AFFILIATES)]
+    max_affiliates: usize,
     /// Send every client to this `host:port` in Hello.
     #[arg(long, value_name = "HOST:PORT")]
     redirect_endpoint: Option<String>,
@@ -56,12 +60,16 @@ impl Args {
         if self.snapshot_interval.is_zero() {
             anyhow::bail!("--snapshot-interval must be positive");
         }
+        if self.max_affiliates == 0 {
+            anyhow::bail!("--max-affiliates must be positive");
+        }
         Ok(ServerConfig {
             gc_interval: self.gc_interval,
             rate_limit: !self.no_rate_limit,
             redirect_endpoint: self.redirect_endpoint,
             snapshot_path: self.snapshot_path,
             snapshot_interval: self.snapshot_interval,
+            max_affiliates: self.max_affiliates,
             report_client_ip: !self.no_client_ip,
             trust_x_real_ip: !self.no_trust_x_real_ip,
             trust_x_forwarded_for: !self.no_trust_x_forwarded_for,

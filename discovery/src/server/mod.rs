@@ -26,6 +26,7 @@ pub mod ratelimit;
 pub mod service;
 pub mod snapshot;
 pub mod state;
+mod watch;
 mod web;
 
 pub use error::{RequestError, ServerError, SnapshotError};
@@ -71,8 +72,13 @@ pub struct ServerConfig {
     /// Take the client address from the first `X-Forwarded-For` entry (spoofable
     /// unless behind a proxy).
     pub trust_x_forwarded_for: bool,
-    /// Events queued per watcher before it is aborted as too slow.
+    /// Events queued per watcher before it is aborted as too slow (if it also took
+    /// nothing for `watch_stall`) or switched to catch-up (if it reads).
     pub watch_queue: usize,
+    /// How long a watcher with a full queue may take nothing before it is aborted.
+    pub watch_stall: Duration,
+    /// Most affiliates in one cluster (upstream: 1024).
+    pub max_affiliates: usize,
     /// Serve TLS (ALPN `h2`) instead of plaintext h2c.
     pub tls: Option<TlsFiles>,
 }
@@ -89,6 +95,8 @@ impl Default for ServerConfig {
             trust_x_real_ip: true,
             trust_x_forwarded_for: true,
             watch_queue: state::WATCH_QUEUE,
+            watch_stall: state::WATCH_STALL,
+            max_affiliates: state::MAX_AFFILIATES,
             tls: None,
         }
     }
@@ -277,6 +285,11 @@ async fn background(shared: Arc<Shared>) {
     let gc_every = shared.config.gc_interval.max(Duration::from_millis(10));
     let mut gc = tokio::time::interval_at(tokio::time::Instant::now() + gc_every, gc_every);
     gc.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Watchers that stopped reading are aborted within a quarter of the stall timeout
+    // even when no new event arrives to notice it.
+    let stall_every = (shared.config.watch_stall / 4).max(Duration::from_millis(10));
+    let mut stalled = tokio::time::interval(stall_every);
+    stalled.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut limiter = tokio::time::interval(Duration::from_secs(60));
     limiter.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let snapshot_every = shared.config.snapshot_interval.max(Duration::from_secs(1));
@@ -286,6 +299,7 @@ async fn background(shared: Arc<Shared>) {
     loop {
         tokio::select! {
             _ = gc.tick() => { run_gc(&shared); }
+            _ = stalled.tick() => shared.state().check_stalled(Instant::now()),
             _ = limiter.tick() => {
                 shared.limiter.lock().unwrap_or_else(std::sync::PoisonError::into_inner).cleanup(Instant::now());
             }
@@ -342,12 +356,18 @@ pub async fn spawn_with_metrics(
     if let Some(files) = &config.tls {
         builder = builder.tls_config(tls_config(files)?)?;
     }
-    let state = restore(&config);
+    let mut state = restore(&config);
+    state.set_max_affiliates(config.max_affiliates);
+    state.set_watch_stall(config.watch_stall);
     let token = CancellationToken::new();
     let shared = Arc::new(Shared::new(config, state, token.clone()));
-    let svc = ClusterServer::new(ClusterService {
+    let service = ClusterService {
         shared: Arc::clone(&shared),
-    });
+    };
+    let svc = watch::Routes {
+        cluster: ClusterServer::new(service.clone()),
+        service,
+    };
     // GC at start (before serving, so it cannot race the first requests), then every
     // interval.
     run_gc(&shared);

@@ -4,7 +4,7 @@
 use std::{
     net::{IpAddr, SocketAddr},
     pin::Pin,
-    sync::{atomic::Ordering, Arc, Mutex, MutexGuard},
+    sync::{Arc, Mutex, MutexGuard},
     time::{Duration, Instant},
 };
 
@@ -13,7 +13,6 @@ use tokio_util::sync::CancellationToken;
 use tonic::{metadata::MetadataMap, Request, Response, Status};
 
 use super::{
-    error::RequestError,
     metrics::Metrics,
     ratelimit::RateLimiter,
     state::{self, State, Subscription},
@@ -152,7 +151,12 @@ impl ClusterService {
         Ok(())
     }
 
-    fn record<T>(&self, method: &'static str, start: Instant, result: &Result<T, Status>) {
+    pub(crate) fn record<T>(
+        &self,
+        method: &'static str,
+        start: Instant,
+        result: &Result<T, Status>,
+    ) {
         let code = result
             .as_ref()
             .map_or_else(Status::code, |_| tonic::Code::Ok);
@@ -183,78 +187,22 @@ impl ClusterService {
         }))
     }
 
-    async fn watch_inner(&self, req: Request<pb::WatchRequest>) -> Result<Subscription, Status> {
+    pub(crate) async fn watch_inner(
+        &self,
+        req: Request<pb::WatchRequest>,
+    ) -> Result<Subscription, Status> {
         self.admit(&req).await?;
         let req = req.into_inner();
-        let sub = self
-            .shared
-            .state()
-            .watch(&req.cluster_id, self.shared.config.watch_queue)?;
+        let sub = self.shared.state().watch(
+            Instant::now(),
+            &req.cluster_id,
+            self.shared.config.watch_queue,
+        )?;
         Ok(sub)
     }
 }
 
-/// Unsubscribes when the Watch stream is dropped (client went away or stream ended).
-struct WatchGuard {
-    shared: Arc<Shared>,
-    cluster_id: String,
-    id: u64,
-}
-
-impl Drop for WatchGuard {
-    fn drop(&mut self) {
-        self.shared.state().unsubscribe(&self.cluster_id, self.id);
-    }
-}
-
-struct WatchCtx {
-    snapshot: Option<pb::WatchResponse>,
-    events: tokio::sync::mpsc::Receiver<state::Event>,
-    lost: Arc<std::sync::atomic::AtomicBool>,
-    shutdown: CancellationToken,
-    done: bool,
-    _guard: WatchGuard,
-}
-
 type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send>>;
-
-fn watch_stream(shared: Arc<Shared>, sub: Subscription) -> WatchStream {
-    let ctx = WatchCtx {
-        snapshot: Some(sub.snapshot),
-        events: sub.events,
-        lost: sub.lost,
-        shutdown: shared.shutdown.clone(),
-        done: false,
-        _guard: WatchGuard {
-            shared,
-            cluster_id: sub.cluster_id,
-            id: sub.id,
-        },
-    };
-    Box::pin(futures::stream::unfold(ctx, |mut ctx| async move {
-        if ctx.done {
-            return None;
-        }
-        // Always first, even when empty: clients know the snapshot by its position.
-        if let Some(snapshot) = ctx.snapshot.take() {
-            return Some((Ok(snapshot), ctx));
-        }
-        let event = tokio::select! {
-            biased;
-            () = ctx.shutdown.cancelled() => return None,
-            event = ctx.events.recv() => event,
-        };
-        match event {
-            Some(event) => Some((Ok(Arc::unwrap_or_clone(event)), ctx)),
-            None if ctx.lost.load(Ordering::Acquire) => {
-                ctx.done = true;
-                Some((Err(RequestError::LostUpdate.into()), ctx))
-            }
-            // Queue closed by shutdown: end with OK.
-            None => None,
-        }
-    }))
-}
 
 #[tonic::async_trait]
 impl pb::cluster_server::Cluster for ClusterService {
@@ -291,7 +239,9 @@ impl pb::cluster_server::Cluster for ClusterService {
         let result = async {
             self.admit(&req).await?;
             let r = req.get_ref();
-            self.shared.state().delete(&r.cluster_id, &r.affiliate_id)?;
+            self.shared
+                .state()
+                .delete(Instant::now(), &r.cluster_id, &r.affiliate_id)?;
             Ok(Response::new(pb::AffiliateDeleteResponse {}))
         }
         .await;
@@ -316,17 +266,26 @@ impl pb::cluster_server::Cluster for ClusterService {
 
     type WatchStream = WatchStream;
 
+    /// Not reached by clients: the server routes Watch to `watch::Routes`, which sends
+    /// the pre-encoded events as they are. Kept (decoding them again) so the service
+    /// is complete on its own.
     async fn watch(
         &self,
         req: Request<pb::WatchRequest>,
     ) -> Result<Response<Self::WatchStream>, Status> {
+        use futures::StreamExt as _;
         let start = Instant::now();
         let result = self.watch_inner(req).await;
         self.record("Watch", start, &result);
-        // Errors become the stream's final status after the call opened, so every
-        // client (Go and tonic alike) sees them on its first receive.
         let stream: WatchStream = match result {
-            Ok(sub) => watch_stream(Arc::clone(&self.shared), sub),
+            Ok(sub) => Box::pin(
+                super::watch::watch_stream(Arc::clone(&self.shared), sub).map(|item| {
+                    item.and_then(|bytes| {
+                        <pb::WatchResponse as prost::Message>::decode(bytes)
+                            .map_err(|e| Status::internal(e.to_string()))
+                    })
+                }),
+            ),
             Err(status) => Box::pin(futures::stream::once(async move { Err(status) })),
         };
         Ok(Response::new(stream))

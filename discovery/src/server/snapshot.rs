@@ -38,7 +38,7 @@ fn ttl(expiration: Instant, now: Instant) -> Option<prost_types::Duration> {
 /// so equal states give equal files.
 #[must_use]
 pub(crate) fn encode_record(id: &str, cluster: &Cluster, now: Instant) -> Vec<u8> {
-    let mut ids: Vec<&String> = cluster.affiliates.keys().collect();
+    let mut ids: Vec<&str> = cluster.affiliates.keys().map(|k| &**k).collect();
     ids.sort();
     let msg = pb::ClusterSnapshot {
         id: id.to_owned(),
@@ -47,12 +47,11 @@ pub(crate) fn encode_record(id: &str, cluster: &Cluster, now: Instant) -> Vec<u8
             .map(|aid| {
                 let a = &cluster.affiliates[aid];
                 pb::AffiliateSnapshot {
-                    id: aid.clone(),
+                    id: aid.to_owned(),
                     expiration: None,
-                    data: a.data.to_vec(),
+                    data: a.data().to_vec(),
                     endpoints: a
-                        .endpoints
-                        .iter()
+                        .endpoints()
                         .map(|e| pb::EndpointSnapshot {
                             expiration: None,
                             data: e.data.to_vec(),
@@ -262,21 +261,14 @@ fn expiration(
 fn import_cluster(msg: pb::ClusterSnapshot, now: Instant, wall: SystemTime) -> (String, Cluster) {
     let mut affiliates = HashMap::with_capacity(msg.affiliates.len());
     for a in msg.affiliates {
-        let endpoints = a
-            .endpoints
-            .into_iter()
-            .map(|e| Endpoint {
-                expiration: expiration(e.ttl.as_ref(), e.expiration.as_ref(), now, wall),
-                data: e.data.into_boxed_slice(),
-            })
-            .collect();
+        let endpoints = a.endpoints.iter().map(|e| Endpoint {
+            expiration: expiration(e.ttl.as_ref(), e.expiration.as_ref(), now, wall),
+            data: &e.data,
+        });
+        let exp = expiration(a.ttl.as_ref(), a.expiration.as_ref(), now, wall);
         affiliates.insert(
-            a.id,
-            Affiliate {
-                expiration: expiration(a.ttl.as_ref(), a.expiration.as_ref(), now, wall),
-                data: a.data.into_boxed_slice(),
-                endpoints,
-            },
+            a.id.into_boxed_str(),
+            Affiliate::new(exp, &a.data, endpoints),
         );
     }
     (msg.id, Cluster::with_affiliates(affiliates))

@@ -3,26 +3,27 @@
 //! `now`, so the rules are tested on a fake clock. The gRPC service is a thin shell
 //! around [`State`] behind one mutex.
 //!
-//! Request validation and TTL arithmetic live in `validate` and are re-exported here.
+//! Request validation and TTL arithmetic live in `validate` and are re-exported here;
+//! watch delivery (queues, catch-up, event encoding) in `watch`.
 
+mod record;
 #[cfg(test)]
 mod tests;
 mod validate;
+pub mod watch;
 
 use std::{
-    collections::HashMap,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
+    collections::{HashMap, VecDeque},
+    sync::Arc,
     time::{Duration, Instant},
 };
 
-use tokio::sync::mpsc;
+use bytes::{Bytes, BytesMut};
 
 pub use self::validate::{
     offset, ttl_nanos, validate_affiliate_id, validate_cluster_id, validate_update,
 };
+pub use self::watch::{Next, WatchQueue, WATCH_STALL};
 use super::error::RequestError;
 use crate::proto::server as pb;
 
@@ -34,103 +35,188 @@ pub const MAX_DATA_LEN: usize = 2048;
 pub const MAX_ENDPOINT_LEN: usize = 32;
 /// Largest TTL a client may ask for.
 pub const MAX_TTL: Duration = Duration::from_secs(30 * 60);
-/// Most affiliates in one cluster.
+/// Most affiliates in one cluster (upstream's limit; the server's default).
 pub const MAX_AFFILIATES: usize = 1024;
 /// Most endpoints of one affiliate.
 pub const MAX_ENDPOINTS: usize = 64;
 /// Events queued per watcher before it is aborted as too slow.
 pub const WATCH_QUEUE: usize = 32;
 
-/// One Watch message, shared by every watcher of the cluster.
-pub type Event = Arc<pb::WatchResponse>;
+/// One encoded Watch message, shared by every watcher of the cluster.
+pub type Event = Bytes;
 
-/// One stored endpoint blob.
-#[derive(Debug, Clone)]
-pub(crate) struct Endpoint {
-    pub(crate) expiration: Instant,
-    pub(crate) data: Box<[u8]>,
-}
-
-/// One stored affiliate: opaque blobs, each expiring on its own.
-#[derive(Debug, Clone)]
-pub(crate) struct Affiliate {
-    pub(crate) expiration: Instant,
-    pub(crate) data: Box<[u8]>,
-    /// Insertion order is kept; identity is byte equality.
-    pub(crate) endpoints: Vec<Endpoint>,
-}
+pub(crate) use self::record::{Affiliate, Endpoint};
 
 impl Affiliate {
     fn export(&self, id: &str) -> pb::Affiliate {
         pb::Affiliate {
             id: id.to_owned(),
-            data: self.data.to_vec(),
-            endpoints: self.endpoints.iter().map(|e| e.data.to_vec()).collect(),
+            data: self.data().to_vec(),
+            endpoints: self.endpoints().map(|e| e.data.to_vec()).collect(),
         }
     }
 }
 
 struct Subscriber {
     id: u64,
-    tx: mpsc::Sender<Event>,
-    lost: Arc<AtomicBool>,
+    queue: Arc<WatchQueue>,
+}
+
+impl Subscriber {
+    /// The stream holds the other reference; without it nobody reads.
+    fn gone(&self) -> bool {
+        Arc::strong_count(&self.queue) == 1
+    }
 }
 
 /// One cluster: affiliates and the watchers subscribed to them.
 #[derive(Default)]
 pub(crate) struct Cluster {
-    pub(crate) affiliates: HashMap<String, Affiliate>,
+    /// Boxed IDs: 8 bytes less per map slot than `String`.
+    pub(crate) affiliates: HashMap<Box<str>, Affiliate>,
     subscribers: Vec<Subscriber>,
+    /// Sequence number of the last event (every change is one).
+    seq: u64,
+    /// Deletions a lagging watcher may still need for its catch-up: (seq, ID), oldest
+    /// first; trimmed to what the slowest watcher has not taken yet.
+    tombstones: VecDeque<(u64, Box<str>)>,
+    /// Tombstone count that triggers the next trim.
+    trim_at: usize,
 }
 
+/// Tombstones kept before the first trim is tried.
+const TOMBSTONE_TRIM: usize = 4096;
+
 impl Cluster {
-    pub(crate) fn with_affiliates(affiliates: HashMap<String, Affiliate>) -> Self {
+    pub(crate) fn with_affiliates(affiliates: HashMap<Box<str>, Affiliate>) -> Self {
         Self {
             affiliates,
-            subscribers: Vec::new(),
+            ..Self::default()
         }
     }
 
-    /// Sends `event` to every watcher without blocking. A watcher whose queue is full
-    /// is dropped and marked lost; one that went away is dropped silently.
-    fn notify(&mut self, event: &Event) {
+    /// Queues `event` for every watcher without blocking. A watcher that stalled with
+    /// a full queue is dropped and marked lost; one that went away is dropped
+    /// silently.
+    fn notify(&mut self, seq: u64, event: &Event, now: Instant) {
         self.subscribers
-            .retain(|s| match s.tx.try_send(Arc::clone(event)) {
-                Ok(()) => true,
-                Err(mpsc::error::TrySendError::Full(_)) => {
-                    s.lost.store(true, Ordering::Release);
-                    false
-                }
-                Err(mpsc::error::TrySendError::Closed(_)) => false,
-            });
+            .retain(|s| !s.gone() && s.queue.push(seq, event, now));
     }
 
-    fn notify_upsert(&mut self, id: &str) {
-        if self.subscribers.is_empty() {
-            return;
-        }
-        let Some(affiliate) = self.affiliates.get(id) else {
+    fn notify_upsert(&mut self, id: &str, now: Instant) {
+        self.seq += 1;
+        let seq = self.seq;
+        let Some(affiliate) = self.affiliates.get_mut(id) else {
             return;
         };
-        let event = Arc::new(pb::WatchResponse {
-            affiliates: vec![affiliate.export(id)],
-            deleted: false,
-        });
-        self.notify(&event);
-    }
-
-    fn notify_delete(&mut self, id: &str) {
+        affiliate.changed = seq;
         if self.subscribers.is_empty() {
             return;
         }
-        let event = Arc::new(pb::WatchResponse {
-            affiliates: vec![pb::Affiliate {
-                id: id.to_owned(),
-                ..pb::Affiliate::default()
-            }],
-            deleted: true,
-        });
-        self.notify(&event);
+        let mut buf = BytesMut::with_capacity(watch::affiliate_entry_len(id, affiliate));
+        watch::put_affiliate(&mut buf, id, affiliate);
+        self.notify(seq, &buf.freeze(), now);
+    }
+
+    fn notify_delete(&mut self, id: &str, now: Instant) {
+        self.seq += 1;
+        if self.subscribers.is_empty() {
+            // A watcher registered later starts after this event.
+            return;
+        }
+        let seq = self.seq;
+        let mut buf = BytesMut::with_capacity(id.len() + 8);
+        watch::put_deleted(&mut buf, id);
+        watch::put_deleted_flag(&mut buf);
+        self.notify(seq, &buf.freeze(), now);
+        self.tombstones.push_back((seq, id.into()));
+        if self.tombstones.len() >= self.trim_at.max(TOMBSTONE_TRIM) {
+            self.trim_tombstones();
+            self.trim_at = self.tombstones.len() * 2;
+        }
+    }
+
+    /// Drops tombstones every watcher has already passed.
+    fn trim_tombstones(&mut self) {
+        let oldest = self
+            .subscribers
+            .iter()
+            .map(|s| s.queue.delivered())
+            .min()
+            .unwrap_or(self.seq);
+        while self
+            .tombstones
+            .front()
+            .is_some_and(|(seq, _)| *seq <= oldest)
+        {
+            self.tombstones.pop_front();
+        }
+    }
+
+    /// The catch-up of a watcher that took every event up to `since`: the current
+    /// state of each affiliate changed after it and a delete for each affiliate
+    /// removed after it, in event order, several affiliates per message.
+    fn catch_up(&self, since: u64) -> Vec<(u64, Bytes)> {
+        enum Item<'a> {
+            Upsert(&'a str, &'a Affiliate),
+            Delete(&'a str),
+        }
+        let mut items: Vec<(u64, Item<'_>)> = self
+            .affiliates
+            .iter()
+            .filter(|(_, a)| a.changed > since)
+            .map(|(id, a)| (a.changed, Item::Upsert(id, a)))
+            .collect();
+        items.extend(
+            self.tombstones
+                .iter()
+                .filter(|(seq, _)| *seq > since)
+                .map(|(seq, id)| (*seq, Item::Delete(id))),
+        );
+        items.sort_unstable_by_key(|(seq, _)| *seq);
+        let mut out = Vec::new();
+        let mut buf = BytesMut::new();
+        let mut deleted = false;
+        let mut last = since;
+        for (seq, item) in &items {
+            let is_delete = matches!(item, Item::Delete(_));
+            // One message holds either upserts or deletes (the flag covers all).
+            if !buf.is_empty() && (is_delete != deleted || buf.len() >= watch::CATCH_UP_BATCH) {
+                if deleted {
+                    watch::put_deleted_flag(&mut buf);
+                }
+                out.push((last, buf.split().freeze()));
+            }
+            deleted = is_delete;
+            match item {
+                Item::Upsert(id, a) => watch::put_affiliate(&mut buf, id, a),
+                Item::Delete(id) => watch::put_deleted(&mut buf, id),
+            }
+            last = *seq;
+        }
+        if !buf.is_empty() {
+            if deleted {
+                watch::put_deleted_flag(&mut buf);
+            }
+            out.push((self.seq, buf.freeze()));
+        } else if let Some(end) = out.last_mut() {
+            end.0 = self.seq;
+        }
+        out
+    }
+
+    /// Every affiliate as one encoded `WatchResponse` (the snapshot).
+    fn encode_all(&self) -> Bytes {
+        let len = self
+            .affiliates
+            .iter()
+            .map(|(id, a)| watch::affiliate_entry_len(id, a))
+            .sum();
+        let mut buf = BytesMut::with_capacity(len);
+        for (id, a) in &self.affiliates {
+            watch::put_affiliate(&mut buf, id, a);
+        }
+        buf.freeze()
     }
 }
 
@@ -139,14 +225,13 @@ impl Cluster {
 pub struct Subscription {
     /// The watched cluster.
     pub cluster_id: String,
-    /// Handle for [`State::unsubscribe`].
+    /// Handle for [`State::unsubscribe`] and [`State::catch_up`].
     pub id: u64,
-    /// Every affiliate at registration time (sent first, even when empty).
-    pub snapshot: pb::WatchResponse,
-    /// Live events, one affiliate each.
-    pub events: mpsc::Receiver<Event>,
-    /// Set when the subscription was dropped because its queue overflowed.
-    pub lost: Arc<AtomicBool>,
+    /// Every affiliate at registration time as an encoded `WatchResponse` (sent first,
+    /// even when empty).
+    pub snapshot: Bytes,
+    /// Live events.
+    pub queue: Arc<WatchQueue>,
 }
 
 /// What one GC pass removed.
@@ -197,10 +282,22 @@ pub fn signed_secs(t: Instant, now: Instant) -> i64 {
 }
 
 /// All clusters of the server.
-#[derive(Default)]
 pub struct State {
     pub(crate) clusters: HashMap<String, Cluster>,
     next_subscriber: u64,
+    max_affiliates: usize,
+    watch_stall: Duration,
+}
+
+impl Default for State {
+    fn default() -> Self {
+        Self {
+            clusters: HashMap::new(),
+            next_subscriber: 0,
+            max_affiliates: MAX_AFFILIATES,
+            watch_stall: WATCH_STALL,
+        }
+    }
 }
 
 impl std::fmt::Debug for State {
@@ -216,6 +313,17 @@ impl State {
     #[must_use]
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Sets the per-cluster affiliate cap ([`MAX_AFFILIATES`] unless changed).
+    pub fn set_max_affiliates(&mut self, max: usize) {
+        self.max_affiliates = max;
+    }
+
+    /// Sets how long a watcher with a full queue may take nothing before it is
+    /// aborted ([`WATCH_STALL`] unless changed).
+    pub fn set_watch_stall(&mut self, stall: Duration) {
+        self.watch_stall = stall;
     }
 
     /// AffiliateUpdate: validates, then creates or merges the affiliate and notifies
@@ -239,23 +347,19 @@ impl State {
         if let Some(affiliate) = cluster.affiliates.get_mut(id) {
             let (changed, result) = apply(affiliate, exp, data, &req.affiliate_endpoints);
             if changed {
-                cluster.notify_upsert(id);
+                cluster.notify_upsert(id, now);
             }
             result
         } else {
-            if cluster.affiliates.len() >= MAX_AFFILIATES {
+            if cluster.affiliates.len() >= self.max_affiliates {
                 return Err(RequestError::TooManyAffiliates);
             }
             // Upstream starts from the zero time: a new affiliate whose update fails
             // before setting an expiration is collected at the next GC.
-            let mut affiliate = Affiliate {
-                expiration: offset(now, i64::MIN),
-                data: Box::default(),
-                endpoints: Vec::new(),
-            };
+            let mut affiliate = Affiliate::new(offset(now, i64::MIN), &[], []);
             let (_, result) = apply(&mut affiliate, exp, data, &req.affiliate_endpoints);
-            cluster.affiliates.insert(id.to_owned(), affiliate);
-            cluster.notify_upsert(id);
+            cluster.affiliates.insert(id.into(), affiliate);
+            cluster.notify_upsert(id, now);
             result
         }
     }
@@ -264,12 +368,17 @@ impl State {
     ///
     /// # Errors
     /// Validation errors only; deleting a missing affiliate succeeds.
-    pub fn delete(&mut self, cluster_id: &str, affiliate_id: &str) -> Result<(), RequestError> {
+    pub fn delete(
+        &mut self,
+        now: Instant,
+        cluster_id: &str,
+        affiliate_id: &str,
+    ) -> Result<(), RequestError> {
         validate_cluster_id(cluster_id)?;
         validate_affiliate_id(affiliate_id)?;
         let cluster = self.clusters.entry(cluster_id.to_owned()).or_default();
         if cluster.affiliates.remove(affiliate_id).is_some() {
-            cluster.notify_delete(affiliate_id);
+            cluster.notify_delete(affiliate_id, now);
         }
         Ok(())
     }
@@ -295,33 +404,43 @@ impl State {
     ///
     /// # Errors
     /// Validation errors.
-    pub fn watch(&mut self, cluster_id: &str, queue: usize) -> Result<Subscription, RequestError> {
+    pub fn watch(
+        &mut self,
+        now: Instant,
+        cluster_id: &str,
+        queue: usize,
+    ) -> Result<Subscription, RequestError> {
         validate_cluster_id(cluster_id)?;
         let cluster = self.clusters.entry(cluster_id.to_owned()).or_default();
         self.next_subscriber += 1;
         let id = self.next_subscriber;
-        let (tx, events) = mpsc::channel(queue.max(1));
-        let lost = Arc::new(AtomicBool::new(false));
+        let queue = Arc::new(WatchQueue::new(queue, self.watch_stall, cluster.seq, now));
         cluster.subscribers.push(Subscriber {
             id,
-            tx,
-            lost: Arc::clone(&lost),
+            queue: Arc::clone(&queue),
         });
-        let snapshot = pb::WatchResponse {
-            affiliates: cluster
-                .affiliates
-                .iter()
-                .map(|(id, a)| a.export(id))
-                .collect(),
-            deleted: false,
-        };
         Ok(Subscription {
             cluster_id: cluster_id.to_owned(),
             id,
-            snapshot,
-            events,
-            lost,
+            snapshot: cluster.encode_all(),
+            queue,
         })
+    }
+
+    /// Fills a lagging watcher's queue with its catch-up (see [`watch`]). Runs under
+    /// the state lock, so no event falls between the catch-up and the next event.
+    /// False if the watcher is no longer registered.
+    pub fn catch_up(&mut self, now: Instant, cluster_id: &str, id: u64) -> bool {
+        let Some(cluster) = self.clusters.get(cluster_id) else {
+            return false;
+        };
+        let Some(sub) = cluster.subscribers.iter().find(|s| s.id == id) else {
+            return false;
+        };
+        if let Some(since) = sub.queue.lagging_since() {
+            sub.queue.fill_catch_up(cluster.catch_up(since), now);
+        }
+        true
     }
 
     /// Removes a watcher (stream ended). The cluster becomes collectable once it has
@@ -332,10 +451,22 @@ impl State {
         }
     }
 
-    /// Drops every watcher's queue, so their streams end (server shutdown).
+    /// Ends every watcher's stream with OK (server shutdown).
     pub fn close_subscriptions(&mut self) {
         for cluster in self.clusters.values_mut() {
-            cluster.subscribers.clear();
+            for s in cluster.subscribers.drain(..) {
+                s.queue.close();
+            }
+        }
+    }
+
+    /// Aborts watchers that stopped reading while events wait for them (the check
+    /// also runs on every new event).
+    pub fn check_stalled(&mut self, now: Instant) {
+        for cluster in self.clusters.values_mut() {
+            cluster
+                .subscribers
+                .retain(|s| !s.gone() && s.queue.check_stalled(now));
         }
     }
 
@@ -354,23 +485,23 @@ impl State {
                     removed.push(id.clone());
                     return false;
                 }
-                let before = a.endpoints.len();
-                a.endpoints.retain(|e| e.expiration > now);
-                if a.endpoints.len() != before {
-                    stats.endpoints += before - a.endpoints.len();
+                let dropped = a.retain_endpoints(|expiration| expiration > now);
+                if dropped > 0 {
+                    stats.endpoints += dropped;
                     trimmed.push(id.clone());
                 }
                 true
             });
             stats.affiliates += removed.len();
             for id in &removed {
-                cluster.notify_delete(id);
+                cluster.notify_delete(id, now);
             }
             for id in &trimmed {
-                cluster.notify_upsert(id);
+                cluster.notify_upsert(id, now);
             }
             // Watchers that went away without unsubscribing do not keep a cluster.
-            cluster.subscribers.retain(|s| !s.tx.is_closed());
+            cluster.subscribers.retain(|s| !s.gone());
+            cluster.trim_tombstones();
         }
         let before = self.clusters.len();
         self.clusters
@@ -392,7 +523,7 @@ impl State {
             counts.endpoints += cluster
                 .affiliates
                 .values()
-                .map(|a| a.endpoints.len())
+                .map(Affiliate::endpoint_count)
                 .sum::<usize>();
         }
         counts
@@ -407,9 +538,9 @@ impl State {
             .affiliates
             .iter()
             .map(|(id, a)| AffiliateInfo {
-                id: id.clone(),
-                data_len: a.data.len(),
-                endpoints: a.endpoints.len(),
+                id: id.to_string(),
+                data_len: a.data().len(),
+                endpoints: a.endpoint_count(),
                 expires_in_secs: signed_secs(a.expiration, now),
             })
             .collect();
@@ -428,21 +559,18 @@ fn apply(
 ) -> (bool, Result<(), RequestError>) {
     let mut changed = false;
     if let Some(data) = data {
-        a.data = data.into();
+        a.set_data(data);
         // May shorten the expiration: the data's TTL is the client's latest word.
         a.expiration = exp;
         changed = true;
     }
     for blob in endpoints {
-        if let Some(existing) = a.endpoints.iter_mut().find(|e| *e.data == **blob) {
-            existing.expiration = existing.expiration.max(exp);
-        } else if a.endpoints.len() >= MAX_ENDPOINTS {
+        if a.extend_endpoint(blob, exp) {
+            // Known: only its life was extended.
+        } else if a.endpoint_count() >= MAX_ENDPOINTS {
             return (changed, Err(RequestError::TooManyEndpoints));
         } else {
-            a.endpoints.push(Endpoint {
-                expiration: exp,
-                data: blob.as_slice().into(),
-            });
+            a.push_endpoint(blob, exp);
             changed = true;
         }
     }

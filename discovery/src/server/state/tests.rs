@@ -25,10 +25,26 @@ fn min(n: u64) -> Duration {
     Duration::from_secs(60 * n)
 }
 
+fn decode(bytes: &[u8]) -> pb::WatchResponse {
+    <pb::WatchResponse as prost::Message>::decode(bytes).unwrap()
+}
+
+/// Every message the watcher's stream would send now (catch-ups included).
+fn drain_at(s: &mut State, sub: &mut Subscription, now: Instant) -> Vec<pb::WatchResponse> {
+    let mut out = Vec::new();
+    loop {
+        match sub.queue.next(now) {
+            Next::Send(ev) => out.push(decode(&ev)),
+            Next::CatchUp => assert!(s.catch_up(now, &sub.cluster_id, sub.id)),
+            _ => return out,
+        }
+    }
+}
+
 fn drain(sub: &mut Subscription) -> Vec<pb::WatchResponse> {
     let mut out = Vec::new();
-    while let Ok(ev) = sub.events.try_recv() {
-        out.push((*ev).clone());
+    while let Next::Send(ev) = sub.queue.next(Instant::now()) {
+        out.push(decode(&ev));
     }
     out
 }
@@ -86,8 +102,11 @@ fn endpoint_expires_before_affiliate_and_gc_sends_upsert_then_delete() {
     let mut s = State::new();
     s.update(t0, &req("a", Some(b"d"), &[], 180)).unwrap();
     s.update(t0, &req("a", None, &[b"e1"], 60)).unwrap();
-    let mut w = s.watch("c", WATCH_QUEUE).unwrap();
-    assert_eq!(w.snapshot.affiliates[0].endpoints, vec![b"e1".to_vec()]);
+    let mut w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
+    assert_eq!(
+        decode(&w.snapshot).affiliates[0].endpoints,
+        vec![b"e1".to_vec()]
+    );
 
     assert_eq!(
         s.gc(t0 + min(1) - Duration::from_secs(1)),
@@ -147,7 +166,7 @@ fn expiration_rules() {
 fn endpoint_only_update_creates_affiliate_with_empty_data() {
     let t0 = Instant::now();
     let mut s = State::new();
-    let mut w = s.watch("c", WATCH_QUEUE).unwrap();
+    let mut w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
     s.update(t0, &req("x", None, &[b"e"], 60)).unwrap();
     let ev = drain(&mut w);
     assert_eq!(ev.len(), 1);
@@ -177,7 +196,7 @@ fn limits_affiliates_and_endpoints() {
     s.update(t0, &req("a0", Some(b"d2"), &[], 60)).unwrap();
     assert_eq!(s.counts().affiliates, MAX_AFFILIATES);
 
-    let mut w = s.watch("c", WATCH_QUEUE).unwrap();
+    let mut w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
     let blobs: Vec<Vec<u8>> = (0..65u32).map(|i| i.to_be_bytes().to_vec()).collect();
     let first: Vec<&[u8]> = blobs[..63].iter().map(Vec::as_slice).collect();
     s.update(t0, &req("a1", None, &first, 60)).unwrap();
@@ -194,13 +213,17 @@ fn limits_affiliates_and_endpoints() {
 }
 
 #[test]
-fn slow_watchers_are_dropped_live_ones_see_every_event() {
+fn stalled_watchers_are_dropped_live_ones_see_every_event() {
     let t0 = Instant::now();
+    let later = t0 + WATCH_STALL + Duration::from_secs(1);
     let mut s = State::new();
-    let mut live: Vec<_> = (0..5).map(|_| s.watch("c", 16).unwrap()).collect();
-    let mut dead: Vec<_> = (0..2).map(|_| s.watch("c", 1).unwrap()).collect();
-    for i in 0..4 {
-        s.update(t0, &req(&format!("a{i}"), Some(b"d"), &[], 60))
+    let mut live: Vec<_> = (0..5).map(|_| s.watch(t0, "c", 16).unwrap()).collect();
+    let mut dead: Vec<_> = (0..2).map(|_| s.watch(t0, "c", 1).unwrap()).collect();
+    // The first event fills the one-event queues; the next ones come after the dead
+    // watchers had it for longer than the stall timeout without taking it.
+    s.update(t0, &req("a0", Some(b"d"), &[], 60)).unwrap();
+    for i in 1..4 {
+        s.update(later, &req(&format!("a{i}"), Some(b"d"), &[], 60))
             .unwrap();
     }
     assert_eq!(s.counts().subscriptions, 5);
@@ -210,17 +233,81 @@ fn slow_watchers_are_dropped_live_ones_see_every_event() {
             .map(|e| e.affiliates[0].id.clone())
             .collect();
         assert_eq!(ids, ["a0", "a1", "a2", "a3"]);
-        assert!(!w.lost.load(Ordering::Acquire));
+        assert!(!w.queue.is_lost());
     }
     for w in &mut dead {
-        assert!(w.lost.load(Ordering::Acquire));
-        // The one queued event, then the closed queue.
+        assert!(w.queue.is_lost());
+        // The one queued event, then the end with ABORTED.
         assert_eq!(drain(w).len(), 1);
-        assert!(matches!(
-            w.events.try_recv(),
-            Err(mpsc::error::TryRecvError::Disconnected)
-        ));
+        assert!(matches!(w.queue.next(later), Next::Lost));
     }
+}
+
+#[test]
+fn stalled_watcher_is_dropped_by_the_periodic_check() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    let w = s.watch(t0, "c", 1).unwrap();
+    s.update(t0, &req("a", Some(b"d"), &[], 60)).unwrap();
+    s.check_stalled(t0 + Duration::from_millis(10));
+    assert_eq!(s.counts().subscriptions, 1);
+    s.check_stalled(t0 + WATCH_STALL + Duration::from_secs(1));
+    assert_eq!(s.counts().subscriptions, 0);
+    assert!(w.queue.is_lost());
+}
+
+/// A watcher that falls behind but keeps reading is never dropped: it gets the
+/// current state of what changed, in event order, several affiliates per message.
+#[test]
+fn reading_watcher_that_falls_behind_catches_up() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    for i in 0..3 {
+        s.update(t0, &req(&format!("old{i}"), Some(b"d"), &[], 60))
+            .unwrap();
+    }
+    let mut w = s.watch(t0, "c", 4).unwrap();
+    let mut fast = s.watch(t0, "c", 1000).unwrap();
+    assert_eq!(decode(&w.snapshot).affiliates.len(), 3);
+    // It takes one event, then a burst overflows its queue.
+    s.update(t0, &req("a", Some(b"1"), &[], 60)).unwrap();
+    assert_eq!(drain_at(&mut s, &mut w, t0).len(), 1);
+    for round in 0..5u8 {
+        for id in ["b", "a", "c"] {
+            s.update(t0, &req(id, Some(&[round]), &[], 60)).unwrap();
+        }
+    }
+    s.delete(t0, "c", "old1").unwrap();
+    s.update(t0, &req("old2", Some(b"new"), &[], 60)).unwrap();
+    assert_eq!(s.counts().subscriptions, 2, "a reading watcher is kept");
+    let msgs = drain_at(&mut s, &mut w, t0);
+    // Catch-up: b, a, c at their last state, then the delete, then old2.
+    let flat: Vec<(bool, String, Vec<u8>)> = msgs
+        .iter()
+        .flat_map(|m| {
+            m.affiliates
+                .iter()
+                .map(move |a| (m.deleted, a.id.clone(), a.data.clone()))
+        })
+        .collect();
+    assert_eq!(
+        flat,
+        [
+            (false, "b".to_owned(), vec![4]),
+            (false, "a".to_owned(), vec![4]),
+            (false, "c".to_owned(), vec![4]),
+            (true, "old1".to_owned(), vec![]),
+            (false, "old2".to_owned(), b"new".to_vec()),
+        ]
+    );
+    assert_eq!(msgs.len(), 3, "upserts batched, the delete alone");
+    // Live again afterwards.
+    s.update(t0, &req("a", Some(b"z"), &[], 60)).unwrap();
+    let next = drain_at(&mut s, &mut w, t0);
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].affiliates[0].data, b"z");
+    // The fast watcher saw every single event.
+    assert_eq!(drain_at(&mut s, &mut fast, t0).len(), 1 + 15 + 2 + 1);
 }
 
 #[test]
@@ -228,11 +315,11 @@ fn read_only_cluster_is_collected_at_first_gc() {
     let t0 = Instant::now();
     let mut s = State::new();
     assert!(s.list("ro").unwrap().is_empty());
-    s.delete("ro2", "x").unwrap();
+    s.delete(t0, "ro2", "x").unwrap();
     assert_eq!(s.counts().clusters, 2);
     assert_eq!(s.gc(t0).clusters, 2);
     // A watcher that went away without unsubscribing does not pin its cluster.
-    let w = s.watch("w", 1).unwrap();
+    let w = s.watch(t0, "w", 1).unwrap();
     drop(w);
     assert_eq!(s.gc(t0).clusters, 1);
 }
@@ -242,11 +329,11 @@ fn watch_snapshot_and_registration_are_atomic() {
     let t0 = Instant::now();
     let mut s = State::new();
     s.update(t0, &req("a", Some(b"d"), &[], 60)).unwrap();
-    let mut w = s.watch("c", WATCH_QUEUE).unwrap();
-    assert_eq!(w.snapshot.affiliates.len(), 1);
-    assert!(!w.snapshot.deleted);
-    s.delete("c", "a").unwrap();
-    s.delete("c", "a").unwrap(); // absent: no event
+    let mut w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
+    assert_eq!(decode(&w.snapshot).affiliates.len(), 1);
+    assert!(!decode(&w.snapshot).deleted);
+    s.delete(t0, "c", "a").unwrap();
+    s.delete(t0, "c", "a").unwrap(); // absent: no event
     let ev = drain(&mut w);
     assert_eq!(ev.len(), 1);
     assert!(ev[0].deleted);
@@ -265,4 +352,19 @@ fn ttl_saturates() {
     let now = Instant::now();
     assert!(offset(now, i64::MAX) > now);
     assert!(offset(now, -1) < now);
+}
+
+#[test]
+fn affiliate_cap_is_configurable() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    s.set_max_affiliates(3);
+    for i in 0..3 {
+        s.update(t0, &req(&format!("a{i}"), Some(b"d"), &[], 60))
+            .unwrap();
+    }
+    assert_eq!(
+        s.update(t0, &req("a3", Some(b"d"), &[], 60)),
+        Err(RequestError::TooManyAffiliates)
+    );
 }
