@@ -31,6 +31,13 @@ pub enum SetLayout {
     Split,
     /// Everything in one interval set per family, as upstream does.
     Interval,
+    /// One hash set per family and prefix length, holding the prefixes' network
+    /// addresses, matched by `daddr & mask == @set` (one rule pair per non-empty
+    /// length). A commit costs the changed elements only: the kernel's interval set
+    /// walks the whole tree on every insert and commit, a hash set does not (issue 18).
+    /// The sets of every length exist (empty ones cost no lookup: they get no rule),
+    /// so a length appearing or disappearing changes rules, never the set list.
+    PerLength,
 }
 
 /// Who marks forwarded traffic (the prerouting chain's job).
