@@ -31,6 +31,8 @@ fn spec(v4: &[&str], v6: &[&str]) -> MarkingSpec {
     MarkingSpec {
         prefixes_v4: v4.iter().map(|p| p.parse().unwrap()).collect(),
         prefixes_v6: v6.iter().map(|p| p.parse().unwrap()).collect(),
+        // These tests were written for the split layout's sets.
+        layout: SetLayout::Split,
         ..MarkingSpec::default()
     }
 }
@@ -157,7 +159,10 @@ fn element_change_touches_no_chain() {
 fn ten_thousand_elements_both_layouts() {
     let ns = NetnsGuard::new("wsnft").unwrap();
     let mut m = NftMarking::new(ns.netns().clone());
-    let mut s = MarkingSpec::default();
+    let mut s = MarkingSpec {
+        layout: SetLayout::Split,
+        ..MarkingSpec::default()
+    };
     for i in 0..5000u32 {
         s.prefixes_v4
             .push(IpNet::new(std::net::Ipv4Addr::from(0x0a00_0000 + i).into(), 32).unwrap());
@@ -174,6 +179,13 @@ fn ten_thousand_elements_both_layouts() {
     let v = nft_json(&ns);
     assert_eq!(set_elems(&v, "wirespan", "v4_nets"), 10_000);
     assert_eq!(set_elems(&v, "wirespan", "v4_hosts"), 0);
+    s.layout = SetLayout::PerLength;
+    m.apply(&s).unwrap();
+    let v = nft_json(&ns);
+    assert_eq!(set_elems(&v, "wirespan", "v4_hosts"), 5000);
+    assert_eq!(set_elems(&v, "wirespan", "v4_len24"), 5000);
+    assert_eq!(set_elems(&v, "wirespan", "v4_nets"), 0);
+    assert!(!m.apply(&s).unwrap());
 }
 
 #[test]
@@ -652,11 +664,11 @@ fn per_length_layout_lists_and_marks_exactly_the_routed_set() {
     assert_eq!(
         nonempty,
         vec![
+            ("v4_hosts", sorted(&["10.9.0.1"])),
             ("v4_len16", sorted(&["10.244.0.0"])),
             ("v4_len24", sorted(&["10.244.1.0"])),
             ("v4_len26", sorted(&["100.64.0.0"])),
-            ("v4_len32", sorted(&["10.9.0.1"])),
-            ("v6_len128", sorted(&["fd00:1::1"])),
+            ("v6_hosts", sorted(&["fd00:1::1"])),
             ("v6_len64", sorted(&["fd10::"])),
         ]
     );
@@ -668,7 +680,7 @@ fn per_length_layout_lists_and_marks_exactly_the_routed_set() {
         .unwrap();
     assert!(
         chain.contains("ip daddr & 255.255.255.0 == @v4_len24")
-            && chain.contains("ip daddr @v4_len32")
+            && chain.contains("ip daddr @v4_hosts")
             && chain.contains("ip6 daddr & ffff:ffff:ffff:ffff:: == @v6_len64")
             && !chain.contains("v4_len8"),
         "{chain}"

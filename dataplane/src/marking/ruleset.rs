@@ -94,9 +94,17 @@ fn max_len(family: Family) -> u8 {
 fn length_set_names() -> &'static [&'static str] {
     static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
     NAMES.get_or_init(|| {
-        // 162 short names, built once: set names are `&'static str` everywhere.
-        let v4 = (0..=32u8).rev().map(|l| format!("v4_len{l}"));
-        let v6 = (0..=128u8).rev().map(|l| format!("v6_len{l}"));
+        // 162 short names, built once: set names are `&'static str` everywhere. The
+        // whole-address sets keep the split layout's names: they hold the same.
+        let name = |f: &str, l: u8, max: u8| {
+            if l == max {
+                format!("{f}_hosts")
+            } else {
+                format!("{f}_len{l}")
+            }
+        };
+        let v4 = (0..=32u8).rev().map(move |l| name("v4", l, 32));
+        let v6 = (0..=128u8).rev().map(move |l| name("v6", l, 128));
         v4.chain(v6)
             .map(|n| &*Box::leak(n.into_boxed_str()))
             .collect()
@@ -114,12 +122,14 @@ pub(super) fn length_set_index(family: Family, len: u8) -> usize {
 
 /// The family and prefix length of a per-length set, from its name.
 pub(super) fn length_of_set(name: &str) -> Option<(Family, u8)> {
-    let (family, len) = if let Some(l) = name.strip_prefix("v4_len") {
-        (Family::V4, l)
-    } else {
-        (Family::V6, name.strip_prefix("v6_len")?)
+    let (family, len) = match name {
+        "v4_hosts" => (Family::V4, 32),
+        "v6_hosts" => (Family::V6, 128),
+        _ => match name.strip_prefix("v4_len") {
+            Some(l) => (Family::V4, l.parse().ok()?),
+            None => (Family::V6, name.strip_prefix("v6_len")?.parse().ok()?),
+        },
     };
-    let len: u8 = len.parse().ok()?;
     (len <= max_len(family) && length_set_names()[length_set_index(family, len)] == name)
         .then_some((family, len))
 }

@@ -27,7 +27,6 @@ pub const DEFAULT_TABLE: &str = "wirespan";
 pub enum SetLayout {
     /// Host addresses (/32, /128) in hash sets, true CIDRs in interval sets: a hash
     /// lookup is several times cheaper than the interval (rbtree) lookup (spec §12.1).
-    #[default]
     Split,
     /// Everything in one interval set per family, as upstream does.
     Interval,
@@ -36,7 +35,9 @@ pub enum SetLayout {
     /// length). A commit costs the changed elements only: the kernel's interval set
     /// walks the whole tree on every insert and commit, a hash set does not (issue 18).
     /// The sets of every length exist (empty ones cost no lookup: they get no rule),
-    /// so a length appearing or disappearing changes rules, never the set list.
+    /// so a length appearing or disappearing changes rules, never the set list. The
+    /// whole-address sets are the split layout's `v4_hosts` and `v6_hosts`.
+    #[default]
     PerLength,
 }
 
@@ -86,7 +87,7 @@ impl Default for MarkingSpec {
             mtu: crate::DEFAULT_MTU,
             prefixes_v4: Vec::new(),
             prefixes_v6: Vec::new(),
-            layout: SetLayout::Split,
+            layout: SetLayout::PerLength,
             prerouting: PreroutingMarking::Nftables,
         }
     }
