@@ -180,11 +180,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .flat_map(|(_, p)| p)
             .collect::<Vec<_>>();
         let n = prefixes.len();
-        for layout in [SetLayout::Split, SetLayout::Interval] {
+        for layout in [SetLayout::Split, SetLayout::Interval, SetLayout::PerLength] {
             let l = layout_figures(&prefixes, layout, args.changes)?;
             let name = match layout {
                 SetLayout::Split => "hash+interval",
                 SetLayout::Interval => "interval only",
+                SetLayout::PerLength => "hash per length",
             };
             rows.push(Row::info(
                 format!("nft {name}, {n} prefixes: from empty"),

@@ -31,6 +31,8 @@ fn spec(v4: &[&str], v6: &[&str]) -> MarkingSpec {
     MarkingSpec {
         prefixes_v4: v4.iter().map(|p| p.parse().unwrap()).collect(),
         prefixes_v6: v6.iter().map(|p| p.parse().unwrap()).collect(),
+        // These tests were written for the split layout's sets.
+        layout: SetLayout::Split,
         ..MarkingSpec::default()
     }
 }
@@ -157,7 +159,10 @@ fn element_change_touches_no_chain() {
 fn ten_thousand_elements_both_layouts() {
     let ns = NetnsGuard::new("wsnft").unwrap();
     let mut m = NftMarking::new(ns.netns().clone());
-    let mut s = MarkingSpec::default();
+    let mut s = MarkingSpec {
+        layout: SetLayout::Split,
+        ..MarkingSpec::default()
+    };
     for i in 0..5000u32 {
         s.prefixes_v4
             .push(IpNet::new(std::net::Ipv4Addr::from(0x0a00_0000 + i).into(), 32).unwrap());
@@ -174,6 +179,13 @@ fn ten_thousand_elements_both_layouts() {
     let v = nft_json(&ns);
     assert_eq!(set_elems(&v, "wirespan", "v4_nets"), 10_000);
     assert_eq!(set_elems(&v, "wirespan", "v4_hosts"), 0);
+    s.layout = SetLayout::PerLength;
+    m.apply(&s).unwrap();
+    let v = nft_json(&ns);
+    assert_eq!(set_elems(&v, "wirespan", "v4_hosts"), 5000);
+    assert_eq!(set_elems(&v, "wirespan", "v4_len24"), 5000);
+    assert_eq!(set_elems(&v, "wirespan", "v4_nets"), 0);
+    assert!(!m.apply(&s).unwrap());
 }
 
 #[test]
@@ -309,6 +321,41 @@ fn listed(ns: &NetnsGuard, set: &str) -> Vec<String> {
     out
 }
 
+/// Every set of our table with its elements (format of [`listed`]), from one listing.
+fn listed_all(ns: &NetnsGuard) -> std::collections::BTreeMap<String, Vec<String>> {
+    let v: Value = serde_json::from_str(
+        &ns.run_stdout("nft", &["-j", "list", "table", "inet", "wirespan"])
+            .unwrap(),
+    )
+    .unwrap();
+    objects(&v, "set")
+        .into_iter()
+        .map(|s| {
+            let mut elems: Vec<String> = s["elem"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .map(|e| match e.get("prefix") {
+                            Some(p) => format!("{}/{}", p["addr"].as_str().unwrap(), p["len"]),
+                            None => e.as_str().unwrap().to_owned(),
+                        })
+                        .collect()
+                })
+                .unwrap_or_default();
+            elems.sort();
+            (s["name"].as_str().unwrap().to_owned(), elems)
+        })
+        .collect()
+}
+
+/// [`rendered_sets`] in the form of [`listed_all`].
+fn rendered_all(s: &MarkingSpec) -> std::collections::BTreeMap<String, Vec<String>> {
+    rendered_sets(s)
+        .into_iter()
+        .map(|(n, v)| (n.to_owned(), v))
+        .collect()
+}
+
 fn sorted(v: &[&str]) -> Vec<String> {
     let mut v: Vec<String> = v.iter().map(|s| (*s).to_owned()).collect();
     v.sort();
@@ -437,7 +484,7 @@ fn rendered_sets(s: &MarkingSpec) -> Vec<(&'static str, Vec<String>)> {
 #[test]
 fn deltas_leave_exactly_the_rendered_table() {
     let p = |s: &str| s.parse::<IpNet>().unwrap();
-    for layout in [SetLayout::Split, SetLayout::Interval] {
+    for layout in [SetLayout::Split, SetLayout::Interval, SetLayout::PerLength] {
         let ns = NetnsGuard::new("wsnftd").unwrap();
         let mut m = NftMarking::new(ns.netns().clone());
         let first = PrefixDelta {
@@ -496,9 +543,7 @@ fn deltas_leave_exactly_the_rendered_table() {
                 "{layout:?} step {i}"
             );
             assert_eq!(m.reads(), reads, "{layout:?} step {i}: table listed");
-            for (set, elems) in &want {
-                assert_eq!(&listed(&ns, set), elems, "{layout:?} step {i} {set}");
-            }
+            assert_eq!(listed_all(&ns), rendered_all(&s), "{layout:?} step {i}");
             assert!(
                 !NftMarking::new(ns.netns().clone()).apply(&s).unwrap(),
                 "{layout:?} step {i}: kernel differs from a full apply"
@@ -526,9 +571,11 @@ fn deltas_leave_exactly_the_rendered_table() {
         s = delta.applied_to(&s).unwrap();
         assert!(m.apply_delta(&delta).unwrap());
         assert_eq!(m.reads(), reads + 1);
-        for (set, elems) in &rendered_sets(&s) {
-            assert_eq!(&listed(&ns, set), elems, "{layout:?} after foreign {set}");
-        }
+        assert_eq!(
+            listed_all(&ns),
+            rendered_all(&s),
+            "{layout:?} after foreign"
+        );
         assert!(!NftMarking::new(ns.netns().clone()).apply(&s).unwrap());
     }
 }
@@ -572,4 +619,144 @@ fn invalid_delta_writes_nothing() {
     assert!(m.apply_delta(&ok).unwrap());
     assert_eq!(listed(&ns, "v4_nets"), vec!["10.1.0.0/24".to_owned()]);
     assert_eq!(listed(&ns, "v4_hosts"), vec!["10.9.0.1".to_owned()]);
+}
+
+/// The per-length layout: one hash set per prefix length holding network addresses,
+/// a masked lookup per non-empty length; full applies and deltas leave exactly the
+/// rendered elements; locally originated packets to covered addresses are marked,
+/// others not.
+#[test]
+fn per_length_layout_lists_and_marks_exactly_the_routed_set() {
+    let p = |s: &str| s.parse::<IpNet>().unwrap();
+    let ns = NetnsGuard::new("wsnftl").unwrap();
+    // A route for everything, so pings leave through the output chain.
+    for args in [
+        &["link", "add", "d0", "type", "veth", "peer", "name", "d1"][..],
+        &["link", "set", "d0", "up"],
+        &["link", "set", "d1", "up"],
+        &["addr", "add", "192.0.2.1/24", "dev", "d0"],
+        &["route", "add", "default", "dev", "d0"],
+        &["-6", "route", "add", "default", "dev", "d0"],
+    ] {
+        ns.run("ip", args).unwrap();
+    }
+    let mut m = NftMarking::new(ns.netns().clone());
+    let mut s = MarkingSpec {
+        layout: SetLayout::PerLength,
+        ..spec(
+            &[
+                "10.9.0.1/32",
+                "10.244.1.0/24",
+                "10.244.0.0/16",
+                "100.64.0.0/26",
+            ],
+            &["fd00:1::1/128", "fd10::/64"],
+        )
+    };
+    assert!(m.apply(&s).unwrap());
+    let all = listed_all(&ns);
+    assert_eq!(all, rendered_all(&s));
+    let nonempty: Vec<(&str, Vec<String>)> = all
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| (k.as_str(), v.clone()))
+        .collect();
+    assert_eq!(
+        nonempty,
+        vec![
+            ("v4_hosts", sorted(&["10.9.0.1"])),
+            ("v4_len16", sorted(&["10.244.0.0"])),
+            ("v4_len24", sorted(&["10.244.1.0"])),
+            ("v4_len26", sorted(&["100.64.0.0"])),
+            ("v6_hosts", sorted(&["fd00:1::1"])),
+            ("v6_len64", sorted(&["fd10::"])),
+        ]
+    );
+    let chain = ns
+        .run_stdout(
+            "nft",
+            &["list", "chain", "inet", "wirespan", "kubespan_outgoing"],
+        )
+        .unwrap();
+    assert!(
+        chain.contains("ip daddr & 255.255.255.0 == @v4_len24")
+            && chain.contains("ip daddr @v4_hosts")
+            && chain.contains("ip6 daddr & ffff:ffff:ffff:ffff:: == @v6_len64")
+            && !chain.contains("v4_len8"),
+        "{chain}"
+    );
+    assert!(!m.apply(&s).unwrap(), "re-apply wrote");
+
+    let marked = |m: &mut NftMarking| -> u64 {
+        m.observe()
+            .unwrap()
+            .counters
+            .iter()
+            .filter(|(c, _, _)| c.starts_with("wirespan:mark:"))
+            .map(|(_, n, _)| *n)
+            .sum()
+    };
+    let send = |dst: &str| {
+        // No one answers: only the packet going out matters.
+        let _ = ns.run("ping", &["-c", "1", "-W", "1", dst]);
+    };
+    for (dst, covered) in [
+        ("10.9.0.1", true),
+        ("10.9.0.2", false),
+        ("10.244.1.77", true),
+        ("10.244.200.3", true),
+        ("10.245.0.1", false),
+        ("100.64.0.63", true),
+        ("100.64.0.64", false),
+        ("fd10::42", true),
+        ("fd10:0:0:1::1", false),
+        ("fd00:1::1", true),
+        ("fd00:1::2", false),
+    ] {
+        let before = marked(&mut m);
+        send(dst);
+        let after = marked(&mut m);
+        assert_eq!(
+            after > before,
+            covered,
+            "{dst}: mark counter {before} -> {after}"
+        );
+    }
+
+    // Deltas: a new length appears (rules change), an element goes, a length empties.
+    let steps: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (vec![], vec!["10.10.0.0/20"]),
+        (vec!["10.244.1.0/24"], vec!["10.244.2.0/24"]),
+        (vec!["100.64.0.0/26"], vec![]),
+        (vec!["fd10::/64"], vec!["fd10::/56"]),
+    ];
+    for (i, (remove, add)) in steps.iter().enumerate() {
+        let delta = PrefixDelta {
+            remove: remove.iter().map(|q| p(q)).collect(),
+            add: add.iter().map(|q| p(q)).collect(),
+        };
+        s = delta.applied_to(&s).unwrap();
+        assert!(m.apply_delta(&delta).unwrap(), "step {i}");
+        assert_eq!(listed_all(&ns), rendered_all(&s), "step {i}");
+        assert!(
+            !NftMarking::new(ns.netns().clone()).apply(&s).unwrap(),
+            "step {i}: kernel differs from a full apply"
+        );
+    }
+    for (dst, covered) in [
+        ("10.10.15.255", true),
+        ("10.10.16.0", false),
+        ("10.244.2.9", true),
+        ("100.64.0.1", false),
+        ("fd10:0:0:ff::1", true),
+    ] {
+        let before = marked(&mut m);
+        send(dst);
+        let after = marked(&mut m);
+        assert_eq!(
+            after > before,
+            covered,
+            "{dst}: mark counter {before} -> {after}"
+        );
+    }
 }

@@ -22,14 +22,16 @@ pub(super) enum Config {
     None,
     NftInterval,
     NftSplit,
+    NftPerLength,
     Ebpf,
     EbpfLpm,
 }
 
-const CONFIGS: [Config; 5] = [
+const CONFIGS: [Config; 6] = [
     Config::None,
     Config::NftInterval,
     Config::NftSplit,
+    Config::NftPerLength,
     Config::Ebpf,
     Config::EbpfLpm,
 ];
@@ -40,6 +42,7 @@ impl Config {
             Config::None => "no marking",
             Config::NftInterval => "nft interval set (upstream)",
             Config::NftSplit => "nft hash + interval (ours)",
+            Config::NftPerLength => "nft hash per prefix length",
             Config::Ebpf => "eBPF tcx prefix hash",
             Config::EbpfLpm => "eBPF tcx hash + LPM",
         }
@@ -56,13 +59,13 @@ enum Applied {
 fn apply_config(r: &Router, config: Config, set: &MarkingSpec) -> anyhow::Result<Applied> {
     Ok(match config {
         Config::None => Applied::None,
-        Config::NftInterval | Config::NftSplit => {
+        Config::NftInterval | Config::NftSplit | Config::NftPerLength => {
             let mut m = NftMarking::new(r.router.netns().clone());
             m.apply(&MarkingSpec {
-                layout: if config == Config::NftInterval {
-                    SetLayout::Interval
-                } else {
-                    SetLayout::Split
+                layout: match config {
+                    Config::NftInterval => SetLayout::Interval,
+                    Config::NftSplit => SetLayout::Split,
+                    _ => SetLayout::PerLength,
                 },
                 ..set.clone()
             })?;

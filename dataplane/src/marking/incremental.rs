@@ -18,8 +18,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use ipnet::IpNet;
 
 use super::{
-    render, ruleset::render_chains, AppliedSpec, MarkingSpec, PrefixDelta, Ruleset, SetDiff,
-    SetLayout,
+    render,
+    ruleset::{length_set_index, render_chains, Family},
+    AppliedSpec, MarkingSpec, PrefixDelta, Ruleset, SetDiff, SetLayout,
 };
 use crate::error::Invalid;
 
@@ -51,6 +52,10 @@ fn set_index(layout: SetLayout, p: &IpNet) -> usize {
     match layout {
         SetLayout::Split => 2 * v6 + usize::from(p.prefix_len() != p.max_prefix_len()),
         SetLayout::Interval => v6,
+        SetLayout::PerLength => {
+            let family = if v6 == 1 { Family::V6 } else { Family::V4 };
+            length_set_index(family, p.prefix_len())
+        }
     }
 }
 
@@ -299,10 +304,16 @@ mod tests {
 
     #[test]
     fn incremental_rendering_equals_full_rendering() {
-        for layout in [SetLayout::Split, SetLayout::Interval] {
+        for layout in [SetLayout::Split, SetLayout::Interval, SetLayout::PerLength] {
             let mut r = Rng(0x9e37_79b9_7f4a_7c15);
             let (mut incremental, mut steps) = (0, 0);
-            for _round in 0..40 {
+            // The per-length layout has many more rules to render (slow in debug).
+            let rounds = if layout == SetLayout::PerLength {
+                12
+            } else {
+                40
+            };
+            for _round in 0..rounds {
                 let mut spec = MarkingSpec {
                     layout,
                     prefixes_v4: (0..30).map(|_| prefix(&mut r, false)).collect(),
@@ -350,7 +361,7 @@ mod tests {
 
     #[test]
     fn rendering_by_deltas_equals_full_rendering() {
-        for layout in [SetLayout::Split, SetLayout::Interval] {
+        for layout in [SetLayout::Split, SetLayout::Interval, SetLayout::PerLength] {
             let mut r = Rng(0x0123_4567_89ab_cdef);
             let (mut steps, mut flips) = (0, 0);
             for _round in 0..25 {
@@ -454,6 +465,7 @@ mod tests {
                 p("10.1.2.0/24"),
                 p("10.2.0.0/16"),
             ],
+            layout: SetLayout::Split,
             ..MarkingSpec::default()
         };
         let mut cache = RenderCache::new(&spec);

@@ -64,12 +64,23 @@ pub fn parse_table(json: &str) -> Option<TableState> {
                     .flags
                     .as_ref()
                     .is_some_and(|f| f.contains(&SetFlag::Interval));
+                // A per-length set holds bare network addresses: the length is the
+                // set's.
+                let len = super::ruleset::length_of_set(&s.name)
+                    .filter(|(f, _)| *f == family && !interval)
+                    .map(|(_, l)| l);
                 let elements = s
                     .elem
                     .as_deref()
                     .unwrap_or_default()
                     .iter()
-                    .map(parse_elem)
+                    .map(|e| match (parse_elem(e), len) {
+                        (Some(p), Some(l)) if p.prefix_len() == p.max_prefix_len() => {
+                            IpNet::new(p.addr(), l).ok()
+                        }
+                        (p, None) => p,
+                        _ => None,
+                    })
                     .collect::<Option<BTreeSet<_>>>();
                 st.sets
                     .push((s.name.to_string(), family, interval, elements));

@@ -80,14 +80,85 @@ fn stmt(v: serde_json::Value) -> Statement<'static> {
     serde_json::from_value(v).expect("statement JSON matches the nftables schema")
 }
 
+/// Longest prefix of `family`.
+fn max_len(family: Family) -> u8 {
+    match family {
+        Family::V4 => 32,
+        Family::V6 => 128,
+    }
+}
+
+/// Names of the per-length sets: IPv4 from /32 down to /0, then IPv6 from /128 down
+/// to /0 — the order of [`render`]'s sets, most specific (most populous: hosts) first
+/// so its rules come first.
+fn length_set_names() -> &'static [&'static str] {
+    static NAMES: std::sync::OnceLock<Vec<&'static str>> = std::sync::OnceLock::new();
+    NAMES.get_or_init(|| {
+        // 162 short names, built once: set names are `&'static str` everywhere. The
+        // whole-address sets keep the split layout's names: they hold the same.
+        let name = |f: &str, l: u8, max: u8| {
+            if l == max {
+                format!("{f}_hosts")
+            } else {
+                format!("{f}_len{l}")
+            }
+        };
+        let v4 = (0..=32u8).rev().map(move |l| name("v4", l, 32));
+        let v6 = (0..=128u8).rev().map(move |l| name("v6", l, 128));
+        v4.chain(v6)
+            .map(|n| &*Box::leak(n.into_boxed_str()))
+            .collect()
+    })
+}
+
+/// Index in the per-length layout's sets (and name) of prefixes of `family` and
+/// length `len`.
+pub(super) fn length_set_index(family: Family, len: u8) -> usize {
+    match family {
+        Family::V4 => usize::from(32 - len.min(32)),
+        Family::V6 => 33 + usize::from(128 - len.min(128)),
+    }
+}
+
+/// The family and prefix length of a per-length set, from its name.
+pub(super) fn length_of_set(name: &str) -> Option<(Family, u8)> {
+    let (family, len) = match name {
+        "v4_hosts" => (Family::V4, 32),
+        "v6_hosts" => (Family::V6, 128),
+        _ => match name.strip_prefix("v4_len") {
+            Some(l) => (Family::V4, l.parse().ok()?),
+            None => (Family::V6, name.strip_prefix("v6_len")?.parse().ok()?),
+        },
+    };
+    (len <= max_len(family) && length_set_names()[length_set_index(family, len)] == name)
+        .then_some((family, len))
+}
+
+/// `daddr` of `family`, masked to `set`'s prefix length when it is a per-length set
+/// of less than a whole address.
 fn daddr_in(family: Family, set: &str) -> Statement<'static> {
     let proto = match family {
         Family::V4 => "ip",
         Family::V6 => "ip6",
     };
-    stmt(json!({"match": {"op": "==",
-        "left": {"payload": {"protocol": proto, "field": "daddr"}},
-        "right": format!("@{set}")}}))
+    let daddr = json!({"payload": {"protocol": proto, "field": "daddr"}});
+    let left = match length_of_set(set) {
+        Some((_, len)) if len < max_len(family) => {
+            let mask = match family {
+                Family::V4 => {
+                    std::net::Ipv4Addr::from(u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0))
+                        .to_string()
+                }
+                Family::V6 => std::net::Ipv6Addr::from(
+                    u128::MAX.checked_shl(128 - u32::from(len)).unwrap_or(0),
+                )
+                .to_string(),
+            };
+            json!({"&": [daddr, mask]})
+        }
+        _ => daddr,
+    };
+    stmt(json!({"match": {"op": "==", "left": left, "right": format!("@{set}")}}))
 }
 
 fn mss_clamp(family: Family, set: &str, mss: u32) -> RuleDef {
@@ -224,6 +295,20 @@ pub fn render(spec: &MarkingSpec) -> Ruleset {
                 interval: true,
                 elements: normalise(prefixes.clone(), true),
             }),
+            SetLayout::PerLength => {
+                let names = length_set_names();
+                let first = length_set_index(family, max_len(family));
+                let mut by_len = vec![Vec::new(); usize::from(max_len(family)) + 1];
+                for p in prefixes {
+                    by_len[usize::from(max_len(family) - p.prefix_len())].push(*p);
+                }
+                sets.extend(by_len.into_iter().enumerate().map(|(i, ps)| SetDef {
+                    name: names[first + i],
+                    family,
+                    interval: false,
+                    elements: normalise(ps, false),
+                }));
+            }
         }
     }
 

@@ -11,6 +11,8 @@ fn spec(v4: &[&str], v6: &[&str]) -> MarkingSpec {
     MarkingSpec {
         prefixes_v4: v4.iter().map(|p| p.parse().unwrap()).collect(),
         prefixes_v6: v6.iter().map(|p| p.parse().unwrap()).collect(),
+        // These tests were written for the split layout's sets.
+        layout: SetLayout::Split,
         ..MarkingSpec::default()
     }
 }
@@ -228,4 +230,71 @@ fn parses_listing() {
     assert_eq!(st.sets[1].1, Family::V4);
     assert_eq!(st.chains[0].5, ["x1"]);
     assert_eq!(st.counters, [("x1".to_owned(), 3, 252)]);
+}
+
+#[test]
+fn per_length_layout_has_a_masked_lookup_per_non_empty_length() {
+    let mut s = spec(
+        &["10.9.0.1/32", "10.244.1.0/24", "10.0.0.0/8"],
+        &["fd10::/64"],
+    );
+    s.layout = SetLayout::PerLength;
+    let rs = render(&s);
+    assert_eq!(rs.sets.len(), 33 + 129);
+    let live: Vec<(&str, Vec<String>)> = rs
+        .sets
+        .iter()
+        .filter(|s| !s.elements.is_empty())
+        .map(|s| (s.name, s.elements.iter().map(ToString::to_string).collect()))
+        .collect();
+    assert_eq!(
+        live,
+        vec![
+            ("v4_hosts", vec!["10.9.0.1/32".to_owned()]),
+            ("v4_len24", vec!["10.244.1.0/24".to_owned()]),
+            ("v4_len8", vec!["10.0.0.0/8".to_owned()]),
+            ("v6_len64", vec!["fd10::/64".to_owned()]),
+        ]
+    );
+    // Both chains: one MSS clamp and one mark rule per non-empty length.
+    let out = &rs.chains[1];
+    let marks: Vec<&str> = out
+        .rules
+        .iter()
+        .map(|r| r.comment.as_str())
+        .filter(|c| c.starts_with("wirespan:mark:"))
+        .collect();
+    assert_eq!(
+        marks,
+        vec![
+            "wirespan:mark:v4_hosts:0x40/0x60",
+            "wirespan:mark:v4_len24:0x40/0x60",
+            "wirespan:mark:v4_len8:0x40/0x60",
+            "wirespan:mark:v6_len64:0x40/0x60",
+        ]
+    );
+    let lookup = serde_json::to_value(&out.rules.last().unwrap().statements[0]).unwrap();
+    assert_eq!(
+        lookup,
+        json!({"match": {"op": "==",
+            "left": {"&": [{"payload": {"protocol": "ip6", "field": "daddr"}}, "ffff:ffff:ffff:ffff::"]},
+            "right": "@v6_len64"}})
+    );
+    // nft lists bare network addresses; the listing gives them the set's length back,
+    // so the listed table is the rendered one.
+    let st = expected_state(&rs);
+    assert_eq!(plan(&rs, Some(&st)), Plan::Nothing);
+    let doc = json!({"nftables": [
+        {"set": {"family": "inet", "table": "wirespan", "name": "v4_len24",
+                 "type": "ipv4_addr", "handle": 1, "elem": ["10.244.1.0", "10.7.0.0"]}},
+    ]});
+    let parsed = parse_table(&doc.to_string()).unwrap();
+    let elems: Vec<String> = parsed.sets[0]
+        .3
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(elems, vec!["10.7.0.0/24", "10.244.1.0/24"]);
 }

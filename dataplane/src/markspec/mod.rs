@@ -27,10 +27,18 @@ pub const DEFAULT_TABLE: &str = "wirespan";
 pub enum SetLayout {
     /// Host addresses (/32, /128) in hash sets, true CIDRs in interval sets: a hash
     /// lookup is several times cheaper than the interval (rbtree) lookup (spec §12.1).
-    #[default]
     Split,
     /// Everything in one interval set per family, as upstream does.
     Interval,
+    /// One hash set per family and prefix length, holding the prefixes' network
+    /// addresses, matched by `daddr & mask == @set` (one rule pair per non-empty
+    /// length). A commit costs the changed elements only: the kernel's interval set
+    /// walks the whole tree on every insert and commit, a hash set does not (issue 18).
+    /// The sets of every length exist (empty ones cost no lookup: they get no rule),
+    /// so a length appearing or disappearing changes rules, never the set list. The
+    /// whole-address sets are the split layout's `v4_hosts` and `v6_hosts`.
+    #[default]
+    PerLength,
 }
 
 /// Who marks forwarded traffic (the prerouting chain's job).
@@ -79,7 +87,7 @@ impl Default for MarkingSpec {
             mtu: crate::DEFAULT_MTU,
             prefixes_v4: Vec::new(),
             prefixes_v6: Vec::new(),
-            layout: SetLayout::Split,
+            layout: SetLayout::PerLength,
             prerouting: PreroutingMarking::Nftables,
         }
     }
