@@ -1,9 +1,12 @@
 //! The time source of the mesh controllers: the system clock, or a fake one that tests
 //! advance by hand (sleepers wake when it passes their deadline).
 
-use std::{sync::Arc, time::SystemTime};
+#[cfg(any(test, feature = "testing"))]
+use std::sync::Arc;
+use std::time::SystemTime;
 
 use futures::future::BoxFuture;
+#[cfg(any(test, feature = "testing"))]
 use tokio::sync::watch;
 
 /// Wall-clock time and sleeping until a wall-clock deadline.

@@ -27,6 +27,8 @@ pub const DEFAULT_TABLE: &str = "wirespan";
 pub enum SetLayout {
     /// Host addresses (/32, /128) in hash sets, true CIDRs in interval sets: a hash
     /// lookup is several times cheaper than the interval (rbtree) lookup (spec §12.1).
+    /// The default until the per-length layout's per-packet cost is measured.
+    #[default]
     Split,
     /// Everything in one interval set per family, as upstream does.
     Interval,
@@ -37,7 +39,6 @@ pub enum SetLayout {
     /// The sets of every length exist (empty ones cost no lookup: they get no rule),
     /// so a length appearing or disappearing changes rules, never the set list. The
     /// whole-address sets are the split layout's `v4_hosts` and `v6_hosts`.
-    #[default]
     PerLength,
 }
 
@@ -87,7 +88,7 @@ impl Default for MarkingSpec {
             mtu: crate::DEFAULT_MTU,
             prefixes_v4: Vec::new(),
             prefixes_v6: Vec::new(),
-            layout: SetLayout::PerLength,
+            layout: SetLayout::Split,
             prerouting: PreroutingMarking::Nftables,
         }
     }

@@ -6,7 +6,8 @@ use wirespan_dataplane::{
     netns::NetnsGuard,
     routing::{
         scope, AddressParams, LinkParams, NetlinkRouting, NetworkConfig, NetworkState,
-        ObservedRule, RouteKind, RouteParams, Routing, RoutingError, RuleParams, RTPROT_WIRESPAN,
+        ObservedRule, Owner, RouteKind, RouteParams, Routing, RoutingError, RuleParams,
+        RTPROT_WIRESPAN,
     },
 };
 
@@ -204,6 +205,8 @@ fn route(dst: &str, out_link: &str) -> RouteParams {
         scope: scope::UNIVERSE,
         kind: RouteKind::Unicast,
         mtu: 0,
+        // The parity filter keeps the mesh's marker (211) only.
+        owner: Owner::Mesh,
     }
 }
 
@@ -216,6 +219,7 @@ fn rule(v6: bool, priority: u32, table: u32) -> RuleParams {
         priority,
         fwmark: 0x40,
         fwmask: 0x60,
+        owner: Owner::Mesh,
     }
 }
 
@@ -236,6 +240,7 @@ fn addr(link: &str, a: &str, scope: u8) -> AddressParams {
         link: link.to_owned(),
         address: net(a),
         scope,
+        owner: Owner::Mesh,
     }
 }
 
