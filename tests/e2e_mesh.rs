@@ -518,7 +518,7 @@ fn nft_counters(netns: &str, family: &str, table: &str) -> Vec<(String, u64)> {
 
 #[test]
 fn a_node_whose_first_endpoint_is_blackholed_is_reached_on_its_second() {
-    // node2 advertises its current addresses in sort order (spec §4.2): 10.99.1.12,
+    // node2 advertises its current addresses in sort order (`docs/kubespan.md` §4.2): 10.99.1.12,
     // 10.99.2.12, fd99:1ab::12, each on port 51820. The underlay drops WireGuard to and
     // from the first one from the very first packet (loaded before the daemons start),
     // while everything else (discovery, the other two addresses) still flows.
@@ -602,7 +602,7 @@ fn a_node_whose_first_endpoint_is_blackholed_is_reached_on_its_second() {
     assert_peers_up(&lab, "node2", 2);
 }
 
-/// The spec's vectors (discovery-wire.md §6 a, b, c) pin the test's own encoder before
+/// The spec's vectors (docs/discovery-protocol.md §6 a, b, c) pin the test's own encoder before
 /// it meets the real server.
 #[test]
 fn upstream_encoder_matches_the_spec_vectors() {
@@ -662,7 +662,7 @@ fn cluster_identity(status: &Value) -> (String, [u8; 32]) {
     panic!("no ClusterConfig in {path}");
 }
 
-/// The KubeSpan ULA of interface id `iid` in the cluster's prefix (spec §3.1).
+/// The KubeSpan ULA of interface id `iid` in the cluster's prefix (`docs/kubespan.md` §3.1).
 fn kubespan_ula(cluster_id: &str, iid: [u8; 8]) -> std::net::Ipv6Addr {
     use sha2::Digest as _;
     let h = sha2::Sha256::digest(cluster_id.as_bytes());

@@ -2,7 +2,7 @@
 //!
 //! * [`runtime`]: a COSI-style resource runtime — resources with metadata, an in-memory
 //!   watchable store, controllers with declared inputs and outputs (spec
-//!   `resource-runtime.md` §1–§3).
+//!   `docs/runtime.md` §1–§3).
 //! * [`resources`]: the resource types of the node and the controllers that need no
 //!   data plane (node identity), plus the `meta` definitions and namespaces.
 //! * [`kubespan`]: pure logic of the mesh (ULA, AllowedIPs, rotation).

@@ -1,4 +1,4 @@
-//! Test helpers for controller tests (spec §8): assert-eventually on the store, the
+//! Test helpers for controller tests (`docs/runtime.md` §8): assert-eventually on the store, the
 //! runtime harness (re-exported from [`crate::runtime`], where it lives), and small
 //! resource kinds.
 //!

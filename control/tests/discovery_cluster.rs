@@ -83,7 +83,7 @@ async fn two_nodes_converge_and_publish_their_endpoints_and_public_ip() {
     })
     .await;
     // Node 1's affiliate as node 0 sees it: its routed address, hostname and the
-    // endpoints of spec §4.2 (current address, then the Hello-reported public IP).
+    // endpoints of `docs/discovery-protocol.md` §4.2 (current address, then the Hello-reported public IP).
     let affiliate_kind = Kind::new(NS, Affiliate::TYPE);
     let peer = nodes[1].node_id.clone();
     a.wait_until("peer endpoints", &affiliate_kind, |s| {
@@ -177,7 +177,7 @@ async fn a_node_with_the_wrong_secret_is_ignored_while_the_others_work() {
     server.shutdown().await.unwrap();
 }
 
-// --- An affiliate encoded straight from the spec (discovery-wire.md §4, §5) ---
+// --- An affiliate encoded straight from the spec (docs/discovery-protocol.md §4, §5) ---
 
 fn varint(mut v: u64, out: &mut Vec<u8>) {
     while v >= 0x80 {
@@ -519,7 +519,7 @@ async fn unchanged_local_data_is_not_reencrypted_and_harvested_endpoints_are_pub
     assert_eq!(snapshot.affiliates.len(), 2);
 
     // A harvested endpoint for b wakes a's discovery controller, which hands the same
-    // local data to its client again; it must not be re-encrypted (spec §8.7).
+    // local data to its client again; it must not be re-encrypted (`docs/discovery-protocol.md` §8.7).
     set::<KubeSpanEndpoint>(
         &a.store,
         KubeSpanEndpoint::DEFAULT_NAMESPACE,

@@ -1,4 +1,4 @@
-//! Controller runtime conformance (spec §8, second bullet) with small test controllers.
+//! Controller runtime conformance (`docs/runtime.md` §8, second bullet) with small test controllers.
 
 use std::{
     sync::{

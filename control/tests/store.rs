@@ -1,4 +1,4 @@
-//! Store conformance (spec §8, first bullet).
+//! Store conformance (`docs/runtime.md` §8, first bullet).
 
 use wirespan_control::{
     runtime::{

@@ -190,7 +190,7 @@ pub fn run(args: &Args, socket: &Path) -> anyhow::Result<()> {
 
 async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
     // A burst of thousands of affiliates (a big cluster joining) must not overrun the
-    // runtime's own watches: an overrun stops the runtime (spec §3.4).
+    // runtime's own watches: an overrun stops the runtime (`docs/kubespan.md` §3.4).
     let store = Store::new(StoreOptions {
         history_capacity: 65_536,
     });

@@ -1,4 +1,4 @@
-//! An upstream (Talos) discovery publisher written from `discovery-wire.md` alone: the
+//! An upstream (Talos) discovery publisher written from `docs/discovery-protocol.md` alone: the
 //! payload messages of §4, the blob cryptography of §5 and the transport messages of
 //! §2–§3 sent with a plain gRPC client. Nothing here uses the project's discovery code.
 

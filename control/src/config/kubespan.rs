@@ -1,5 +1,5 @@
 //! `KubeSpanConfig` and `KubeSpanEndpointsConfig` documents (spec
-//! `kubespan-dataplane.md` §1), and the endpoint filter of §4.2.
+//! `docs/kubespan.md` §1), and the endpoint filter of §4.2.
 //!
 //! ```yaml
 //! apiVersion: v1alpha1
@@ -76,7 +76,7 @@ pub struct KubeSpanConfig {
     pub rule_priority: u32,
     /// Marking implementation for forwarded traffic.
     pub fast_path: FastPath,
-    /// Link whose MAC derives the KubeSpan address (default: spec §3.2 rule).
+    /// Link whose MAC derives the KubeSpan address (default: `docs/kubespan.md` §3.2 rule).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub identity_link: Option<String>,
 }
@@ -242,7 +242,7 @@ impl EndpointFilter {
     }
 }
 
-/// Applies endpoint filters (upstream `FilterIPs`, spec §4.2): for each filter in
+/// Applies endpoint filters (upstream `FilterIPs`, `docs/kubespan.md` §4.2): for each filter in
 /// order, each input IP it matches is appended (positive, if not yet present) or
 /// removed (negative). IPs matched by no positive entry are dropped.
 #[must_use]

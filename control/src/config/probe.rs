@@ -1,4 +1,4 @@
-//! `TCPProbeConfig` and `HTTPProbeConfig` documents (spec §7.1).
+//! `TCPProbeConfig` and `HTTPProbeConfig` documents (`docs/runtime.md` §7.1).
 //!
 //! ```yaml
 //! apiVersion: v1alpha1

@@ -1,4 +1,4 @@
-//! Controllers of the node, one module per family (spec `resource-runtime.md` §3–§7).
+//! Controllers of the node, one module per family (`docs/runtime.md` §3–§7).
 
 pub mod cluster;
 pub mod kubespan;

@@ -1,4 +1,4 @@
-//! Pure logic of the mesh (spec `kubespan-dataplane.md`), without I/O: ULA addressing
+//! Pure logic of the mesh (`docs/kubespan.md`), without I/O: ULA addressing
 //! (§3), prefix-set arithmetic and AllowedIPs with overlap resolution (§5), the routed
 //! set (§7), peer state, endpoint pick and the rotation step (§8), harvest (§9), and
 //! the clock the controllers take time from.

@@ -1,4 +1,4 @@
-//! From affiliates to peers (spec §5.2–§5.3), the routed set (§7) and harvest (§9).
+//! From affiliates to peers (`docs/kubespan.md` §5.2–§5.3), the routed set (§7) and harvest (§9).
 
 use std::{
     collections::BTreeMap,

@@ -1,5 +1,5 @@
 //! Sets of addresses as sorted disjoint ranges per family, with union, difference and
-//! the minimal CIDR cover (spec §5.3). Operations cost O(log n) per range touched.
+//! the minimal CIDR cover (`docs/kubespan.md` §5.3). Operations cost O(log n) per range touched.
 
 use std::{
     collections::BTreeMap,

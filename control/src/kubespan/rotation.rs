@@ -1,4 +1,4 @@
-//! Peer state, endpoint pick and the per-peer reconcile step (spec §8), pure: the
+//! Peer state, endpoint pick and the per-peer reconcile step (`docs/kubespan.md` §8), pure: the
 //! time is passed in.
 
 use std::{

@@ -1,4 +1,4 @@
-//! ULA addressing (spec §3): the cluster's /64 from the cluster ID, the node address
+//! ULA addressing (`docs/kubespan.md` §3): the cluster's /64 from the cluster ID, the node address
 //! from the MAC by EUI-64.
 
 use std::net::{IpAddr, Ipv6Addr};

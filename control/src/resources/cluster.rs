@@ -1,5 +1,5 @@
-//! Cluster identity and affiliates (spec `discovery-wire.md` §4,
-//! `kubespan-dataplane.md` §4–§5).
+//! Cluster identity and affiliates (`docs/discovery-protocol.md` §4,
+//! `docs/kubespan.md` §4–§5).
 //!
 //! Raw affiliates, one per (discovery service, node), live in `cluster-raw` with ids
 //! `<service>/<node id>`; merged affiliates in `cluster` with id = node id.

@@ -1,5 +1,5 @@
 //! Mesh resources shared between controllers: identity, effective mesh config and
-//! harvested endpoints (spec `kubespan-dataplane.md`).
+//! harvested endpoints (`docs/kubespan.md`).
 
 use std::{net::SocketAddr, time::SystemTime};
 
@@ -102,7 +102,7 @@ pub struct KubeSpanEndpointSpec {
     pub endpoint: Option<SocketAddr>,
 }
 
-/// Peer state (spec §8.1), shown lowercase.
+/// Peer state (`docs/kubespan.md` §8.1), shown lowercase.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PeerState {
@@ -155,7 +155,7 @@ pub struct KubeSpanPeerSpecSpec {
     pub label: String,
     /// Its KubeSpan ULA.
     pub address: Option<std::net::IpAddr>,
-    /// WireGuard AllowedIPs after overlap resolution (spec §5.3).
+    /// WireGuard AllowedIPs after overlap resolution (`docs/kubespan.md` §5.3).
     pub allowed_ips: Vec<IpNet>,
     /// Ranges the peer claimed that earlier peers (node-ID order) already had.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -185,7 +185,7 @@ impl ResourceKind for KubeSpanPeerStatus {
     }
 }
 
-/// Spec of [`KubeSpanPeerStatus`] (spec §8.1).
+/// Spec of [`KubeSpanPeerStatus`] (`docs/kubespan.md` §8.1).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct KubeSpanPeerStatusSpec {

@@ -1,4 +1,4 @@
-//! `meta` resources: resource definitions and namespaces (spec §1.4).
+//! `meta` resources: resource definitions and namespaces (`docs/runtime.md` §1.4).
 
 use serde::{Deserialize, Serialize};
 

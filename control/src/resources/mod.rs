@@ -45,7 +45,7 @@ pub fn definitions() -> Vec<Definition> {
     ]
 }
 
-/// Namespaces the project uses (spec §1.4) with a short description each.
+/// Namespaces the project uses (`docs/runtime.md` §1.4) with a short description each.
 pub const NAMESPACES: &[(&str, &str)] = &[
     ("config", "machine config, its status and derived configs"),
     ("network-config", "raw per-source network specs"),

@@ -1,5 +1,5 @@
 //! Network spec resources shared by every source (config, the mesh manager) and the
-//! merged results (spec `resource-runtime.md` §4), and `NodeAddress` (§6).
+//! merged results (`docs/runtime.md` §4), and `NodeAddress` (§6).
 //!
 //! Raw specs live in `network-config` with ids `<layer>/<key>`; merged specs in
 //! `network` with ids `<key>` (the `key()` of each spec). Status types and the
@@ -266,7 +266,7 @@ pub struct RouteSpecSpec {
 pub const TABLE_MAIN: u32 = 254;
 
 impl RouteSpecSpec {
-    /// Merge key (spec §4.2): `[<table>/ unless main][<link>/ if inet6]<family>/<gateway>/<destination>/<priority>`.
+    /// Merge key (`docs/kubespan.md` §4.2): `[<table>/ unless main][<link>/ if inet6]<family>/<gateway>/<destination>/<priority>`.
     #[must_use]
     pub fn key(&self) -> String {
         let mut k = String::new();
@@ -350,7 +350,7 @@ pub mod node_address {
     pub const ACCUMULATIVE: &str = "accumulative";
 }
 
-/// A sorted list of the node's addresses (spec §6).
+/// A sorted list of the node's addresses (`docs/kubespan.md` §6).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeAddressSpec {
@@ -535,7 +535,7 @@ pub struct ProbeSpecSpec {
 }
 
 impl ProbeSpecSpec {
-    /// Merge key (spec §4.2): `tcp:<endpoint>` or `http:<url without userinfo>`.
+    /// Merge key (`docs/kubespan.md` §4.2): `tcp:<endpoint>` or `http:<url without userinfo>`.
     #[must_use]
     pub fn key(&self) -> String {
         if let Some(t) = &self.tcp {

@@ -1,4 +1,4 @@
-//! Controller restart backoff (spec §3.5), as a pure function of a jitter sample.
+//! Controller restart backoff (`docs/runtime.md` §3.5), as a pure function of a jitter sample.
 
 use std::time::Duration;
 

@@ -1,10 +1,10 @@
-//! Store errors ([`StateError`], spec §2.2), at the bottom of the store/watch
+//! Store errors ([`StateError`], `docs/runtime.md` §2.2), at the bottom of the store/watch
 //! layering (see the module doc of [`super`]): the store returns them, a watch ends
 //! with one, controllers wrap them.
 
 use super::metadata::{Phase, Pointer};
 
-/// Store errors (spec §2.2); every variant names the resource.
+/// Store errors (`docs/runtime.md` §2.2); every variant names the resource.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum StateError {
     /// The resource does not exist.

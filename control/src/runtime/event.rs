@@ -63,7 +63,7 @@ impl RingEvent {
     }
 
     /// Applies a filter: label/id-filtered watches rewrite updates that cross the filter
-    /// boundary into creates and destroys (spec §2.4).
+    /// boundary into creates and destroys (`docs/runtime.md` §2.4).
     pub(crate) fn filtered(&self, filter: &Filter) -> Option<Event> {
         let m = |r: &Arc<dyn AnyResource>| filter.matches(&r.metadata().id, &r.metadata().labels);
         match self {

@@ -1,4 +1,4 @@
-//! The controller–resource dependency graph (spec §3.9) and its DOT rendering.
+//! The controller–resource dependency graph (`docs/runtime.md` §3.9) and its DOT rendering.
 
 use std::fmt::Write as _;
 

@@ -1,4 +1,4 @@
-//! Resource identity and metadata (spec §1.1–§1.3).
+//! Resource identity and metadata (`docs/runtime.md` §1.1–§1.3).
 
 use std::{collections::BTreeMap, fmt, time::SystemTime};
 
@@ -102,7 +102,7 @@ impl fmt::Display for Pointer {
     }
 }
 
-/// An ordered set of finalizer names; equality ignores order (spec §1.2).
+/// An ordered set of finalizer names; equality ignores order (`docs/runtime.md` §1.2).
 #[derive(Debug, Clone, Default, Eq)]
 pub struct Finalizers(Vec<String>);
 
@@ -163,7 +163,7 @@ impl<S: Into<String>> FromIterator<S> for Finalizers {
     }
 }
 
-/// Resource metadata (spec §1.2).
+/// Resource metadata (`docs/runtime.md` §1.2).
 #[derive(Debug, Clone)]
 pub struct Metadata {
     /// Namespace (immutable).
@@ -226,7 +226,7 @@ impl Metadata {
 }
 
 impl PartialEq for Metadata {
-    /// Ignores `created`/`updated` (spec §1.2).
+    /// Ignores `created`/`updated` (`docs/runtime.md` §1.2).
     fn eq(&self, o: &Self) -> bool {
         self.namespace == o.namespace
             && self.r#type == o.r#type

@@ -1,5 +1,5 @@
 //! The COSI-style resource runtime: resources, the in-memory store, watches and the
-//! controller runtime (spec `resource-runtime.md` §1–§3).
+//! controller runtime (`docs/runtime.md` §1–§3).
 //!
 //! Store and watches are layered one way (apart from `metadata`, `query` and
 //! `resource`, each module uses only those before it, never one after it):

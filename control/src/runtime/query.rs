@@ -1,4 +1,4 @@
-//! Label and id queries (spec §2.5).
+//! Label and id queries (`docs/runtime.md` §2.5).
 
 use std::collections::BTreeMap;
 

@@ -16,7 +16,7 @@ pub struct PrintColumn {
     pub json_path: String,
 }
 
-/// The static definition of a resource type (spec §1.4).
+/// The static definition of a resource type (`docs/runtime.md` §1.4).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Definition {
@@ -35,7 +35,7 @@ pub struct Definition {
 }
 
 impl Definition {
-    /// A definition with the aliases derived from the type name (spec §1.4): lowercase
+    /// A definition with the aliases derived from the type name (`docs/runtime.md` §1.4): lowercase
     /// singular and plural, and the lowercased capitals with an `s` variant.
     #[must_use]
     pub fn new(r#type: &str, display_type: &str, default_namespace: &str) -> Self {

@@ -1,4 +1,4 @@
-//! The in-memory, watchable resource store (spec §2).
+//! The in-memory, watchable resource store (`docs/runtime.md` §2).
 //!
 //! Per (namespace, type): a `BTreeMap` of `Arc`'d resources (List is sorted by id for
 //! free) and a bounded ring of events with absolute positions. Watchers keep their own
@@ -112,7 +112,7 @@ impl Store {
         out
     }
 
-    /// Get (spec §2.1): an immutable snapshot of the resource.
+    /// Get (`docs/runtime.md` §2.1): an immutable snapshot of the resource.
     ///
     /// # Errors
     /// `NotFound`.
@@ -127,7 +127,7 @@ impl Store {
             })
     }
 
-    /// List (spec §2.1): all matching resources, sorted by id.
+    /// List (`docs/runtime.md` §2.1): all matching resources, sorted by id.
     #[must_use]
     pub fn list_dyn(&self, kind: &Kind, filter: &Filter) -> Vec<Arc<dyn AnyResource>> {
         let k = self.kind(&kind.namespace, &kind.r#type);
@@ -139,7 +139,7 @@ impl Store {
             .collect()
     }
 
-    /// Create (spec §2.1): stores `res` at version 1 with `owner`.
+    /// Create (`docs/runtime.md` §2.1): stores `res` at version 1 with `owner`.
     ///
     /// # Errors
     /// `AlreadyExists`.
@@ -174,7 +174,7 @@ impl Store {
         Ok(new_md)
     }
 
-    /// Update (spec §2.1): `res.metadata.version` must equal the stored version.
+    /// Update (`docs/runtime.md` §2.1): `res.metadata.version` must equal the stored version.
     /// `expected_phase = None` accepts any phase.
     ///
     /// # Errors
@@ -232,7 +232,7 @@ impl Store {
         Ok(new_md)
     }
 
-    /// Destroy (spec §2.1).
+    /// Destroy (`docs/runtime.md` §2.1).
     ///
     /// # Errors
     /// `NotFound`, `OwnerConflict`, `PendingFinalizers`.
@@ -253,7 +253,7 @@ impl Store {
         Ok(())
     }
 
-    /// Watch(ptr) (spec §2.4): the current state first (`Created`, or `Destroyed` with a
+    /// Watch(ptr) (`docs/runtime.md` §2.4): the current state first (`Created`, or `Destroyed` with a
     /// tombstone), then every change of that id.
     #[must_use]
     pub fn watch(&self, ptr: &Pointer) -> KindWatch {
@@ -278,7 +278,7 @@ impl Store {
         )
     }
 
-    /// WatchKind (spec §2.4), optionally bootstrapped and filtered.
+    /// WatchKind (`docs/runtime.md` §2.4), optionally bootstrapped and filtered.
     #[must_use]
     pub fn watch_kind(&self, kind: &Kind, opts: WatchOptions) -> KindWatch {
         let k = self.kind(&kind.namespace, &kind.r#type);
@@ -354,7 +354,7 @@ impl Store {
         })
     }
 
-    /// UpdateWithConflicts (spec §2.3): read-modify-write that retries version conflicts
+    /// UpdateWithConflicts (`docs/runtime.md` §2.3): read-modify-write that retries version conflicts
     /// and writes nothing when `f` changes nothing.
     ///
     /// # Errors
@@ -400,7 +400,7 @@ impl Store {
         }
     }
 
-    /// Modify (spec §2.3): create from `K::Spec::default()` when missing, else
+    /// Modify (`docs/runtime.md` §2.3): create from `K::Spec::default()` when missing, else
     /// UpdateWithConflicts; `f` sees the current stored resource. No-op when unchanged.
     ///
     /// # Errors
@@ -490,7 +490,7 @@ impl Store {
         }
     }
 
-    /// Teardown (spec §2.3): sets phase `tearingDown`; returns whether the resource is
+    /// Teardown (`docs/runtime.md` §2.3): sets phase `tearingDown`; returns whether the resource is
     /// ready to be destroyed (no finalizers). Idempotent.
     ///
     /// # Errors
@@ -504,7 +504,7 @@ impl Store {
         Ok(md.finalizers.is_empty())
     }
 
-    /// AddFinalizer (spec §2.3): bypasses ownership, any phase, no-op when present.
+    /// AddFinalizer (`docs/runtime.md` §2.3): bypasses ownership, any phase, no-op when present.
     ///
     /// # Errors
     /// `NotFound`.
@@ -516,7 +516,7 @@ impl Store {
         })
     }
 
-    /// RemoveFinalizer (spec §2.3): bypasses ownership, any phase, no-op when absent.
+    /// RemoveFinalizer (`docs/runtime.md` §2.3): bypasses ownership, any phase, no-op when absent.
     ///
     /// # Errors
     /// `NotFound`.
@@ -528,7 +528,7 @@ impl Store {
         })
     }
 
-    /// TeardownAndDestroy (spec §2.3): teardown, wait for the finalizers to go, destroy.
+    /// TeardownAndDestroy (`docs/runtime.md` §2.3): teardown, wait for the finalizers to go, destroy.
     /// Succeeds if someone else destroys it meanwhile.
     ///
     /// # Errors
@@ -560,7 +560,7 @@ impl Store {
         }
     }
 
-    /// WatchFor (spec §2.3): waits for the first event of `ptr` matching `pred` and
+    /// WatchFor (`docs/runtime.md` §2.3): waits for the first event of `ptr` matching `pred` and
     /// returns it.
     ///
     /// # Errors
@@ -584,7 +584,7 @@ impl Store {
         })
     }
 
-    /// ContextWithTeardown (spec §2.3): a token cancelled when the resource enters
+    /// ContextWithTeardown (`docs/runtime.md` §2.3): a token cancelled when the resource enters
     /// `tearingDown` or is destroyed (at once if absent). Needs a tokio runtime.
     #[must_use]
     pub fn context_with_teardown(&self, ptr: &Pointer) -> CancellationToken {

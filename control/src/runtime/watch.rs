@@ -1,4 +1,4 @@
-//! Watchers (spec §2.4): a [`KindWatch`] reads one kind's channel from its own
+//! Watchers (`docs/runtime.md` §2.4): a [`KindWatch`] reads one kind's channel from its own
 //! position, filtered to one id or by labels. It knows nothing of the store that
 //! opened it. The event types are in `event` and re-exported here.
 

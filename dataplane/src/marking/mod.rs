@@ -1,4 +1,4 @@
-//! The nftables marking table (spec §6.6): marks packets bound for the mesh so policy
+//! The nftables marking table (`docs/kubespan.md` §6.6): marks packets bound for the mesh so policy
 //! routing sends them into the WireGuard link.
 //!
 //! [`render()`] turns a [`MarkingSpec`] into a [`Ruleset`] (pure). [`NftMarking`] reads

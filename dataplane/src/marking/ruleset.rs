@@ -329,7 +329,7 @@ pub(super) fn render_chains(spec: &MarkingSpec, sets: &[SetDef]) -> Vec<ChainDef
     };
 
     // Prerouting sees forwarded traffic before the routing decision: clamp it too
-    // (upstream clamps only locally originated SYNs, spec §12.5).
+    // (upstream clamps only locally originated SYNs, `docs/kubespan.md` §12.5).
     let mut pre = vec![device_mark_accept(spec)];
     match spec.prerouting {
         PreroutingMarking::Nftables => {

@@ -26,7 +26,7 @@ pub const DEFAULT_TABLE: &str = "wirespan";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum SetLayout {
     /// Host addresses (/32, /128) in hash sets, true CIDRs in interval sets: a hash
-    /// lookup is several times cheaper than the interval (rbtree) lookup (spec §12.1).
+    /// lookup is several times cheaper than the interval (rbtree) lookup (`docs/kubespan.md` §12.1).
     /// The default until the per-length layout's per-packet cost is measured.
     #[default]
     Split,

@@ -1,4 +1,4 @@
-//! Policy routing for the mesh link (spec §6.3–§6.5): the link's up state, MTU and
+//! Policy routing for the mesh link (`docs/kubespan.md` §6.3–§6.5): the link's up state, MTU and
 //! addresses; `fwmark MARK/MASK lookup TABLE` rules at a priority; default routes in
 //! that table via the link.
 //!

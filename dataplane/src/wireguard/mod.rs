@@ -1,4 +1,4 @@
-//! WireGuard: desired device state in, per-peer observations out (spec §6.2).
+//! WireGuard: desired device state in, per-peer observations out (`docs/kubespan.md` §6.2).
 //!
 //! [`diff`] (pure) compares what the device holds with what is desired and yields the
 //! smallest [`WgUpdate`]: key, port and fwmark only when changed; missing peers added,

@@ -1,5 +1,5 @@
 //! Discovery server addresses: `host:port` or the URL forms Talos accepts
-//! (discovery-wire.md §1).
+//! (docs/discovery-protocol.md §1).
 
 use std::fmt;
 

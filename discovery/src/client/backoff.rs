@@ -1,5 +1,5 @@
 //! Reconnect backoff with the defaults of `cenkalti/backoff` v4, which the upstream
-//! client uses (discovery-wire.md §8.6): start at 0.5 s, randomise ±50 %, grow ×1.5
+//! client uses (docs/discovery-protocol.md §8.6): start at 0.5 s, randomise ±50 %, grow ×1.5
 //! up to 60 s, never give up.
 
 use std::time::Duration;

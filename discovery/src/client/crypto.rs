@@ -1,4 +1,4 @@
-//! Blob encryption of the discovery protocol (discovery-wire.md §5).
+//! Blob encryption of the discovery protocol (docs/discovery-protocol.md §5).
 //!
 //! Affiliate data is sealed with AES-256-GCM (`nonce ‖ ciphertext ‖ tag`, no
 //! associated data); endpoints with deterministic AES-256-ECB over a length-prefixed,

@@ -27,7 +27,7 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Largest Watch/List message accepted. Above gRPC's 4 MiB default because a
-/// maximal cluster's snapshot is ≈ 4.4 MB (discovery-wire.md §1).
+/// maximal cluster's snapshot is ≈ 4.4 MB (docs/discovery-protocol.md §1).
 pub const MAX_MESSAGE: usize = 16 * 1024 * 1024;
 
 /// HTTP/2 ping interval for a TTL: `max(10 s, TTL / 10)` (§1). The server must

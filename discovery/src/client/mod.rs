@@ -1,4 +1,4 @@
-//! The discovery client library (discovery-wire.md §5, §8).
+//! The discovery client library (docs/discovery-protocol.md §5, §8).
 //!
 //! [`Client`] is a cheap, cloneable handle. [`Client::run`] (or [`Client::spawn`])
 //! drives the protocol: Hello, Watch, refresh every TTL/2, reconnect with backoff,

@@ -1,4 +1,4 @@
-//! Typed plaintext of the encrypted blobs (discovery-wire.md §4) and the conversion
+//! Typed plaintext of the encrypted blobs (docs/discovery-protocol.md §4) and the conversion
 //! to and from the `sidero.discovery.client` protobufs.
 //!
 //! Encoders write 4 bytes for IPv4 (never IPv4-mapped IPv6) and 16 for IPv6.

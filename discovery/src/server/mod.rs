@@ -1,5 +1,5 @@
 //! The discovery server: wire-compatible with the upstream
-//! `sidero.discovery.server.Cluster` service (spec: `discovery-wire.md` §7).
+//! `sidero.discovery.server.Cluster` service (spec: `docs/discovery-protocol.md` §7).
 //!
 //! - [`state`]: the pure state machine (merge rules, limits, expiry, GC, fan-out).
 //! - [`ratelimit`]: per-address token buckets, pure.

@@ -1,5 +1,5 @@
 //! One discovery client per `DiscoveryServiceConfig` document, run as sub-tasks of one
-//! controller (spec `resource-runtime.md` §3.8, `discovery-wire.md` §8.7).
+//! controller (`docs/runtime.md` §3.8, `docs/discovery-protocol.md` §8.7).
 //!
 //! Every round the controller diffs the wanted clients against the running ones
 //! (stopping changed or removed ones, starting new ones), hands each client the local
@@ -149,7 +149,7 @@ fn start_client(
 }
 
 /// Converts a merged/raw affiliate spec to the client's plaintext model plus its own
-/// endpoints (sent only with a KubeSpan public key, spec §8.7).
+/// endpoints (sent only with a KubeSpan public key, `docs/discovery-protocol.md` §8.7).
 #[must_use]
 pub fn to_wire(spec: &AffiliateSpec) -> (AffiliateInfo, Vec<dclient::Endpoint>) {
     let kubespan = spec.kubespan.as_ref().filter(|k| !k.public_key.is_empty());
@@ -308,7 +308,7 @@ fn wanted_clients(rt: &ControllerRuntime) -> Result<BTreeMap<String, ClientSpec>
 }
 
 /// Hands the local affiliate and the harvested endpoints to every client; each client
-/// ignores data equal to what it already has (spec §8.7).
+/// ignores data equal to what it already has (`docs/discovery-protocol.md` §8.7).
 fn publish_local(
     rt: &ControllerRuntime,
     running: &BTreeMap<String, RunningClient>,
@@ -366,7 +366,7 @@ fn mirror(
             Some(client) => {
                 let state = client.state();
                 for (id, affiliate) in state.affiliates.iter() {
-                    // A record claiming another node's ID is not trusted (spec §5.1 MAY).
+                    // A record claiming another node's ID is not trusted (`docs/discovery-protocol.md` §5.1 MAY).
                     if affiliate.info.node_id != *id {
                         continue;
                     }

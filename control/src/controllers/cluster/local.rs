@@ -1,5 +1,5 @@
 //! This node's own affiliate (`cluster-raw/Affiliate <node id>`; spec
-//! `kubespan-dataplane.md` §4).
+//! `docs/kubespan.md` §4).
 
 use std::{
     collections::BTreeSet,
@@ -91,7 +91,7 @@ pub fn subtract_nets(nets: &[IpNet], excluded: &[IpNet]) -> Vec<IpNet> {
     out
 }
 
-/// The node's own affiliate (spec §4): addresses = routed addresses without pod
+/// The node's own affiliate (`docs/kubespan.md` §4): addresses = routed addresses without pod
 /// networks and exclusions; the KubeSpan part (with endpoints per §4.2) only when the
 /// mesh is enabled and its identity exists.
 #[must_use]
@@ -126,7 +126,7 @@ pub fn local_affiliate(inputs: &LocalInputs<'_>) -> AffiliateSpec {
                 } else {
                     Vec::new()
                 },
-                // Pre-subtracted above instead (spec §4.3: the wire field is unresolved).
+                // Pre-subtracted above instead (`docs/kubespan.md` §4.3: the wire field is unresolved).
                 exclude_advertised_networks: Vec::new(),
                 endpoints: local_endpoints(inputs, identity, spec),
             })
@@ -145,7 +145,7 @@ pub fn local_affiliate(inputs: &LocalInputs<'_>) -> AffiliateSpec {
     }
 }
 
-/// The own endpoints in order (spec §4.2).
+/// The own endpoints in order (`docs/kubespan.md` §4.2).
 fn local_endpoints(
     inputs: &LocalInputs<'_>,
     identity: &KubeSpanIdentitySpec,

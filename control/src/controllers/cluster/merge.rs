@@ -1,5 +1,5 @@
 //! Raw affiliates (one per source and node) merged into `cluster/Affiliate <node id>`
-//! (spec `kubespan-dataplane.md` §5.1).
+//! (`docs/kubespan.md` §5.1).
 
 use std::collections::{BTreeMap, BTreeSet};
 

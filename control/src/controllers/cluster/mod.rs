@@ -1,5 +1,5 @@
-//! Cluster discovery on the node (issue 8; spec `discovery-wire.md` §8,
-//! `kubespan-dataplane.md` §4–§5.1).
+//! Cluster discovery on the node (issue 8; `docs/discovery-protocol.md` §8,
+//! `docs/kubespan.md` §4–§5.1).
 //!
 //! ```text
 //! config/MachineConfig ──► ClusterIdentityController ──► cluster/ClusterIdentity cluster
@@ -84,7 +84,7 @@ where
 
 /// Tears down every output of `K` in `namespace` owned by this controller whose id is
 /// not in `keep`, and destroys those without finalizers (the others are destroyed on a
-/// later DestroyReady wake-up; spec `resource-runtime.md` §3.7).
+/// later DestroyReady wake-up; `docs/runtime.md` §3.7).
 fn retire_stale<K: ResourceKind>(
     rt: &ControllerRuntime,
     namespace: &str,

@@ -1,6 +1,6 @@
 //! `KubeSpanIdentityController`: the WireGuard key (generated once, persisted 0600 in
 //! the state dir) and the KubeSpan address from the cluster ID and a link's MAC
-//! (spec §2, §3, §14).
+//! (`docs/kubespan.md` §2, §3, §14).
 
 use std::{
     fs,
@@ -77,7 +77,7 @@ impl LinkSource for IpLinkSource {
     }
 }
 
-/// Chooses the link whose MAC derives the address (spec §3.2, §14): an explicit
+/// Chooses the link whose MAC derives the address (`docs/kubespan.md` §3.2, §14): an explicit
 /// `identity_link`; else the first physical link by name; else the first link by name
 /// with a 6-byte MAC other than `lo` and the mesh link.
 #[must_use]

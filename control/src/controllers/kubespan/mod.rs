@@ -1,4 +1,4 @@
-//! KubeSpan controllers (spec `kubespan-dataplane.md`): the effective config, the
+//! KubeSpan controllers (`docs/kubespan.md`): the effective config, the
 //! identity, peer specs from affiliates, and the manager that programs the kernel and
 //! keeps peer statuses.
 

@@ -825,7 +825,7 @@ async fn peer_specs_after_random_changes_equal_a_full_pass() {
 }
 
 /// A peer with this node's KubeSpan address (a cloned MAC) keeps its other ranges but
-/// not that address, and the spec says what was withheld (spec §3.4).
+/// not that address, and the spec says what was withheld (`docs/kubespan.md` §3.4).
 #[tokio::test]
 async fn a_peer_claiming_this_nodes_address_does_not_get_it() {
     let m = start("", tempfile::tempdir().unwrap());

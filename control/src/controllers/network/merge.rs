@@ -1,4 +1,4 @@
-//! Merge controllers (spec §4.3–§4.4): raw per-layer specs in `network-config` become
+//! Merge controllers (`docs/runtime.md` §4.3–§4.4): raw per-layer specs in `network-config` become
 //! one merged spec per key in `network`.
 
 use std::{collections::BTreeMap, marker::PhantomData};

@@ -1,4 +1,4 @@
-//! Network controllers (spec `resource-runtime.md` §4–§6): merge raw specs, apply the
+//! Network controllers (`docs/runtime.md` §4–§6): merge raw specs, apply the
 //! merged ones to the kernel through the data plane adapter, publish what the kernel
 //! has, and derive the node's addresses and hostname.
 //!

@@ -1,4 +1,4 @@
-//! `NodeAddress` (spec §6): the node's addresses from `AddressStatus` and
+//! `NodeAddress` (`docs/runtime.md` §6): the node's addresses from `AddressStatus` and
 //! `LinkStatus`, without link-local, loopback, multicast and host-scope addresses and
 //! without the mesh link (its name from `kubespan/KubeSpanConfig kubespan`, else
 //! `kubespan`). Outputs `default` (sticky), `current`, `routed`, `accumulative` (never
@@ -94,7 +94,7 @@ pub struct Inputs<'a> {
     pub previous_accumulative: &'a [IpNet],
 }
 
-/// Computes every `NodeAddress` by id (spec §6).
+/// Computes every `NodeAddress` by id (`docs/runtime.md` §6).
 #[must_use]
 pub fn compute(algo: SortAlgorithm, inp: &Inputs<'_>) -> BTreeMap<String, Vec<IpNet>> {
     let up = |name: &str| inp.links.iter().any(|l| l.name == name && l.is_up());

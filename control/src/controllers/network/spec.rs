@@ -1,4 +1,4 @@
-//! Spec controllers (spec §4.5): apply merged `network/XSpec` to the kernel, with a
+//! Spec controllers (`docs/runtime.md` §4.5): apply merged `network/XSpec` to the kernel, with a
 //! finalizer on each spec so a spec that goes away takes its kernel object with it.
 //! The adapter only ever removes objects wirespan made.
 

@@ -1,4 +1,4 @@
-//! The status controller (spec §4.5): publishes what the kernel has as
+//! The status controller (`docs/runtime.md` §4.5): publishes what the kernel has as
 //! `LinkStatus <name>`, `AddressStatus <link>/<prefix>`, `RouteStatus <route key>` and
 //! `RoutingRuleStatus <family>/<priority>`, re-read on every netlink event (and every
 //! 30 s). Routes of the local table (255) are left out.
@@ -159,7 +159,7 @@ impl Controller for NetworkStatusController {
     fn outputs(&self) -> Vec<Output> {
         vec![
             Output::exclusive::<LinkStatus>(),
-            // Shared: other controllers may publish external addresses (spec §4.5).
+            // Shared: other controllers may publish external addresses (`docs/runtime.md` §4.5).
             Output::shared::<AddressStatus>(),
             Output::exclusive::<RouteStatus>(),
             Output::exclusive::<RoutingRuleStatus>(),

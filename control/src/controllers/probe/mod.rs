@@ -1,4 +1,4 @@
-//! Probes (spec §7): `TCPProbeConfig`/`HTTPProbeConfig` documents become
+//! Probes (`docs/runtime.md` §7): `TCPProbeConfig`/`HTTPProbeConfig` documents become
 //! `network-config/ProbeSpec configuration/<probe id>`, merged into
 //! `network/ProbeSpec <probe id>`, run by [`ProbeController`] (one task per probe)
 //! which publishes `network/ProbeStatus <probe id>`.
@@ -146,7 +146,7 @@ impl Controller for ProbeConfigController {
     }
 }
 
-/// Failure debouncing of one runner (spec §7.2), pure.
+/// Failure debouncing of one runner (`docs/runtime.md` §7.2), pure.
 #[derive(Debug, Clone, Default)]
 pub struct Debounce {
     threshold: u32,
@@ -201,7 +201,7 @@ pub async fn probe_tcp(spec: &TcpProbeSpec) -> Result<(), String> {
         .map_err(|_| format!("dial tcp {}: i/o timeout", spec.endpoint))?
         .map_err(|e| format!("dial tcp {}: {e}", spec.endpoint))?;
     // Nothing is unsent, so the close does not block; the linger only keeps the
-    // socket out of a long TIME-WAIT (spec §7.2).
+    // socket out of a long TIME-WAIT (`docs/runtime.md` §7.2).
     #[allow(deprecated)]
     let _ = stream.set_linger(Some(Duration::from_secs(1)));
     drop(stream);

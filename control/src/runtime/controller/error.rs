@@ -1,9 +1,9 @@
-//! Errors of controllers and the runtime: access violations (spec §3.3), a
+//! Errors of controllers and the runtime: access violations (`docs/runtime.md` §3.3), a
 //! controller's failure, registration conflicts, and what stops the runtime.
 
 use crate::runtime::{metadata::Pointer, store::StateError};
 
-/// Access violations (spec §3.3).
+/// Access violations (`docs/runtime.md` §3.3).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AccessError {
     /// Write to a type that is not a declared output.
@@ -70,7 +70,7 @@ impl ControllerError {
     }
 }
 
-/// Registration errors (spec §3.3).
+/// Registration errors (`docs/runtime.md` §3.3).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RegistrationError {
     /// Another controller has the type as exclusive output, or this one wants exclusive

@@ -1,6 +1,6 @@
 //! [`ControllerRuntime`], the handle a controller's `run` gets: store access checked
-//! against its declared inputs and outputs (spec §3.3), wake-ups, restart backoff and
-//! output tracking (spec §3.6); and [`Waker`] for its sub-tasks.
+//! against its declared inputs and outputs (`docs/runtime.md` §3.3), wake-ups, restart backoff and
+//! output tracking (`docs/runtime.md` §3.6); and [`Waker`] for its sub-tasks.
 
 use std::{
     collections::HashSet,
@@ -22,7 +22,7 @@ use crate::runtime::{
 };
 
 /// The per-controller handle given to `run`: typed store access with the controller's
-/// name as owner and the spec §3.3 checks, wake-ups, backoff and output tracking.
+/// name as owner and the `docs/runtime.md` §3.3 checks, wake-ups, backoff and output tracking.
 pub struct ControllerRuntime {
     pub(super) shared: Arc<Shared>,
     pub(super) handle: Arc<Handle>,
@@ -380,7 +380,7 @@ impl ControllerRuntime {
         Ok(())
     }
 
-    /// Starts recording every Create/Update/Modify of this round (spec §3.6).
+    /// Starts recording every Create/Update/Modify of this round (`docs/runtime.md` §3.6).
     ///
     /// # Errors
     /// `AlreadyTracking`.
@@ -396,7 +396,7 @@ impl ControllerRuntime {
     }
 
     /// Destroys every resource of `kinds` owned by this controller and not written this
-    /// round, stops tracking and resets the backoff (spec §3.6).
+    /// round, stops tracking and resets the backoff (`docs/runtime.md` §3.6).
     ///
     /// # Errors
     /// `NotTracking`, access violations and store errors (e.g. pending finalizers).

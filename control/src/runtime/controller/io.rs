@@ -1,9 +1,9 @@
 //! What a controller declares: its inputs (a kind or one id of it, and how changes
-//! wake it, spec §3.2) and its outputs (exclusive or shared, spec §3.3).
+//! wake it, `docs/runtime.md` §3.2) and its outputs (exclusive or shared, `docs/runtime.md` §3.3).
 
 use crate::runtime::resource::ResourceKind;
 
-/// How an input wakes its controller (spec §3.2).
+/// How an input wakes its controller (`docs/runtime.md` §3.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum InputKind {
     /// Any change; read access.
@@ -59,7 +59,7 @@ impl Input {
     }
 }
 
-/// Output mode (spec §3.3).
+/// Output mode (`docs/runtime.md` §3.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OutputKind {
     /// The only controller writing this type.

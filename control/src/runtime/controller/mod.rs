@@ -1,4 +1,4 @@
-//! Controllers and the controller runtime (spec §3).
+//! Controllers and the controller runtime (`docs/runtime.md` §3).
 //!
 //! Layout: this module defines [`Controller`]; `io` what it declares ([`Input`],
 //! [`Output`]); `error` the errors; `registry` the state shared by the runtime and the
@@ -25,7 +25,7 @@ pub use run::Runtime;
 /// Result of a controller's `run`.
 pub type ControllerResult = Result<(), ControllerError>;
 
-/// A controller (spec §3.1). `run` returning `Ok` finishes it; an error or panic
+/// A controller (`docs/runtime.md` §3.1). `run` returning `Ok` finishes it; an error or panic
 /// restarts it with backoff, on the same object.
 pub trait Controller: Send + 'static {
     /// Unique name; also the owner of what it writes.

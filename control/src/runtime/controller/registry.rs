@@ -192,7 +192,7 @@ impl std::fmt::Debug for GraphSource {
 }
 
 impl GraphSource {
-    /// Current edges, sorted (spec §3.9).
+    /// Current edges, sorted (`docs/runtime.md` §3.9).
     #[must_use]
     pub fn edges(&self) -> Vec<Edge> {
         self.0.edges()

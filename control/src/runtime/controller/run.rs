@@ -1,4 +1,4 @@
-//! [`Runtime`]: registering controllers (with the output checks of spec §3.3), and
+//! [`Runtime`]: registering controllers (with the output checks of `docs/runtime.md` §3.3), and
 //! the run loop that starts them and restarts a failed one after its backoff.
 
 use std::{
@@ -55,7 +55,7 @@ impl Runtime {
         &self.shared.store
     }
 
-    /// Registers a controller, validating its outputs (spec §3.3).
+    /// Registers a controller, validating its outputs (`docs/runtime.md` §3.3).
     ///
     /// # Errors
     /// Exclusive/shared conflicts, duplicate outputs or names.
@@ -116,7 +116,7 @@ impl Runtime {
             wake: Notify::new(),
             backoff: Mutex::default(),
         });
-        // One wake-up queued at registration (spec §3.4).
+        // One wake-up queued at registration (`docs/runtime.md` §3.4).
         handle.wake.notify_one();
         self.shared.add_deps(&handle, &inputs);
         self.shared
@@ -143,7 +143,7 @@ impl Runtime {
         GraphSource(Arc::clone(&self.shared))
     }
 
-    /// Current edges (spec §3.9).
+    /// Current edges (`docs/runtime.md` §3.9).
     #[must_use]
     pub fn dependency_graph(&self) -> Vec<Edge> {
         self.shared.edges()

@@ -1,5 +1,5 @@
 //! The connection cycle: backoff, Hello (following redirects within a cap), Watch,
-//! and back to backoff when a call fails (discovery-wire.md §8.3).
+//! and back to backoff when a call fails (docs/discovery-protocol.md §8.3).
 
 use std::{net::IpAddr, time::Instant};
 

@@ -1,5 +1,5 @@
 //! The discovered set: Watch messages decrypted and decoded into [`Affiliate`]s
-//! (discovery-wire.md §8.5). What does not decrypt or decode is skipped, never fatal.
+//! (docs/discovery-protocol.md §8.5). What does not decrypt or decode is skipped, never fatal.
 
 use std::sync::Arc;
 

@@ -1,4 +1,4 @@
-//! The client's decision logic as a sans-IO state machine (discovery-wire.md §8.3–8.5).
+//! The client's decision logic as a sans-IO state machine (docs/discovery-protocol.md §8.3–8.5).
 //!
 //! The machine owns the local data (already encrypted), the discovered affiliates
 //! and the connection phase. The driver feeds it RPC results, Watch messages and

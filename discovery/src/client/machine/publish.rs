@@ -1,6 +1,6 @@
 //! The publish path: own data and harvested endpoints of peers, encrypted once
 //! when they change, and sent as refresh batches (one at a time) whenever a refresh
-//! is due (discovery-wire.md §8.4).
+//! is due (docs/discovery-protocol.md §8.4).
 
 use std::{collections::BTreeMap, time::Instant};
 

@@ -10,7 +10,7 @@
 //! affiliates per message. What it sees is a subsequence of the events every other
 //! watcher sees (superseded states of one affiliate skipped), ending in the same state;
 //! catch-up costs no memory per watcher, so a burst of any size is survived
-//! (spec §7.6).
+//! (`docs/discovery-protocol.md` §7.6).
 
 use std::{
     collections::VecDeque,

@@ -1,4 +1,4 @@
-//! The complete round (spec §8.2): every peer stepped against what the device
+//! The complete round (`docs/kubespan.md` §8.2): every peer stepped against what the device
 //! reports (when it is read), the whole device and marking set applied, every output
 //! written, and the marking adapter chosen for the configured fast path.
 

@@ -1,6 +1,6 @@
 //! `KubeSpanManagerController`: programs the WireGuard device and its peers, the
 //! marking set, emits the link/address/routes/rules as operator-layer network specs,
-//! and keeps a status per peer with the endpoint-rotation state machine (spec §6–§9).
+//! and keeps a status per peer with the endpoint-rotation state machine (`docs/kubespan.md` §6–§9).
 //!
 //! Woken by its inputs, every 30 s, every second while a peer awaits its first
 //! handshake, at `lastEndpointChange + 15 s` of peers in `unknown` and when an `up`
