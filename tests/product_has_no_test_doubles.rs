@@ -17,8 +17,6 @@ fn product_features() -> Vec<(String, String)> {
             "wirespan",
             "--edges",
             "normal,build,features",
-            "--target",
-            "all",
             "--prefix",
             "none",
         ])
