@@ -4,7 +4,11 @@
 
 use ipnet::IpNet;
 use rtnetlink::{
-    packet_route::{route::RouteAttribute, rule::RuleAttribute, AddressFamily},
+    packet_route::{
+        route::{RouteAttribute, RouteMessage},
+        rule::RuleAttribute,
+        AddressFamily,
+    },
     Handle, LinkUnspec,
 };
 
@@ -19,7 +23,26 @@ use super::{
     NetlinkRouting, Routing, RoutingChanges, RoutingError, RoutingSpec, RoutingStatus,
 };
 
-async fn apply_in_ns(h: Handle, spec: RoutingSpec) -> Result<RoutingChanges, RoutingError> {
+/// The mesh's routes in `spec`'s table and, when it moved, in the `previous` one.
+async fn mesh_routes_of(
+    h: &Handle,
+    spec: &RoutingSpec,
+    previous: Option<(u32, u32)>,
+) -> Result<Vec<RouteMessage>, RoutingError> {
+    let mut routes = mesh_routes(h, spec.table).await?;
+    if let Some((table, _)) = previous.filter(|(t, _)| *t != spec.table) {
+        routes.extend(mesh_routes(h, table).await?);
+    }
+    Ok(routes)
+}
+
+/// `previous` is the (table, priority) of the last apply: when the spec moves the mesh
+/// to another table or priority, the objects at the old ones are stale too.
+async fn apply_in_ns(
+    h: Handle,
+    spec: RoutingSpec,
+    previous: Option<(u32, u32)>,
+) -> Result<RoutingChanges, RoutingError> {
     let mut ch = RoutingChanges::default();
     let link = find_link(&h, &spec.link)
         .await?
@@ -65,7 +88,7 @@ async fn apply_in_ns(h: Handle, spec: RoutingSpec) -> Result<RoutingChanges, Rou
     }
 
     // Routes: replace desired (atomic per route), then drop our stale ones.
-    let routes = mesh_routes(&h, spec.table).await?;
+    let routes = mesh_routes_of(&h, &spec, previous).await?;
     for v6 in [false, true] {
         let wanted = if v6 { spec.ipv6 } else { spec.ipv4 };
         let present = routes.iter().any(|r| {
@@ -84,7 +107,7 @@ async fn apply_in_ns(h: Handle, spec: RoutingSpec) -> Result<RoutingChanges, Rou
     }
     // Re-read after writes: a replace may have consumed a stale route already.
     let routes = if ch.routes > 0 {
-        mesh_routes(&h, spec.table).await?
+        mesh_routes_of(&h, &spec, previous).await?
     } else {
         routes
     };
@@ -100,7 +123,14 @@ async fn apply_in_ns(h: Handle, spec: RoutingSpec) -> Result<RoutingChanges, Rou
     }
 
     // Rules: add desired, then drop our stale ones.
-    let rules = mesh_rules(&h, spec.table, spec.priority).await?;
+    let mut rules = mesh_rules(&h, spec.table, spec.priority).await?;
+    if let Some((table, priority)) = previous.filter(|p| *p != (spec.table, spec.priority)) {
+        for r in mesh_rules(&h, table, priority).await? {
+            if !rules.contains(&r) {
+                rules.push(r);
+            }
+        }
+    }
     for v6 in [false, true] {
         let wanted = if v6 { spec.ipv6 } else { spec.ipv4 };
         let present = rules
@@ -182,8 +212,11 @@ async fn teardown_in_ns(h: Handle, table: u32, priority: u32) -> Result<u64, Rou
 impl Routing for NetlinkRouting {
     fn apply(&mut self, spec: &RoutingSpec) -> Result<RoutingChanges, RoutingError> {
         spec.validate()?;
-        let (h, s) = (self.handle.clone(), spec.clone());
-        let ch = self.thread.block_on(move || apply_in_ns(h, s))??;
+        let (h, s, previous) = (self.handle.clone(), spec.clone(), self.applied);
+        let ch = self
+            .thread
+            .block_on(move || apply_in_ns(h, s, previous))??;
+        self.applied = Some((spec.table, spec.priority));
         let n = ch.link + ch.addresses + ch.rules + ch.routes;
         self.writes += u64::from(n);
         if n > 0 {
@@ -195,7 +228,9 @@ impl Routing for NetlinkRouting {
 
     fn observe(&mut self, link: &str) -> Result<RoutingStatus, RoutingError> {
         let (h, l) = (self.handle.clone(), link.to_owned());
-        let (t, p) = (crate::ROUTE_TABLE, crate::RULE_PRIORITY);
+        let (t, p) = self
+            .applied
+            .unwrap_or((crate::ROUTE_TABLE, crate::RULE_PRIORITY));
         self.thread.block_on(move || observe_in_ns(h, l, t, p))?
     }
 

@@ -23,6 +23,8 @@ pub struct NetlinkRouting {
     pub(super) thread: NetnsThread,
     pub(super) handle: Handle,
     pub(super) writes: u64,
+    /// (table, priority) of the last successful mesh apply: where the mesh's objects are.
+    pub(super) applied: Option<(u32, u32)>,
 }
 
 impl NetlinkRouting {
@@ -41,6 +43,7 @@ impl NetlinkRouting {
             thread,
             handle,
             writes: 0,
+            applied: None,
         })
     }
 
