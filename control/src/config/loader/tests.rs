@@ -310,7 +310,7 @@ async fn watched_file_is_read_after_complete_writes_only_and_bad_contents_keep_t
     f.sync_all().unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(rx.try_recv().is_err(), "read before the write completed");
-    std::io::Write::write_all(&mut f, two()[half.len()..].as_bytes()).unwrap();
+    std::io::Write::write_all(&mut f, &two().as_bytes()[half.len()..]).unwrap();
     drop(f);
     let a = next(&mut rx).await.unwrap();
     assert_eq!((a.changed, a.documents), (true, 2));

@@ -127,7 +127,7 @@ fn route_config() {
     assert!(has(&errors(&v6), "write destination: fd00::/64"));
     let host_route = RouteConfig {
         destination: net("10.10.3.4/32"),
-        ..ok.clone()
+        ..ok
     };
     assert!(errors(&host_route).is_empty());
     let e = errors(&RouteConfig::default());
@@ -198,7 +198,7 @@ fn routing_rule_config() {
     let host_bits = RoutingRuleConfig {
         src: net("10.9.0.7/24"),
         dst: net("10.8.1.1/16"),
-        ..ok.clone()
+        ..ok
     };
     let e = errors(&host_bits);
     assert!(has(&e, "src: 10.9.0.7/24 has host bits set; the kernel would use 10.9.0.0/24: write src: 10.9.0.0/24"), "{e:?}");
