@@ -102,25 +102,9 @@ pub(super) fn route_type_of(k: RouteKind) -> RouteType {
 /// The mesh's routes: marked 211 and in the mesh table (an older wirespan marked the
 /// routes of network documents 211 too; those are elsewhere).
 pub(super) async fn mesh_routes(h: &Handle, table: u32) -> Result<Vec<RouteMessage>, RoutingError> {
-    let mut out = Vec::new();
-    for msg in [
-        RouteMessageBuilder::<Ipv4Addr>::new().build(),
-        RouteMessageBuilder::<Ipv6Addr>::new().build(),
-    ] {
-        let routes: Vec<RouteMessage> = h
-            .route()
-            .get(msg)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(nl("get routes"))?;
-        out.extend(
-            routes
-                .into_iter()
-                .filter(|r| is_mesh_proto(r.header.protocol) && route_table(r) == table),
-        );
-    }
-    Ok(out)
+    let mut routes = all_routes(h).await?;
+    routes.retain(|r| is_mesh_proto(r.header.protocol) && route_table(r) == table);
+    Ok(routes)
 }
 
 pub(super) async fn all_routes(h: &Handle) -> Result<Vec<RouteMessage>, RoutingError> {

@@ -59,27 +59,18 @@ pub(super) async fn mesh_rules(
     table: u32,
     priority: u32,
 ) -> Result<Vec<RuleMessage>, RoutingError> {
-    let mut out = Vec::new();
-    for v in [IpVersion::V4, IpVersion::V6] {
-        let rules: Vec<RuleMessage> = h
-            .rule()
-            .get(v)
-            .execute()
-            .try_collect()
-            .await
-            .map_err(nl("get rules"))?;
-        out.extend(rules.into_iter().filter(|r| {
-            let prio = rule_field(r, |a| match a {
-                RuleAttribute::Priority(p) => Some(*p),
-                _ => None,
-            });
-            r.attributes
-                .iter()
-                .any(|a| matches!(a, RuleAttribute::Protocol(p) if is_mesh_proto(*p)))
-                && (prio == Some(priority) || rule_table(r) == table)
-        }));
-    }
-    Ok(out)
+    let mut rules = all_rules(h).await?;
+    rules.retain(|r| {
+        let prio = rule_field(r, |a| match a {
+            RuleAttribute::Priority(p) => Some(*p),
+            _ => None,
+        });
+        r.attributes
+            .iter()
+            .any(|a| matches!(a, RuleAttribute::Protocol(p) if is_mesh_proto(*p)))
+            && (prio == Some(priority) || rule_table(r) == table)
+    });
+    Ok(rules)
 }
 
 pub(super) async fn all_rules(h: &Handle) -> Result<Vec<RuleMessage>, RoutingError> {
