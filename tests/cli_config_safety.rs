@@ -203,6 +203,20 @@ fn bad_config_files_keep_the_last_good_config_and_restarts_start_from_it() {
         s["lastError"] == want.as_str()
     });
     assert!(alive(&mut child));
+    // The API takes the same cap (one constant): over it, refused before sending...
+    let big_file = dir.path().join("big.yaml");
+    std::fs::write(&big_file, &big).unwrap();
+    let o = node.cli(&["apply", big_file.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains(&want), "{o:?}");
+    // ...and a config of exactly 4 MiB goes through (over gRPC's 4 MiB default).
+    let at_cap = format!("{A}#{}", "x".repeat((4 << 20) - A.len() - 1));
+    std::fs::write(&big_file, &at_cap).unwrap();
+    let out = stdout(&node.cli(&["apply", big_file.to_str().unwrap()]));
+    assert_eq!(
+        out.trim(),
+        format!("config applied: version {} (1 documents)", version(&at_cap))
+    );
 
     // `wirespan apply` says what the node did: the version applied...
     let b_file = dir.path().join("b.yaml");

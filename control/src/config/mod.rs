@@ -362,49 +362,48 @@ fn parse_document(value: Value) -> Result<Option<Document>, Rejected> {
 }
 
 fn check_duplicates(documents: &[(usize, Document)], errors: &mut Vec<DocumentError>) {
-    let mut seen: Vec<(&'static str, Option<&str>, usize)> = Vec::new();
+    let mut names: Vec<(&'static str, Option<&str>, usize)> = Vec::new();
     let mut keys: Vec<(&'static str, String, usize)> = Vec::new();
     for (position, doc) in documents {
-        let fail = |field: &str, message: String| DocumentError {
-            position: *position,
-            kind: Some(doc.kind().to_owned()),
-            name: doc.name().map(str::to_owned),
-            errors: vec![FieldError::new(field, message)],
-        };
+        let mut errs = Vec::new();
         if let Some((what, key)) = doc.merge_key() {
-            if let Some((_, _, first)) = keys.iter().find(|(k, n, _)| *k == doc.kind() && *n == key)
-            {
-                errors.push(fail(
+            match keys.iter().find(|(k, n, _)| *k == doc.kind() && *n == key) {
+                Some((_, _, first)) => errs.push(FieldError::new(
                     "",
                     format!(
                         "same {what} as document {first} ({key}); one would silently replace the other"
                     ),
-                ));
-                continue;
+                )),
+                None => keys.push((doc.kind(), key, *position)),
             }
-            keys.push((doc.kind(), key, *position));
         }
-        let key_name = if doc.singleton() { None } else { doc.name() };
-        if !doc.singleton() && key_name.is_none() {
-            continue;
-        }
-        if let Some((_, _, first)) = seen
-            .iter()
-            .find(|(k, n, _)| *k == doc.kind() && *n == key_name)
-        {
-            errors.push(if doc.singleton() {
-                fail(
+        let name = if doc.singleton() { None } else { doc.name() };
+        if doc.singleton() || name.is_some() {
+            match names
+                .iter()
+                .find(|(k, n, _)| *k == doc.kind() && *n == name)
+            {
+                Some((_, _, first)) if doc.singleton() => errs.push(FieldError::new(
                     "",
                     format!(
                         "{} may appear only once (also document {first})",
                         doc.kind()
                     ),
-                )
-            } else {
-                fail("name", format!("duplicate name (also document {first})"))
+                )),
+                Some((_, _, first)) => errs.push(FieldError::new(
+                    "name",
+                    format!("duplicate name (also document {first})"),
+                )),
+                None => names.push((doc.kind(), name, *position)),
+            }
+        }
+        if !errs.is_empty() {
+            errors.push(DocumentError {
+                position: *position,
+                kind: Some(doc.kind().to_owned()),
+                name: doc.name().map(str::to_owned),
+                errors: errs,
             });
-        } else {
-            seen.push((doc.kind(), key_name, *position));
         }
     }
 }

@@ -289,6 +289,7 @@ fn probe_configs() {
         "kind: TCPProbeConfig\nname: b\nendpoint: 10.0.0.1:22\ninterval: 5s\n",
         "kind: HTTPProbeConfig\nname: c\nurl: http://x/\n",
         "kind: HTTPProbeConfig\nname: d\nurl: http://u:p@x/\n",
+        "kind: TCPProbeConfig\nname: a\nendpoint: 10.0.0.1:22\n",
     ]);
     assert!(
         err.contains(
@@ -300,6 +301,11 @@ fn probe_configs() {
         err.contains(
             "document 4 (HTTPProbeConfig \"d\"): same target as document 3 (http:http://x/)"
         ),
+        "{err}"
+    );
+    // Every problem of a document: same target and same name.
+    assert!(
+        err.contains("document 5 (TCPProbeConfig \"a\"): same target as document 1 (tcp:10.0.0.1:22); one would silently replace the other; name: duplicate name (also document 1)"),
         "{err}"
     );
     // Zero durations mean the defaults.
