@@ -132,14 +132,15 @@ impl NftMarking {
 impl Marking for NftMarking {
     fn apply(&mut self, spec: &MarkingSpec) -> Result<bool, MarkingError> {
         // Re-render incrementally when only a few prefixes changed since last time.
-        let cache = match self
-            .render
-            .take()
-            .and_then(|mut c| c.update(spec).then_some(c))
-        {
+        // An invalid spec changes nothing, not even what a later delta applies to.
+        let mut previous = self.render.take();
+        let cache = match previous.take_if(|c| c.update(spec)) {
             Some(c) => c,
             None => {
-                spec.validate()?;
+                if let Err(e) = spec.validate() {
+                    self.render = previous;
+                    return Err(e.into());
+                }
                 incremental::RenderCache::new(spec)
             }
         };
@@ -188,7 +189,9 @@ impl Marking for NftMarking {
     }
 
     fn teardown(&mut self) -> Result<(), MarkingError> {
+        // Nothing is applied any more: a delta needs a full apply first.
         self.cache = None;
+        self.render = None;
         if let Some(t) = self.table.take() {
             self.remove_table(&t)?;
         }
@@ -388,6 +391,7 @@ impl NftMarking {
     pub fn teardown_table(&mut self, table: &str) -> Result<(), MarkingError> {
         self.table = None;
         self.cache = None;
+        self.render = None;
         self.remove_table(table)
     }
 }

@@ -147,7 +147,17 @@ pub(super) fn rule_equal(o: &ObservedRule, p: &RuleParams) -> bool {
         && o.table == p.table
         && o.priority == p.priority
         && o.fwmark == p.fwmark
-        && o.fwmask == p.fwmask
+        && effective_mask(o.fwmark, o.fwmask) == effective_mask(p.fwmark, p.fwmask)
+}
+
+/// The mask the kernel matches with: a mark given without a mask is matched whole
+/// (the kernel stores, and reports back, all ones).
+fn effective_mask(fwmark: u32, fwmask: u32) -> u32 {
+    if fwmark != 0 && fwmask == 0 {
+        u32::MAX
+    } else {
+        fwmask
+    }
 }
 
 pub(super) async fn add_rule(h: &Handle, spec: &RoutingSpec, v6: bool) -> Result<(), RoutingError> {

@@ -252,13 +252,10 @@ fn marking_sides() -> (FakeNft, RealNft) {
     (FakeNft(FakeMarking::new()), RealNft { ns, m })
 }
 
-// Differences found in the real adapters, left to their owners: each test is the
-// shortest scenario showing one, ignored until the adapter (or, where its trait's
-// documentation leaves the behaviour open, the fake) changes. Run them with
-// `cargo nextest run -p wirespan-dataplane --test parity --run-ignored only`.
+// Differences once found in the real adapter, fixed there; each test is the shortest
+// scenario that showed one.
 
 #[test]
-#[ignore = "NftMarking::apply drops its remembered spec when a spec is invalid: a delta then fails with NotApplied"]
 fn marking_delta_after_an_invalid_spec() {
     let spec = MarkingSpec {
         prefixes_v4: nets(&["10.1.0.1/32"]),
@@ -281,7 +278,6 @@ fn marking_delta_after_an_invalid_spec() {
 }
 
 #[test]
-#[ignore = "NftMarking::teardown keeps its remembered spec: a delta after it recreates the table (the fake answers NotApplied)"]
 fn marking_delta_after_teardown() {
     let spec = MarkingSpec {
         prefixes_v4: nets(&["10.1.0.1/32"]),

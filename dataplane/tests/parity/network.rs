@@ -468,13 +468,10 @@ fn network_sides() -> (FakeNet, RealNet) {
     (FakeNet(FakeNetwork::new()), RealNet { ns, r })
 }
 
-// Differences found in the real adapters, left to their owners: each test is the
-// shortest scenario showing one, ignored until the adapter (or, where its trait's
-// documentation leaves the behaviour open, the fake) changes. Run them with
-// `cargo nextest run -p wirespan-dataplane --test parity --run-ignored only`.
+// A difference once found in the real adapter, fixed there; the test is the shortest
+// scenario that showed it.
 
 #[test]
-#[ignore = "NetlinkRouting::apply_rule compares a mark without a mask with the kernel's all-ones mask: it re-adds the rule on every apply"]
 fn network_rule_with_an_unmasked_mark_is_applied_once() {
     let unmasked = RuleParams {
         fwmask: 0,
