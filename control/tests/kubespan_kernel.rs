@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 mod kubespan_common;
 
-use kubespan_common::{eventually, key, register_real, seed_cluster};
+use kubespan_common::{eventually, eventually_within, key, register_real, seed_cluster};
 use wirespan_control::{
     controllers::kubespan::NftablesMarking,
     resources::config::{MachineConfig, MachineConfigSpec},
@@ -144,4 +144,114 @@ async fn manager_programs_a_real_device_and_marking_set() {
     assert!(!links.contains(&format!("\"{link}\"")), "{links}");
     let tables = ns.run_stdout("nft", &["-j", "list", "tables"]).unwrap();
     assert!(!tables.contains("\"wirespan\""), "{tables}");
+}
+
+/// Issue 15 item 3: what the mesh made and someone else deleted comes back within one
+/// reconcile tick (30 s): a marking set element, the whole nft table, and the mesh's
+/// WireGuard link with its peers. Nothing but the manager's own timer wakes it here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manager_repairs_its_link_table_and_elements_deleted_from_outside() {
+    let ns = NetnsGuard::new("wsdr").unwrap();
+    ns.run(
+        "ip",
+        &[
+            "link",
+            "add",
+            "d0",
+            "address",
+            "00:16:3e:12:34:57",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "d1",
+        ],
+    )
+    .unwrap();
+    let link = unique_name("wsk");
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::new(StoreOptions::default());
+    let mut runtime = Runtime::new(store.clone());
+    register_real(
+        &mut runtime,
+        &ns,
+        dir.path(),
+        Arc::new(NftablesMarking {
+            netns: ns.netns().clone(),
+        }),
+    );
+    seed_cluster(&store, [7u8; 32]);
+    let config = wirespan_control::config::parse(&format!(
+        "apiVersion: v1alpha1\nkind: KubeSpanConfig\nenabled: true\nlinkName: {link}\n"
+    ))
+    .unwrap();
+    store
+        .modify::<MachineConfig>("config", "active", "", |r| {
+            r.spec = MachineConfigSpec {
+                source: "test".into(),
+                document_count: 1,
+                config: config.clone(),
+            };
+        })
+        .unwrap();
+    let h = Harness::start(runtime);
+
+    let hosts = |ns: &NetnsGuard| -> Option<String> {
+        ns.run_stdout(
+            "nft",
+            &["-j", "list", "set", "inet", "wirespan", "v4_hosts"],
+        )
+        .ok()
+    };
+    let peer_count = |ns: &NetnsGuard| -> usize {
+        ns.run_stdout("wg", &["show", &link, "dump"])
+            .map(|o| o.lines().skip(1).count())
+            .unwrap_or(0)
+    };
+    // Deadlines cover one tick of the manager (30 s) with room for a loaded machine.
+    let within_a_tick = std::time::Duration::from_secs(45);
+    eventually_within(within_a_tick, "both hosts in the set", || {
+        hosts(&ns).filter(|h| h.contains("10.5.0.1") && h.contains("10.5.0.2"))
+    })
+    .await;
+    eventually_within(within_a_tick, "two peers", || {
+        (peer_count(&ns) == 2).then_some(())
+    })
+    .await;
+
+    // One element, deleted by hand.
+    ns.run(
+        "nft",
+        &[
+            "delete",
+            "element",
+            "inet",
+            "wirespan",
+            "v4_hosts",
+            "{ 10.5.0.1 }",
+        ],
+    )
+    .unwrap();
+    assert!(!hosts(&ns).unwrap().contains("10.5.0.1"));
+    eventually_within(within_a_tick, "the element back", || {
+        hosts(&ns).filter(|h| h.contains("10.5.0.1"))
+    })
+    .await;
+
+    // The whole table.
+    ns.run("nft", &["delete", "table", "inet", "wirespan"])
+        .unwrap();
+    assert!(hosts(&ns).is_none());
+    eventually_within(within_a_tick, "the table back with its elements", || {
+        hosts(&ns).filter(|h| h.contains("10.5.0.1") && h.contains("10.5.0.2"))
+    })
+    .await;
+
+    // The link (and with it every WireGuard peer).
+    ns.run("ip", &["link", "del", &link]).unwrap();
+    eventually_within(within_a_tick, "the link and its peers back", || {
+        (peer_count(&ns) == 2).then_some(())
+    })
+    .await;
+    h.stop().await.unwrap();
 }

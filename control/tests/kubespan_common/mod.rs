@@ -49,8 +49,17 @@ pub fn affiliate(n: u8) -> AffiliateSpec {
 }
 
 /// Polls `f` (a blocking probe of the namespace) until it returns `Some`.
-pub async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+pub async fn eventually<T>(what: &str, f: impl FnMut() -> Option<T>) -> T {
+    eventually_within(Duration::from_secs(20), what, f).await
+}
+
+/// [`eventually`] with a deadline of `limit` from now.
+pub async fn eventually_within<T>(
+    limit: Duration,
+    what: &str,
+    mut f: impl FnMut() -> Option<T>,
+) -> T {
+    let deadline = tokio::time::Instant::now() + limit;
     loop {
         if let Some(v) = f() {
             return v;
