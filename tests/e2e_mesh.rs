@@ -261,6 +261,29 @@ fn bad_config_is_rejected_and_a_live_mtu_change_is_applied() {
 /// A daemon started inside a lab node, killed on drop (and by `lab down` anyway).
 struct Daemon(Child);
 
+impl Daemon {
+    /// `wirespan node` again inside the lab node `n` (its status entry), with the
+    /// files the lab gave it; output to `log` in the lab directory.
+    fn start(lab: &Lab, n: &Value, log: &str) -> Self {
+        let name = n["name"].as_str().unwrap();
+        let log = std::fs::File::create(lab.dir().join(log)).unwrap();
+        Daemon(
+            Command::new(BIN)
+                .args([
+                    "lab", "exec", "--name", &lab.name, name, "--", "wirespan", "node",
+                ])
+                .args(["--config", n["config"].as_str().unwrap()])
+                .args(["--state-dir", n["stateDir"].as_str().unwrap()])
+                .args(["--socket", n["socket"].as_str().unwrap()])
+                .stdin(Stdio::null())
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        )
+    }
+}
+
 impl Drop for Daemon {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -288,21 +311,7 @@ fn killed_daemon_restarts_with_its_identity_and_no_duplicate_kernel_state() {
         (!common::lab::alive(pid)).then_some(())
     });
 
-    let log = std::fs::File::create(lab.dir().join("node1-restart.log")).unwrap();
-    let _daemon = Daemon(
-        Command::new(BIN)
-            .args([
-                "lab", "exec", "--name", &lab.name, "node1", "--", "wirespan", "node",
-            ])
-            .args(["--config", n1["config"].as_str().unwrap()])
-            .args(["--state-dir", n1["stateDir"].as_str().unwrap()])
-            .args(["--socket", n1["socket"].as_str().unwrap()])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap(),
-    );
+    let _daemon = Daemon::start(&lab, n1, "node1-restart.log");
     eventually("node1's peer to be up again", || {
         peers_up(&lab, "node1", 1).then_some(())
     });
@@ -1284,4 +1293,203 @@ fn a_peer_that_never_connects_is_reached_in_clear_only_with_allow_down_peer_bypa
         assert_ne!(status["spec"]["state"], "up", "{n}: {status}");
     }
     assert_down_peer_routing(&lab, &st, &node2_key);
+}
+
+/// `(priority, from, table)` of every rule of `family` in `node`.
+fn rules(lab: &Lab, node: &str, family: &str) -> Vec<(u64, String, String)> {
+    let v: Value = serde_json::from_str(&lab.exec_ok(node, &["ip", "-j", family, "rule"])).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let from = match (r["src"].as_str(), r["srclen"].as_u64()) {
+                (Some("all") | None, _) => String::new(),
+                (Some(s), Some(l)) => format!("{s}/{l}"),
+                (Some(s), None) => s.to_owned(),
+            };
+            let table = r["table"]
+                .as_str()
+                .map_or_else(|| r["table"].to_string(), str::to_owned);
+            (r["priority"].as_u64().unwrap_or_default(), from, table)
+        })
+        .collect()
+}
+
+/// Destinations of the IPv4 routes in `table` of `node`.
+fn route_dsts(lab: &Lab, node: &str, table: &str) -> Vec<String> {
+    let v: Value = serde_json::from_str(
+        &lab.exec_ok(node, &["ip", "-j", "-4", "route", "show", "table", table]),
+    )
+    .unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["dst"].as_str().map(str::to_owned))
+        .collect()
+}
+
+/// Issue 15 item 1, through the binary: the mesh's teardown (disable, and the stop
+/// before a restart) removes only what the mesh made. Routes and rules from the
+/// config's RouteConfig/RoutingRuleConfig documents and foreign ones (protocol
+/// `static`, one of them in the mesh's own table, one at the mesh's own priority)
+/// survive disable → enable → restart.
+#[test]
+fn mesh_teardown_leaves_configured_and_foreign_routes_and_rules() {
+    let lab = mesh(2);
+    let st = lab.status();
+    let n1 = node(&st, "node1").clone();
+    let cfg_path = n1["config"].as_str().unwrap().to_owned();
+    let cfg = std::fs::read_to_string(&cfg_path).unwrap();
+    assert!(cfg.contains("enabled: true"), "lab config changed shape");
+    let node2_ip = node(&st, "node2")["addresses"]["underlay"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    // Foreign objects, as other software on the host would make them.
+    for args in [
+        &[
+            "ip",
+            "route",
+            "add",
+            "10.77.0.0/16",
+            "dev",
+            "eth0",
+            "proto",
+            "static",
+            "table",
+            "180",
+        ][..],
+        &[
+            "ip",
+            "rule",
+            "add",
+            "priority",
+            "32501",
+            "from",
+            "10.77.0.0/16",
+            "table",
+            "181",
+            "proto",
+            "static",
+        ],
+        &[
+            "ip",
+            "rule",
+            "add",
+            "priority",
+            "32500",
+            "from",
+            "10.78.0.0/16",
+            "table",
+            "182",
+            "proto",
+            "static",
+        ],
+    ] {
+        lab.exec_ok("node1", args);
+    }
+    // Objects from the user's network documents.
+    let with_docs = format!(
+        "{cfg}---\napiVersion: v1alpha1\nkind: RouteConfig\ndestination: 10.60.0.0/16\n\
+         gateway: {node2_ip}\nlink: eth0\n---\napiVersion: v1alpha1\nkind: RoutingRuleConfig\n\
+         priority: 1234\ntable: 100\nsrc: 10.61.0.0/16\n"
+    );
+    let apply = |text: &str, file: &str| {
+        let path = lab.dir().join(file);
+        std::fs::write(&path, text).unwrap();
+        lab.exec_ok("node1", &["wirespan", "apply", path.to_str().unwrap()]);
+    };
+    apply(&with_docs, "with-docs.yaml");
+
+    let mesh_rule = |lab: &Lab| {
+        rules(lab, "node1", "-4")
+            .iter()
+            .any(|r| r.0 == 32500 && r.1.is_empty() && r.2 == "180")
+    };
+    let mesh_route = |lab: &Lab| {
+        route_dsts(lab, "node1", "180")
+            .iter()
+            .any(|d| d == "default")
+    };
+    let survivors = |lab: &Lab, when: &str| {
+        let r = rules(lab, "node1", "-4");
+        for (prio, from, table) in [
+            (32501, "10.77.0.0/16", "181"),
+            (32500, "10.78.0.0/16", "182"),
+            (1234, "10.61.0.0/16", "100"),
+        ] {
+            assert!(
+                r.iter().any(|x| x.0 == prio && x.1 == from && x.2 == table),
+                "{when}: rule {prio} from {from} lookup {table} missing: {r:?}"
+            );
+        }
+        let t180 = route_dsts(lab, "node1", "180");
+        assert!(
+            t180.iter().any(|d| d == "10.77.0.0/16"),
+            "{when}: foreign route in table 180 missing: {t180:?}"
+        );
+        let main = route_dsts(lab, "node1", "main");
+        assert!(
+            main.iter().any(|d| d == "10.60.0.0/16"),
+            "{when}: configured route missing: {main:?}"
+        );
+    };
+    eventually("the configured route and rule", || {
+        let main = route_dsts(&lab, "node1", "main");
+        let r = rules(&lab, "node1", "-4");
+        (main.iter().any(|d| d == "10.60.0.0/16") && r.iter().any(|x| x.0 == 1234)).then_some(())
+    });
+    assert!(mesh_rule(&lab) && mesh_route(&lab));
+    survivors(&lab, "mesh on");
+
+    // Disable: the mesh's rule, route and link go; nothing else does.
+    apply(
+        &with_docs.replace("enabled: true", "enabled: false"),
+        "disabled.yaml",
+    );
+    eventually("the mesh's rule and route gone", || {
+        (!mesh_rule(&lab) && !mesh_route(&lab)).then_some(())
+    });
+    survivors(&lab, "mesh disabled");
+
+    // Enable: back, still nothing else touched.
+    apply(&with_docs, "enabled.yaml");
+    eventually("node1's peer up again", || {
+        peers_up(&lab, "node1", 1).then_some(())
+    });
+    eventually("the mesh's rule and route back", || {
+        (mesh_rule(&lab) && mesh_route(&lab)).then_some(())
+    });
+    survivors(&lab, "mesh enabled again");
+
+    // Restart: a graceful stop (teardown, the daemon's default) and a new start.
+    let pid = n1["pid"].as_u64().unwrap().to_string();
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
+    let pid = i32::try_from(n1["pid"].as_u64().unwrap()).unwrap();
+    eventually("the daemon to stop", || {
+        (!common::lab::alive(pid)).then_some(())
+    });
+    assert!(!mesh_rule(&lab), "the stop tore the mesh down");
+    survivors(&lab, "daemon stopped");
+    let _daemon = Daemon::start(&lab, &n1, "node1-restart.log");
+    eventually("node1's peer up after the restart", || {
+        peers_up(&lab, "node1", 1).then_some(())
+    });
+    eventually("the mesh's rule and route after the restart", || {
+        (mesh_rule(&lab) && mesh_route(&lab)).then_some(())
+    });
+    survivors(&lab, "after the restart");
+    assert_eq!(
+        rules(&lab, "node1", "-4")
+            .iter()
+            .filter(|r| r.0 == 32500)
+            .count(),
+        2,
+        "the mesh rule once, the foreign one at its priority once"
+    );
 }
