@@ -656,3 +656,105 @@ async fn resync_repairs_objects_deleted_from_outside() {
     until("address repaired", || has_addr(&ns, "dum0", "10.50.0.1")).await;
     h.stop().await.unwrap();
 }
+
+/// The error annotation of the `T` spec whose id contains `part`, once there is one.
+fn spec_error<T: ResourceKind>(store: &Store, part: &str) -> Option<String> {
+    store
+        .list::<T>(NS, &wirespan_control::runtime::Filter::all())
+        .iter()
+        .find(|r| r.metadata.id.contains(part))?
+        .metadata
+        .annotations
+        .get(network::spec::ERROR_ANNOTATION)
+        .cloned()
+}
+
+/// Issue 15 item 4, one kernel rejection of each kind next to good objects: a missing
+/// physical link, an MTU above what the device allows (a VXLAN link over a 1500-byte
+/// veth takes at most 1450), a route source that is not a local address. Each bad object carries its own error; the good address
+/// and route are applied regardless; fixing the config clears the errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_kernel_rejection_shows_on_its_object_and_the_rest_is_applied() {
+    let ns = veth_ns("wsrej");
+    ns.run(
+        "ip",
+        &[
+            "link", "add", "vx0", "type", "vxlan", "id", "5", "dev", "dum0", "dstport", "4789",
+        ],
+    )
+    .unwrap();
+    let deps = Deps {
+        net: Arc::new(Mutex::new(NetlinkRouting::new(ns.netns()).unwrap())),
+        feed: Arc::new(NetlinkFeed(ns.netns().clone())),
+    };
+    let store = Store::new(StoreOptions::default());
+    let mut rt = Runtime::new(store.clone());
+    network::register(&mut rt, &deps).unwrap();
+    let h = Harness::start(rt);
+    let good = "apiVersion: v1alpha1\nkind: AddressConfig\nlink: dum0\naddress: 10.50.0.1/24\n---\n\
+                apiVersion: v1alpha1\nkind: RouteConfig\ndestination: 10.61.0.0/16\ngateway: 10.50.0.2\nlink: dum0\n";
+    let bad = "apiVersion: v1alpha1\nkind: LinkConfig\nname: nosuch0\nmtu: 1400\n---\n\
+               apiVersion: v1alpha1\nkind: LinkConfig\nname: vx0\nmtu: 9000\n---\n\
+               apiVersion: v1alpha1\nkind: RouteConfig\ndestination: 10.62.0.0/16\ngateway: 10.50.0.2\nsource: 10.9.9.9\nlink: dum0\n";
+    set_config(&store, &format!("{good}---\n{bad}"));
+
+    until("the good address", || has_addr(&ns, "dum0", "10.50.0.1")).await;
+    until("the good route", || has_route(&ns, "10.61.0.0/16")).await;
+    let mut errors = Vec::new();
+    for (kind, part) in [("link", "nosuch0"), ("link", "vx0"), ("route", "10.62.0.0")] {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(20);
+        let e = loop {
+            let e = if kind == "link" {
+                spec_error::<LinkSpec>(&store, part)
+            } else {
+                spec_error::<network_res::RouteSpec>(&store, part)
+            };
+            if let Some(e) = e {
+                break e;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no error on the {kind} {part}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        errors.push(e);
+    }
+    assert!(errors[0].contains("nosuch0"), "missing link: {}", errors[0]);
+    assert!(
+        !errors[1].is_empty(),
+        "MTU above the maximum: {}",
+        errors[1]
+    );
+    assert!(
+        errors[2].contains("add route"),
+        "non-local source: {}",
+        errors[2]
+    );
+    assert!(!has_route(&ns, "10.62.0.0/16"));
+    let mtu = ip_json(&ns, &["-j", "link", "show", "vx0"])[0]["mtu"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(mtu, 1450, "the rejected MTU left the link as it was");
+    // The good objects carry no error.
+    assert_eq!(spec_error::<AddressSpec>(&store, "10.50.0.1"), None);
+    assert_eq!(
+        spec_error::<network_res::RouteSpec>(&store, "10.61.0.0"),
+        None
+    );
+
+    // Fixed: the errors go and the route appears.
+    set_config(
+        &store,
+        &format!(
+            "{good}---\napiVersion: v1alpha1\nkind: RouteConfig\ndestination: 10.62.0.0/16\ngateway: 10.50.0.2\nsource: 10.50.0.1\nlink: dum0\n"
+        ),
+    );
+    until("the fixed route", || has_route(&ns, "10.62.0.0/16")).await;
+    until("no error left", || {
+        spec_error::<LinkSpec>(&store, "").is_none()
+            && spec_error::<network_res::RouteSpec>(&store, "").is_none()
+    })
+    .await;
+    h.stop().await.unwrap();
+}
