@@ -56,17 +56,12 @@ async fn sixty_first_call_fails_within_deadline() {
     exhaust(&mut c, "x-forwarded-for", "10.2.2.2, 10.9.9.9").await;
     exhaust(&mut c, "x-real-ip", "10.1.1.1").await;
 
-    // Without a deadline a limited caller waits for its tokens (≥ 2.6/15 s for
-    // three) instead of failing.
-    let start = std::time::Instant::now();
+    // Without a deadline a limited caller waits for its tokens instead of failing:
+    // the same exhausted address gets three answers. (How long it waits is the
+    // limiter's unit tests' business, on a clock they control.)
     for _ in 0..3 {
         c.hello(hello("x-real-ip", "10.1.1.1", None)).await.unwrap();
     }
-    assert!(
-        start.elapsed() >= Duration::from_millis(100),
-        "{:?}",
-        start.elapsed()
-    );
     // The limit also covers the other RPCs.
     let mut list = Request::new(ListRequest {
         cluster_id: "c".into(),
