@@ -2,15 +2,17 @@
 
 mod common;
 
-use std::{process::Command, time::Duration};
+use std::time::Duration;
 
-use common::{cli, wait_for_path, ChildGuard, BIN};
+use common::{bin_in, cli, wait_for_path, ChildGuard};
+use wirespan_dataplane::netns::NetnsGuard;
 
 #[test]
 fn cluster_types_resolve_on_a_running_node() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("node.sock");
-    let child = Command::new(BIN)
+    let ns = NetnsGuard::new("wsclu").unwrap();
+    let child = bin_in(&ns)
         .arg("node")
         .arg("--socket")
         .arg(&socket)

@@ -13,9 +13,10 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{cli, stdout, wait_for_path, ChildGuard, BIN};
+use common::{bin_in, cli, stdout, wait_for_path, ChildGuard};
 use serde_json::Value;
 use sha2::Digest as _;
+use wirespan_dataplane::netns::NetnsGuard;
 
 const A: &str = "apiVersion: v1alpha1\nkind: HTTPProbeConfig\nname: a\nurl: http://user:s3cret@127.0.0.1:1/a\ninterval: 30s\n";
 const B: &str =
@@ -31,6 +32,7 @@ fn version(text: &str) -> String {
 }
 
 struct Node {
+    ns: NetnsGuard,
     dir: PathBuf,
     socket: PathBuf,
     config: PathBuf,
@@ -39,6 +41,7 @@ struct Node {
 impl Node {
     fn new(dir: &Path) -> Self {
         Self {
+            ns: NetnsGuard::new("wssafe").unwrap(),
             dir: dir.to_owned(),
             socket: dir.join("run/node.sock"),
             config: dir.join("config.yaml"),
@@ -46,7 +49,7 @@ impl Node {
     }
 
     fn command(&self) -> Command {
-        let mut c = Command::new(BIN);
+        let mut c = bin_in(&self.ns);
         c.arg("--socket")
             .arg(&self.socket)
             .arg("node")

@@ -4,10 +4,11 @@ mod common;
 
 use std::{os::unix::fs::PermissionsExt as _, process::Command, time::Duration};
 
-use common::{cli, stdout, wait_for_path, ChildGuard, BIN};
+use common::{bin_in, cli, stdout, wait_for_path, ChildGuard};
+use wirespan_dataplane::netns::NetnsGuard;
 
-fn start(dir: &std::path::Path) -> ChildGuard {
-    let child = Command::new(BIN)
+fn start(ns: &NetnsGuard, dir: &std::path::Path) -> ChildGuard {
+    let child = bin_in(ns)
         .arg("node")
         .arg("--socket")
         .arg(dir.join("run/node.sock"))
@@ -54,7 +55,8 @@ fn node_id(socket: &std::path::Path) -> String {
 fn node_serves_identity_and_graph_and_stops_cleanly() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("run/node.sock");
-    let node = start(dir.path());
+    let ns = NetnsGuard::new("wsnode").unwrap();
+    let node = start(&ns, dir.path());
     let mode = std::fs::metadata(&socket).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o600);
 
@@ -110,7 +112,8 @@ fn node_serves_identity_and_graph_and_stops_cleanly() {
     assert!(!socket.exists(), "socket left behind");
 
     // The identity survives a restart.
-    let node = start(dir.path());
+    let ns = NetnsGuard::new("wsnode").unwrap();
+    let node = start(&ns, dir.path());
     assert_eq!(node_id(&socket), id);
     assert!(sigterm_and_wait(node).success());
 }
@@ -118,8 +121,9 @@ fn node_serves_identity_and_graph_and_stops_cleanly() {
 #[test]
 fn second_node_on_the_same_socket_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let _node = start(dir.path());
-    let o = Command::new(BIN)
+    let ns = NetnsGuard::new("wsnode").unwrap();
+    let _node = start(&ns, dir.path());
+    let o = bin_in(&ns)
         .arg("node")
         .arg("--socket")
         .arg(dir.path().join("run/node.sock"))

@@ -386,3 +386,34 @@ fn underlay_rules_that_cannot_load_are_refused() {
     lab.ok(&["down"]);
     lab.assert_gone(&pids);
 }
+
+/// Issue 16 item 8: `lab down --after-exit PID` removes the lab once PID is gone, even
+/// by SIGKILL (no chance to clean up): what keeps a killed test from leaving its lab.
+#[test]
+fn down_after_exit_removes_the_lab_when_its_owner_is_killed() {
+    let lab = Lab::new();
+    lab.ok(&["up", "--nodes", "1", "--no-wait"]);
+    let pids = lab.pids();
+    assert!(!pids.is_empty());
+    let mut owner = Command::new("sleep").arg("600").spawn().unwrap();
+    let mut watchdog = lab
+        .cmd(&["down", "--after-exit", &owner.id().to_string()])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The watchdog waits while its owner lives: the lab is still there once the
+    // watchdog is certainly blocked (it has opened its pidfd and polls).
+    wait_until("the watchdog to block", || {
+        std::fs::read_to_string(format!("/proc/{}/wchan", watchdog.id()))
+            .is_ok_and(|w| w.contains("poll"))
+    });
+    assert!(
+        !lab.namespaces().is_empty(),
+        "removed before its owner exited"
+    );
+    owner.kill().unwrap();
+    owner.wait().unwrap();
+    let status = watchdog.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    lab.assert_gone(&pids);
+}

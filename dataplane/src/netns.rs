@@ -240,6 +240,54 @@ pub fn unique_name(prefix: &str) -> String {
     format!("{prefix}{}x{n}", std::process::id())
 }
 
+/// The pid in a guard's namespace name (`ws…-PID-N`, see [`NetnsGuard::new`]).
+fn guard_owner(name: &str) -> Option<i32> {
+    let mut parts = name.rsplitn(3, '-');
+    let n = parts.next()?;
+    let pid = parts.next()?;
+    let prefix = parts.next()?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (prefix.starts_with("ws") && prefix.bytes().all(|b| b.is_ascii_lowercase()) && digits(n))
+        .then(|| pid.parse().ok())
+        .flatten()
+}
+
+/// Deletes the namespaces of guards whose process is gone (killed before its guards
+/// dropped): they would hold tun devices, sockets and wireguard-go processes forever.
+/// A namespace whose pid now belongs to a live process is left alone.
+fn sweep_dead_guards() {
+    let Ok(list) = Netns::current().run_stdout("ip", &["netns", "list"]) else {
+        return;
+    };
+    for name in list.lines().filter_map(|l| l.split_whitespace().next()) {
+        let Some(pid) = guard_owner(name) else {
+            continue;
+        };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        tracing::info!(
+            netns = name,
+            pid,
+            "removing the namespace of a dead test process"
+        );
+        kill_all_in(name);
+        let _ = Netns::current().run("ip", &["netns", "del", name]);
+    }
+}
+
+/// SIGKILL to every process in namespace `name`.
+fn kill_all_in(name: &str) {
+    if let Ok(out) = Netns::current().run_stdout("ip", &["netns", "pids", name]) {
+        for pid in out.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
 /// Owns a throwaway named namespace: created on [`NetnsGuard::new`], deleted on drop
 /// (also on panic), after killing every process still running in it.
 #[derive(Debug)]
@@ -249,11 +297,15 @@ pub struct NetnsGuard {
 }
 
 impl NetnsGuard {
-    /// Creates `PREFIX-PID-COUNTER` with `ip netns add` and brings its `lo` up.
+    /// Creates `PREFIX-PID-COUNTER` with `ip netns add` and brings its `lo` up. The
+    /// first guard of a process also removes the namespaces left by guards of dead
+    /// processes (`ws…` prefixes only).
     ///
     /// # Errors
     /// `ip netns add` failed (not root, name clash).
     pub fn new(prefix: &str) -> io::Result<Self> {
+        static SWEEP: std::sync::Once = std::sync::Once::new();
+        SWEEP.call_once(sweep_dead_guards);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
         let name = format!("{prefix}-{}-{n}", std::process::id());
         Netns::current().run("ip", &["netns", "add", &name])?;
@@ -330,16 +382,25 @@ impl Drop for NetnsGuard {
         let name = self.name().to_owned();
         // Anything else still in the namespace (started by code under test) would keep
         // sockets or tun devices alive: kill it by pid.
-        if let Ok(out) = Netns::current().run_stdout("ip", &["netns", "pids", &name]) {
-            for pid in out.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
+        kill_all_in(&name);
         if let Err(e) = Netns::current().run("ip", &["netns", "del", &name]) {
             tracing::warn!(netns = %name, error = %e, "could not delete network namespace");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::guard_owner;
+
+    #[test]
+    fn guard_names_give_their_owner() {
+        assert_eq!(guard_owner("wspar-1234-0"), Some(1234));
+        assert_eq!(guard_owner("wsdrift-99-17"), Some(99));
+        // Not ours: another prefix, a lab's namespace, no counter.
+        assert_eq!(guard_owner("cni-1234-0"), None);
+        assert_eq!(guard_owner("wsl-t12x0-node1"), None);
+        assert_eq!(guard_owner("wspar-1234"), None);
+        assert_eq!(guard_owner("ws-par-1234-0"), None);
     }
 }

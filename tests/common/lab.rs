@@ -2,6 +2,7 @@
 //! through the real binary, removed with `lab down` on drop even when a test fails.
 
 use std::{
+    os::unix::process::CommandExt as _,
     path::{Path, PathBuf},
     process::{Command, Output, Stdio},
     sync::atomic::{AtomicU32, Ordering},
@@ -20,11 +21,29 @@ pub struct Lab {
 }
 
 impl Lab {
+    /// A new lab name. A watchdog (`lab down --after-exit`) removes the lab if this
+    /// process dies without dropping the guard (the runner's SIGKILL on a timeout);
+    /// the first lab of a process also removes the labs of dead test processes.
     pub fn new() -> Self {
+        static SWEEP: std::sync::Once = std::sync::Once::new();
+        SWEEP.call_once(sweep_labs_of_dead_tests);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-        Self {
+        let lab = Self {
             name: format!("t{}x{n}", std::process::id()),
-        }
+        };
+        // Its own process group: the runner kills the test's group on a timeout. Never
+        // waited for: it outlives this process by design (and init reaps it).
+        #[allow(clippy::zombie_processes)]
+        Command::new(BIN)
+            .args(["lab", "down", "--name", &lab.name, "--after-exit"])
+            .arg(std::process::id().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("starting the lab's watchdog");
+        lab
     }
 
     pub fn cmd(&self, args: &[&str]) -> Command {
@@ -128,12 +147,11 @@ impl Lab {
                 .stdout,
         )
         .unwrap();
+        // Only this lab's objects: other labs may run beside it.
+        let ours = self.prefix();
         for l in links.as_array().unwrap() {
             let name = l["ifname"].as_str().unwrap();
-            assert!(
-                !name.starts_with("wsl-") && !["br0", "disco"].contains(&name),
-                "lab link {name} in the host"
-            );
+            assert!(!name.starts_with(&ours), "lab link {name} in the host");
         }
         for p in pids {
             assert!(!alive(*p), "process {p} of the lab still runs");
@@ -155,6 +173,33 @@ impl Lab {
 impl Drop for Lab {
     fn drop(&mut self) {
         let _ = self.run(&["down"]);
+    }
+}
+
+/// `lab down` for every test lab (`tPIDxN`) whose process is gone. Labs of live
+/// processes, and labs not named like a test's, are left alone.
+fn sweep_labs_of_dead_tests() {
+    let Ok(dir) = std::fs::read_dir("/run/wirespan-lab") else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix('t')
+            .and_then(|r| r.split_once('x'))
+            .filter(|(p, n)| {
+                n.bytes().all(|b| b.is_ascii_digit()) && !n.is_empty() && !p.is_empty()
+            })
+            .and_then(|(p, _)| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if !alive(pid) {
+            let _ = Command::new(BIN)
+                .args(["lab", "down", "--name", &name])
+                .stdin(Stdio::null())
+                .output();
+        }
     }
 }
 

@@ -22,6 +22,15 @@ use wirespan_control::{
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_wirespan");
 
+/// The binary run inside the throwaway namespace `ns` (`ip netns exec` execs it, so
+/// the child is the binary itself). A node daemon programs the network it runs in:
+/// tests never run one in the host's.
+pub fn bin_in(ns: &wirespan_dataplane::netns::NetnsGuard) -> Command {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns.name(), BIN]);
+    c
+}
+
 /// The API served from this process over `store`; stopped and the socket removed on drop.
 pub struct Server {
     pub dir: tempfile::TempDir,

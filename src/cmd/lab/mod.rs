@@ -92,7 +92,12 @@ enum Lab {
         command: Vec<String>,
     },
     /// Remove everything the lab made (also after a crash); idempotent.
-    Down,
+    Down {
+        /// First wait until process PID has exited (however it ends, SIGKILL too):
+        /// a watchdog that removes the lab of a script or test that dies.
+        #[arg(long, value_name = "PID")]
+        after_exit: Option<i32>,
+    },
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -157,7 +162,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             // The command's own exit code is the answer.
             std::process::exit(status.code().unwrap_or(1));
         }
-        Lab::Down => down::run(&name),
+        Lab::Down { after_exit } => {
+            if let Some(pid) = after_exit {
+                down::wait_for_exit(*pid)?;
+            }
+            down::run(&name)
+        }
     }
 }
 
