@@ -77,7 +77,10 @@ fn chromium(url: &str, extra: &[String]) -> String {
             "--disable-dev-shm-usage",
             "--hide-scrollbars",
         ])
-        .arg(format!("--user-data-dir={}", profile.path().join("p").display()))
+        .arg(format!(
+            "--user-data-dir={}",
+            profile.path().join("p").display()
+        ))
         .args(extra)
         .arg(url)
         .stdin(Stdio::null())
@@ -123,7 +126,11 @@ fn screenshot(url: &str, file: &Path, w: u32, h: u32) -> Vec<u8> {
         ],
     );
     let png = std::fs::read(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
-    assert!(png.len() > 1000, "screenshot of {url} is {} bytes", png.len());
+    assert!(
+        png.len() > 1000,
+        "screenshot of {url} is {} bytes",
+        png.len()
+    );
     assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "not a PNG");
     assert_eq!(&png[12..16], b"IHDR", "no IHDR first");
     let dim = |o: usize| u32::from_be_bytes(png[o..o + 4].try_into().unwrap());
@@ -196,9 +203,15 @@ fn text_of(dom: &str, id: &str) -> String {
 }
 
 fn assert_no_secret(dom: &str) {
-    assert!(!dom.contains(SECRET), "the page shows blob contents:\n{dom}");
+    assert!(
+        !dom.contains(SECRET),
+        "the page shows blob contents:\n{dom}"
+    );
     let hex: String = SECRET.bytes().map(|b| format!("{b:02x}")).collect();
-    assert!(!dom.to_ascii_lowercase().contains(&hex), "hex of blob:\n{dom}");
+    assert!(
+        !dom.to_ascii_lowercase().contains(&hex),
+        "hex of blob:\n{dom}"
+    );
 }
 
 #[test]
@@ -234,7 +247,12 @@ fn landing_and_inspect_pages_render_the_clusters_in_chromium() {
     }
     assert!(dom.contains("action=\"/inspect\""), "inspect form:\n{dom}");
     assert_no_secret(&dom);
-    screenshot(&landing, &shots.path().join("discovery-landing.png"), 900, 520);
+    screenshot(
+        &landing,
+        &shots.path().join("discovery-landing.png"),
+        900,
+        520,
+    );
 
     // The inspect page of the first cluster: every affiliate with its endpoint count.
     let (cluster, members) = CLUSTERS[0];
@@ -252,13 +270,20 @@ fn landing_and_inspect_pages_render_the_clusters_in_chromium() {
     );
     for (id, n) in members {
         let data_len = format!("{SECRET}-data-of-{id}").len();
-        let row = format!("<tr class=\"affiliate\"><td><code>{id}</code></td><td>{data_len}</td><td>{n}</td>");
+        let row = format!(
+            "<tr class=\"affiliate\"><td><code>{id}</code></td><td>{data_len}</td><td>{n}</td>"
+        );
         assert!(dom.contains(&row), "no row {row} in:\n{dom}");
     }
     // The other cluster's affiliate is not on this page.
     assert!(!dom.contains(CLUSTERS[1].1[0].0), "{dom}");
     assert_no_secret(&dom);
-    screenshot(&inspect, &shots.path().join("discovery-inspect.png"), 900, 520);
+    screenshot(
+        &inspect,
+        &shots.path().join("discovery-inspect.png"),
+        900,
+        520,
+    );
 
     // An unknown cluster: a page saying so (and no cluster created by looking).
     let dom = dump_dom(&format!("http://{}/inspect?clusterID=nope", server.web));

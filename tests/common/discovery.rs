@@ -100,7 +100,9 @@ pub fn parse_response(raw: &str) -> (u16, String) {
         .unwrap_or_else(|| panic!("not an HTTP response: {raw:?}"));
     let (head, body) = raw.split_once("\r\n\r\n").unwrap();
     assert!(
-        !head.to_ascii_lowercase().contains("transfer-encoding: chunked"),
+        !head
+            .to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
         "chunked response not handled:\n{head}"
     );
     (status, body.to_owned())

@@ -91,7 +91,9 @@ async fn inspect(State(shared): State<Arc<Shared>>, Query(q): Query<InspectQuery
             StatusCode::NOT_FOUND,
             Html(page(
                 "no such cluster",
-                &format!("<h1>No cluster <code>{id}</code></h1><p>No affiliate of it is known here.</p>"),
+                &format!(
+                    "<h1>No cluster <code>{id}</code></h1><p>No affiliate of it is known here.</p>"
+                ),
             )),
         )
             .into_response();
