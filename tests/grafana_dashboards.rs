@@ -516,7 +516,7 @@ fn dashboards_reference_only_metrics_the_binaries_export() {
 
     // The check itself: a bogus name, a histogram suffix on a gauge, and a counter
     // without its `_total` are all named.
-    let mut bad = node_dash.clone();
+    let mut bad = node_dash;
     bad["panels"][1]["targets"]
         .as_array_mut()
         .unwrap()
