@@ -28,6 +28,9 @@ have systemd-analyze || need+=(systemd)
 have man          || need+=(man-db)
 have setpriv      || need+=(util-linux)
 have bash         || need+=(bash)
+# The discovery server's pages are checked in headless Chromium
+# (tests/discovery_pages_browser.rs).
+[ -x /usr/bin/chromium ] || need+=(chromium)
 
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then

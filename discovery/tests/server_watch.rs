@@ -255,6 +255,11 @@ async fn slow_watcher_is_aborted_fast_one_sees_everything() {
     assert_eq!(status.message(), "subscription canceled: lost update");
     assert!(received < EVENTS, "{received}");
     assert_eq!(server.counts().subscriptions, 1);
+    let text = server.metrics_text();
+    assert!(
+        text.contains("discovery_watch_aborted_total 1\n"),
+        "the abort is counted:\n{text}"
+    );
     server.shutdown().await.unwrap();
 }
 

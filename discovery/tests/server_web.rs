@@ -73,7 +73,7 @@ async fn metrics_landing_and_inspect() {
 
     let (status, page) = get(web, "/").await;
     assert_eq!(status, 200);
-    assert!(page.contains("1 affiliates"), "{page}");
+    assert!(page.contains("id=\"affiliates\">1<"), "{page}");
 
     let (status, page) = get(web, "/inspect?clusterID=c").await;
     assert_eq!(status, 200);

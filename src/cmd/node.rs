@@ -83,6 +83,23 @@ pub enum WireGuardArg {
     Userspace,
 }
 
+/// Mirrors the ConfigStatus resource into the metrics at each scrape (it changes
+/// rarely; reading it then costs one store lookup).
+fn config_status_collector(store: Store) -> kubespan::metrics::Collector {
+    use wirespan_control::resources::config::{attempt, ConfigStatus, CURRENT};
+    Box::new(move |m| {
+        if let Ok(st) = store.get::<ConfigStatus>(ConfigStatus::DEFAULT_NAMESPACE, CURRENT) {
+            let s = &st.spec;
+            m.set_config(
+                s.last_attempt != attempt::REJECTED,
+                s.documents,
+                &s.accepted_version,
+                &s.source,
+            );
+        }
+    })
+}
+
 /// Registers the KubeSpan controllers for the namespace the node runs in; returns the
 /// metrics to serve.
 fn register_mesh(
@@ -219,6 +236,7 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
     probe::register(&mut runtime)?;
     wirespan_control::controllers::cluster::register(&mut runtime, Default::default())?;
     let metrics = register_mesh(&mut runtime, &args.state_dir, &args.mesh)?;
+    metrics.set_collector(config_status_collector(store.clone()));
     let api = ResourceApi::new(store.clone(), Some(runtime.graph()))
         .with_config_apply(config_loader.clone(), args.config.clone());
     let listener = bind(socket)?;

@@ -3,6 +3,7 @@
 
 #![allow(dead_code)]
 
+pub mod discovery;
 pub mod lab;
 pub mod upstream;
 

@@ -34,6 +34,8 @@ pub struct Metrics {
     rpc_handled: Family<Labels, Counter>,
     rpc_latency: Family<Labels, Histogram, fn() -> Histogram>,
     storage_ops: Family<Labels, Counter>,
+    watch_aborted: Counter,
+    watch_catch_ups: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -65,6 +67,8 @@ impl Metrics {
             rpc_handled: Family::default(),
             rpc_latency: Family::new_with_constructor(latency_histogram),
             storage_ops: Family::default(),
+            watch_aborted: Counter::default(),
+            watch_catch_ups: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -122,7 +126,37 @@ impl Metrics {
             "Snapshot operations by operation and status",
             m.storage_ops.clone(),
         );
+        registry.register(
+            "discovery_watch_aborted",
+            "Watch streams ended with ABORTED (a stalled watcher lost updates)",
+            m.watch_aborted.clone(),
+        );
+        registry.register(
+            "discovery_watch_catch_ups",
+            "Catch-ups sent to watchers that fell behind but kept reading",
+            m.watch_catch_ups.clone(),
+        );
+        // At zero from the start: a family without series is not rendered at all,
+        // and `increase()` needs the zero to see the first operation.
+        for operation in ["save", "load"] {
+            for status in ["success", "error"] {
+                let _ = m.storage_ops.get_or_create(&vec![
+                    ("operation", operation.to_owned()),
+                    ("status", status.to_owned()),
+                ]);
+            }
+        }
         Self { registry, ..m }
+    }
+
+    /// Counts a Watch stream aborted for lost updates.
+    pub fn watch_aborted(&self) {
+        self.watch_aborted.inc();
+    }
+
+    /// Counts a catch-up sent to a lagging watcher.
+    pub fn watch_catch_up(&self) {
+        self.watch_catch_ups.inc();
     }
 
     /// Counts one Hello under its version label.

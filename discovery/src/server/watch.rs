@@ -191,9 +191,11 @@ pub(crate) fn watch_stream(shared: Arc<Shared>, sub: Subscription) -> EncodedStr
                     if !found {
                         return None;
                     }
+                    g.shared.metrics.watch_catch_up();
                 }
                 Next::Lost => {
                     ctx.done = true;
+                    ctx.guard.shared.metrics.watch_aborted();
                     return Some((Err(RequestError::LostUpdate.into()), ctx));
                 }
                 Next::Closed => return None,

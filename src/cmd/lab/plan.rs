@@ -24,6 +24,9 @@ pub const MAX_NODES: usize = 64;
 pub const DISCOVERY_PORT: u16 = 3000;
 /// Port of the discovery server's metrics and inspect pages.
 pub const DISCOVERY_METRICS_PORT: u16 = 2122;
+/// Port of each node daemon's metrics (`--metrics-listen`), on the loopback of the
+/// node's namespace: reachable with `lab exec`, not over the underlay.
+pub const NODE_METRICS_PORT: u16 = 9620;
 /// The node's underlay link (inside its namespace).
 pub const NODE_LINK: &str = "eth0";
 
@@ -140,6 +143,12 @@ pub fn discovery_metrics_address() -> SocketAddr {
         underlay_addresses(DISCOVERY_HOST)[0].0,
         DISCOVERY_METRICS_PORT,
     )
+}
+
+/// A node daemon's metrics address, inside the node's namespace.
+#[must_use]
+pub fn node_metrics_address() -> SocketAddr {
+    SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), NODE_METRICS_PORT)
 }
 
 /// Generated cluster secrets; never printed.

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use super::{
     host,
     observe::{self, NodeView},
-    plan::LabState,
+    plan::{self, LabState},
 };
 
 /// Observes every node of the lab.
@@ -198,6 +198,7 @@ pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
                 "config": n.config,
                 "stateDir": n.state_dir,
                 "log": n.log,
+                "metricsAddress": plan::node_metrics_address(),
                 "pid": n.pid,
                 "daemon": daemon_state(n.pid, v),
                 "link": n.link,

@@ -318,6 +318,8 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
             "node".into(),
             "--state-dir".into(),
             path_str(&n.state_dir)?.to_owned(),
+            "--metrics-listen".into(),
+            plan::node_metrics_address().to_string(),
         ];
         if supports_config {
             args.extend(["--config".into(), path_str(&n.config)?.to_owned()]);

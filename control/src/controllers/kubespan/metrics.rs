@@ -1,5 +1,6 @@
-//! Prometheus metrics of the mesh (prometheus-client): peers by state, per-peer
-//! handshake age and traffic, reconcile durations, controller restarts.
+//! Prometheus metrics of the node (prometheus-client): peers by state, per-peer
+//! state, handshake age and traffic, the marking fast path and its prefixes, the
+//! config status, reconcile durations, controller restarts.
 
 use std::{sync::atomic::AtomicU64, time::Duration};
 
@@ -18,10 +19,21 @@ fn duration_histogram() -> Histogram {
     ))
 }
 
+/// Refreshes gauges that mirror state kept elsewhere, just before each scrape.
+pub type Collector = Box<dyn Fn(&MeshMetrics) + Send + Sync>;
+
 /// The mesh metrics; cheap to share (`Arc`).
 pub struct MeshMetrics {
     registry: Registry,
     peers: Family<Labels, Gauge>,
+    peer_up: Family<Labels, Gauge>,
+    fast_path: Family<Labels, Gauge>,
+    fast_path_fallback: Gauge,
+    marked_prefixes: Family<Labels, Gauge>,
+    config_accepted: Gauge,
+    config_documents: Gauge,
+    config_info: Family<Labels, Gauge>,
+    collector: std::sync::Mutex<Option<Collector>>,
     handshake_age: Family<Labels, Gauge<f64, AtomicU64>>,
     rx: Family<Labels, Gauge>,
     tx: Family<Labels, Gauge>,
@@ -65,6 +77,14 @@ impl MeshMetrics {
         let mut registry = Registry::default();
         let m = Self {
             peers: Family::default(),
+            peer_up: Family::default(),
+            fast_path: Family::default(),
+            fast_path_fallback: Gauge::default(),
+            marked_prefixes: Family::default(),
+            config_accepted: Gauge::default(),
+            config_documents: Gauge::default(),
+            config_info: Family::default(),
+            collector: std::sync::Mutex::new(None),
             handshake_age: Family::default(),
             rx: Family::default(),
             tx: Family::default(),
@@ -76,6 +96,41 @@ impl MeshMetrics {
             "wirespan_kubespan_peers",
             "Number of mesh peers by state",
             m.peers.clone(),
+        );
+        registry.register(
+            "wirespan_kubespan_peer_up",
+            "1 when the peer is up, 0 when down or unknown",
+            m.peer_up.clone(),
+        );
+        registry.register(
+            "wirespan_kubespan_fast_path",
+            "Marking fast path in use (1) by implementation",
+            m.fast_path.clone(),
+        );
+        registry.register(
+            "wirespan_kubespan_fast_path_fallback",
+            "1 when the configured fast path could not be used and another one runs",
+            m.fast_path_fallback.clone(),
+        );
+        registry.register(
+            "wirespan_kubespan_marked_prefixes",
+            "Prefixes in the marking set (traffic to them goes through the mesh), by family",
+            m.marked_prefixes.clone(),
+        );
+        registry.register(
+            "wirespan_config_last_attempt_accepted",
+            "1 when the latest config offered was accepted, 0 when it was rejected",
+            m.config_accepted.clone(),
+        );
+        registry.register(
+            "wirespan_config_documents",
+            "Documents in the config in force",
+            m.config_documents.clone(),
+        );
+        registry.register(
+            "wirespan_config_info",
+            "The config in force: its version (SHA-256 prefix) and source; always 1",
+            m.config_info.clone(),
         );
         registry.register(
             "wirespan_kubespan_peer_handshake_age_seconds",
@@ -107,9 +162,11 @@ impl MeshMetrics {
 
     /// Records one reconcile of `controller`.
     pub fn observe_reconcile(&self, controller: &str, took: Duration) {
-        self.reconcile
-            .get_or_create(&vec![("controller", controller.to_owned())])
-            .observe(took.as_secs_f64());
+        let l = vec![("controller", controller.to_owned())];
+        self.reconcile.get_or_create(&l).observe(took.as_secs_f64());
+        // The restart counter at zero from the first reconcile on: a family without
+        // series is not rendered, and `increase()` needs the zero to see the first one.
+        let _ = self.restarts.get_or_create(&l);
     }
 
     /// Counts a restart of `controller`.
@@ -124,12 +181,16 @@ impl MeshMetrics {
         self.handshake_age.clear();
         self.rx.clear();
         self.tx.clear();
+        self.peer_up.clear();
         let mut counts = [("up", 0i64), ("down", 0), ("unknown", 0)];
         for p in peers {
             let l: Labels = vec![("peer", p.public_key.clone()), ("label", p.label.clone())];
             if let Some(age) = p.handshake_age {
                 self.handshake_age.get_or_create(&l).set(age);
             }
+            self.peer_up
+                .get_or_create(&l)
+                .set(i64::from(p.state == "up"));
             self.rx.get_or_create(&l).set(p.rx);
             self.tx.get_or_create(&l).set(p.tx);
             if let Some(c) = counts.iter_mut().find(|(s, _)| *s == p.state) {
@@ -143,9 +204,56 @@ impl MeshMetrics {
         }
     }
 
+    /// Sets the marking figures: the fast path in use (`nftables`/`ebpf`), whether it
+    /// is a fallback from the configured one, and the marked prefixes per family.
+    pub fn set_marking(&self, in_use: &str, fallback: bool, v4: usize, v6: usize) {
+        for fp in ["nftables", "ebpf"] {
+            self.fast_path
+                .get_or_create(&vec![("fast_path", fp.to_owned())])
+                .set(i64::from(fp == in_use));
+        }
+        self.fast_path_fallback.set(i64::from(fallback));
+        for (family, n) in [("ipv4", v4), ("ipv6", v6)] {
+            self.marked_prefixes
+                .get_or_create(&vec![("family", family.to_owned())])
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Sets the config status figures.
+    pub fn set_config(&self, accepted: bool, documents: usize, version: &str, source: &str) {
+        self.config_accepted.set(i64::from(accepted));
+        self.config_documents
+            .set(i64::try_from(documents).unwrap_or(i64::MAX));
+        // One series: the version in force.
+        self.config_info.clear();
+        self.config_info
+            .get_or_create(&vec![
+                ("version", version.to_owned()),
+                ("source", source.to_owned()),
+            ])
+            .set(1);
+    }
+
+    /// Installs the function run before each render (replacing any earlier one).
+    pub fn set_collector(&self, collector: Collector) {
+        *self
+            .collector
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(collector);
+    }
+
     /// The text exposition.
     #[must_use]
     pub fn render(&self) -> String {
+        if let Some(c) = self
+            .collector
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+        {
+            c(self);
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
@@ -226,7 +334,12 @@ mod tests {
         }]);
         m.controller_restarted("KubeSpanManager");
         m.observe_reconcile("KubeSpanManager", Duration::from_millis(2));
+        m.observe_reconcile("Other", Duration::from_millis(2));
         let text = m.render();
+        assert!(
+            text.contains("wirespan_controller_restarts_total{controller=\"Other\"} 0"),
+            "{text}"
+        );
         assert!(
             text.contains("wirespan_kubespan_peers{state=\"up\"} 1"),
             "{text}"
@@ -242,6 +355,44 @@ mod tests {
         assert!(
             text.contains("wirespan_kubespan_peer_transmit_bytes{peer=\"k\",label=\"n1\"} 20"),
             "{text}"
+        );
+        assert!(
+            text.contains("wirespan_kubespan_peer_up{peer=\"k\",label=\"n1\"} 1"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn renders_marking_and_the_config_from_the_collector() {
+        let m = MeshMetrics::new();
+        m.set_marking("nftables", true, 3, 2);
+        let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let c = std::sync::Arc::clone(&calls);
+        m.set_collector(Box::new(move |m| {
+            let n = c.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            m.set_config(n > 0, 4, &format!("v{n}"), "file");
+        }));
+        let first = m.render();
+        assert!(
+            first.contains("wirespan_config_last_attempt_accepted 0"),
+            "{first}"
+        );
+        let text = m.render();
+        for line in [
+            "wirespan_kubespan_fast_path{fast_path=\"nftables\"} 1",
+            "wirespan_kubespan_fast_path{fast_path=\"ebpf\"} 0",
+            "wirespan_kubespan_fast_path_fallback 1",
+            "wirespan_kubespan_marked_prefixes{family=\"ipv4\"} 3",
+            "wirespan_kubespan_marked_prefixes{family=\"ipv6\"} 2",
+            "wirespan_config_last_attempt_accepted 1",
+            "wirespan_config_documents 4",
+            "wirespan_config_info{version=\"v1\",source=\"file\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert!(
+            !text.contains("version=\"v0\""),
+            "one config series: {text}"
         );
     }
 }

@@ -171,6 +171,10 @@ impl KubeSpanManagerController {
             prefixes_v6: v6,
             ..MarkingSpec::default()
         };
+        let marked = (
+            marking_spec.prefixes_v4.len(),
+            marking_spec.prefixes_v6.len(),
+        );
         self.ensure_marking(s.fast_path, &s.link_name);
         let m = self
             .marking
@@ -179,6 +183,13 @@ impl KubeSpanManagerController {
         let (m, res) = blocking(m, move |m| m.marking.apply(&marking_spec)).await?;
         self.marking = Some(m);
         res.map_err(|e| ControllerError::other(ManagerError::Marking(e)))?;
+        if let (Some(metrics), Some(m)) = (&self.deps.metrics, &self.marking) {
+            let in_use = match m.in_use {
+                FastPath::Nftables => "nftables",
+                FastPath::Ebpf => "ebpf",
+            };
+            metrics.set_marking(in_use, m.in_use != m.configured, marked.0, marked.1);
+        }
         self.routed = routed;
 
         let keys: Vec<String> = self.statuses.keys().cloned().collect();
