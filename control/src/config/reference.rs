@@ -399,7 +399,11 @@ are the fields of that kind below.
         last_good = super::loader::LAST_GOOD_FILE,
     );
     for k in kinds {
-        let how = if k.singleton { "at most one" } else { "any number" };
+        let how = if k.singleton {
+            "at most one"
+        } else {
+            "any number"
+        };
         let _ = writeln!(
             out,
             "| [`{}`](#{}) | {how} |",
