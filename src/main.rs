@@ -75,6 +75,9 @@ enum Command {
     Completions(cmd::completions::Args),
     /// Write man pages for every command.
     Man(cmd::man::Args),
+    /// Print documentation generated from the code (`wirespan docs config`).
+    #[command(subcommand)]
+    Docs(cmd::docs::Docs),
 }
 
 fn init_tracing(cli: &Cli) -> anyhow::Result<()> {
@@ -113,6 +116,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Install(i) => cmd::install::run(&i),
         Command::Completions(args) => cmd::completions::run(&args, Cli::command()),
         Command::Man(args) => cmd::man::run(&args, Cli::command()),
+        Command::Docs(d) => cmd::docs::run(&d),
     }
 }
 

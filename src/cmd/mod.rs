@@ -4,6 +4,7 @@ pub mod apply;
 pub mod bench;
 pub mod completions;
 pub mod discovery;
+pub mod docs;
 pub mod doctor;
 pub mod gen;
 pub mod get;

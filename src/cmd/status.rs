@@ -221,11 +221,21 @@ fn discovery(f: &Facts) -> String {
 }
 
 fn config(f: &Facts) -> String {
+    // The config's version is the hash in ConfigStatus (what `get configstatus` and
+    // `apply` print); the resource version is only a fallback for nodes without it.
+    let hash = f
+        .config_status
+        .as_ref()
+        .and_then(|v| v.first())
+        .and_then(|r| r.spec.get("acceptedVersion"))
+        .and_then(Value::as_str)
+        .filter(|h| !h.is_empty());
     let accepted = match &f.machine_config {
         None => NA.into(),
-        Some(v) => match v.first() {
-            None => "none (no config loaded)".to_owned(),
-            Some(r) => format!("accepted version {}", r.version),
+        Some(v) => match (v.first(), hash) {
+            (None, _) => "none (no config loaded)".to_owned(),
+            (Some(_), Some(h)) => format!("accepted version {h}"),
+            (Some(r), None) => format!("accepted version {}", r.version),
         },
     };
     // ConfigStatus (when the node has it) names the last rejected config's error.

@@ -15,18 +15,29 @@
 //! No discovery service is contacted unless a `DiscoveryServiceConfig` names it.
 
 use base64::Engine as _;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigDocument, FieldError};
 use crate::secret::{Key32, SecretString};
 
-/// The cluster this node joins (singleton).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The cluster this node joins: nodes with the same ID and secret form one mesh.
+/// `wirespan gen cluster` writes this document (and a `DiscoveryServiceConfig`) with
+/// a fresh ID and secret.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ClusterConfig {
-    /// Cluster ID: an opaque string (upstream: base64 of 32 random bytes).
+    /// Cluster ID: an opaque string, used as raw bytes for the mesh's IPv6 ULA prefix
+    /// and as the cluster ID on the discovery service (`wirespan gen cluster` and Talos
+    /// write base64 of 32 random bytes).
+    ///
+    /// Valid: 1 to 256 bytes.
     pub id: String,
-    /// Cluster secret: base64 of exactly 32 bytes.
+    /// Cluster secret: the discovery service encryption key (AES-256-GCM) and the
+    /// WireGuard preshared key of every peer. Shown as `<redacted>` everywhere.
+    ///
+    /// Valid: standard base64 decoding to exactly 32 bytes.
+    #[schemars(with = "super::schema::Secret")]
     pub secret: SecretString,
 }
 
@@ -69,13 +80,23 @@ impl ConfigDocument for ClusterConfig {
     }
 }
 
-/// One discovery service to use (may repeat, with distinct names).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// A discovery service this node publishes its affiliate to and learns peers from.
+/// One client per document; with several, the node publishes to each and merges what
+/// they return. Without any, no discovery service is contacted and no peers are
+/// learnt.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct DiscoveryServiceConfig {
-    /// Name; also the id under which its raw affiliates are kept.
+    /// Name of this service; also the key under which its affiliates are kept
+    /// (`wirespan get affiliates`).
+    ///
+    /// Valid: non-empty; letters, digits, `-`, `_` and `.` only.
     pub name: String,
-    /// `http://host[:port]` (h2c, default port 80) or `https://host[:port]` (TLS, 443).
+    /// `http://host[:port]` (gRPC over cleartext HTTP/2, default port 80) or
+    /// `https://host[:port]` (TLS, default port 443).
+    ///
+    /// Valid: an `http://` or `https://` URL with a non-empty host (IPv6 in brackets),
+    /// an optional port and no path, query or fragment (a trailing `/` is allowed).
     pub endpoint: String,
 }
 

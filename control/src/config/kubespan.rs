@@ -14,69 +14,110 @@
 use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{check_link_name, ConfigDocument, FieldError};
 
 /// How cluster-bound packets are marked.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum FastPath {
     /// nftables sets in prerouting and output (upstream's way).
     #[default]
     Nftables,
     /// A tc eBPF classifier marks forwarded traffic; nftables keeps the output chain.
+    /// Falls back to nftables, saying so, when the kernel cannot load it.
     Ebpf,
 }
 
 /// Filters of the `KubeSpanConfig` document.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct KubeSpanFilters {
-    /// `[!]CIDR-or-IP` entries filtering the own advertised endpoints; unset = no
-    /// filtering, an empty list drops every address-derived endpoint.
+    /// `[!]CIDR-or-IP` entries filtering this node's advertised endpoints, in order: a
+    /// plain entry adds the addresses it matches, a `!` entry removes them; addresses
+    /// no plain entry matches are dropped. Unset: no filtering; an empty list drops
+    /// every address-derived endpoint (`extraAnnouncedEndpoints` stay).
+    ///
+    /// Valid: each entry an IP or CIDR, optionally prefixed by `!`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub endpoints: Option<Vec<String>>,
-    /// Networks peers should not route to this node.
+    /// Networks peers should not route to this node: removed from the advertised
+    /// addresses and networks before publishing.
     #[serde(default)]
+    #[schemars(with = "Vec<super::schema::Cidr>")]
     pub exclude_advertised_networks: Vec<IpNet>,
 }
 
-/// The mesh settings (singleton). Defaults are upstream's.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The mesh (KubeSpan) settings. Without this document, or with `enabled: false`, the
+/// mesh is off and its kernel objects are removed. Every field is optional; the
+/// defaults are Talos KubeSpan's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct KubeSpanConfig {
     /// Run the mesh.
     pub enabled: bool,
-    /// Advertise this node's pod CIDRs (`advertisedNetworks`) to peers.
+    /// Advertise `advertisedNetworks` to peers, which then route them to this node.
     pub advertise_kubernetes_networks: bool,
-    /// This node's pod CIDRs (static; there is no Kubernetes API here).
+    /// This node's pod CIDRs, given statically (there is no Kubernetes API here).
+    #[schemars(with = "Vec<super::schema::Cidr>")]
     pub advertised_networks: Vec<IpNet>,
-    /// Mark only peers that are up; others are reached outside the tunnel.
+    /// Send traffic only to peers that are up through the mesh; traffic to the others
+    /// leaves unencrypted by normal routing. Off: traffic to a down peer is dropped.
     pub allow_down_peer_bypass: bool,
-    /// Publish endpoints observed for other peers.
+    /// Publish, for each peer that is up, the endpoint WireGuard actually uses (NAT,
+    /// roaming) to the discovery services. Costs N·(N−1) updates per cluster refresh.
     pub harvest_extra_endpoints: bool,
-    /// Link MTU (≥ 1280).
+    /// MTU of the mesh link and its routes; TCP MSS is clamped to fit.
+    ///
+    /// Valid: 1280–65535.
     pub mtu: u32,
     /// Endpoint and advertised-network filters.
     pub filters: KubeSpanFilters,
     /// Name of the WireGuard link.
+    ///
+    /// Valid: an interface name: 1–15 bytes, not `.` or `..`, no `/`, `:`, spaces or
+    /// control characters.
     pub link_name: String,
-    /// WireGuard UDP port, also the port of advertised endpoints.
+    /// WireGuard UDP port, also the port of advertised endpoints. Peers must be able
+    /// to reach it.
+    ///
+    /// Valid: 1–65535.
     pub listen_port: u16,
-    /// Mark WireGuard puts on its own UDP.
+    /// Firewall mark WireGuard puts on its own UDP packets, so they are not marked
+    /// into the mesh again. Integers may be written in hex (`0x20`).
+    ///
+    /// Valid: non-zero, inside `markMask`, different from `routeMark`.
+    #[schemars(extend("x-hex" = true))]
     pub device_mark: u32,
-    /// Mark that sends a packet into the mesh.
+    /// Firewall mark that sends a packet into the mesh (matched by the mesh's rule).
+    ///
+    /// Valid: non-zero, inside `markMask`, different from `deviceMark`.
+    #[schemars(extend("x-hex" = true))]
     pub route_mark: u32,
-    /// Mask covering both marks.
+    /// Mark bits the mesh owns; other bits of a packet's mark are left alone.
+    ///
+    /// Valid: non-zero.
+    #[schemars(extend("x-hex" = true))]
     pub mark_mask: u32,
-    /// Routing table of the mesh routes.
+    /// Routing table of the mesh's default routes. Reserved for the mesh: no
+    /// `RouteConfig` or `RoutingRuleConfig` may use it.
+    ///
+    /// Valid: not 0, 253, 254 or 255.
     pub routing_table: u32,
-    /// Priority of the fwmark rules.
+    /// Priority of the mesh's fwmark rules (IPv4 and IPv6). Reserved for the mesh: no
+    /// `RoutingRuleConfig` may use it.
+    ///
+    /// Valid: not 0, 32766 or 32767.
     pub rule_priority: u32,
     /// Marking implementation for forwarded traffic.
     pub fast_path: FastPath,
-    /// Link whose MAC derives the KubeSpan address (default: `docs/kubespan.md` §3.2 rule).
+    /// Link whose MAC address derives this node's KubeSpan IPv6 address. Unset: the
+    /// first physical Ethernet link by name, else the first link by name with a MAC
+    /// (not `lo`, not the mesh link).
+    ///
+    /// Valid: an interface name, as for `linkName`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub identity_link: Option<String>,
 }
@@ -187,12 +228,16 @@ impl KubeSpanConfig {
     }
 }
 
-/// Extra endpoints to advertise (NAT port forwards). May appear several times; the
-/// endpoints of all documents are used.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// Extra endpoints to advertise, e.g. NAT port forwards to this node's `listenPort`.
+/// The endpoints of all documents of this kind are used.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
 pub struct KubeSpanEndpointsConfig {
-    /// `ip:port` endpoints appended to the advertised list.
+    /// Endpoints appended to the advertised list (after the address-derived ones,
+    /// duplicates skipped; `filters.endpoints` does not apply to them).
+    ///
+    /// Valid: each a specified address (not `0.0.0.0` or `::`) with a non-zero port.
+    #[schemars(with = "Vec<super::schema::IpPort>")]
     pub extra_announced_endpoints: Vec<SocketAddr>,
 }
 

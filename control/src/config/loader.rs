@@ -12,7 +12,8 @@
 //! - every rejection is logged and recorded in `config/ConfigStatus current`, next to
 //!   the version in force (a content hash, [`version_of`]);
 //! - [`ConfigLoader::watch_file`] re-reads the file only after a complete write
-//!   (inotify close-write, or a rename onto it), not on a timer.
+//!   (inotify close-write, a rename onto it, or, for a symlinked file such as a
+//!   Kubernetes Secret volume's, a rename in its directory), not on a timer.
 
 use std::{
     io::Read as _,
@@ -444,13 +445,16 @@ impl ConfigLoader {
 
 /// Whether `ev` ends a write of the file named `name` in the watched directory: the
 /// writer closed it, or a file was renamed onto it. Plain modifications (a write in
-/// progress) are not.
-fn completes_write(ev: &notify::Event, name: &std::ffi::OsStr) -> bool {
+/// progress) are not. When the file is a symlink (`symlink`), a rename of any entry
+/// may have changed what it points to: Kubernetes updates a mounted Secret or
+/// ConfigMap by renaming a `..data` symlink that `config.yaml -> ..data/config.yaml`
+/// goes through.
+fn completes_write(ev: &notify::Event, name: &std::ffi::OsStr, symlink: bool) -> bool {
     use notify::event::{AccessKind, AccessMode, EventKind, ModifyKind, RenameMode};
     let ours = ev.paths.iter().any(|p| p.file_name() == Some(name));
     match ev.kind {
-        EventKind::Access(AccessKind::Close(AccessMode::Write))
-        | EventKind::Modify(ModifyKind::Name(RenameMode::To)) => ours,
+        EventKind::Access(AccessKind::Close(AccessMode::Write)) => ours,
+        EventKind::Modify(ModifyKind::Name(RenameMode::To)) => ours || symlink,
         // Events were lost: the file may have changed.
         _ => ev.need_rescan(),
     }
@@ -472,10 +476,11 @@ fn watch(path: &Path) -> notify::Result<Watch> {
         Some(d) if !d.as_os_str().is_empty() => d.to_owned(),
         _ => PathBuf::from("."),
     };
+    let symlink = path.symlink_metadata().is_ok_and(|m| m.is_symlink());
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let mut watcher =
         notify::recommended_watcher(move |res: notify::Result<notify::Event>| match res {
-            Ok(ev) if !completes_write(&ev, &name) => {}
+            Ok(ev) if !completes_write(&ev, &name, symlink) => {}
             Ok(_) => {
                 let _ = tx.send(());
             }

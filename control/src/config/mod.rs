@@ -10,9 +10,11 @@
 //! write their spec under, see [`ConfigDocument::merge_key`]) are rejected: one would
 //! silently replace the other.
 //!
-//! Adding a kind: a type implementing [`ConfigDocument`] (with
-//! `#[serde(deny_unknown_fields, rename_all = "camelCase")]`) and one line in the
-//! `documents!` list below.
+//! Adding a kind: a type implementing [`ConfigDocument`], `Default` and
+//! `schemars::JsonSchema` (with `#[serde(deny_unknown_fields, rename_all =
+//! "camelCase")]`, a doc comment on every field and a `Valid:` paragraph for what its
+//! `validate` checks) and one line in the `documents!` list below; then regenerate
+//! `docs/config-reference.md` ([`reference`]).
 
 use std::fmt;
 
@@ -25,6 +27,8 @@ pub mod kubespan;
 pub mod loader;
 pub mod network;
 pub mod probe;
+pub mod reference;
+pub mod schema;
 
 /// The only `apiVersion` this build reads.
 pub const API_VERSION: &str = "v1alpha1";
@@ -193,6 +197,13 @@ macro_rules! documents {
 
             fn merge_key(&self) -> Option<(&'static str, String)> {
                 match self { $(Self::$variant(d) => d.merge_key(),)* }
+            }
+
+            /// What the configuration reference says about every kind, in
+            /// [`Self::KINDS`] order.
+            #[must_use]
+            pub fn reference() -> Vec<reference::KindReference> {
+                vec![$(reference::KindReference::of::<$ty>()),*]
             }
 
             fn parse(kind: &str, body: Value) -> Option<Result<Self, FieldError>> {

@@ -37,6 +37,7 @@
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigDocument, FieldError};
@@ -80,19 +81,27 @@ fn check_mtu(mtu: Option<u32>, errs: &mut Vec<FieldError>) {
     }
 }
 
-/// A link to configure (physical) or create (`linkKind: dummy`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// A link to configure (an existing one) or create (`linkKind`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct LinkConfig {
     /// Interface name (also the document's name).
+    ///
+    /// Valid: 1–15 bytes, not `.` or `..`, no `/`, `:` or space.
     pub name: String,
-    /// Kind of logical link to create; absent for physical links.
+    /// Kind of logical link to create. Unset: the link exists already (physical, or
+    /// made by someone else) and is only configured.
+    ///
+    /// Valid: `dummy` or `bridge`.
     #[serde(default)]
     pub link_kind: Option<String>,
-    /// Administratively up (default true).
+    /// Administratively up.
     #[serde(default)]
+    #[schemars(extend("default" = true))]
     pub up: Option<bool>,
-    /// MTU.
+    /// MTU. Unset: left as it is.
+    ///
+    /// Valid: 68–65535.
     #[serde(default)]
     pub mtu: Option<u32>,
 }
@@ -120,29 +129,34 @@ impl ConfigDocument for LinkConfig {
 }
 
 /// Address scope in config documents.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ScopeName {
-    /// Global.
+    /// Valid everywhere.
     #[default]
     Global,
-    /// Site.
+    /// Valid within the site (IPv6).
     Site,
-    /// Link.
+    /// Valid on this link only.
     Link,
-    /// Host.
+    /// Valid on this host only.
     Host,
 }
 
 /// An address on a link.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AddressConfig {
-    /// Link.
+    /// Link the address goes on.
+    ///
+    /// Valid: an interface name (1–15 bytes, not `.` or `..`, no `/`, `:` or space).
     pub link: String,
-    /// Address with prefix length.
+    /// Address with prefix length (`10.9.0.1/24`).
+    ///
+    /// Valid: a unicast address (not unspecified, not multicast).
+    #[schemars(with = "super::schema::Cidr", required)]
     pub address: Option<IpNet>,
-    /// Scope (default global).
+    /// Address scope.
     #[serde(default)]
     pub scope: ScopeName,
 }
@@ -171,29 +185,46 @@ impl ConfigDocument for AddressConfig {
     }
 }
 
-/// A route.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// A route. It needs a `link` or a `gateway`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RouteConfig {
-    /// Destination; absent = default route (family from the gateway, else IPv4).
+    /// Destination. Unset: a default route (IPv6 if the gateway is, else IPv4).
+    ///
+    /// Valid: a network address (no host bits set: `10.10.0.0/16`, not
+    /// `10.10.0.1/16`).
     #[serde(default)]
+    #[schemars(with = "Option<super::schema::Cidr>")]
     pub destination: Option<IpNet>,
     /// Gateway.
+    ///
+    /// Valid: of the destination's family.
     #[serde(default)]
     pub gateway: Option<IpAddr>,
-    /// Preferred source.
+    /// Preferred source address.
+    ///
+    /// Valid: of the destination's family.
     #[serde(default)]
     pub source: Option<IpAddr>,
     /// Outgoing link.
+    ///
+    /// Valid: an interface name when set; required when there is no `gateway`.
     #[serde(default)]
     pub link: String,
-    /// Table (default 254, main).
+    /// Routing table.
+    ///
+    /// Valid: not 0 or 255, and not the mesh's table (`KubeSpanConfig.routingTable`,
+    /// 180 by default).
     #[serde(default)]
+    #[schemars(extend("default" = 254))]
     pub table: Option<u32>,
-    /// Metric (default 1024).
+    /// Metric (priority).
     #[serde(default)]
+    #[schemars(extend("default" = 1024))]
     pub metric: Option<u32>,
-    /// Route MTU.
+    /// Route MTU. Unset: none (the link's).
+    ///
+    /// Valid: 68–65535.
     #[serde(default)]
     pub mtu: Option<u32>,
 }
@@ -257,27 +288,41 @@ impl ConfigDocument for RouteConfig {
     }
 }
 
-/// A policy routing rule.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// A policy routing rule: packets matching all selectors look up `table`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct RoutingRuleConfig {
-    /// Priority (1..=32765).
+    /// Priority.
+    ///
+    /// Valid: 1–32765, and not the mesh's rule priority
+    /// (`KubeSpanConfig.rulePriority`, 32500 by default).
     pub priority: u32,
     /// Table to look up.
+    ///
+    /// Valid: not 0 or 255, and not the mesh's table (`KubeSpanConfig.routingTable`,
+    /// 180 by default).
     pub table: u32,
-    /// IPv6 rule (derived from `src`/`dst` when they are set).
+    /// IPv6 rule. Ignored when `src` or `dst` is set: their family decides.
     #[serde(default)]
     pub ipv6: bool,
     /// Source match.
+    ///
+    /// Valid: a network address (no host bits set), of the rule's family.
     #[serde(default)]
+    #[schemars(with = "Option<super::schema::Cidr>")]
     pub src: Option<IpNet>,
     /// Destination match.
+    ///
+    /// Valid: a network address (no host bits set), of the rule's family.
     #[serde(default)]
+    #[schemars(with = "Option<super::schema::Cidr>")]
     pub dst: Option<IpNet>,
-    /// Mark to match.
+    /// Firewall mark to match (0: any).
     #[serde(default)]
     pub fw_mark: u32,
-    /// Mark mask.
+    /// Mask applied before comparing with `fwMark`.
+    ///
+    /// Valid: when non-zero, `fwMark` has no bits outside it.
     #[serde(default)]
     pub fw_mask: u32,
 }

@@ -21,6 +21,7 @@
 
 use std::time::Duration;
 
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::{ConfigDocument, FieldError};
@@ -85,23 +86,41 @@ fn common(name: &str, failure_threshold: i64, interval: Option<&str>, errs: &mut
     }
 }
 
-/// A TCP connect probe.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// A TCP connect probe; its result is in `wirespan get probestatuses`. Its target,
+/// which two documents must not share, is `tcp:<endpoint>`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct TcpProbeConfig {
-    /// Name (required; not part of the probe id).
+    /// Name of the probe (not part of its target).
+    ///
+    /// Valid: non-empty.
+    // Absent reads as empty, which validation rejects: required all the same.
     #[serde(default)]
+    #[schemars(extend("x-required" = true))]
     pub name: String,
-    /// `host:port`.
+    /// `host:port` to connect to; IPv6 in brackets (`[fd00::1]:6443`).
+    ///
+    /// Valid: a non-empty host and a port 1–65535; an IPv6 host in brackets.
+    // Absent reads as empty, which validation rejects: required all the same.
     #[serde(default)]
+    #[schemars(extend("x-required" = true))]
     pub endpoint: String,
-    /// Interval (`1s`; 0 or absent ⇒ 1 s).
+    /// Time between probes; `0` means the default.
+    ///
+    /// Valid: a duration, not negative.
     #[serde(default)]
+    #[schemars(with = "Option<super::schema::DurationText>", extend("default" = "1s"))]
     pub interval: Option<String>,
-    /// Connect timeout (`10s`; 0 or absent ⇒ 10 s).
+    /// Connect timeout; `0` means the default.
+    ///
+    /// Valid: a duration, not negative.
     #[serde(default)]
+    #[schemars(with = "Option<super::schema::DurationText>", extend("default" = "10s"))]
     pub timeout: Option<String>,
-    /// Consecutive failures before reporting.
+    /// Consecutive failures before the probe reports failure (0 and 1: the first
+    /// failure is reported).
+    ///
+    /// Valid: 0–4294967295.
     #[serde(default)]
     pub failure_threshold: i64,
 }
@@ -177,23 +196,42 @@ impl ConfigDocument for TcpProbeConfig {
     }
 }
 
-/// An HTTP GET probe.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// An HTTP GET probe; its result is in `wirespan get probestatuses`. Its target,
+/// which two documents must not share, is `http:<URL without credentials>`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HttpProbeConfig {
-    /// Name (required; not part of the probe id).
+    /// Name of the probe (not part of its target).
+    ///
+    /// Valid: non-empty.
+    // Absent reads as empty, which validation rejects: required all the same.
     #[serde(default)]
+    #[schemars(extend("x-required" = true))]
     pub name: String,
-    /// `http://…` or `https://…`.
+    /// URL to GET.
+    ///
+    /// Valid: an absolute `http://` or `https://` URL with a non-empty host (IPv6 in
+    /// brackets: `http://[fd00::1]:8080/`) and, if given, a port 1–65535.
+    // Absent reads as empty, which validation rejects: required all the same.
     #[serde(default)]
+    #[schemars(extend("x-required" = true))]
     pub url: String,
-    /// Interval (`1s`; 0 or absent ⇒ 1 s).
+    /// Time between probes; `0` means the default.
+    ///
+    /// Valid: a duration, not negative.
     #[serde(default)]
+    #[schemars(with = "Option<super::schema::DurationText>", extend("default" = "1s"))]
     pub interval: Option<String>,
-    /// Request timeout (`10s`; 0 or absent ⇒ 10 s).
+    /// Request timeout; `0` means the default.
+    ///
+    /// Valid: a duration, not negative.
     #[serde(default)]
+    #[schemars(with = "Option<super::schema::DurationText>", extend("default" = "10s"))]
     pub timeout: Option<String>,
-    /// Consecutive failures before reporting.
+    /// Consecutive failures before the probe reports failure (0 and 1: the first
+    /// failure is reported).
+    ///
+    /// Valid: 0–4294967295.
     #[serde(default)]
     pub failure_threshold: i64,
 }

@@ -153,6 +153,19 @@ fn config_status_last_error_is_shown() {
 }
 
 #[test]
+fn config_version_is_the_accepted_hash() {
+    let mut f = running();
+    f.config_status = Some(vec![res(
+        "current",
+        json!({"acceptedVersion": "3100fb2c244dd885", "lastError": ""}),
+    )]);
+    assert_eq!(
+        line(&f, "config"),
+        "accepted version 3100fb2c244dd885; last error: none"
+    );
+}
+
+#[test]
 fn disabled_mesh_and_long_lists() {
     let mut f = running();
     f.kubespan_config = Some(vec![res("kubespan", json!({"config": {"enabled": false}}))]);

@@ -262,19 +262,48 @@ fn only_complete_writes_of_the_file_trigger_a_read() {
     let ev = |kind, path: &str| notify::Event::new(kind).add_path(PathBuf::from(path));
     let close = EventKind::Access(AccessKind::Close(AccessMode::Write));
     let moved_to = EventKind::Modify(ModifyKind::Name(RenameMode::To));
-    assert!(completes_write(&ev(close, "/etc/w/config.yaml"), name));
-    assert!(completes_write(&ev(moved_to, "/etc/w/config.yaml"), name));
-    assert!(!completes_write(&ev(close, "/etc/w/other.yaml"), name));
+    assert!(completes_write(
+        &ev(close, "/etc/w/config.yaml"),
+        name,
+        false
+    ));
+    assert!(completes_write(
+        &ev(moved_to, "/etc/w/config.yaml"),
+        name,
+        false
+    ));
+    assert!(!completes_write(
+        &ev(close, "/etc/w/other.yaml"),
+        name,
+        false
+    ));
     assert!(!completes_write(
         &ev(moved_to, "/etc/w/.config.yaml.tmp1"),
-        name
+        name,
+        false
     ));
     let write = EventKind::Modify(ModifyKind::Data(DataChange::Any));
-    assert!(!completes_write(&ev(write, "/etc/w/config.yaml"), name));
+    assert!(!completes_write(
+        &ev(write, "/etc/w/config.yaml"),
+        name,
+        false
+    ));
     let create = EventKind::Create(CreateKind::File);
-    assert!(!completes_write(&ev(create, "/etc/w/config.yaml"), name));
+    assert!(!completes_write(
+        &ev(create, "/etc/w/config.yaml"),
+        name,
+        false
+    ));
     let rescan = notify::Event::new(EventKind::Other).set_flag(Flag::Rescan);
-    assert!(completes_write(&rescan, name));
+    assert!(completes_write(&rescan, name, false));
+    // A symlinked file: a rename of another entry (`..data`) may have changed it; a
+    // close of another file still has not.
+    assert!(completes_write(&ev(moved_to, "/etc/w/..data"), name, true));
+    assert!(!completes_write(
+        &ev(close, "/etc/w/other.yaml"),
+        name,
+        true
+    ));
 }
 
 async fn next(
@@ -339,6 +368,39 @@ async fn watched_file_is_read_after_complete_writes_only_and_bad_contents_keep_t
     std::fs::write(&path, BAD).unwrap();
     assert!(next(&mut rx).await.unwrap_err().contains("HTTPProbeConfig"));
     assert_eq!(active_documents(&store), 1);
+    cancel.cancel();
+    task.await.unwrap();
+}
+
+/// A Kubernetes Secret or ConfigMap volume: `config.yaml -> ..data/config.yaml`,
+/// `..data -> ..<timestamp>`; the kubelet updates it by writing a new timestamped
+/// directory and renaming a new `..data` symlink over the old one. No event names
+/// `config.yaml`, yet its content changed.
+#[tokio::test]
+async fn a_kubernetes_style_symlink_swap_is_seen() {
+    use std::os::unix::fs::symlink;
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    std::fs::create_dir(d.join("..v1")).unwrap();
+    std::fs::write(d.join("..v1/config.yaml"), GOOD).unwrap();
+    symlink("..v1", d.join("..data")).unwrap();
+    symlink("..data/config.yaml", d.join("config.yaml")).unwrap();
+    let path = d.join("config.yaml");
+    let store = new_store();
+    let loader = ConfigLoader::new(store.clone(), None);
+    loader.accept_file(&path).unwrap();
+    let cancel = CancellationToken::new();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let task = tokio::spawn(loader.watch_file(path.clone(), cancel.clone(), Some(tx)));
+
+    std::fs::create_dir(d.join("..v2")).unwrap();
+    std::fs::write(d.join("..v2/config.yaml"), two()).unwrap();
+    symlink("..v2", d.join("..data_tmp")).unwrap();
+    std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
+    std::fs::remove_dir_all(d.join("..v1")).unwrap();
+    let a = next(&mut rx).await.unwrap();
+    assert_eq!((a.changed, a.documents), (true, 2));
+    assert_eq!(active_documents(&store), 2);
     cancel.cancel();
     task.await.unwrap();
 }
