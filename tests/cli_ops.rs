@@ -423,10 +423,17 @@ fn node_notifies_readiness_and_status_summarises_it() {
     );
     assert_eq!(line("peers"), "0", "{text}");
     assert_eq!(line("discovery"), "none configured", "{text}");
+    // The accepted config's version: the first 16 hex digits of its SHA-256.
+    let config = line("config");
+    let version = config
+        .strip_prefix("accepted version ")
+        .and_then(|r| r.split_once(';'))
+        .map(|(v, _)| v);
     assert!(
-        line("config").starts_with("accepted version 1; last error: "),
+        version.is_some_and(|v| v.len() == 16 && v.bytes().all(|b| b.is_ascii_hexdigit())),
         "{text}"
     );
+    assert!(config.ends_with("last error: none"), "{text}");
     assert_eq!(line("probes"), "none configured", "{text}");
     let node_id = line("node");
     assert!(node_id.len() >= 43, "{text}");

@@ -77,7 +77,9 @@ fn docs_link_only_inside_the_repository() {
     for file in markdown_files() {
         let text = std::fs::read_to_string(&file).unwrap();
         let name = file.strip_prefix(repo()).unwrap().display().to_string();
-        for bad in ["shared/", "DESIGN.md", "../"] {
+        // `../` itself is fine (docs/ links to deploy/); where a link lands is checked
+        // below.
+        for bad in ["shared/", "DESIGN.md", "../../"] {
             if text.contains(bad) {
                 problems.push(format!("{name} mentions {bad:?}"));
             }
