@@ -51,6 +51,16 @@ fn bench_marking_quick_writes_report_and_chart() {
         }
         assert!(text.contains("| 100000 | IPv6 | CIDR hit |"));
     }
-    // Every forwarded packet reached the sink.
-    assert!(!report.contains("| 0.0 % |"), "{report}");
+    // Forwarded packets reached the sink: ≥ 99 % in every macro row (a marking that
+    // sent packets into the tunnel would lose them all, a broken router some).
+    let delivered: Vec<f64> = report
+        .lines()
+        .filter_map(|l| l.trim_end().strip_suffix(" % |"))
+        .filter_map(|l| l.rsplit("| ").next()?.trim().parse().ok())
+        .collect();
+    assert!(!delivered.is_empty(), "no delivery column:\n{report}");
+    assert!(
+        delivered.iter().all(|d| *d >= 99.0),
+        "delivery below 99 %: {delivered:?}\n{report}"
+    );
 }

@@ -92,6 +92,7 @@ fn node_config_apply_and_reload_reach_the_kernel_and_bad_configs_change_nothing(
     assert!(err.contains("keeps its previous config"), "{err}");
     // Rejected before anything was written: the store still has the old spec only.
     let o = cli(&socket, &["get", "addressspecs", "-o", "json"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(!String::from_utf8_lossy(&o.stdout).contains("10.88.0.6"));
 
     // Valid: applied, and written back to the config file so a reload keeps it.
