@@ -142,6 +142,32 @@ fn mesh_converges_and_only_cluster_traffic_crosses_wireguard() {
         assert_eq!(peers.len(), 2, "{n}");
         assert!(peers.iter().all(|p| p["state"] == "up"), "{n}");
     }
+    // The node's readiness summary, through the CLI: the table by its alias, the
+    // fields as JSON.
+    let table = lab.exec_ok("node1", &["wirespan", "get", "netstatus"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    for col in ["ADDRESS", "CONNECTIVITY", "HOSTNAME", "MESH"] {
+        assert!(header.contains(&col), "{table}");
+    }
+    // Computed after the peer statuses it reads: wait for it to catch up.
+    let status = eventually("node1's network status to show the mesh ready", || {
+        let status: Value = serde_json::from_str(&lab.exec_ok(
+            "node1",
+            &["wirespan", "get", "networkstatus", "status", "-o", "json"],
+        ))
+        .unwrap();
+        (status["spec"]["meshReady"] == true).then_some(status)
+    });
+    let spec = &status["spec"];
+    for field in ["addressReady", "hostnameReady", "meshEnabled", "meshReady"] {
+        assert_eq!(spec[field], true, "{field}: {status}");
+    }
+    assert_eq!(
+        (&spec["peers"], &spec["peersUp"]),
+        (&2.into(), &2.into()),
+        "{status}"
+    );
+
     let node2 = node(&st, "node2");
     let node2_key = node2["publicKey"].as_str().unwrap();
     let node2_ip = node2["addresses"]["underlay"][0]

@@ -8,6 +8,8 @@
 //! advertisedNetworks: [10.244.1.0/24]
 //! filters:
 //!   endpoints: ["0.0.0.0/0", "!192.168.0.0/16"]
+//!   excludeAdvertisedNetworks: [10.244.1.128/25]
+//!   peerEndpoints: ["0.0.0.0/0", "!172.16.0.0/12"]
 //! fastPath: ebpf
 //! ```
 

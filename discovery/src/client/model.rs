@@ -524,7 +524,7 @@ mod tests {
         let bytes = info.encode();
         // machine_type "unknown", then field 7 (KubeSpan, 31 bytes): key "K", address,
         // and the exclusion under the presumed number as IPPrefix {10.1.2.0, 24}.
-        let key = u8::try_from(FIELD << 3 | 2).unwrap();
+        let key = u8::try_from((FIELD << 3) | 2).unwrap();
         let mut want = vec![0x2a, 0x07];
         want.extend_from_slice(b"unknown");
         want.extend_from_slice(&[0x3a, 0x1f, 0x0a, 0x01, b'K', 0x12, 0x10]);
