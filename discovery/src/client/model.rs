@@ -168,6 +168,45 @@ fn exclusion(p: &pb::IpPrefix) -> Result<Option<IpNet>, ()> {
     IpNet::new(ip, bits).map(Some).map_err(|_| ())
 }
 
+/// `bytes` (an `Affiliate`) without the presumed field inside its `KubeSpan`
+/// occurrences; `None` when the framing itself is broken.
+fn without_presumed_field(bytes: &[u8]) -> Option<Vec<u8>> {
+    use prost::encoding::{
+        decode_key, decode_varint, encode_key, encode_varint, skip_field, DecodeContext, WireType,
+    };
+    const KUBESPAN: u32 = 7;
+    let presumed =
+        u32::try_from(super::presumed::KUBESPAN_EXCLUDE_ADVERTISED_ADDRESSES_FIELD).ok()?;
+    // Copies every field of `buf` but `drop`; a `KUBESPAN` field is rewritten by `inner`.
+    fn copy(
+        mut buf: &[u8],
+        drop: Option<u32>,
+        inner: &dyn Fn(&[u8]) -> Option<Vec<u8>>,
+    ) -> Option<Vec<u8>> {
+        let mut out = Vec::with_capacity(buf.len());
+        while !buf.is_empty() {
+            let start = buf;
+            let (tag, wire_type) = decode_key(&mut buf).ok()?;
+            if drop.is_none() && tag == KUBESPAN && wire_type == WireType::LengthDelimited {
+                let len = usize::try_from(decode_varint(&mut buf).ok()?).ok()?;
+                let body = buf.get(..len)?;
+                buf = &buf[len..];
+                let body = inner(body)?;
+                encode_key(tag, wire_type, &mut out);
+                encode_varint(body.len() as u64, &mut out);
+                out.extend_from_slice(&body);
+                continue;
+            }
+            skip_field(wire_type, tag, &mut buf, DecodeContext::default()).ok()?;
+            if drop != Some(tag) {
+                out.extend_from_slice(&start[..start.len() - buf.len()]);
+            }
+        }
+        Some(out)
+    }
+    copy(bytes, None, &|body| copy(body, Some(presumed), &|_| None))
+}
+
 fn protobuf_error(message: &'static str, e: &prost::DecodeError) -> DecodeError {
     DecodeError::Protobuf {
         message,
@@ -237,7 +276,14 @@ impl AffiliateInfo {
     /// # Errors
     /// [`DecodeError::Protobuf`] when the bytes are not an `Affiliate` message.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let msg = pb::Affiliate::decode(bytes).map_err(|e| protobuf_error("Affiliate", &e))?;
+        let msg = match pb::Affiliate::decode(bytes) {
+            Ok(msg) => msg,
+            // The exclusions' field number is a presumption: if a sender used it for
+            // something else, the node must still decode, without exclusions.
+            Err(e) => without_presumed_field(bytes)
+                .and_then(|b| pb::Affiliate::decode(b.as_slice()).ok())
+                .ok_or_else(|| protobuf_error("Affiliate", &e))?,
+        };
         let kubespan = msg.kubespan.and_then(|k| {
             let address = <[u8; 16]>::try_from(k.address.as_slice())
                 .ok()
@@ -570,6 +616,35 @@ mod tests {
         assert_eq!(with_exclusions(vec![p(vec![], 8)]), None);
         assert_eq!(with_exclusions(vec![p(vec![10, 0, 0, 0], 33)]), None);
         assert_eq!(with_exclusions(vec![p(vec![0; 16], 129)]), None);
+    }
+
+    #[test]
+    fn a_different_use_of_the_presumed_field_costs_only_the_exclusions() {
+        use super::super::presumed::KUBESPAN_EXCLUDE_ADVERTISED_ADDRESSES_FIELD as FIELD;
+        let info = sample();
+        let plain = AffiliateInfo {
+            kubespan: info.kubespan.clone().map(|k| KubeSpanInfo {
+                exclude_advertised_networks: vec![],
+                ..k
+            }),
+            ..info
+        };
+        let mut bytes = plain.encode();
+        // One more KubeSpan occurrence (merged by protobuf rules) whose presumed field
+        // is a string, as a sender with another numbering would write it.
+        let key = u8::try_from((FIELD << 3) | 2).unwrap();
+        let text = b"10.0.0.0/8";
+        bytes.extend_from_slice(&[0x3a, u8::try_from(text.len() + 2).unwrap(), key]);
+        bytes.push(u8::try_from(text.len()).unwrap());
+        bytes.extend_from_slice(text);
+        assert!(
+            pb::Affiliate::decode(bytes.as_slice()).is_err(),
+            "not an IPPrefix"
+        );
+        assert_eq!(AffiliateInfo::decode(&bytes).unwrap(), plain);
+        // Broken framing elsewhere is still an error.
+        bytes.push(0x0a);
+        assert!(AffiliateInfo::decode(&bytes).is_err());
     }
 
     #[test]
