@@ -356,6 +356,14 @@ mod tests {
         );
         let err = parse("apiVersion: v1alpha1\nkind: KubeSpanConfig\nfastPath: xdp\n").unwrap_err();
         assert_eq!(err.documents[0].errors[0].field, "fastPath", "{err}");
+        let err = parse(
+            "apiVersion: v1alpha1\nkind: KubeSpanConfig\nfilters:\n  excludeAdvertisedNetworks: [10.0.0.0/8, nope]\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.documents[0].errors[0].field, "filters.excludeAdvertisedNetworks[1]",
+            "{err}"
+        );
     }
 
     #[test]
