@@ -158,6 +158,32 @@ fn mesh_converges_and_only_cluster_traffic_crosses_wireguard() {
         assert_eq!(peers.len(), 2, "{n}");
         assert!(peers.iter().all(|p| p["state"] == "up"), "{n}");
     }
+    // The node's readiness summary, through the CLI: the table by its alias, the
+    // fields as JSON.
+    let table = lab.exec_ok("node1", &["wirespan", "get", "netstatus"]);
+    let header: Vec<&str> = table.lines().next().unwrap().split_whitespace().collect();
+    for col in ["ADDRESS", "CONNECTIVITY", "HOSTNAME", "MESH"] {
+        assert!(header.contains(&col), "{table}");
+    }
+    // Computed after the peer statuses it reads: wait for it to catch up.
+    let status = eventually("node1's network status to show the mesh ready", || {
+        let status: Value = serde_json::from_str(&lab.exec_ok(
+            "node1",
+            &["wirespan", "get", "networkstatus", "status", "-o", "json"],
+        ))
+        .unwrap();
+        (status["spec"]["meshReady"] == true).then_some(status)
+    });
+    let spec = &status["spec"];
+    for field in ["addressReady", "hostnameReady", "meshEnabled", "meshReady"] {
+        assert_eq!(spec[field], true, "{field}: {status}");
+    }
+    assert_eq!(
+        (&spec["peers"], &spec["peersUp"]),
+        (&2.into(), &2.into()),
+        "{status}"
+    );
+
     let node2 = node(&st, "node2");
     let node2_key = node2["publicKey"].as_str().unwrap();
     let node2_ip = node2["addresses"]["underlay"][0]
@@ -680,6 +706,7 @@ fn upstream_encoder_matches_the_spec_vectors() {
                 .octets()
                 .to_vec(),
             additional_addresses: Vec::new(),
+            exclude_advertised_addresses: Vec::new(),
         }),
         ..Affiliate::default()
     };
@@ -689,6 +716,64 @@ fn upstream_encoder_matches_the_spec_vectors() {
         "000102030405060708090a0b\
          4d04b874a180ef7a9f459d8bb1e8626ce2ec9c3ef72b0a3e7322bcb80f79fdb20110aefcafc1129874a47fed8886\
          c46b3a40ac53fd969a0b23d76cc0b514"
+    );
+}
+
+/// What wirespan publishes, read by both upstream decoders: Talos with discovery-api
+/// v0.1.8 sees the exclusions in the presumed field; an older Talos ignores the field
+/// and still decodes everything else (it gets the same AllowedIPs, because wirespan
+/// also leaves excluded networks out of what it advertises).
+#[test]
+fn our_affiliate_with_exclusions_decodes_in_both_upstream_formats() {
+    use common::upstream::{Affiliate, IpPrefix, LegacyAffiliate};
+    use prost::Message as _;
+    use wirespan_discovery::client::{AffiliateInfo, KubeSpanInfo};
+    let ours = AffiliateInfo {
+        node_id: "node-a".into(),
+        addresses: vec!["10.5.0.1".parse().unwrap()],
+        nodename: "a".into(),
+        kubespan: Some(KubeSpanInfo {
+            public_key: "PUBKEY=".into(),
+            address: "fd00::1".parse().unwrap(),
+            additional_addresses: vec!["10.244.1.0/24".parse().unwrap()],
+            exclude_advertised_networks: vec![
+                "10.244.1.128/25".parse().unwrap(),
+                "2001:db8::/32".parse().unwrap(),
+            ],
+        }),
+        ..AffiliateInfo::default()
+    };
+    let bytes = ours.encode();
+    let prefix = |ip: Vec<u8>, bits| IpPrefix { ip, bits };
+    let new = Affiliate::decode(bytes.as_slice()).expect("a v0.1.8 decoder reads it");
+    let ks = new.kubespan.unwrap();
+    assert_eq!(
+        ks.exclude_advertised_addresses,
+        vec![
+            prefix(vec![10, 244, 1, 128], 25),
+            prefix(
+                "2001:db8::"
+                    .parse::<std::net::Ipv6Addr>()
+                    .unwrap()
+                    .octets()
+                    .to_vec(),
+                32
+            ),
+        ]
+    );
+    assert_eq!(
+        ks.additional_addresses,
+        vec![prefix(vec![10, 244, 1, 0], 24)]
+    );
+    let old = LegacyAffiliate::decode(bytes.as_slice()).expect("an older decoder reads it");
+    assert_eq!(old.node_id, "node-a");
+    assert_eq!(old.nodename, "a");
+    assert_eq!(old.addresses, vec![vec![10, 5, 0, 1]]);
+    let ks = old.kubespan.unwrap();
+    assert_eq!(ks.public_key, "PUBKEY=");
+    assert_eq!(
+        ks.additional_addresses,
+        vec![prefix(vec![10, 244, 1, 0], 24)]
     );
 }
 
@@ -796,7 +881,9 @@ fn a_peer_publishing_in_the_upstream_format_becomes_a_wireguard_peer() {
     // address and endpoint; a pod CIDR; a ULA in the cluster's KubeSpan prefix.
     let node_ip: std::net::IpAddr = "10.99.1.99".parse().unwrap();
     let endpoint = std::net::SocketAddr::new(node_ip, 51820);
-    let pod_cidr = "10.244.99.0/24";
+    // It asks peers not to route the upper half of its pod CIDR (Talos's
+    // `excludeAdvertisedNetworks`, sent in the affiliate): AllowedIPs keep the lower half.
+    let pod_cidr = "10.244.99.0/25";
     let ula = kubespan_ula(&cluster_id, [0, 0, 0, 0xff, 0xfe, 0, 0, 0x99]);
     for n in st["nodes"].as_array().unwrap() {
         // The lab's own nodes are in the same prefix: the test derives it as they do.
@@ -952,6 +1039,10 @@ fn a_peer_publishing_in_the_upstream_format_becomes_a_wireguard_peer() {
             additional_addresses: vec![IpPrefix {
                 ip: vec![10, 244, 99, 0],
                 bits: 24,
+            }],
+            exclude_advertised_addresses: vec![IpPrefix {
+                ip: vec![10, 244, 99, 128],
+                bits: 25,
             }],
         }),
         control_plane: Some(ControlPlane {

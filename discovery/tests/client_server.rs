@@ -106,6 +106,7 @@ fn info(id: &str, n: u8) -> AffiliateInfo {
             public_key: format!("key-{id}"),
             address: format!("fd00::{n}").parse().unwrap(),
             additional_addresses: vec![format!("10.244.{n}.0/24").parse().unwrap()],
+            exclude_advertised_networks: vec![],
         }),
         control_plane: None,
     }
@@ -335,6 +336,7 @@ async fn affiliate_encoded_from_spec_bytes_is_decoded() -> Result<()> {
                 public_key: "PUBKEY=".into(),
                 address: "fd00::1".parse().unwrap(),
                 additional_addresses: vec![],
+                exclude_advertised_networks: vec![],
             }),
             ..AffiliateInfo::default()
         }

@@ -29,9 +29,38 @@ pub struct Affiliate {
     pub control_plane: Option<ControlPlane>,
 }
 
-/// `sidero.discovery.client.KubeSpan` (§4; field 4/5 deliberately absent).
+/// `sidero.discovery.client.KubeSpan` as Talos with discovery-api v0.1.8 sends it (§4).
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct KubeSpan {
+    #[prost(string, tag = "1")]
+    pub public_key: String,
+    #[prost(bytes = "vec", tag = "2")]
+    pub address: Vec<u8>,
+    #[prost(message, repeated, tag = "3")]
+    pub additional_addresses: Vec<IpPrefix>,
+    /// The number is the documented presumption (§4), written here independently of
+    /// the project's constant: a change there must be a deliberate change here too.
+    #[prost(message, repeated, tag = "4")]
+    pub exclude_advertised_addresses: Vec<IpPrefix>,
+}
+
+/// `sidero.discovery.client.Affiliate` as Talos before discovery-api v0.1.8 reads it:
+/// its `KubeSpan` has no field 4.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LegacyAffiliate {
+    #[prost(string, tag = "1")]
+    pub node_id: String,
+    #[prost(bytes = "vec", repeated, tag = "2")]
+    pub addresses: Vec<Vec<u8>>,
+    #[prost(string, tag = "4")]
+    pub nodename: String,
+    #[prost(message, optional, tag = "7")]
+    pub kubespan: Option<LegacyKubeSpan>,
+}
+
+/// `KubeSpan` before discovery-api v0.1.8.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct LegacyKubeSpan {
     #[prost(string, tag = "1")]
     pub public_key: String,
     #[prost(bytes = "vec", tag = "2")]

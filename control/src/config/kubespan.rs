@@ -8,6 +8,8 @@
 //! advertisedNetworks: [10.244.1.0/24]
 //! filters:
 //!   endpoints: ["0.0.0.0/0", "!192.168.0.0/16"]
+//!   excludeAdvertisedNetworks: [10.244.1.128/25]
+//!   peerEndpoints: ["0.0.0.0/0", "!172.16.0.0/12"]
 //! fastPath: ebpf
 //! ```
 
@@ -48,6 +50,13 @@ pub struct KubeSpanFilters {
     #[serde(default)]
     #[schemars(with = "Vec<super::schema::Cidr>")]
     pub exclude_advertised_networks: Vec<IpNet>,
+    /// `[!]CIDR-or-IP` entries filtering the endpoints received from peers before this
+    /// node tries them (Talos 1.15). Same syntax and semantics as `endpoints`, but
+    /// local: `endpoints` shapes what every peer tries to reach this node, this one
+    /// only what this node tries. Unset = no filtering; an empty list drops every
+    /// peer endpoint.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_endpoints: Option<Vec<String>>,
 }
 
 /// The mesh (KubeSpan) settings. Without this document, or with `enabled: false`, the
@@ -205,9 +214,14 @@ impl ConfigDocument for KubeSpanConfig {
                 ),
             ));
         }
-        for (i, f) in self.filters.endpoints.iter().flatten().enumerate() {
-            if let Err(e) = EndpointFilter::parse(f) {
-                errs.push(FieldError::new(format!("filters.endpoints[{i}]"), e));
+        for (name, list) in [
+            ("endpoints", &self.filters.endpoints),
+            ("peerEndpoints", &self.filters.peer_endpoints),
+        ] {
+            for (i, f) in list.iter().flatten().enumerate() {
+                if let Err(e) = EndpointFilter::parse(f) {
+                    errs.push(FieldError::new(format!("filters.{name}[{i}]"), e));
+                }
             }
         }
         errs
@@ -220,12 +234,22 @@ impl KubeSpanConfig {
     /// Valid documents always parse (validation checked every entry).
     #[must_use]
     pub fn endpoint_filters(&self) -> Option<Vec<EndpointFilter>> {
-        self.filters.endpoints.as_ref().map(|list| {
-            list.iter()
-                .filter_map(|f| EndpointFilter::parse(f).ok())
-                .collect()
-        })
+        parse_filters(self.filters.endpoints.as_deref())
     }
+
+    /// The parsed peer endpoint filters; `None` when unset (no filtering).
+    #[must_use]
+    pub fn peer_endpoint_filters(&self) -> Option<Vec<EndpointFilter>> {
+        parse_filters(self.filters.peer_endpoints.as_deref())
+    }
+}
+
+fn parse_filters(list: Option<&[String]>) -> Option<Vec<EndpointFilter>> {
+    list.map(|list| {
+        list.iter()
+            .filter_map(|f| EndpointFilter::parse(f).ok())
+            .collect()
+    })
 }
 
 /// Extra endpoints to advertise, e.g. NAT port forwards to this node's `listenPort`.
@@ -292,13 +316,34 @@ impl EndpointFilter {
 /// removed (negative). IPs matched by no positive entry are dropped.
 #[must_use]
 pub fn filter_ips(ips: &[IpAddr], filters: &[EndpointFilter]) -> Vec<IpAddr> {
-    let mut out: Vec<IpAddr> = Vec::new();
+    filter_by_ip(ips, |ip| *ip, filters)
+}
+
+/// [`filter_ips`] over peer endpoints (`filters.peerEndpoints`): an endpoint is kept
+/// or dropped by its IP, its port kept; `None` filters nothing.
+#[must_use]
+pub fn filter_endpoints(
+    endpoints: &[SocketAddr],
+    filters: Option<&[EndpointFilter]>,
+) -> Vec<SocketAddr> {
+    match filters {
+        Some(filters) => filter_by_ip(endpoints, SocketAddr::ip, filters),
+        None => endpoints.to_vec(),
+    }
+}
+
+fn filter_by_ip<T: Copy + PartialEq>(
+    items: &[T],
+    ip: impl Fn(&T) -> IpAddr,
+    filters: &[EndpointFilter],
+) -> Vec<T> {
+    let mut out: Vec<T> = Vec::new();
     for f in filters {
-        for ip in ips.iter().filter(|ip| f.net.contains(*ip)) {
+        for item in items.iter().filter(|i| f.net.contains(&ip(i))) {
             if f.negate {
-                out.retain(|o| o != ip);
-            } else if !out.contains(ip) {
-                out.push(*ip);
+                out.retain(|o| o != item);
+            } else if !out.contains(item) {
+                out.push(*item);
             }
         }
     }
@@ -336,6 +381,7 @@ mod tests {
             routing_table: 254,
             filters: KubeSpanFilters {
                 endpoints: Some(vec!["10.0.0.0/8".into(), "!nope".into()]),
+                peer_endpoints: Some(vec!["::/0".into(), "!10.0.0.0/33".into()]),
                 ..KubeSpanFilters::default()
             },
             ..KubeSpanConfig::default()
@@ -349,11 +395,20 @@ mod tests {
                 "routeMark",
                 "routingTable",
                 "rulePriority",
-                "filters.endpoints[1]"
+                "filters.endpoints[1]",
+                "filters.peerEndpoints[1]"
             ]
         );
         let err = parse("apiVersion: v1alpha1\nkind: KubeSpanConfig\nfastPath: xdp\n").unwrap_err();
         assert_eq!(err.documents[0].errors[0].field, "fastPath", "{err}");
+        let err = parse(
+            "apiVersion: v1alpha1\nkind: KubeSpanConfig\nfilters:\n  excludeAdvertisedNetworks: [10.0.0.0/8, nope]\n",
+        )
+        .unwrap_err();
+        assert_eq!(
+            err.documents[0].errors[0].field, "filters.excludeAdvertisedNetworks[1]",
+            "{err}"
+        );
     }
 
     #[test]
@@ -384,6 +439,42 @@ mod tests {
             .collect();
         assert!(filter_ips(&ips, &readd).contains(&ips[1]));
         assert!(filter_ips(&ips, &[]).is_empty());
+    }
+
+    #[test]
+    fn peer_endpoint_filter_keeps_ports_and_follows_filter_order() {
+        let eps: Vec<SocketAddr> = [
+            "192.168.1.10:51820",
+            "10.5.0.1:51820",
+            "10.5.0.1:52000",
+            "[2001:db8::1]:51820",
+            "203.0.113.7:51820",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+        let doc = parse(
+            "apiVersion: v1alpha1\nkind: KubeSpanConfig\nfilters:\n  peerEndpoints: [\"::/0\", \"0.0.0.0/0\", \"!192.168.0.0/16\"]\n",
+        )
+        .unwrap();
+        let filters = doc
+            .singleton::<KubeSpanConfig>()
+            .unwrap()
+            .peer_endpoint_filters();
+        let want: Vec<SocketAddr> = [
+            "[2001:db8::1]:51820",
+            "10.5.0.1:51820",
+            "10.5.0.1:52000",
+            "203.0.113.7:51820",
+        ]
+        .iter()
+        .map(|s| s.parse().unwrap())
+        .collect();
+        assert_eq!(filter_endpoints(&eps, filters.as_deref()), want);
+        // Unset: untouched; empty: nothing left to try.
+        assert_eq!(filter_endpoints(&eps, None), eps);
+        assert!(filter_endpoints(&eps, Some(&[])).is_empty());
+        assert_eq!(KubeSpanConfig::default().peer_endpoint_filters(), None);
     }
 
     #[test]

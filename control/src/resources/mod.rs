@@ -32,6 +32,7 @@ pub fn definitions() -> Vec<Definition> {
         network::RoutingRuleStatus::definition(),
         network::ProbeSpec::definition(),
         network::ProbeStatus::definition(),
+        network::NetworkStatus::definition(),
         cluster::ClusterIdentity::definition(),
         cluster::Affiliate::definition(),
         cluster::Member::definition(),
@@ -86,6 +87,9 @@ mod tests {
             ("configstatus", "ConfigStatuses.config.wirespan.dev"),
             ("configstatuses", "ConfigStatuses.config.wirespan.dev"),
             ("cs", "ConfigStatuses.config.wirespan.dev"),
+            ("networkstatus", "NetworkStatuses.net.wirespan.dev"),
+            ("networkstatuses", "NetworkStatuses.net.wirespan.dev"),
+            ("netstatus", "NetworkStatuses.net.wirespan.dev"),
         ] {
             assert_eq!(resolve(&defs, alias).unwrap().r#type, want, "{alias}");
             let claimants: Vec<&str> = defs

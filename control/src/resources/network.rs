@@ -162,6 +162,9 @@ network_kind!(RoutingRuleStatus, RoutingRuleStatusSpec, "RoutingRuleStatuses.net
 network_kind!(ProbeSpec, ProbeSpecSpec, "ProbeSpecs.net.wirespan.dev", "ProbeSpec", NS,
     ["Interval" => ".interval", "Threshold" => ".failureThreshold", "TCP" => ".tcp.endpoint", "HTTP" => ".http.url", "Layer" => ".layer"],
     aliases ["probespecs"]);
+network_kind!(NetworkStatus, NetworkStatusSpec, "NetworkStatuses.net.wirespan.dev", "NetworkStatus", NS,
+    ["Address" => ".addressReady", "Connectivity" => ".connectivityReady", "Hostname" => ".hostnameReady", "Mesh" => ".meshReady", "Peers Up" => ".peersUp", "Peers" => ".peers"],
+    aliases ["netstatus"]);
 network_kind!(ProbeStatus, ProbeStatusSpec, "ProbeStatuses.net.wirespan.dev", "ProbeStatus", NS,
     ["Success" => ".success", "LastError" => ".lastError"],
     aliases ["probestatuses", "probes"]);
@@ -577,6 +580,30 @@ pub fn redact_userinfo(url: &str) -> String {
 
 fn serialize_redacted_url<S: serde::Serializer>(url: &str, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_str(&redact_userinfo(url))
+}
+
+/// Id of the one network status.
+pub const NETWORK_STATUS: &str = "status";
+
+/// How ready the node's network is (`network/NetworkStatus status`; Talos's
+/// `network.Status` without `etcFilesReady`, plus the mesh).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkStatusSpec {
+    /// The node has at least one current address.
+    pub address_ready: bool,
+    /// Every probe succeeds; with no probe, a default route exists in the main table.
+    pub connectivity_ready: bool,
+    /// The hostname is known.
+    pub hostname_ready: bool,
+    /// The mesh is enabled in the config.
+    pub mesh_enabled: bool,
+    /// The mesh is enabled, its link is programmed and every peer is up.
+    pub mesh_ready: bool,
+    /// Mesh peers.
+    pub peers: usize,
+    /// Mesh peers that are up.
+    pub peers_up: usize,
 }
 
 /// A probe's result (`network/ProbeStatus <probe id>`).

@@ -47,6 +47,8 @@ pub mod crypto;
 mod driver;
 pub mod machine;
 pub mod model;
+/// Wire details that rest on a presumption (one constant each).
+pub mod presumed;
 
 use std::{
     collections::BTreeMap,

@@ -68,6 +68,10 @@ pub struct KubeSpanInfo {
     pub address: Ipv6Addr,
     /// Extra networks routed to the node (pod CIDRs), as advertised (not masked).
     pub additional_addresses: Vec<IpNet>,
+    /// Networks peers must not route to the node, as advertised (not masked).
+    /// Field [`KUBESPAN_EXCLUDE_ADVERTISED_ADDRESSES_FIELD`](super::presumed::KUBESPAN_EXCLUDE_ADVERTISED_ADDRESSES_FIELD)
+    /// (a presumed number).
+    pub exclude_advertised_networks: Vec<IpNet>,
 }
 
 /// Control-plane details of an affiliate.
@@ -143,6 +147,66 @@ fn parse_ip(field: &'static str, bytes: &[u8]) -> Result<IpAddr, DecodeError> {
     }
 }
 
+fn ip_prefix(net: &IpNet) -> pb::IpPrefix {
+    pb::IpPrefix {
+        ip: ip_bytes(net.addr()),
+        bits: u32::from(net.prefix_len()),
+    }
+}
+
+/// One received exclusion as Talos reads it: an IP of 4 or 16 bytes with its bits;
+/// `Ok(None)` for an IP of another non-zero length (Talos skips that item);
+/// `Err(())` for an empty IP or bits beyond the family, which make Talos's set builder
+/// fail, so Talos configures no peer for the node at all.
+fn exclusion(p: &pb::IpPrefix) -> Result<Option<IpNet>, ()> {
+    let ip = match parse_ip("kubespan.exclude_advertised_addresses", &p.ip) {
+        Ok(ip) => ip,
+        Err(_) if p.ip.is_empty() => return Err(()),
+        Err(_) => return Ok(None),
+    };
+    let bits = u8::try_from(p.bits).map_err(|_| ())?;
+    IpNet::new(ip, bits).map(Some).map_err(|_| ())
+}
+
+/// `bytes` (an `Affiliate`) without the presumed field inside its `KubeSpan`
+/// occurrences; `None` when the framing itself is broken.
+fn without_presumed_field(bytes: &[u8]) -> Option<Vec<u8>> {
+    use prost::encoding::{
+        decode_key, decode_varint, encode_key, encode_varint, skip_field, DecodeContext, WireType,
+    };
+    const KUBESPAN: u32 = 7;
+    let presumed =
+        u32::try_from(super::presumed::KUBESPAN_EXCLUDE_ADVERTISED_ADDRESSES_FIELD).ok()?;
+    // Copies every field of `buf` but `drop`; a `KUBESPAN` field is rewritten by `inner`.
+    fn copy(
+        mut buf: &[u8],
+        drop: Option<u32>,
+        inner: &dyn Fn(&[u8]) -> Option<Vec<u8>>,
+    ) -> Option<Vec<u8>> {
+        let mut out = Vec::with_capacity(buf.len());
+        while !buf.is_empty() {
+            let start = buf;
+            let (tag, wire_type) = decode_key(&mut buf).ok()?;
+            if drop.is_none() && tag == KUBESPAN && wire_type == WireType::LengthDelimited {
+                let len = usize::try_from(decode_varint(&mut buf).ok()?).ok()?;
+                let body = buf.get(..len)?;
+                buf = &buf[len..];
+                let body = inner(body)?;
+                encode_key(tag, wire_type, &mut out);
+                encode_varint(body.len() as u64, &mut out);
+                out.extend_from_slice(&body);
+                continue;
+            }
+            skip_field(wire_type, tag, &mut buf, DecodeContext::default()).ok()?;
+            if drop != Some(tag) {
+                out.extend_from_slice(&start[..start.len() - buf.len()]);
+            }
+        }
+        Some(out)
+    }
+    copy(bytes, None, &|body| copy(body, Some(presumed), &|_| None))
+}
+
 fn protobuf_error(message: &'static str, e: &prost::DecodeError) -> DecodeError {
     DecodeError::Protobuf {
         message,
@@ -186,13 +250,11 @@ impl AffiliateInfo {
             kubespan: self.kubespan.as_ref().map(|k| pb::KubeSpan {
                 public_key: k.public_key.clone(),
                 address: k.address.octets().to_vec(),
-                additional_addresses: k
-                    .additional_addresses
+                additional_addresses: k.additional_addresses.iter().map(ip_prefix).collect(),
+                exclude_advertised_addresses: k
+                    .exclude_advertised_networks
                     .iter()
-                    .map(|net| pb::IpPrefix {
-                        ip: ip_bytes(net.addr()),
-                        bits: u32::from(net.prefix_len()),
-                    })
+                    .map(ip_prefix)
                     .collect(),
             }),
             control_plane: self.control_plane.map(|c| pb::ControlPlane {
@@ -206,16 +268,35 @@ impl AffiliateInfo {
     /// longer than their family allows) are skipped one by one; a KubeSpan part
     /// whose address is not 16 bytes is dropped as a whole, since a peer cannot
     /// be configured without its ULA; a control-plane port above 65535 drops the
-    /// control-plane part.
+    /// control-plane part. Exclusions follow Talos exactly: an item whose IP has a
+    /// length other than 0, 4 or 16 is skipped, but an empty IP or a prefix longer
+    /// than its family drops the KubeSpan part (Talos then makes no peer of the node
+    /// rather than route networks it asked to keep).
     ///
     /// # Errors
     /// [`DecodeError::Protobuf`] when the bytes are not an `Affiliate` message.
     pub fn decode(bytes: &[u8]) -> Result<Self, DecodeError> {
-        let msg = pb::Affiliate::decode(bytes).map_err(|e| protobuf_error("Affiliate", &e))?;
+        let msg = match pb::Affiliate::decode(bytes) {
+            Ok(msg) => msg,
+            // The exclusions' field number is a presumption: if a sender used it for
+            // something else, the node must still decode, without exclusions.
+            Err(e) => without_presumed_field(bytes)
+                .and_then(|b| pb::Affiliate::decode(b.as_slice()).ok())
+                .ok_or_else(|| protobuf_error("Affiliate", &e))?,
+        };
         let kubespan = msg.kubespan.and_then(|k| {
             let address = <[u8; 16]>::try_from(k.address.as_slice())
                 .ok()
                 .map(Ipv6Addr::from)?;
+            let exclude_advertised_networks = k
+                .exclude_advertised_addresses
+                .iter()
+                .map(exclusion)
+                .collect::<Result<Vec<_>, ()>>()
+                .ok()?
+                .into_iter()
+                .flatten()
+                .collect();
             Some(KubeSpanInfo {
                 public_key: k.public_key,
                 address,
@@ -227,6 +308,7 @@ impl AffiliateInfo {
                         IpNet::new(ip, u8::try_from(p.bits).ok()?).ok()
                     })
                     .collect(),
+                exclude_advertised_networks,
             })
         });
         Ok(Self {
@@ -271,6 +353,11 @@ mod tests {
                     "10.244.1.0/24".parse().unwrap(),
                     "fd40::/64".parse().unwrap(),
                 ],
+                // Host bits set on purpose: sent and kept as given, masked only when used.
+                exclude_advertised_networks: vec![
+                    "10.244.1.129/25".parse().unwrap(),
+                    "fd40::1/80".parse().unwrap(),
+                ],
             }),
             control_plane: Some(ControlPlaneInfo {
                 api_server_port: 6443,
@@ -289,6 +376,7 @@ mod tests {
                 public_key: "PUBKEY=".into(),
                 address: "fd00::1".parse().unwrap(),
                 additional_addresses: vec![],
+                exclude_advertised_networks: vec![],
             }),
             ..AffiliateInfo::default()
         };
@@ -393,9 +481,9 @@ mod tests {
 
         let info = sample();
         let mut bytes = info.encode();
-        // Affiliate field 20 (varint) and a KubeSpan field 4/5 as upstream may send.
+        // Affiliate field 20 (varint) and a KubeSpan field 5 a newer version may send.
         bytes.extend_from_slice(&[0xa0, 0x01, 0x05]);
-        bytes.extend_from_slice(&[0x3a, 0x0c, 0x22, 0x04, b'!', b'1', b'0', b'/', 0x2a, 0x04]);
+        bytes.extend_from_slice(&[0x3a, 0x06, 0x2a, 0x04]);
         bytes.extend_from_slice(&[0x0a, 0x02, 10, 0]);
         let decoded = AffiliateInfo::decode(&bytes).unwrap();
         assert_eq!(decoded.node_id, info.node_id);
@@ -427,6 +515,7 @@ mod tests {
                         bits: 8,
                     },
                 ],
+                exclude_advertised_addresses: vec![],
             }),
             control_plane: Some(pb::ControlPlane {
                 api_server_port: 70000,
@@ -454,6 +543,7 @@ mod tests {
                 public_key: "K".into(),
                 address: vec![10, 0, 0, 1],
                 additional_addresses: vec![],
+                exclude_advertised_addresses: vec![],
             }),
             ..pb::Affiliate::default()
         };
@@ -463,6 +553,98 @@ mod tests {
                 .kubespan,
             None
         );
+    }
+
+    #[test]
+    fn exclusions_travel_in_the_presumed_field() {
+        use super::super::presumed::KUBESPAN_EXCLUDE_ADVERTISED_ADDRESSES_FIELD as FIELD;
+        let info = AffiliateInfo {
+            kubespan: Some(KubeSpanInfo {
+                public_key: "K".into(),
+                address: "fd00::1".parse().unwrap(),
+                additional_addresses: vec![],
+                exclude_advertised_networks: vec!["10.1.2.0/24".parse().unwrap()],
+            }),
+            ..AffiliateInfo::default()
+        };
+        let bytes = info.encode();
+        // machine_type "unknown", then field 7 (KubeSpan, 31 bytes): key "K", address,
+        // and the exclusion under the presumed number as IPPrefix {10.1.2.0, 24}.
+        let key = u8::try_from((FIELD << 3) | 2).unwrap();
+        let mut want = vec![0x2a, 0x07];
+        want.extend_from_slice(b"unknown");
+        want.extend_from_slice(&[0x3a, 0x1f, 0x0a, 0x01, b'K', 0x12, 0x10]);
+        want.extend_from_slice(&"fd00::1".parse::<Ipv6Addr>().unwrap().octets());
+        want.extend_from_slice(&[key, 0x08, 0x0a, 0x04, 10, 1, 2, 0, 0x10, 24]);
+        assert_eq!(bytes, want);
+        assert_eq!(AffiliateInfo::decode(&bytes).unwrap(), info);
+    }
+
+    fn with_exclusions(items: Vec<pb::IpPrefix>) -> Option<KubeSpanInfo> {
+        let msg = pb::Affiliate {
+            kubespan: Some(pb::KubeSpan {
+                public_key: "K".into(),
+                address: vec![0xfd; 16],
+                additional_addresses: vec![],
+                exclude_advertised_addresses: items,
+            }),
+            ..pb::Affiliate::default()
+        };
+        AffiliateInfo::decode(&msg.encode_to_vec())
+            .unwrap()
+            .kubespan
+    }
+
+    #[test]
+    fn received_exclusions_are_read_as_talos_reads_them() {
+        let p = |ip: Vec<u8>, bits| pb::IpPrefix { ip, bits };
+        // A 3-byte IP is skipped alone; host bits are kept; IPv6 stays IPv6.
+        let ks = with_exclusions(vec![
+            p(vec![10, 0, 0, 1], 8),
+            p(vec![10, 0, 0], 8),
+            p(vec![0; 16], 0),
+        ])
+        .expect("still a KubeSpan peer");
+        assert_eq!(
+            ks.exclude_advertised_networks,
+            vec![
+                "10.0.0.1/8".parse::<IpNet>().unwrap(),
+                "::/0".parse().unwrap()
+            ]
+        );
+        // An empty IP or bits beyond the family: Talos builds no peer for the node.
+        assert_eq!(with_exclusions(vec![p(vec![], 8)]), None);
+        assert_eq!(with_exclusions(vec![p(vec![10, 0, 0, 0], 33)]), None);
+        assert_eq!(with_exclusions(vec![p(vec![0; 16], 129)]), None);
+    }
+
+    #[test]
+    fn a_different_use_of_the_presumed_field_costs_only_the_exclusions() {
+        use super::super::presumed::KUBESPAN_EXCLUDE_ADVERTISED_ADDRESSES_FIELD as FIELD;
+        let info = sample();
+        let plain = AffiliateInfo {
+            kubespan: info.kubespan.clone().map(|k| KubeSpanInfo {
+                exclude_advertised_networks: vec![],
+                ..k
+            }),
+            ..info
+        };
+        let mut bytes = plain.encode();
+        // One more KubeSpan occurrence (merged by protobuf rules) whose presumed field
+        // is a string, as a sender with another numbering would write it.
+        let key = u8::try_from((FIELD << 3) | 2).unwrap();
+        let text = b"10.0.0.0/8";
+        bytes.extend_from_slice(&[0x3a, u8::try_from(text.len() + 2).unwrap(), key]);
+        bytes.push(u8::try_from(text.len()).unwrap());
+        bytes.extend_from_slice(text);
+        assert!(
+            pb::Affiliate::decode(bytes.as_slice()).is_err(),
+            "not an IPPrefix"
+        );
+        assert_eq!(AffiliateInfo::decode(&bytes).unwrap(), plain);
+        // Broken framing elsewhere is still an error.
+        bytes.push(0x0a);
+        assert!(AffiliateInfo::decode(&bytes).is_err());
     }
 
     #[test]

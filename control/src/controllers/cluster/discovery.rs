@@ -167,6 +167,7 @@ pub fn to_wire(spec: &AffiliateSpec) -> (AffiliateInfo, Vec<dclient::Endpoint>) 
                 _ => std::net::Ipv6Addr::UNSPECIFIED,
             },
             additional_addresses: k.additional_addresses.clone(),
+            exclude_advertised_networks: k.exclude_advertised_networks.clone(),
         }),
         control_plane: spec.control_plane.as_ref().map(|c| ControlPlaneInfo {
             api_server_port: c.api_server_port,
@@ -192,7 +193,7 @@ pub fn from_wire(affiliate: &dclient::Affiliate) -> AffiliateSpec {
             public_key: k.public_key.clone(),
             address: (!k.address.is_unspecified()).then_some(IpAddr::V6(k.address)),
             additional_addresses: k.additional_addresses.clone(),
-            exclude_advertised_networks: Vec::new(),
+            exclude_advertised_networks: k.exclude_advertised_networks.clone(),
             endpoints: affiliate.endpoints.clone(),
         }),
         control_plane: info.control_plane.map(|c| ControlPlaneSpec {
@@ -422,4 +423,34 @@ fn keep_vanished(
         }
     }
     r.missing_since.retain(|rid, _| existing.contains(rid));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exclusions_survive_the_wire_both_ways() {
+        let spec = AffiliateSpec {
+            node_id: "n1".into(),
+            machine_type: "worker".into(),
+            addresses: vec!["10.5.0.1".parse().unwrap()],
+            kubespan: Some(KubeSpanAffiliateSpec {
+                public_key: "K".into(),
+                address: Some("fd00::1".parse().unwrap()),
+                additional_addresses: vec!["10.244.1.0/24".parse().unwrap()],
+                exclude_advertised_networks: vec!["10.244.1.128/25".parse().unwrap()],
+                endpoints: vec!["10.5.0.1:51820".parse().unwrap()],
+            }),
+            ..AffiliateSpec::default()
+        };
+        let (info, endpoints) = to_wire(&spec);
+        let decoded = AffiliateInfo::decode(&info.encode()).unwrap();
+        let back = from_wire(&dclient::Affiliate {
+            id: "n1".into(),
+            info: decoded,
+            endpoints,
+        });
+        assert_eq!(back, spec);
+    }
 }

@@ -126,8 +126,10 @@ pub fn local_affiliate(inputs: &LocalInputs<'_>) -> AffiliateSpec {
                 } else {
                     Vec::new()
                 },
-                // Pre-subtracted above instead (`docs/kubespan.md` §4.3: the wire field is unresolved).
-                exclude_advertised_networks: Vec::new(),
+                // Published as Talos does, and also pre-subtracted above, so receivers
+                // that do not read the field (older Talos, or if the presumed field
+                // number is wrong) compute the same AllowedIPs (`docs/kubespan.md` §4.3).
+                exclude_advertised_networks: excluded.to_vec(),
                 endpoints: local_endpoints(inputs, identity, spec),
             })
         }
@@ -421,8 +423,8 @@ mod tests {
                 advertise_kubernetes_networks: true,
                 advertised_networks: nets(&["10.244.0.0/16"]),
                 filters: crate::config::kubespan::KubeSpanFilters {
-                    endpoints: None,
                     exclude_advertised_networks: nets(&["10.244.128.0/17", "192.168.0.0/16"]),
+                    ..crate::config::kubespan::KubeSpanFilters::default()
                 },
                 ..Doc::default()
             },
@@ -441,9 +443,12 @@ mod tests {
         });
         let addrs: Vec<String> = spec.addresses.iter().map(ToString::to_string).collect();
         assert_eq!(addrs, ["10.5.0.1"]);
+        let ks = spec.kubespan.unwrap();
+        assert_eq!(ks.additional_addresses, nets(&["10.244.0.0/17"]));
+        // And published for receivers that honour them (Talos ≥ discovery-api v0.1.8).
         assert_eq!(
-            spec.kubespan.unwrap().additional_addresses,
-            nets(&["10.244.0.0/17"])
+            ks.exclude_advertised_networks,
+            nets(&["10.244.128.0/17", "192.168.0.0/16"])
         );
         assert_eq!(
             subtract_nets(&nets(&["10.0.0.0/30"]), &nets(&["10.0.0.1/32"])),

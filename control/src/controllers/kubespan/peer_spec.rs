@@ -9,6 +9,10 @@
 //! peers alone (overlap resolution then changes no other peer): O(log n) set work per
 //! changed peer. Anything else takes the full pass: selection in node-ID order and
 //! overlap resolution over the cached sets.
+//!
+//! `filters.peerEndpoints` (Talos 1.15) is applied here, to each peer's endpoints
+//! before anything tries them: the peer spec holds only the endpoints this node may
+//! use, so rotation and the device never see the others.
 
 use std::{
     collections::{BTreeMap, HashMap},
@@ -18,6 +22,7 @@ use std::{
 use futures::future::BoxFuture;
 
 use crate::{
+    config::kubespan::{filter_endpoints, EndpointFilter},
     kubespan::{
         peers::{claimed_set, resolve_overlaps_after, select},
         prefixset::PrefixSet,
@@ -54,6 +59,8 @@ struct Clean {
     keys: HashMap<String, String>,
     /// Union of every peer's claimed set (disjoint: no overlap in the last pass).
     union: PrefixSet,
+    /// `filters.peerEndpoints` the specs were written with.
+    peer_endpoint_filters: Option<Vec<EndpointFilter>>,
 }
 
 /// Writes one `kubespan/KubeSpanPeerSpec <public key>` per peer while the mesh is
@@ -75,8 +82,8 @@ pub struct KubeSpanPeerSpecController {
 fn peer_spec(
     node_id: &str,
     a: &AffiliateSpec,
-    allowed_ips: Vec<ipnet::IpNet>,
-    removed: Vec<ipnet::IpNet>,
+    (allowed_ips, removed): (Vec<ipnet::IpNet>, Vec<ipnet::IpNet>),
+    peer_endpoint_filters: Option<&[EndpointFilter]>,
 ) -> KubeSpanPeerSpecSpec {
     let ks = a.kubespan.as_ref();
     KubeSpanPeerSpecSpec {
@@ -85,7 +92,9 @@ fn peer_spec(
         address: ks.and_then(|k| k.address),
         allowed_ips,
         overlap_removed: removed,
-        endpoints: ks.map(|k| k.endpoints.clone()).unwrap_or_default(),
+        endpoints: ks
+            .map(|k| filter_endpoints(&k.endpoints, peer_endpoint_filters))
+            .unwrap_or_default(),
     }
 }
 
@@ -115,6 +124,7 @@ impl KubeSpanPeerSpecController {
         rt: &mut ControllerRuntime,
         local: &str,
         (own_key, own_address): (&str, Option<ipnet::IpNet>),
+        peer_endpoint_filters: Option<&[EndpointFilter]>,
         ids: &[String],
         written: &mut BTreeMap<String, KubeSpanPeerSpecSpec>,
     ) -> Result<bool, crate::runtime::ControllerError> {
@@ -124,6 +134,7 @@ impl KubeSpanPeerSpecController {
         if clean.local != local
             || clean.own_key != own_key
             || clean.own_address != own_address
+            || clean.peer_endpoint_filters.as_deref() != peer_endpoint_filters
             || ids.len() > INCREMENTAL_MAX
         {
             return Ok(false);
@@ -200,7 +211,12 @@ impl KubeSpanPeerSpecController {
                 continue;
             };
             let set = added.next().unwrap_or_default();
-            let spec = peer_spec(id, &a.spec, set.to_prefixes(), Vec::new());
+            let spec = peer_spec(
+                id,
+                &a.spec,
+                (set.to_prefixes(), Vec::new()),
+                peer_endpoint_filters,
+            );
             if written.get(&key) != Some(&spec) {
                 rt.modify::<KubeSpanPeerSpec>(NS, &key, |r| r.spec.clone_from(&spec))?;
                 written.insert(key.clone(), spec);
@@ -217,6 +233,7 @@ impl KubeSpanPeerSpecController {
         &mut self,
         local: &str,
         (own_key, own_address): (&str, Option<ipnet::IpNet>),
+        peer_endpoint_filters: Option<&[EndpointFilter]>,
         affiliates: &[Arc<Resource<Affiliate>>],
     ) -> BTreeMap<String, KubeSpanPeerSpecSpec> {
         let mut desired = BTreeMap::new();
@@ -283,7 +300,12 @@ impl KubeSpanPeerSpecController {
             }
             desired.insert(
                 s.public_key.to_owned(),
-                peer_spec(s.node_id, s.affiliate, r.allowed_ips, r.removed),
+                peer_spec(
+                    s.node_id,
+                    s.affiliate,
+                    (r.allowed_ips, r.removed),
+                    peer_endpoint_filters,
+                ),
             );
         }
         self.clean = (!overlap && conflicts.is_empty()).then(|| Clean {
@@ -299,6 +321,7 @@ impl KubeSpanPeerSpecController {
                 .map(|s| (s.public_key.to_owned(), s.node_id.to_owned()))
                 .collect(),
             union,
+            peer_endpoint_filters: peer_endpoint_filters.map(<[_]>::to_vec),
         });
         desired
     }
@@ -313,10 +336,11 @@ impl KubeSpanPeerSpecController {
                 .map(|r| (r.metadata.id.clone(), r.spec.clone()))
                 .collect(),
         };
-        let enabled = rt
+        let config = rt
             .get_opt::<KubeSpanConfig>(NS, KUBESPAN)?
-            .is_some_and(|c| c.spec.config.enabled);
-        let desired = if enabled {
+            .filter(|c| c.spec.config.enabled);
+        let desired = if let Some(config) = config {
+            let filters = config.spec.config.peer_endpoint_filters();
             let local = rt
                 .get_opt::<NodeIdentity>(NodeIdentity::DEFAULT_NAMESPACE, LOCAL)?
                 .map(|r| r.spec.node_id.clone())
@@ -328,7 +352,7 @@ impl KubeSpanPeerSpecController {
                 .unwrap_or_default();
             let own = (own_key.as_str(), identity.and_then(|r| r.spec.address));
             if let Some(ids) = &changed {
-                match self.try_incremental(rt, &local, own, ids, &mut written) {
+                match self.try_incremental(rt, &local, own, filters.as_deref(), ids, &mut written) {
                     Ok(true) => {
                         self.written = Some(written);
                         return Ok(());
@@ -342,7 +366,7 @@ impl KubeSpanPeerSpecController {
             }
             let affiliates: Vec<Arc<Resource<Affiliate>>> =
                 self.affiliates.values().cloned().collect();
-            self.full_pass(&local, own, &affiliates)
+            self.full_pass(&local, own, filters.as_deref(), &affiliates)
         } else {
             self.claimed.clear();
             self.clean = None;

@@ -593,6 +593,65 @@ async fn disable_tears_everything_down_and_reenable_restores_it() {
 }
 
 #[tokio::test]
+async fn peer_endpoint_filter_drops_endpoints_before_they_are_tried() {
+    let m = start(
+        "filters:\n  peerEndpoints: [\"0.0.0.0/0\", \"!192.168.0.0/16\"]\n",
+        tempfile::tempdir().unwrap(),
+    );
+    let store = &m.h.store;
+    let endpoints = |r: &Resource<KubeSpanPeerSpec>| -> Vec<String> {
+        r.spec.endpoints.iter().map(ToString::to_string).collect()
+    };
+    set_affiliate(
+        store,
+        &affiliate(1, &["192.168.1.1:51820", "203.0.113.1:51820"]),
+    );
+    assert_resource::<KubeSpanPeerSpec>(store, NS, &key(1), |r| {
+        (endpoints(r) == ["203.0.113.1:51820"])
+            .then_some(())
+            .ok_or(format!("{:?}", r.spec.endpoints))
+    })
+    .await;
+    // The device is given the endpoint that passed, never the filtered one.
+    let want: SocketAddr = "203.0.113.1:51820".parse().unwrap();
+    eventually("the peer on the device with the kept endpoint", || {
+        m.wg.device()?
+            .peers
+            .iter()
+            .find(|p| p.public_key.to_base64() == key(1))
+            .filter(|p| p.endpoint == Some(want))
+            .map(|_| ())
+    })
+    .await;
+    // A peer whose every endpoint is filtered keeps its spec, with nothing to try
+    // (the incremental path filters too).
+    set_affiliate(store, &affiliate(2, &["192.168.2.2:51820"]));
+    assert_resource::<KubeSpanPeerSpec>(store, NS, &key(2), |r| {
+        r.spec
+            .endpoints
+            .is_empty()
+            .then_some(())
+            .ok_or(format!("{:?}", r.spec.endpoints))
+    })
+    .await;
+    // Dropping the filter re-reads every peer's endpoints, with no affiliate change.
+    set_config(store, &config(""));
+    assert_resource::<KubeSpanPeerSpec>(store, NS, &key(2), |r| {
+        (endpoints(r) == ["192.168.2.2:51820"])
+            .then_some(())
+            .ok_or(format!("{:?}", r.spec.endpoints))
+    })
+    .await;
+    assert_resource::<KubeSpanPeerSpec>(store, NS, &key(1), |r| {
+        (endpoints(r) == ["192.168.1.1:51820", "203.0.113.1:51820"])
+            .then_some(())
+            .ok_or(format!("{:?}", r.spec.endpoints))
+    })
+    .await;
+    m.h.stop().await.unwrap();
+}
+
+#[tokio::test]
 async fn peer_specs_follow_changes_incrementally_and_fall_back_on_overlap() {
     let m = start("", tempfile::tempdir().unwrap());
     let store = &m.h.store;

@@ -10,12 +10,14 @@
 //!   kernel ─(netlink)─▶ NetworkStatusController ─▶ Link/Address/Route/RoutingRuleStatus
 //!   NodeAddressController ─▶ NodeAddress default/current/routed/accumulative[-<filter>]
 //!   HostnameStatusController ─▶ HostnameStatus hostname, ResolverStatus resolvers
+//!   NetworkReadinessController ─▶ NetworkStatus status (address, connectivity, hostname, mesh)
 //! ```
 
 pub mod config;
 pub mod hostname;
 pub mod merge;
 pub mod node_address;
+pub mod readiness;
 pub mod spec;
 pub mod status;
 
@@ -144,5 +146,6 @@ pub fn register_with_resync(
     runtime.register(status::NetworkStatusController::new(deps.clone()))?;
     runtime.register(node_address::NodeAddressController::default())?;
     runtime.register(hostname::HostnameStatusController::default())?;
+    runtime.register(readiness::NetworkReadinessController)?;
     Ok(())
 }

@@ -45,6 +45,7 @@ fn info(id: &str) -> AffiliateInfo {
             public_key: "PUB".into(),
             address: "fd00::1".parse().unwrap(),
             additional_addresses: vec![],
+            exclude_advertised_networks: vec![],
         }),
         control_plane: None,
     }
