@@ -502,4 +502,23 @@ fn status_in_a_lab_node_counts_peers_and_discovery() {
         v["mesh"].as_str().unwrap().starts_with("on, link kubespan"),
         "{v}"
     );
+
+    // doctor on the same running node: every check answers, and the listen port in
+    // use is recognised as the running mesh's own, not a conflict.
+    let o = lab.exec("node1", &["wirespan", "doctor", "--port", "51820"]);
+    let out = String::from_utf8(o.stdout).unwrap();
+    for check in CHECKS {
+        let l = doctor_line(&out, check);
+        assert!(
+            ["ok", "warn", "fail"].contains(&l.split_whitespace().next().unwrap()),
+            "{l}\n{out}"
+        );
+    }
+    let port = doctor_line(&out, "listen_port");
+    assert!(
+        port.starts_with("ok") && port.contains("the mesh is running"),
+        "{out}"
+    );
+    let failed = out.lines().any(|l| l.starts_with("fail"));
+    assert_eq!(o.status.success(), !failed, "{out}");
 }
