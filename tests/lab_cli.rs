@@ -231,8 +231,10 @@ fn up_builds_nodes_underlay_discovery_and_daemons_and_down_removes_them() {
 
 #[test]
 fn down_removes_everything_after_up_was_killed_midway() {
-    // `up` is fast; kill it as soon as node1's namespace exists (the discovery server
-    // runs by then) and retry when it got as far as writing its state file anyway.
+    // `up` is fast; kill it as soon as node1's namespace exists and a process of the
+    // lab runs in a namespace (the discovery server, started before the nodes, may
+    // still be entering its own), and retry when it got as far as writing its state
+    // file anyway.
     for _ in 0..5 {
         let lab = Lab::new();
         let mut up = lab
@@ -243,10 +245,10 @@ fn down_removes_everything_after_up_was_killed_midway() {
             .unwrap();
         let node1 = PathBuf::from(format!("/run/netns/{}node1", lab.prefix()));
         let deadline = Instant::now() + Duration::from_secs(20);
-        while !node1.exists() {
+        while !node1.exists() || lab.pids().is_empty() {
             assert!(
                 Instant::now() < deadline,
-                "node1's namespace never appeared"
+                "node1's namespace and a lab process never appeared"
             );
             std::thread::sleep(Duration::from_millis(1));
         }
