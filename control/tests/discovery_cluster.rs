@@ -101,9 +101,10 @@ async fn two_nodes_converge_and_publish_their_endpoints_and_public_ip() {
     let b = a.store.get::<Affiliate>(NS, &peer).unwrap();
     assert_eq!(b.spec.hostname, "node-1.lab");
     assert_eq!(b.spec.nodename, "node-1");
+    // Its routed address and its KubeSpan ULA (published as upstream does).
     assert_eq!(
         b.spec.addresses,
-        ["10.0.0.2".parse::<std::net::IpAddr>().unwrap()]
+        ["10.0.0.2", "fd00:1::2"].map(|a| a.parse::<std::net::IpAddr>().unwrap())
     );
     let ks = b.spec.kubespan.as_ref().unwrap();
     assert_eq!(ks.address, Some("fd00:1::2".parse().unwrap()));

@@ -111,6 +111,21 @@ pub fn local_affiliate(inputs: &LocalInputs<'_>) -> AffiliateSpec {
             addresses.push(ip);
         }
     }
+    // The own ULA is one of the node's addresses once the mesh has one (§4.1), as
+    // upstream publishes it; NodeAddress leaves the mesh link out, so it joins here, in
+    // address order (IPv4 first, then by address, as the routed list is sorted).
+    let ula = config
+        .and(inputs.kubespan_identity)
+        .and_then(|i| i.address)
+        .map(|a| a.addr())
+        .filter(|ip| !kubernetes(ip) && !excluded.iter().any(|n| n.contains(ip)));
+    if let Some(ula) = ula.filter(|ip| !addresses.contains(ip)) {
+        let at = addresses
+            .iter()
+            .position(|a| *a > ula)
+            .unwrap_or(addresses.len());
+        addresses.insert(at, ula);
+    }
     let (hostname, nodename) = inputs
         .hostname
         .map(|h| (h.fqdn(), h.hostname.clone()))
@@ -350,7 +365,12 @@ mod tests {
             ],
             "own ULA and SideroLink dropped, public IP appended, extras without duplicates"
         );
-        assert_eq!(spec.addresses.len(), 2);
+        let addresses: Vec<String> = spec.addresses.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            addresses,
+            ["10.5.0.1", "192.168.1.10", "fd00:1::5"],
+            "routed addresses, and the own ULA (docs/kubespan.md §4.1)"
+        );
         assert_eq!(spec.machine_type, "worker");
 
         // Spec §4.2 example: filter order, then input order.
@@ -408,6 +428,15 @@ mod tests {
             ..inputs
         };
         assert!(local_affiliate(&with).kubespan.is_some());
+        assert_eq!(
+            local_affiliate(&with).addresses,
+            ["fd00:1::5".parse::<IpAddr>().unwrap()],
+            "the ULA is published with the mesh on"
+        );
+        assert!(
+            local_affiliate(&inputs).addresses.is_empty(),
+            "and only then"
+        );
         let without = LocalInputs {
             kubespan_identity: None,
             ..with
@@ -442,7 +471,7 @@ mod tests {
             public_ip: None,
         });
         let addrs: Vec<String> = spec.addresses.iter().map(ToString::to_string).collect();
-        assert_eq!(addrs, ["10.5.0.1"]);
+        assert_eq!(addrs, ["10.5.0.1", "fd00:1::5"]);
         let ks = spec.kubespan.unwrap();
         assert_eq!(ks.additional_addresses, nets(&["10.244.0.0/17"]));
         // And published for receivers that honour them (Talos ≥ discovery-api v0.1.8).
