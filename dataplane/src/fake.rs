@@ -41,6 +41,7 @@ struct MarkingInner {
     ruleset: Option<Ruleset>,
     transactions: u64,
     fail_next: Option<String>,
+    teardowns: u64,
 }
 
 /// Fake nftables marking.
@@ -69,6 +70,12 @@ impl FakeMarking {
     #[must_use]
     pub fn deltas(&self) -> u64 {
         lock(&self.0).deltas
+    }
+
+    /// How often `teardown` was called.
+    #[must_use]
+    pub fn teardowns(&self) -> u64 {
+        lock(&self.0).teardowns
     }
 
     /// Simulates someone deleting the table.
@@ -140,6 +147,7 @@ impl Marking for FakeMarking {
 
     fn teardown(&mut self) -> Result<(), MarkingError> {
         let mut g = lock(&self.0);
+        g.teardowns += 1;
         if g.ruleset.take().is_some() {
             g.transactions += 1;
         }
