@@ -462,9 +462,9 @@ impl Controller for KubeSpanManagerController {
                 }
                 OnStop::Keep => {
                     tracing::info!(link = %self.wg_link, "stopping: keeping mesh kernel state");
-                    // A userspace backend would stop wireguard-go when dropped.
+                    // Not dropped: a userspace backend would stop wireguard-go.
                     if let Some(wg) = self.wg.take() {
-                        std::mem::forget(wg);
+                        wg.keep();
                     }
                 }
             }
