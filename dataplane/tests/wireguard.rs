@@ -323,6 +323,10 @@ fn a_kept_wireguard_go_is_adopted_not_duplicated_and_its_teardown_stops_it() {
     assert_eq!(wireguard_go_pids(&dev.name), vec![pid], "kept wireguard-go exited");
 
     let mut wg = UserspaceBackend::new(&dev.name, ns.netns().clone());
+    // The first read (before any apply) reports the kept device and its peers.
+    let seen = wg.observe().unwrap();
+    assert!(seen.present);
+    assert_eq!(seen.peers.len(), 2);
     assert!(!wg.apply(&dev).unwrap(), "the adopted device was rewritten");
     assert_eq!(wg.writes(), 0);
     assert_eq!(wg.pid(), Some(pid));

@@ -611,6 +611,11 @@ impl WireGuard for UserspaceBackend {
     }
 
     fn observe(&mut self) -> Result<WgStatus, WgError> {
+        if self.sup.is_none() && socket_owner(&self.socket_path()).is_some() {
+            // The first read after a restart: the device an earlier run kept is read
+            // (and its wireguard-go adopted), not reported absent.
+            self.start()?;
+        }
         if !self.running() {
             return Ok(WgStatus::default());
         }
