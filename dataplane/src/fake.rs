@@ -883,3 +883,60 @@ mod tests {
         assert_eq!(r.observe("kubespan").unwrap().rules.len(), 2);
     }
 }
+
+/// Fake kernel parameters: a map by dotted name; absent ones fail to read.
+#[derive(Debug, Clone, Default)]
+pub struct FakeSysctl(Arc<Mutex<(std::collections::BTreeMap<String, String>, bool)>>);
+
+impl FakeSysctl {
+    /// An empty fake.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets `key` (dotted) as if the kernel had it.
+    pub fn set(&self, key: &str, value: &str) {
+        lock(&self.0).0.insert(key.to_owned(), value.to_owned());
+    }
+
+    /// The value of `key` (dotted).
+    #[must_use]
+    pub fn get(&self, key: &str) -> Option<String> {
+        lock(&self.0).0.get(key).cloned()
+    }
+
+    /// Makes every write fail as a read-only `/proc/sys` would.
+    pub fn refuse_writes(&self, refuse: bool) {
+        lock(&self.0).1 = refuse;
+    }
+}
+
+impl crate::sysctl::Sysctl for FakeSysctl {
+    fn read(&self, path: &[&str]) -> Result<String, crate::sysctl::SysctlError> {
+        let key = crate::sysctl::dotted(path);
+        lock(&self.0)
+            .0
+            .get(&key)
+            .cloned()
+            .ok_or(crate::sysctl::SysctlError::Io {
+                op: "read",
+                key,
+                source: std::io::ErrorKind::NotFound.into(),
+            })
+    }
+
+    fn write(&self, path: &[&str], value: &str) -> Result<(), crate::sysctl::SysctlError> {
+        let key = crate::sysctl::dotted(path);
+        let mut g = lock(&self.0);
+        if g.1 {
+            return Err(crate::sysctl::SysctlError::Io {
+                op: "write",
+                key,
+                source: std::io::Error::from_raw_os_error(30),
+            });
+        }
+        g.0.insert(key, value.to_owned());
+        Ok(())
+    }
+}

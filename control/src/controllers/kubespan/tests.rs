@@ -8,7 +8,7 @@ use std::{
 };
 
 use wirespan_dataplane::{
-    fake::{FakeMarking, FakeWireGuard},
+    fake::{FakeMarking, FakeSysctl, FakeWireGuard},
     fastpath::FastPathError,
     marking::{Marking as _, MarkingSpec, PrefixDelta, PreroutingMarking},
     wireguard::{DeviceState, PublicKey, WgError, WireGuard},
@@ -95,8 +95,11 @@ struct Mesh {
     wg: FakeWireGuard,
     marking: FakeMarking,
     clock: FakeClock,
+    sysctl: FakeSysctl,
     _dir: tempfile::TempDir,
 }
+
+const RP_FILTER: &str = "net.ipv4.conf.kubespan.rp_filter";
 
 fn config(extra: &str) -> MachineConfigSpec {
     let enabled = if extra.contains("enabled:") {
@@ -167,6 +170,9 @@ fn start_over(
 ) -> Mesh {
     let store = Store::new(StoreOptions::default());
     let mut runtime = Runtime::new(store.clone());
+    // A distribution's strict default on the mesh link.
+    let sysctl = FakeSysctl::new();
+    sysctl.set(RP_FILTER, "1");
     register(
         &mut runtime,
         Deps {
@@ -190,6 +196,7 @@ fn start_over(
                 clock: Arc::new(clock.clone()),
                 metrics: None,
                 on_stop: OnStop::Keep,
+                sysctl: Some(Arc::new(sysctl.clone())),
             },
         },
     )
@@ -225,6 +232,7 @@ fn start_over(
         wg,
         marking,
         clock,
+        sysctl,
         _dir: dir,
     }
 }
@@ -589,8 +597,14 @@ async fn disable_tears_everything_down_and_reenable_restores_it() {
         }
     })
     .await;
+    // Reverse-path filtering is loose on the mesh link while the mesh runs.
+    assert_eq!(m.sysctl.get(RP_FILTER).as_deref(), Some("2"));
     set_config(store, &config("enabled: false\n"));
     eventually("device removed", || m.wg.device().is_none().then_some(())).await;
+    eventually("rp_filter restored", || {
+        (m.sysctl.get(RP_FILTER).as_deref() == Some("1")).then_some(())
+    })
+    .await;
     eventually("marking removed", || {
         m.marking.spec().is_none().then_some(())
     })
@@ -603,6 +617,34 @@ async fn disable_tears_everything_down_and_reenable_restores_it() {
     // Re-enable: everything comes back, and the tick runs again.
     set_config(store, &config(""));
     eventually("device back", || (device_peers(&m.wg) == 1).then_some(())).await;
+    eventually("rp_filter loose again", || {
+        (m.sysctl.get(RP_FILTER).as_deref() == Some("2")).then_some(())
+    })
+    .await;
+    m.h.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_mesh_link_whose_rp_filter_cannot_be_loosened_is_refused_until_it_can() {
+    let m = start("", tempfile::tempdir().unwrap());
+    m.sysctl.refuse_writes(true);
+    let store = &m.h.store;
+    set_affiliate(store, &affiliate(1, &["192.0.2.1:51820"]));
+    // The device is written, then the round stops at the sysctl (an error, retried
+    // with backoff): no marking, no routes into a link that would drop replies.
+    eventually("device with a peer", || {
+        (device_peers(&m.wg) == 1).then_some(())
+    })
+    .await;
+    assert!(m.marking.spec().is_none(), "marking applied despite a strict rp_filter");
+    assert_eq!(m.sysctl.get(RP_FILTER).as_deref(), Some("1"));
+    assert_length(store, &Kind::new(NS_CONFIG, RouteSpec::TYPE), 0).await;
+    m.sysctl.refuse_writes(false);
+    eventually("rp_filter loose once it can be set, then the marking", || {
+        (m.sysctl.get(RP_FILTER).as_deref() == Some("2") && m.marking.spec().is_some())
+            .then_some(())
+    })
+    .await;
     m.h.stop().await.unwrap();
 }
 
@@ -1074,6 +1116,7 @@ async fn a_mesh_config_not_derived_yet_is_not_a_disabled_mesh() {
             clock: Arc::new(FakeClock::new(SystemTime::UNIX_EPOCH)),
             metrics: Some(Arc::clone(&metrics)),
             on_stop: OnStop::Keep,
+            sysctl: None,
         }))
         .unwrap();
     set_config(&store, &config(""));

@@ -30,6 +30,7 @@ use ipnet::IpNet;
 use wirespan_dataplane::{
     marking::{Marking, MarkingError},
     routing::Routing,
+    sysctl::{LooseRpFilter, Sysctl, SysctlError},
     wireguard::{PresharedKey, PublicKey, WgError, WgPeer, WireGuard},
 };
 
@@ -111,6 +112,9 @@ pub struct ManagerDeps {
     pub metrics: Option<Arc<MeshMetrics>>,
     /// Shutdown behaviour.
     pub on_stop: OnStop,
+    /// Kernel parameters of the mesh link (reverse-path filtering made loose while
+    /// the mesh runs); `None` leaves them alone.
+    pub sysctl: Option<Arc<dyn Sysctl + Send + Sync>>,
 }
 
 impl fmt::Debug for ManagerDeps {
@@ -138,6 +142,9 @@ pub enum ManagerError {
     /// Marking.
     #[error("marking table: {0}")]
     Marking(#[source] MarkingError),
+    /// A kernel parameter of the mesh link.
+    #[error(transparent)]
+    Sysctl(#[from] SysctlError),
 }
 
 struct ActiveMarking {
@@ -189,6 +196,8 @@ pub struct KubeSpanManagerController {
     retain_until: Option<SystemTime>,
     /// Those peers, by public key.
     retained: BTreeMap<String, Retained>,
+    /// Loose reverse-path filtering on the mesh link, with the value it replaced.
+    rp_filter: Option<LooseRpFilter>,
 }
 
 /// A peer the device held at start (kernel state kept by an earlier run) that has no
@@ -300,6 +309,7 @@ impl KubeSpanManagerController {
             adopt_checked: false,
             retain_until: None,
             retained: BTreeMap::new(),
+            rp_filter: None,
         }
     }
 
