@@ -1467,9 +1467,9 @@ fn a_restart_with_kernel_state_kept_loses_no_ping_and_pushes_no_endpoint() {
     // device, and the peer was up from its first status (seeded from the device, no
     // endpoint change of its own).
     assert_eq!(wireguard_go_in(&ns1), wg_go, "a second wireguard-go, or a new one");
-    // Loose reverse-path filtering on the mesh link (host prerequisite the daemon sets).
+    // No reverse-path filtering on the mesh link (a host prerequisite the daemon sets).
     let rp = lab.exec_ok("node1", &["cat", "/proc/sys/net/ipv4/conf/kubespan/rp_filter"]);
-    assert_eq!(rp.trim(), "2");
+    assert_eq!(rp.trim(), "0");
     assert_eq!(wg_endpoint(&lab, "node1", &key2).0, endpoint);
     assert_eq!(peer["spec"]["lastEndpointChange"], Value::Null, "{peer}");
     assert_eq!(peer["metadata"]["version"], 1, "the status changed: {peer}");

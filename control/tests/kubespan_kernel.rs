@@ -138,11 +138,11 @@ async fn manager_programs_a_real_device_and_marking_set() {
     assert_eq!(nets.len(), 2, "{nets:?}");
     assert!(nets.iter().any(|n| n.contains("10.244.1.0")), "{nets:?}");
 
-    // Reverse-path filtering is loose on the mesh link (in this namespace only).
+    // Reverse-path filtering is off on the mesh link (in this namespace only).
     let rp = ns
         .run_stdout("cat", &[&format!("/proc/sys/net/ipv4/conf/{link}/rp_filter")])
         .unwrap();
-    assert_eq!(rp.trim(), "2");
+    assert_eq!(rp.trim(), "0");
 
     // Shutdown with teardown removes the device and the table.
     h.stop().await.unwrap();

@@ -1,12 +1,17 @@
 //! Kernel parameters (`/proc/sys`) the mesh needs on its link, behind [`Sysctl`].
 //!
-//! Only reverse-path filtering for now: WireGuard hands the kernel decrypted packets
-//! whose source (a peer's pod or node address) is routed through the mesh only for
-//! marked traffic, so a strict filter (`rp_filter = 1`, the default of many
-//! distributions) drops them. The mesh makes it loose (`2`) on its link while it
-//! runs ([`LooseRpFilter`]). The kernel applies the larger of `conf.all.rp_filter`
-//! and the link's own value ([`effective_rp_filter`]), so the link's `2` is enough
-//! whatever `all` says, and `all` is left alone.
+//! Only reverse-path filtering for now. The mesh link carries no IPv4 address (only
+//! the KubeSpan ULA), and WireGuard hands the kernel decrypted packets from peers'
+//! IPv4 node and pod addresses, which the main table routes through other links (the
+//! mesh routes only marked traffic). For such a packet the kernel's check fails in
+//! both modes: strict (`1`) because the source is routed elsewhere, loose (`2`)
+//! because an interface without an IPv4 address accepts only sources routed through
+//! itself. So filtering must be off (`0`) on the mesh link: [`MeshRpFilter`] sets
+//! it while the mesh runs (systemd hosts give every new link `2` through
+//! `net.ipv4.conf.default.rp_filter`) and restores the value it replaced. The kernel
+//! applies the larger of `net.ipv4.conf.all.rp_filter` and the link's own value
+//! ([`effective_rp_filter`]): a non-zero `all` is host-wide policy the daemon does not
+//! change; it refuses, naming that sysctl.
 //!
 //! `/proc/sys/net` shows the network namespace of the thread that opens the file:
 //! [`ProcSysctl`] opens it from a thread inside its [`Netns`].
@@ -29,11 +34,11 @@ pub enum SysctlError {
         #[source]
         source: io::Error,
     },
-    /// Reverse-path filtering could not be made loose on the mesh link.
+    /// Reverse-path filtering could not be turned off on the mesh link.
     #[error(
-        "cannot set {key}=2: reverse-path filtering must be loose on the mesh link, or the \
-         kernel drops what peers send through it; set it by hand or allow the daemon to \
-         write /proc/sys ({source})"
+        "cannot set {key}=0: reverse-path filtering must be off on the mesh link (it has no \
+         IPv4 address, so the kernel would drop what peers send over IPv4); set it by hand \
+         or let the daemon write /proc/sys ({source})"
     )]
     RpFilter {
         /// The sysctl, dotted.
@@ -41,6 +46,17 @@ pub enum SysctlError {
         /// Cause.
         #[source]
         source: Box<SysctlError>,
+    },
+    /// Host-wide reverse-path filtering is on, which the mesh link cannot override.
+    #[error(
+        "net.ipv4.conf.all.rp_filter is {value}: the kernel filters the mesh link with the \
+         larger of that and the link's own value, and with the link carrying no IPv4 \
+         address any filtering drops what peers send over IPv4; set \
+         net.ipv4.conf.all.rp_filter=0 (the daemon turns it off on the mesh link itself)"
+    )]
+    RpFilterAll {
+        /// The value found.
+        value: String,
     },
 }
 
@@ -138,19 +154,22 @@ fn rp_filter_path(link: &str) -> [&str; 5] {
     ["net", "ipv4", "conf", link, "rp_filter"]
 }
 
-/// Loose reverse-path filtering on the mesh link, and the value it replaced.
+/// Reverse-path filtering off on the mesh link (see the module doc), and the value it
+/// replaced.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LooseRpFilter {
+pub struct MeshRpFilter {
     link: String,
     /// The link's value before, when this changed it.
     previous: Option<String>,
 }
 
-impl LooseRpFilter {
-    /// Makes filtering on `link` loose (`2`), remembering the value it replaces.
+impl MeshRpFilter {
+    /// Turns filtering off on `link`, remembering the value it replaces.
     ///
     /// # Errors
-    /// [`SysctlError::RpFilter`], naming the sysctl, when it cannot be read or set.
+    /// [`SysctlError::RpFilterAll`] when `net.ipv4.conf.all.rp_filter` is not 0;
+    /// [`SysctlError::RpFilter`], naming the link's sysctl, when it cannot be read or
+    /// set.
     pub fn apply(sysctl: &dyn Sysctl, link: &str) -> Result<Self, SysctlError> {
         let mut me = Self {
             link: link.to_owned(),
@@ -160,24 +179,27 @@ impl LooseRpFilter {
         Ok(me)
     }
 
-    /// Sets it loose again if something changed it since (drift); the value first
-    /// replaced is the one restored.
+    /// Checks again (drift): `all` still 0, the link's value still 0 (set again if
+    /// not; the value first replaced stays the one restored). Returns whether it
+    /// wrote.
     ///
     /// # Errors
-    /// As [`LooseRpFilter::apply`].
+    /// As [`MeshRpFilter::apply`].
     pub fn ensure(&mut self, sysctl: &dyn Sysctl) -> Result<bool, SysctlError> {
+        let all = sysctl.read(&rp_filter_path("all"))?;
+        if all != RP_FILTER_OFF.to_string() {
+            return Err(SysctlError::RpFilterAll { value: all });
+        }
         let path = rp_filter_path(&self.link);
         let wrap = |source| SysctlError::RpFilter {
             key: dotted(&path),
             source: Box::new(source),
         };
         let now = sysctl.read(&path).map_err(wrap)?;
-        if now == RP_FILTER_LOOSE.to_string() {
+        if now == RP_FILTER_OFF.to_string() {
             return Ok(false);
         }
-        sysctl
-            .write(&path, &RP_FILTER_LOOSE.to_string())
-            .map_err(wrap)?;
+        sysctl.write(&path, &RP_FILTER_OFF.to_string()).map_err(wrap)?;
         self.previous.get_or_insert(now);
         Ok(true)
     }
@@ -188,7 +210,7 @@ impl LooseRpFilter {
         self.previous.as_deref()
     }
 
-    /// Puts the replaced value back (nothing when the link already had `2`, or is
+    /// Puts the replaced value back (nothing when the link already had `0`, or is
     /// gone).
     ///
     /// # Errors
@@ -244,41 +266,61 @@ mod tests {
 
     #[test]
     fn the_kernel_applies_the_larger_of_all_and_the_interface() {
-        assert_eq!(effective_rp_filter(RP_FILTER_STRICT, RP_FILTER_LOOSE), RP_FILTER_LOOSE);
-        assert_eq!(effective_rp_filter(RP_FILTER_OFF, RP_FILTER_STRICT), RP_FILTER_STRICT);
-        assert_eq!(effective_rp_filter(RP_FILTER_LOOSE, RP_FILTER_OFF), RP_FILTER_LOOSE);
+        assert_eq!(effective_rp_filter(RP_FILTER_STRICT, RP_FILTER_OFF), RP_FILTER_STRICT);
+        assert_eq!(effective_rp_filter(RP_FILTER_OFF, RP_FILTER_LOOSE), RP_FILTER_LOOSE);
+        assert_eq!(effective_rp_filter(RP_FILTER_OFF, RP_FILTER_OFF), RP_FILTER_OFF);
+    }
+
+    fn host(all: &str, link: &str) -> Map {
+        let m = Map::default();
+        m.0.lock()
+            .unwrap()
+            .insert("net.ipv4.conf.all.rp_filter".into(), all.into());
+        m.0.lock()
+            .unwrap()
+            .insert("net.ipv4.conf.ks.0.rp_filter".into(), link.into());
+        m
     }
 
     #[test]
-    fn loose_while_applied_and_the_previous_value_back_after() {
-        let m = Map::default();
+    fn off_on_the_link_while_applied_and_the_previous_value_back_after() {
         let key = "net.ipv4.conf.ks.0.rp_filter";
+        // systemd's default for new links: loose.
+        let m = host("0", "2");
+        let mut rp = MeshRpFilter::apply(&m, "ks.0").unwrap();
+        assert_eq!(m.0.lock().unwrap()[key], "0");
+        assert_eq!(rp.previous(), Some("2"));
+        // Drift: set from outside, repaired; the first value is still the one restored.
         m.0.lock().unwrap().insert(key.into(), "1".into());
-        let mut rp = LooseRpFilter::apply(&m, "ks.0").unwrap();
-        assert_eq!(m.read(&rp_filter_path("ks.0")).unwrap(), "2");
-        assert_eq!(rp.previous(), Some("1"));
-        // Drift: set strict from outside, repaired; the first value is still the one
-        // restored.
-        m.0.lock().unwrap().insert(key.into(), "0".into());
         assert!(rp.ensure(&m).unwrap());
         assert!(!rp.ensure(&m).unwrap());
         rp.restore(&m).unwrap();
-        assert_eq!(m.0.lock().unwrap()[key], "1");
-        // Already loose: nothing written, nothing restored.
-        m.0.lock().unwrap().insert(key.into(), "2".into());
-        let rp = LooseRpFilter::apply(&m, "ks.0").unwrap();
+        assert_eq!(m.0.lock().unwrap()[key], "2");
+        // Already off: nothing written, nothing restored.
+        let rp = MeshRpFilter::apply(&host("0", "0"), "ks.0").unwrap();
         assert_eq!(rp.previous(), None);
     }
 
     #[test]
+    fn host_wide_filtering_is_refused_naming_the_sysctl_and_left_alone() {
+        for all in ["1", "2"] {
+            let m = host(all, "2");
+            let e = MeshRpFilter::apply(&m, "ks.0").unwrap_err().to_string();
+            assert!(e.contains(&format!("net.ipv4.conf.all.rp_filter is {all}")), "{e}");
+            assert_eq!(m.0.lock().unwrap()["net.ipv4.conf.all.rp_filter"], all);
+            assert_eq!(m.0.lock().unwrap()["net.ipv4.conf.ks.0.rp_filter"], "2");
+        }
+    }
+
+    #[test]
     fn a_refused_write_names_the_sysctl() {
-        let m = Map(Mutex::default(), true);
+        let m = host("0", "1");
         m.0.lock()
             .unwrap()
             .insert("net.ipv4.conf.kubespan.rp_filter".into(), "1".into());
-        let e = LooseRpFilter::apply(&m, "kubespan").unwrap_err().to_string();
-        assert!(e.contains("net.ipv4.conf.kubespan.rp_filter=2"), "{e}");
-        assert!(e.contains("loose"), "{e}");
+        let m = Map(Mutex::new(m.0.into_inner().unwrap()), true);
+        let e = MeshRpFilter::apply(&m, "kubespan").unwrap_err().to_string();
+        assert!(e.contains("net.ipv4.conf.kubespan.rp_filter=0"), "{e}");
         assert!(e.contains("permission denied"), "{e}");
     }
 }

@@ -170,9 +170,10 @@ fn start_over(
 ) -> Mesh {
     let store = Store::new(StoreOptions::default());
     let mut runtime = Runtime::new(store.clone());
-    // A distribution's strict default on the mesh link.
+    // systemd's default for a new link (loose), host-wide filtering off.
     let sysctl = FakeSysctl::new();
-    sysctl.set(RP_FILTER, "1");
+    sysctl.set(RP_FILTER, "2");
+    sysctl.set("net.ipv4.conf.all.rp_filter", "0");
     register(
         &mut runtime,
         Deps {
@@ -597,12 +598,12 @@ async fn disable_tears_everything_down_and_reenable_restores_it() {
         }
     })
     .await;
-    // Reverse-path filtering is loose on the mesh link while the mesh runs.
-    assert_eq!(m.sysctl.get(RP_FILTER).as_deref(), Some("2"));
+    // Reverse-path filtering is off on the mesh link while the mesh runs.
+    assert_eq!(m.sysctl.get(RP_FILTER).as_deref(), Some("0"));
     set_config(store, &config("enabled: false\n"));
     eventually("device removed", || m.wg.device().is_none().then_some(())).await;
     eventually("rp_filter restored", || {
-        (m.sysctl.get(RP_FILTER).as_deref() == Some("1")).then_some(())
+        (m.sysctl.get(RP_FILTER).as_deref() == Some("2")).then_some(())
     })
     .await;
     eventually("marking removed", || {
@@ -617,15 +618,15 @@ async fn disable_tears_everything_down_and_reenable_restores_it() {
     // Re-enable: everything comes back, and the tick runs again.
     set_config(store, &config(""));
     eventually("device back", || (device_peers(&m.wg) == 1).then_some(())).await;
-    eventually("rp_filter loose again", || {
-        (m.sysctl.get(RP_FILTER).as_deref() == Some("2")).then_some(())
+    eventually("rp_filter off again", || {
+        (m.sysctl.get(RP_FILTER).as_deref() == Some("0")).then_some(())
     })
     .await;
     m.h.stop().await.unwrap();
 }
 
 #[tokio::test]
-async fn a_mesh_link_whose_rp_filter_cannot_be_loosened_is_refused_until_it_can() {
+async fn a_mesh_link_whose_rp_filter_cannot_be_turned_off_is_refused_until_it_can() {
     let m = start("", tempfile::tempdir().unwrap());
     m.sysctl.refuse_writes(true);
     let store = &m.h.store;
@@ -636,15 +637,24 @@ async fn a_mesh_link_whose_rp_filter_cannot_be_loosened_is_refused_until_it_can(
         (device_peers(&m.wg) == 1).then_some(())
     })
     .await;
-    assert!(m.marking.spec().is_none(), "marking applied despite a strict rp_filter");
-    assert_eq!(m.sysctl.get(RP_FILTER).as_deref(), Some("1"));
+    assert!(m.marking.spec().is_none(), "marking applied despite rp_filter on");
+    assert_eq!(m.sysctl.get(RP_FILTER).as_deref(), Some("2"));
     assert_length(store, &Kind::new(NS_CONFIG, RouteSpec::TYPE), 0).await;
+    // Host-wide filtering is refused too, and left alone.
     m.sysctl.refuse_writes(false);
-    eventually("rp_filter loose once it can be set, then the marking", || {
-        (m.sysctl.get(RP_FILTER).as_deref() == Some("2") && m.marking.spec().is_some())
+    m.sysctl.set("net.ipv4.conf.all.rp_filter", "1");
+    m.clock.advance(Duration::from_secs(31));
+    assert!(m.marking.spec().is_none(), "marking applied despite all.rp_filter=1");
+    m.sysctl.set("net.ipv4.conf.all.rp_filter", "0");
+    eventually("rp_filter off once it can be set, then the marking", || {
+        (m.sysctl.get(RP_FILTER).as_deref() == Some("0") && m.marking.spec().is_some())
             .then_some(())
     })
     .await;
+    assert_eq!(
+        m.sysctl.get("net.ipv4.conf.all.rp_filter").as_deref(),
+        Some("0")
+    );
     m.h.stop().await.unwrap();
 }
 

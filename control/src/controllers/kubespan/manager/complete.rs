@@ -11,7 +11,7 @@ use std::{
 use ipnet::IpNet;
 use wirespan_dataplane::{
     marking::{MarkingSpec, DEFAULT_TABLE},
-    sysctl::LooseRpFilter,
+    sysctl::MeshRpFilter,
     wireguard::{PresharedKey, PrivateKey, PublicKey, WgDevice, WgPeer},
 };
 
@@ -192,7 +192,7 @@ impl KubeSpanManagerController {
         let (wg, res) = blocking(wg, move |w| w.apply(&device)).await?;
         self.wg = Some(wg);
         res.map_err(|source| wg_error(&s.link_name, source))?;
-        self.loosen_rp_filter(&s.link_name).await?;
+        self.rp_filter_off(&s.link_name).await?;
         let marking_spec = MarkingSpec {
             table: DEFAULT_TABLE.to_owned(),
             device_mark: s.device_mark,
@@ -337,18 +337,19 @@ impl KubeSpanManagerController {
         }
     }
 
-    /// Makes reverse-path filtering loose on the mesh link (now that it exists), or
-    /// sets it loose again after drift; refuses, naming the sysctl, if it cannot.
-    async fn loosen_rp_filter(&mut self, link: &str) -> Result<(), ControllerError> {
+    /// Turns reverse-path filtering off on the mesh link (now that it exists; see
+    /// `wirespan_dataplane::sysctl`), or again after drift; refuses, naming the
+    /// sysctl, if it cannot or if host-wide filtering would override it.
+    async fn rp_filter_off(&mut self, link: &str) -> Result<(), ControllerError> {
         let Some(sysctl) = self.deps.sysctl.clone() else {
             return Ok(());
         };
         let link = link.to_owned();
         let (rp, res) = blocking(self.rp_filter.take(), move |rp| match rp {
             Some(rp) => rp.ensure(&*sysctl).map(drop),
-            None => LooseRpFilter::apply(&*sysctl, &link).map(|r| {
+            None => MeshRpFilter::apply(&*sysctl, &link).map(|r| {
                 if let Some(previous) = r.previous() {
-                    tracing::info!(link, previous, "reverse-path filtering made loose on the mesh link (rp_filter=2)");
+                    tracing::info!(link, previous, "reverse-path filtering turned off on the mesh link (rp_filter=0)");
                 }
                 *rp = Some(r);
             }),

@@ -30,7 +30,7 @@ use ipnet::IpNet;
 use wirespan_dataplane::{
     marking::{Marking, MarkingError},
     routing::Routing,
-    sysctl::{LooseRpFilter, Sysctl, SysctlError},
+    sysctl::{MeshRpFilter, Sysctl, SysctlError},
     wireguard::{PresharedKey, PublicKey, WgError, WgPeer, WireGuard},
 };
 
@@ -112,8 +112,8 @@ pub struct ManagerDeps {
     pub metrics: Option<Arc<MeshMetrics>>,
     /// Shutdown behaviour.
     pub on_stop: OnStop,
-    /// Kernel parameters of the mesh link (reverse-path filtering made loose while
-    /// the mesh runs); `None` leaves them alone.
+    /// Kernel parameters of the mesh link (reverse-path filtering off while the mesh
+    /// runs); `None` leaves them alone.
     pub sysctl: Option<Arc<dyn Sysctl + Send + Sync>>,
 }
 
@@ -196,8 +196,8 @@ pub struct KubeSpanManagerController {
     retain_until: Option<SystemTime>,
     /// Those peers, by public key.
     retained: BTreeMap<String, Retained>,
-    /// Loose reverse-path filtering on the mesh link, with the value it replaced.
-    rp_filter: Option<LooseRpFilter>,
+    /// Reverse-path filtering off on the mesh link, with the value it replaced.
+    rp_filter: Option<MeshRpFilter>,
 }
 
 /// A peer the device held at start (kernel state kept by an earlier run) that has no
