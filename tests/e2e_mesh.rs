@@ -1330,7 +1330,8 @@ fn wireguard_go_in(netns: &str) -> Vec<i32> {
         .split_whitespace()
         .filter_map(|p| p.parse::<i32>().ok())
         .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c.trim() == "wireguard-go")
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .is_ok_and(|c| c.trim() == "wireguard-go")
                 && common::lab::alive(*p)
         })
         .collect()
@@ -1395,7 +1396,11 @@ impl Pinger {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.seqs.recv_timeout(left) {
                 Ok(s) => self.got.push(s),
-                Err(_) => panic!("only {} of {want} replies; last seq {:?}", self.got.len(), self.got.last()),
+                Err(_) => panic!(
+                    "only {} of {want} replies; last seq {:?}",
+                    self.got.len(),
+                    self.got.last()
+                ),
             }
         }
     }
@@ -1429,9 +1434,14 @@ fn a_restart_with_kernel_state_kept_loses_no_ping_and_pushes_no_endpoint() {
     // node1 runs with `--on-stop keep`: the lab's daemon (default `teardown`) is
     // replaced, kill -9 leaving its kernel state and wireguard-go to the new one.
     let pid = common::lab::pid_of(&n1);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
-        .unwrap();
-    eventually("the lab's daemon to die", || (!common::lab::alive(pid)).then_some(()));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    eventually("the lab's daemon to die", || {
+        (!common::lab::alive(pid)).then_some(())
+    });
     let mut first = start_kept_daemon(&lab, &n1, &lab.dir().join("node1-keep-1.log"));
     eventually("node1's peer up under the kept daemon", || {
         peers_up(&lab, "node1", 1).then_some(())
@@ -1446,11 +1456,18 @@ fn a_restart_with_kernel_state_kept_loses_no_ping_and_pushes_no_endpoint() {
 
     // SIGTERM: the daemon stops, the mesh stays.
     let daemon = daemon_pid(&first);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(daemon), nix::sys::signal::Signal::SIGTERM)
-        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
     eventually("the daemon to stop", || first.0.try_wait().unwrap());
     ping.wait_replies(10);
-    assert_eq!(wireguard_go_in(&ns1), wg_go, "wireguard-go did not outlive the daemon");
+    assert_eq!(
+        wireguard_go_in(&ns1),
+        wg_go,
+        "wireguard-go did not outlive the daemon"
+    );
 
     // The same daemon again: same state dir and config.
     let log = lab.dir().join("node1-keep-2.log");
@@ -1461,14 +1478,25 @@ fn a_restart_with_kernel_state_kept_loses_no_ping_and_pushes_no_endpoint() {
             .find(|p| p["spec"]["state"] == "up")
     });
     ping.wait_replies(40);
-    assert_eq!(ping.lost(), Vec::<u64>::new(), "echo requests lost across the restart");
+    assert_eq!(
+        ping.lost(),
+        Vec::<u64>::new(),
+        "echo requests lost across the restart"
+    );
 
     // Adopted, not rebuilt: the same wireguard-go, the same endpoint, no write to the
     // device, and the peer was up from its first status (seeded from the device, no
     // endpoint change of its own).
-    assert_eq!(wireguard_go_in(&ns1), wg_go, "a second wireguard-go, or a new one");
+    assert_eq!(
+        wireguard_go_in(&ns1),
+        wg_go,
+        "a second wireguard-go, or a new one"
+    );
     // No reverse-path filtering on the mesh link (a host prerequisite the daemon sets).
-    let rp = lab.exec_ok("node1", &["cat", "/proc/sys/net/ipv4/conf/kubespan/rp_filter"]);
+    let rp = lab.exec_ok(
+        "node1",
+        &["cat", "/proc/sys/net/ipv4/conf/kubespan/rp_filter"],
+    );
     assert_eq!(rp.trim(), "0");
     assert_eq!(wg_endpoint(&lab, "node1", &key2).0, endpoint);
     assert_eq!(peer["spec"]["lastEndpointChange"], Value::Null, "{peer}");

@@ -140,7 +140,10 @@ async fn manager_programs_a_real_device_and_marking_set() {
 
     // Reverse-path filtering is off on the mesh link (in this namespace only).
     let rp = ns
-        .run_stdout("cat", &[&format!("/proc/sys/net/ipv4/conf/{link}/rp_filter")])
+        .run_stdout(
+            "cat",
+            &[&format!("/proc/sys/net/ipv4/conf/{link}/rp_filter")],
+        )
         .unwrap();
     assert_eq!(rp.trim(), "0");
 

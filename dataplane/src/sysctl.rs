@@ -199,7 +199,9 @@ impl MeshRpFilter {
         if now == RP_FILTER_OFF.to_string() {
             return Ok(false);
         }
-        sysctl.write(&path, &RP_FILTER_OFF.to_string()).map_err(wrap)?;
+        sysctl
+            .write(&path, &RP_FILTER_OFF.to_string())
+            .map_err(wrap)?;
         self.previous.get_or_insert(now);
         Ok(true)
     }
@@ -259,16 +261,28 @@ mod tests {
                     source: io::ErrorKind::PermissionDenied.into(),
                 });
             }
-            self.0.lock().unwrap().insert(dotted(path), value.to_owned());
+            self.0
+                .lock()
+                .unwrap()
+                .insert(dotted(path), value.to_owned());
             Ok(())
         }
     }
 
     #[test]
     fn the_kernel_applies_the_larger_of_all_and_the_interface() {
-        assert_eq!(effective_rp_filter(RP_FILTER_STRICT, RP_FILTER_OFF), RP_FILTER_STRICT);
-        assert_eq!(effective_rp_filter(RP_FILTER_OFF, RP_FILTER_LOOSE), RP_FILTER_LOOSE);
-        assert_eq!(effective_rp_filter(RP_FILTER_OFF, RP_FILTER_OFF), RP_FILTER_OFF);
+        assert_eq!(
+            effective_rp_filter(RP_FILTER_STRICT, RP_FILTER_OFF),
+            RP_FILTER_STRICT
+        );
+        assert_eq!(
+            effective_rp_filter(RP_FILTER_OFF, RP_FILTER_LOOSE),
+            RP_FILTER_LOOSE
+        );
+        assert_eq!(
+            effective_rp_filter(RP_FILTER_OFF, RP_FILTER_OFF),
+            RP_FILTER_OFF
+        );
     }
 
     fn host(all: &str, link: &str) -> Map {
@@ -306,7 +320,10 @@ mod tests {
         for all in ["1", "2"] {
             let m = host(all, "2");
             let e = MeshRpFilter::apply(&m, "ks.0").unwrap_err().to_string();
-            assert!(e.contains(&format!("net.ipv4.conf.all.rp_filter is {all}")), "{e}");
+            assert!(
+                e.contains(&format!("net.ipv4.conf.all.rp_filter is {all}")),
+                "{e}"
+            );
             assert_eq!(m.0.lock().unwrap()["net.ipv4.conf.all.rp_filter"], all);
             assert_eq!(m.0.lock().unwrap()["net.ipv4.conf.ks.0.rp_filter"], "2");
         }

@@ -9,11 +9,14 @@ use wirespan_dataplane::{
 
 /// `/proc/sys/net/ipv4/conf/IF/rp_filter` as a process inside the namespace reads it.
 fn rp_filter(ns: &NetnsGuard, iface: &str) -> u8 {
-    ns.run_stdout("cat", &[&format!("/proc/sys/net/ipv4/conf/{iface}/rp_filter")])
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
+    ns.run_stdout(
+        "cat",
+        &[&format!("/proc/sys/net/ipv4/conf/{iface}/rp_filter")],
+    )
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap()
 }
 
 #[test]
@@ -30,14 +33,19 @@ fn the_mesh_link_filters_nothing_while_applied_and_gets_its_value_back_after() {
     assert_eq!(rp_filter(&ns, &link), 2);
     let sysctl = ProcSysctl::new(ns.netns().clone());
     assert_eq!(
-        sysctl.read(&["net", "ipv4", "conf", &link, "rp_filter"]).unwrap(),
+        sysctl
+            .read(&["net", "ipv4", "conf", &link, "rp_filter"])
+            .unwrap(),
         "2"
     );
 
     let rp = MeshRpFilter::apply(&sysctl, &link).unwrap();
     assert_eq!(rp_filter(&ns, &link), 0);
     // The kernel filters with max(all, link): nothing.
-    assert_eq!(effective_rp_filter(rp_filter(&ns, "all"), rp_filter(&ns, &link)), 0);
+    assert_eq!(
+        effective_rp_filter(rp_filter(&ns, "all"), rp_filter(&ns, &link)),
+        0
+    );
 
     rp.restore(&sysctl).unwrap();
     assert_eq!(rp_filter(&ns, &link), 2);
@@ -61,5 +69,9 @@ fn host_wide_filtering_is_refused_naming_it_and_a_missing_link_naming_its_sysctl
         .unwrap();
     let e = MeshRpFilter::apply(&sysctl, "lo").unwrap_err().to_string();
     assert!(e.contains("net.ipv4.conf.all.rp_filter is 1"), "{e}");
-    assert_eq!(rp_filter(&ns, "all"), 1, "`all` is not the daemon's to change");
+    assert_eq!(
+        rp_filter(&ns, "all"),
+        1,
+        "`all` is not the daemon's to change"
+    );
 }

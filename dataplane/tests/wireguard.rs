@@ -306,8 +306,9 @@ fn wireguard_go_pids(name: &str) -> Vec<u32> {
 }
 
 fn zombie(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .map_or(true, |s| s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z')))
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z'))
+    })
 }
 
 /// A daemon stopping with its kernel state kept lets go of wireguard-go; the next
@@ -320,7 +321,11 @@ fn a_kept_wireguard_go_is_adopted_not_duplicated_and_its_teardown_stops_it() {
     let pid = wg.pid().unwrap();
     let before = dump(&ns, &dev.name);
     Box::new(wg).keep();
-    assert_eq!(wireguard_go_pids(&dev.name), vec![pid], "kept wireguard-go exited");
+    assert_eq!(
+        wireguard_go_pids(&dev.name),
+        vec![pid],
+        "kept wireguard-go exited"
+    );
 
     let mut wg = UserspaceBackend::new(&dev.name, ns.netns().clone());
     // The first read (before any apply) reports the kept device and its peers.
@@ -335,7 +340,10 @@ fn a_kept_wireguard_go_is_adopted_not_duplicated_and_its_teardown_stops_it() {
     assert_eq!(wg.restarts(), 0);
 
     wg.teardown().unwrap();
-    assert!(wireguard_go_pids(&dev.name).is_empty(), "adopted wireguard-go still runs");
+    assert!(
+        wireguard_go_pids(&dev.name).is_empty(),
+        "adopted wireguard-go still runs"
+    );
     assert!(
         ns.run("ip", &["link", "show", &dev.name]).is_err(),
         "link still present"

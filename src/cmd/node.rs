@@ -121,7 +121,7 @@ fn register_mesh(
                     OnStopArg::Keep => kubespan::manager::OnStop::Keep,
                     OnStopArg::Teardown => kubespan::manager::OnStop::Teardown,
                 },
-                sysctl: Some(Arc::new(wirespan_dataplane::sysctl::ProcSysctl::new(netns.clone()))),
+                sysctl: Some(Arc::new(wirespan_dataplane::sysctl::ProcSysctl::new(netns))),
             },
         },
     )?;

@@ -199,12 +199,13 @@ impl UserspaceBackend {
                 (None, Some(pid))
             }
             None => {
-                let child = Self::spawn_child(&self.netns, &self.opts, &self.name).map_err(|e| {
-                    WgError::Daemon {
-                        name: self.name.clone(),
-                        message: format!("cannot start {}: {e}", self.opts.binary.display()),
-                    }
-                })?;
+                let child =
+                    Self::spawn_child(&self.netns, &self.opts, &self.name).map_err(|e| {
+                        WgError::Daemon {
+                            name: self.name.clone(),
+                            message: format!("cannot start {}: {e}", self.opts.binary.display()),
+                        }
+                    })?;
                 tracing::info!(link = %self.name, pid = child.id(), netns = ?self.netns.name(), "started wireguard-go");
                 (Some(child), None)
             }
@@ -282,7 +283,9 @@ impl UserspaceBackend {
             }),
             Err(e) => Err(WgError::Daemon {
                 name: self.name.clone(),
-                message: format!("cannot tell the network namespace of wireguard-go pid {pid}: {e}"),
+                message: format!(
+                    "cannot tell the network namespace of wireguard-go pid {pid}: {e}"
+                ),
             }),
         }
     }
@@ -426,8 +429,8 @@ pub fn adoptable(name: &str, netns: &Netns) -> bool {
 /// The pid of the process serving the UAPI socket at `path`, if it answers.
 fn socket_owner(path: &std::path::Path) -> Option<u32> {
     let sock = UnixStream::connect(path).ok()?;
-    let cred = nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials)
-        .ok()?;
+    let cred =
+        nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials).ok()?;
     u32::try_from(cred.pid()).ok().filter(|p| *p > 0)
 }
 

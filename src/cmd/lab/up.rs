@@ -231,7 +231,14 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
         // off on the mesh link.
         host::run(
             "ip",
-            &["netns", "exec", &ns, "sysctl", "-qw", "net.ipv4.conf.default.rp_filter=2"],
+            &[
+                "netns",
+                "exec",
+                &ns,
+                "sysctl",
+                "-qw",
+                "net.ipv4.conf.default.rp_filter=2",
+            ],
         )?;
         let node_dir = plan::node_dir(&dir, &node);
         mkdir_private(&node_dir)?;

@@ -637,14 +637,20 @@ async fn a_mesh_link_whose_rp_filter_cannot_be_turned_off_is_refused_until_it_ca
         (device_peers(&m.wg) == 1).then_some(())
     })
     .await;
-    assert!(m.marking.spec().is_none(), "marking applied despite rp_filter on");
+    assert!(
+        m.marking.spec().is_none(),
+        "marking applied despite rp_filter on"
+    );
     assert_eq!(m.sysctl.get(RP_FILTER).as_deref(), Some("2"));
     assert_length(store, &Kind::new(NS_CONFIG, RouteSpec::TYPE), 0).await;
     // Host-wide filtering is refused too, and left alone.
     m.sysctl.refuse_writes(false);
     m.sysctl.set("net.ipv4.conf.all.rp_filter", "1");
     m.clock.advance(Duration::from_secs(31));
-    assert!(m.marking.spec().is_none(), "marking applied despite all.rp_filter=1");
+    assert!(
+        m.marking.spec().is_none(),
+        "marking applied despite all.rp_filter=1"
+    );
     m.sysctl.set("net.ipv4.conf.all.rp_filter", "0");
     eventually("rp_filter off once it can be set, then the marking", || {
         (m.sysctl.get(RP_FILTER).as_deref() == Some("0") && m.marking.spec().is_some())
@@ -1014,7 +1020,10 @@ async fn a_restart_over_kept_kernel_state_adopts_peers_without_pushing_rotating_
     for n in 1..=3 {
         set_affiliate(&m.h.store, &affiliate(n, &eps));
     }
-    eventually("3 device peers", || (device_peers(&m.wg) == 3).then_some(())).await;
+    eventually("3 device peers", || {
+        (device_peers(&m.wg) == 3).then_some(())
+    })
+    .await;
     let k: Vec<PublicKey> = (0..=3)
         .map(|n| PublicKey::from_base64("k", &key(n)).unwrap())
         .collect();
@@ -1029,7 +1038,8 @@ async fn a_restart_over_kept_kernel_state_adopts_peers_without_pushing_rotating_
     // The next poll sees the handshakes: every peer up and kept alive.
     m.clock.advance(Duration::from_secs(1));
     eventually("every peer up and kept alive", || {
-        let up = (1..=3).all(|n| peer_status(&m.h.store, n).is_some_and(|s| s.state == PeerState::Up));
+        let up =
+            (1..=3).all(|n| peer_status(&m.h.store, n).is_some_and(|s| s.state == PeerState::Up));
         m.wg.device()
             .filter(|d| up && d.peers.iter().all(|p| p.persistent_keepalive == 25))
     })
@@ -1051,7 +1061,11 @@ async fn a_restart_over_kept_kernel_state_adopts_peers_without_pushing_rotating_
     );
     let store = &m.h.store;
     assert_resource::<KubeSpanManagerStatus>(store, NS, KUBESPAN, |_| Ok(())).await;
-    assert_eq!(wg.device().unwrap(), before, "the kept device was rewritten");
+    assert_eq!(
+        wg.device().unwrap(),
+        before,
+        "the kept device was rewritten"
+    );
     assert_eq!(wg.updates().len(), writes);
     assert_eq!(
         marking.transactions(),
@@ -1080,9 +1094,17 @@ async fn a_restart_over_kept_kernel_state_adopts_peers_without_pushing_rotating_
     for n in 1..=2 {
         assert_eq!(peer_status(store, n).unwrap().state, PeerState::Up);
     }
-    assert_eq!(endpoint_writes(&wg, writes), vec![], "an endpoint was pushed");
+    assert_eq!(
+        endpoint_writes(&wg, writes),
+        vec![],
+        "an endpoint was pushed"
+    );
     assert_eq!(device_endpoint(&wg, &k[1]), Some(roamed));
-    assert_eq!(device_peers(&wg), 3, "peer 3 was dropped before its grace ran out");
+    assert_eq!(
+        device_peers(&wg),
+        3,
+        "peer 3 was dropped before its grace ran out"
+    );
 
     // Peer 3 never got a spec: gone once the grace after start has passed.
     for key in &k[1..=2] {
@@ -1090,7 +1112,12 @@ async fn a_restart_over_kept_kernel_state_adopts_peers_without_pushing_rotating_
     }
     m.clock.advance(super::manager::RETAIN_AFTER_START);
     eventually("peer 3 removed", || (device_peers(&wg) == 2).then_some(())).await;
-    assert!(wg.device().unwrap().peers.iter().all(|p| p.public_key != k[3]));
+    assert!(wg
+        .device()
+        .unwrap()
+        .peers
+        .iter()
+        .all(|p| p.public_key != k[3]));
     m.h.stop().await.unwrap();
 }
 
@@ -1119,15 +1146,17 @@ async fn a_mesh_config_not_derived_yet_is_not_a_disabled_mesh() {
     // `KubeSpanConfig` from it (the moment after start, before the config controller
     // has run).
     runtime
-        .register(super::manager::KubeSpanManagerController::new(ManagerDeps {
-            wireguard: Arc::new(FakeWgFactory(FakeWireGuard::new("kubespan"))),
-            marking: Arc::new(FakeMarkingFactory(marking.clone())),
-            routing_cleanup: None,
-            clock: Arc::new(FakeClock::new(SystemTime::UNIX_EPOCH)),
-            metrics: Some(Arc::clone(&metrics)),
-            on_stop: OnStop::Keep,
-            sysctl: None,
-        }))
+        .register(super::manager::KubeSpanManagerController::new(
+            ManagerDeps {
+                wireguard: Arc::new(FakeWgFactory(FakeWireGuard::new("kubespan"))),
+                marking: Arc::new(FakeMarkingFactory(marking.clone())),
+                routing_cleanup: None,
+                clock: Arc::new(FakeClock::new(SystemTime::UNIX_EPOCH)),
+                metrics: Some(Arc::clone(&metrics)),
+                on_stop: OnStop::Keep,
+                sysctl: None,
+            },
+        ))
         .unwrap();
     set_config(&store, &config(""));
     let h = Harness::start(runtime);
@@ -1135,7 +1164,11 @@ async fn a_mesh_config_not_derived_yet_is_not_a_disabled_mesh() {
         (manager_reconciles(&metrics) >= 1).then_some(())
     })
     .await;
-    assert_eq!(marking.teardowns(), 0, "torn down before the config was derived");
+    assert_eq!(
+        marking.teardowns(),
+        0,
+        "torn down before the config was derived"
+    );
     assert!(marking.spec().is_some());
     // A config without a mesh document is a disabled mesh: what the earlier run kept
     // goes.

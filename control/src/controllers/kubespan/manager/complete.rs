@@ -165,7 +165,14 @@ impl KubeSpanManagerController {
             });
         }
 
-        self.retain_device_peers(observed.as_ref(), &psk, force, now, &mut wg_peers, &mut routed);
+        self.retain_device_peers(
+            observed.as_ref(),
+            &psk,
+            force,
+            now,
+            &mut wg_peers,
+            &mut routed,
+        );
         for p in self.retained.keys().filter_map(|k| routed.get(k)).flatten() {
             match p {
                 IpNet::V4(_) => v4.push(*p),
@@ -281,9 +288,12 @@ impl KubeSpanManagerController {
         wg_peers: &mut Vec<WgPeer>,
         routed: &mut HashMap<String, Vec<IpNet>>,
     ) {
-        if !self.retain_until.is_some_and(|t| now < t) {
+        if self.retain_until.is_none_or(|t| now >= t) {
             if !self.retained.is_empty() {
-                tracing::info!(peers = self.retained.len(), "dropping device peers that got no spec since start");
+                tracing::info!(
+                    peers = self.retained.len(),
+                    "dropping device peers that got no spec since start"
+                );
             }
             self.retain_until = None;
             self.retained.clear();
@@ -349,7 +359,11 @@ impl KubeSpanManagerController {
             Some(rp) => rp.ensure(&*sysctl).map(drop),
             None => MeshRpFilter::apply(&*sysctl, &link).map(|r| {
                 if let Some(previous) = r.previous() {
-                    tracing::info!(link, previous, "reverse-path filtering turned off on the mesh link (rp_filter=0)");
+                    tracing::info!(
+                        link,
+                        previous,
+                        "reverse-path filtering turned off on the mesh link (rp_filter=0)"
+                    );
                 }
                 *rp = Some(r);
             }),

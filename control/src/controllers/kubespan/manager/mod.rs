@@ -270,7 +270,8 @@ fn keepalive(
 /// Whether the active machine config has a mesh document the config controller has not
 /// turned into `KubeSpanConfig` yet.
 fn config_pending(rt: &ControllerRuntime) -> Result<bool, ControllerError> {
-    Ok(MachineConfig::active(rt)?.is_some_and(|mc| super::config::effective(&mc.spec.config).is_some()))
+    Ok(MachineConfig::active(rt)?
+        .is_some_and(|mc| super::config::effective(&mc.spec.config).is_some()))
 }
 
 fn wg_error(link: &str, source: WgError) -> ControllerError {
