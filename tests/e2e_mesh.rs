@@ -1626,3 +1626,228 @@ fn mesh_teardown_leaves_configured_and_foreign_routes_and_rules() {
         "the mesh rule once, the foreign one at its priority once"
     );
 }
+
+/// `wirespan node --on-stop keep` in a lab node (as the lab started it, plus the flag),
+/// logging at debug level to `log`.
+fn start_kept_daemon(lab: &Lab, n: &Value, log: &std::path::Path) -> Daemon {
+    let log = std::fs::File::create(log).unwrap();
+    Daemon(
+        Command::new(BIN)
+            .args(["lab", "exec", "--name", &lab.name])
+            .arg(n["name"].as_str().unwrap())
+            .args(["--", "wirespan", "node", "--on-stop", "keep"])
+            .args(["--config", n["config"].as_str().unwrap()])
+            .args(["--state-dir", n["stateDir"].as_str().unwrap()])
+            .args(["--socket", n["socket"].as_str().unwrap()])
+            .env("WIRESPAN_LOG", "info,wirespan_dataplane=debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+/// The daemon under a `lab exec` wrapper: the wrapper's one child.
+fn daemon_pid(wrapper: &Daemon) -> i32 {
+    let pid = wrapper.0.id();
+    eventually("the daemon under lab exec", || {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .ok()?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}
+
+/// wireguard-go processes in a network namespace.
+fn wireguard_go_in(netns: &str) -> Vec<i32> {
+    let out = Command::new("ip")
+        .args(["netns", "pids", netns])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm"))
+                .is_ok_and(|c| c.trim() == "wireguard-go")
+                && common::lab::alive(*p)
+        })
+        .collect()
+}
+
+/// `(endpoint, latest handshake)` of one peer in `wg show kubespan dump`.
+fn wg_endpoint(lab: &Lab, node: &str, public_key: &str) -> (String, String) {
+    let dump = lab.exec_ok(node, &["wg", "show", "kubespan", "dump"]);
+    dump.lines()
+        .skip(1)
+        .map(|l| l.split('\t').collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&public_key))
+        .map(|f| (f[2].to_owned(), f[4].to_owned()))
+        .unwrap_or_else(|| panic!("{node} has no WireGuard peer {public_key}"))
+}
+
+/// A ping every 50 ms from a node's namespace; replies' sequence numbers arrive on a
+/// channel. Interrupted (summary printed) and reaped on drop.
+struct Pinger {
+    child: Child,
+    seqs: std::sync::mpsc::Receiver<u64>,
+    got: Vec<u64>,
+}
+
+impl Pinger {
+    fn start(netns: &str, to: &str) -> Self {
+        let mut child = Command::new("ip")
+            .args(["netns", "exec", netns, "ping", "-n", "-i", "0.05", to])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let out = child.stdout.take().unwrap();
+        let (tx, seqs) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { return };
+                let seq = line
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix("icmp_seq=")?.parse::<u64>().ok());
+                if let Some(seq) = seq {
+                    if tx.send(seq).is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        Self {
+            child,
+            seqs,
+            got: Vec::new(),
+        }
+    }
+
+    /// Waits (30 s at most) until `more` further replies have arrived.
+    fn wait_replies(&mut self, more: usize) {
+        let want = self.got.len() + more;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while self.got.len() < want {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.seqs.recv_timeout(left) {
+                Ok(s) => self.got.push(s),
+                Err(_) => panic!(
+                    "only {} of {want} replies; last seq {:?}",
+                    self.got.len(),
+                    self.got.last()
+                ),
+            }
+        }
+    }
+
+    /// Sequence numbers sent but not answered, up to the last answered one.
+    fn lost(&self) -> Vec<u64> {
+        let got: std::collections::BTreeSet<u64> = self.got.iter().copied().collect();
+        let last = got.last().copied().unwrap_or(0);
+        (1..=last).filter(|s| !got.contains(s)).collect()
+    }
+}
+
+impl Drop for Pinger {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn a_restart_with_kernel_state_kept_loses_no_ping_and_pushes_no_endpoint() {
+    let lab = mesh(2);
+    let st = lab.status();
+    let n1 = node(&st, "node1").clone();
+    let n2 = node(&st, "node2");
+    let ns1 = n1["namespace"].as_str().unwrap().to_owned();
+    let key2 = n2["publicKey"].as_str().unwrap().to_owned();
+    let ula2 = n2["addresses"]["kubespan"].as_str().unwrap();
+    let ula2 = ula2.split('/').next().unwrap().to_owned();
+
+    // node1 runs with `--on-stop keep`: the lab's daemon (default `teardown`) is
+    // replaced, kill -9 leaving its kernel state and wireguard-go to the new one.
+    let pid = common::lab::pid_of(&n1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    eventually("the lab's daemon to die", || {
+        (!common::lab::alive(pid)).then_some(())
+    });
+    let mut first = start_kept_daemon(&lab, &n1, &lab.dir().join("node1-keep-1.log"));
+    eventually("node1's peer up under the kept daemon", || {
+        peers_up(&lab, "node1", 1).then_some(())
+    });
+    let wg_go = wireguard_go_in(&ns1);
+    assert_eq!(wg_go.len(), 1, "{wg_go:?}");
+    let (endpoint, _) = wg_endpoint(&lab, "node1", &key2);
+
+    // Traffic across the mesh (node2's KubeSpan address: only the tunnel reaches it).
+    let mut ping = Pinger::start(&ns1, &ula2);
+    ping.wait_replies(20);
+
+    // SIGTERM: the daemon stops, the mesh stays.
+    let daemon = daemon_pid(&first);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    eventually("the daemon to stop", || first.0.try_wait().unwrap());
+    ping.wait_replies(10);
+    assert_eq!(
+        wireguard_go_in(&ns1),
+        wg_go,
+        "wireguard-go did not outlive the daemon"
+    );
+
+    // The same daemon again: same state dir and config.
+    let log = lab.dir().join("node1-keep-2.log");
+    let _second = start_kept_daemon(&lab, &n1, &log);
+    let peer = eventually("node1 ready with its peer up", || {
+        get(&lab, "node1", "peers")
+            .into_iter()
+            .find(|p| p["spec"]["state"] == "up")
+    });
+    ping.wait_replies(40);
+    assert_eq!(
+        ping.lost(),
+        Vec::<u64>::new(),
+        "echo requests lost across the restart"
+    );
+
+    // Adopted, not rebuilt: the same wireguard-go, the same endpoint, no write to the
+    // device, and the peer was up from its first status (seeded from the device, no
+    // endpoint change of its own).
+    assert_eq!(
+        wireguard_go_in(&ns1),
+        wg_go,
+        "a second wireguard-go, or a new one"
+    );
+    // No reverse-path filtering on the mesh link (a host prerequisite the daemon sets).
+    let rp = lab.exec_ok(
+        "node1",
+        &["cat", "/proc/sys/net/ipv4/conf/kubespan/rp_filter"],
+    );
+    assert_eq!(rp.trim(), "0");
+    assert_eq!(wg_endpoint(&lab, "node1", &key2).0, endpoint);
+    assert_eq!(peer["spec"]["lastEndpointChange"], Value::Null, "{peer}");
+    assert_eq!(peer["metadata"]["version"], 1, "the status changed: {peer}");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(text.contains("adopted the running wireguard-go"), "{text}");
+    assert!(
+        !text.contains("updating WireGuard"),
+        "the restarted daemon wrote the device:\n{text}"
+    );
+    ping.wait_replies(10);
+    assert_eq!(ping.lost(), Vec::<u64>::new());
+}

@@ -138,6 +138,15 @@ async fn manager_programs_a_real_device_and_marking_set() {
     assert_eq!(nets.len(), 2, "{nets:?}");
     assert!(nets.iter().any(|n| n.contains("10.244.1.0")), "{nets:?}");
 
+    // Reverse-path filtering is off on the mesh link (in this namespace only).
+    let rp = ns
+        .run_stdout(
+            "cat",
+            &[&format!("/proc/sys/net/ipv4/conf/{link}/rp_filter")],
+        )
+        .unwrap();
+    assert_eq!(rp.trim(), "0");
+
     // Shutdown with teardown removes the device and the table.
     h.stop().await.unwrap();
     let links = ns.run_stdout("ip", &["-j", "link", "show"]).unwrap();

@@ -41,6 +41,7 @@ struct MarkingInner {
     ruleset: Option<Ruleset>,
     transactions: u64,
     fail_next: Option<String>,
+    teardowns: u64,
 }
 
 /// Fake nftables marking.
@@ -69,6 +70,12 @@ impl FakeMarking {
     #[must_use]
     pub fn deltas(&self) -> u64 {
         lock(&self.0).deltas
+    }
+
+    /// How often `teardown` was called.
+    #[must_use]
+    pub fn teardowns(&self) -> u64 {
+        lock(&self.0).teardowns
     }
 
     /// Simulates someone deleting the table.
@@ -140,6 +147,7 @@ impl Marking for FakeMarking {
 
     fn teardown(&mut self) -> Result<(), MarkingError> {
         let mut g = lock(&self.0);
+        g.teardowns += 1;
         if g.ruleset.take().is_some() {
             g.transactions += 1;
         }
@@ -873,5 +881,62 @@ mod tests {
         assert!(r.apply(&rs).unwrap().is_empty());
         assert_eq!(r.writes(), 1);
         assert_eq!(r.observe("kubespan").unwrap().rules.len(), 2);
+    }
+}
+
+/// Fake kernel parameters: a map by dotted name; absent ones fail to read.
+#[derive(Debug, Clone, Default)]
+pub struct FakeSysctl(Arc<Mutex<(std::collections::BTreeMap<String, String>, bool)>>);
+
+impl FakeSysctl {
+    /// An empty fake.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets `key` (dotted) as if the kernel had it.
+    pub fn set(&self, key: &str, value: &str) {
+        lock(&self.0).0.insert(key.to_owned(), value.to_owned());
+    }
+
+    /// The value of `key` (dotted).
+    #[must_use]
+    pub fn get(&self, key: &str) -> Option<String> {
+        lock(&self.0).0.get(key).cloned()
+    }
+
+    /// Makes every write fail as a read-only `/proc/sys` would.
+    pub fn refuse_writes(&self, refuse: bool) {
+        lock(&self.0).1 = refuse;
+    }
+}
+
+impl crate::sysctl::Sysctl for FakeSysctl {
+    fn read(&self, path: &[&str]) -> Result<String, crate::sysctl::SysctlError> {
+        let key = crate::sysctl::dotted(path);
+        lock(&self.0)
+            .0
+            .get(&key)
+            .cloned()
+            .ok_or(crate::sysctl::SysctlError::Io {
+                op: "read",
+                key,
+                source: std::io::ErrorKind::NotFound.into(),
+            })
+    }
+
+    fn write(&self, path: &[&str], value: &str) -> Result<(), crate::sysctl::SysctlError> {
+        let key = crate::sysctl::dotted(path);
+        let mut g = lock(&self.0);
+        if g.1 {
+            return Err(crate::sysctl::SysctlError::Io {
+                op: "write",
+                key,
+                source: std::io::Error::from_raw_os_error(30),
+            });
+        }
+        g.0.insert(key, value.to_owned());
+        Ok(())
     }
 }

@@ -21,6 +21,7 @@ pub mod netns;
 #[doc(hidden)]
 pub mod nfnl;
 pub mod routing;
+pub mod sysctl;
 pub mod watch;
 pub mod wireguard;
 

@@ -291,6 +291,65 @@ fn supervisor_restarts_dead_daemon_and_teardown_kills_it() {
     assert!(!wg.observe().unwrap().present);
 }
 
+/// wireguard-go processes serving interface `name` (`wireguard-go -f NAME`), zombies
+/// left out.
+fn wireguard_go_pids(name: &str) -> Vec<u32> {
+    let want = format!("wireguard-go\0-f\0{name}\0");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.ends_with(want.as_bytes()) && !zombie(*pid))
+        })
+        .collect()
+}
+
+fn zombie(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| {
+        s.rsplit_once(") ").is_some_and(|(_, r)| r.starts_with('Z'))
+    })
+}
+
+/// A daemon stopping with its kernel state kept lets go of wireguard-go; the next
+/// backend for the interface adopts that process (same device, nothing rewritten, no
+/// second wireguard-go) and its teardown stops it.
+#[test]
+fn a_kept_wireguard_go_is_adopted_not_duplicated_and_its_teardown_stops_it() {
+    let (ns, mut wg, dev) = setup(0);
+    wg.apply(&dev).unwrap();
+    let pid = wg.pid().unwrap();
+    let before = dump(&ns, &dev.name);
+    Box::new(wg).keep();
+    assert_eq!(
+        wireguard_go_pids(&dev.name),
+        vec![pid],
+        "kept wireguard-go exited"
+    );
+
+    let mut wg = UserspaceBackend::new(&dev.name, ns.netns().clone());
+    // The first read (before any apply) reports the kept device and its peers.
+    let seen = wg.observe().unwrap();
+    assert!(seen.present);
+    assert_eq!(seen.peers.len(), 2);
+    assert!(!wg.apply(&dev).unwrap(), "the adopted device was rewritten");
+    assert_eq!(wg.writes(), 0);
+    assert_eq!(wg.pid(), Some(pid));
+    assert_eq!(wireguard_go_pids(&dev.name), vec![pid]);
+    assert_eq!(dump(&ns, &dev.name), before);
+    assert_eq!(wg.restarts(), 0);
+
+    wg.teardown().unwrap();
+    assert!(
+        wireguard_go_pids(&dev.name).is_empty(),
+        "adopted wireguard-go still runs"
+    );
+    assert!(
+        ns.run("ip", &["link", "show", &dev.name]).is_err(),
+        "link still present"
+    );
+}
+
 /// Steady state: after the first read, applies diff against what the backend wrote
 /// (no `get=1` of every peer); `observe` re-reads, so drift it sees is repaired by
 /// the next apply.

@@ -128,7 +128,9 @@ fn register_mesh(
                         WireGuardArg::Userspace => BackendChoice::Userspace,
                     },
                 }),
-                marking: Arc::new(kubespan::KernelMarking { netns }),
+                marking: Arc::new(kubespan::KernelMarking {
+                    netns: netns.clone(),
+                }),
                 routing_cleanup: Some(Box::new(routing)),
                 clock: Arc::new(wirespan_control::kubespan::clock::SystemClock),
                 metrics: Some(Arc::clone(&metrics)),
@@ -136,6 +138,7 @@ fn register_mesh(
                     OnStopArg::Keep => kubespan::manager::OnStop::Keep,
                     OnStopArg::Teardown => kubespan::manager::OnStop::Teardown,
                 },
+                sysctl: Some(Arc::new(wirespan_dataplane::sysctl::ProcSysctl::new(netns))),
             },
         },
     )?;

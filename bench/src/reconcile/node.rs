@@ -150,6 +150,7 @@ pub(super) fn start(n: usize, fast_path: FastPath) -> anyhow::Result<Node> {
                 clock: Arc::new(SystemClock),
                 metrics: None,
                 on_stop: OnStop::Teardown,
+                sysctl: None,
             },
         },
     )?;

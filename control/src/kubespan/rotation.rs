@@ -90,6 +90,24 @@ pub struct Observed {
     pub tx_bytes: u64,
 }
 
+/// Seeds a new status from what the device already holds for the peer (a restart with
+/// kernel state kept): the endpoint in use becomes the last one used, changed at no
+/// known time, so [`peer_state`] judges the peer by its handshake alone. A peer with a
+/// recent handshake is then `up` at once and keeps its endpoint (nothing is pushed); one
+/// without continues the rotation from the endpoint it was on. Without an endpoint on
+/// the device the status stays empty (the peer is new: first endpoint pushed).
+pub fn seed(status: &mut KubeSpanPeerStatusSpec, observed: &Observed) {
+    let Some(endpoint) = observed.endpoint else {
+        return;
+    };
+    status.endpoint = Some(endpoint);
+    status.last_used_endpoint = Some(endpoint);
+    status.last_endpoint_change = None;
+    status.last_handshake_time = observed.last_handshake;
+    status.receive_bytes = i64::try_from(observed.rx_bytes).unwrap_or(i64::MAX);
+    status.transmit_bytes = i64::try_from(observed.tx_bytes).unwrap_or(i64::MAX);
+}
+
 /// Outcome of [`step`] for one peer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Step {
@@ -299,6 +317,61 @@ mod tests {
             next_wake(&s, t(14) + Duration::from_millis(500)),
             Some(t(15))
         );
+    }
+
+    #[test]
+    fn a_seeded_peer_with_a_recent_handshake_is_up_and_keeps_its_roamed_endpoint() {
+        let (a, b, roamed) = (
+            ep("10.0.0.1:51820"),
+            ep("10.0.0.2:51820"),
+            ep("198.51.100.7:40000"),
+        );
+        let obs = Observed {
+            endpoint: Some(roamed),
+            last_handshake: Some(t(880)),
+            rx_bytes: 10,
+            tx_bytes: 20,
+        };
+        let mut s = status();
+        seed(&mut s, &obs);
+        let r = step(&mut s, &[a, b], Some(&obs), t(900));
+        assert_eq!(
+            r,
+            Step {
+                desired_endpoint: Some(roamed),
+                pushed: false
+            }
+        );
+        assert_eq!(s.state, PeerState::Up);
+        assert_eq!(s.last_endpoint_change, None);
+        // Still up past the 15 s connection timeout, down only 275 s after the handshake.
+        let r = step(&mut s, &[a, b], Some(&obs), t(930));
+        assert!(!r.pushed);
+        assert_eq!(s.state, PeerState::Up);
+        assert_eq!(next_wake(&s, t(930)), Some(t(880 + 276)));
+        // Unseeded (what a restart did before): the first endpoint is pushed over the
+        // working one and the peer is unknown.
+        let mut fresh = status();
+        let r = step(&mut fresh, &[a, b], Some(&obs), t(900));
+        assert!(r.pushed);
+        assert_eq!(fresh.state, PeerState::Unknown);
+    }
+
+    #[test]
+    fn a_seeded_peer_without_a_handshake_continues_the_rotation_and_one_without_endpoint_is_new() {
+        let (a, b) = (ep("10.0.0.1:51820"), ep("10.0.0.2:51820"));
+        let obs = Observed {
+            endpoint: Some(a),
+            ..Observed::default()
+        };
+        let mut s = status();
+        seed(&mut s, &obs);
+        let r = step(&mut s, &[a, b], Some(&obs), t(900));
+        assert_eq!(r.desired_endpoint, Some(b));
+        assert!(r.pushed);
+        let mut s = status();
+        seed(&mut s, &Observed::default());
+        assert_eq!(s, status());
     }
 
     #[test]

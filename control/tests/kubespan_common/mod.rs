@@ -23,6 +23,7 @@ use wirespan_control::{
 };
 use wirespan_dataplane::{
     netns::NetnsGuard,
+    sysctl::ProcSysctl,
     wireguard::{BackendChoice, PublicKey},
 };
 
@@ -92,6 +93,7 @@ pub fn register_real(
                 clock: Arc::new(SystemClock),
                 metrics: None,
                 on_stop: OnStop::Teardown,
+                sysctl: Some(Arc::new(ProcSysctl::new(ns.netns().clone()))),
             },
         },
     )

@@ -38,6 +38,12 @@ pub trait WireGuard {
     fn teardown(&mut self) -> Result<(), WgError>;
     /// Number of configuration writes so far.
     fn writes(&self) -> u64;
+    /// Lets go of the device and leaves it running as it is (a daemon stopping with
+    /// its kernel state kept); a later backend for the same name adopts it.
+    fn keep(self: Box<Self>) {
+        // Dropping could stop what the device needs (a userspace backend's process).
+        std::mem::forget(self);
+    }
 }
 
 /// Which backend to use.

@@ -71,6 +71,9 @@ pub struct PeerStatus {
     pub rx_bytes: u64,
     /// Bytes sent.
     pub tx_bytes: u64,
+    /// Allowed IPs as the device holds them (a restart keeps a peer it does not know
+    /// yet as it is).
+    pub allowed_ips: Vec<IpNet>,
 }
 
 /// Observed device.
@@ -97,6 +100,7 @@ impl From<&DeviceState> for WgStatus {
                 last_handshake: p.last_handshake,
                 rx_bytes: p.rx_bytes,
                 tx_bytes: p.tx_bytes,
+                allowed_ips: p.allowed_ips.clone(),
             })
             .collect();
         peers.sort_by(|a, b| a.public_key.cmp(&b.public_key));

@@ -1,11 +1,19 @@
-//! Userspace WireGuard: a supervised `wireguard-go -f IFNAME` (foreground, so it never
-//! outlives us) running inside the target namespace, configured over its UAPI socket
+//! Userspace WireGuard: a supervised `wireguard-go -f IFNAME` (foreground) running
+//! inside the target namespace, configured over its UAPI socket
 //! `SOCKET_DIR/IFNAME.sock`.
 //!
 //! The supervisor thread polls the child; if it dies unexpectedly it is restarted
 //! (with a short backoff) and the next apply re-reads the now empty device and writes
 //! everything again. Teardown and drop stop the supervisor and kill the child by pid
 //! (through its `Child`, before it is reaped, so the pid cannot have been reused).
+//!
+//! A daemon that stops with its kernel state kept leaves its wireguard-go running
+//! (the backend is forgotten, not dropped). The next start finds the live socket and
+//! adopts that process instead of starting a second one (which could not open the
+//! existing TUN device anyway): same device, same sessions, no handshake lost. The
+//! adopted process is checked to be in the target network namespace, watched by pid,
+//! replaced by a child of ours if it dies, and on teardown stopped by the pid its
+//! socket reports (`SO_PEERCRED`, read on a live connection).
 //!
 //! The socket directory is shared by every namespace of a mount namespace: interface
 //! names must be unique per host unless each daemon has its own mount namespace.
@@ -40,6 +48,8 @@ const IO_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 struct SupState {
     child: Option<Child>,
+    /// A wireguard-go found running at start (not our child).
+    adopted: Option<u32>,
     stop: bool,
     restarts: u64,
 }
@@ -78,6 +88,8 @@ pub struct UserspaceBackend {
     writes: u64,
     reads: std::sync::atomic::AtomicU64,
     known: KnownState,
+    /// Let go of with [`WireGuard::keep`]: dropping leaves wireguard-go running.
+    kept: bool,
 }
 
 impl UserspaceBackend {
@@ -99,6 +111,7 @@ impl UserspaceBackend {
             writes: 0,
             reads: std::sync::atomic::AtomicU64::new(0),
             known: KnownState::default(),
+            kept: false,
         }
     }
 
@@ -107,7 +120,7 @@ impl UserspaceBackend {
     pub fn pid(&self) -> Option<u32> {
         let sup = self.sup.as_ref()?;
         let st = sup.shared.0.lock().unwrap_or_else(PoisonError::into_inner);
-        st.child.as_ref().map(Child::id)
+        st.child.as_ref().map(Child::id).or(st.adopted)
     }
 
     /// Number of full device reads (`get=1`) so far: a steady-state apply within
@@ -180,16 +193,27 @@ impl UserspaceBackend {
             name: self.name.clone(),
             source,
         })?;
-        let child = Self::spawn_child(&self.netns, &self.opts, &self.name).map_err(|e| {
-            WgError::Daemon {
-                name: self.name.clone(),
-                message: format!("cannot start {}: {e}", self.opts.binary.display()),
+        let (child, adopted) = match self.running_elsewhere()? {
+            Some(pid) => {
+                tracing::info!(link = %self.name, pid, netns = ?self.netns.name(), "adopted the running wireguard-go");
+                (None, Some(pid))
             }
-        })?;
-        tracing::info!(link = %self.name, pid = child.id(), netns = ?self.netns.name(), "started wireguard-go");
+            None => {
+                let child =
+                    Self::spawn_child(&self.netns, &self.opts, &self.name).map_err(|e| {
+                        WgError::Daemon {
+                            name: self.name.clone(),
+                            message: format!("cannot start {}: {e}", self.opts.binary.display()),
+                        }
+                    })?;
+                tracing::info!(link = %self.name, pid = child.id(), netns = ?self.netns.name(), "started wireguard-go");
+                (Some(child), None)
+            }
+        };
         let shared = Arc::new((
             Mutex::new(SupState {
-                child: Some(child),
+                child,
+                adopted,
                 stop: false,
                 restarts: 0,
             }),
@@ -228,6 +252,9 @@ impl UserspaceBackend {
                     let _ = child.wait();
                     tracing::info!(link = %self.name, pid, "stopped wireguard-go");
                 }
+                if st.adopted.take().is_some() {
+                    self.stop_adopted();
+                }
                 cv.notify_all();
             }
             if let Some(t) = sup.thread.take() {
@@ -236,6 +263,60 @@ impl UserspaceBackend {
         }
         // wireguard-go removes its socket on a clean exit only.
         let _ = std::fs::remove_file(self.socket_path());
+    }
+
+    /// The pid of a wireguard-go already serving this interface's socket, if one
+    /// answers; an error if it runs in another network namespace (a socket directory
+    /// shared across namespaces: the interface name is taken).
+    fn running_elsewhere(&self) -> Result<Option<u32>, WgError> {
+        let Some(pid) = socket_owner(&self.socket_path()) else {
+            return Ok(None);
+        };
+        match same_netns(pid, &self.netns) {
+            Ok(true) => Ok(Some(pid)),
+            Ok(false) => Err(WgError::Daemon {
+                name: self.name.clone(),
+                message: format!(
+                    "{} belongs to wireguard-go pid {pid} in another network namespace",
+                    self.socket_path().display()
+                ),
+            }),
+            Err(e) => Err(WgError::Daemon {
+                name: self.name.clone(),
+                message: format!(
+                    "cannot tell the network namespace of wireguard-go pid {pid}: {e}"
+                ),
+            }),
+        }
+    }
+
+    /// Stops an adopted wireguard-go: SIGTERM to the pid its socket reports now (a
+    /// clean exit removes the device and the socket), SIGKILL after [`START_TIMEOUT`].
+    fn stop_adopted(&self) {
+        use nix::{sys::signal::Signal, unistd::Pid};
+        let path = self.socket_path();
+        let term_until = Instant::now() + START_TIMEOUT;
+        let give_up = term_until + START_TIMEOUT;
+        let mut last = None;
+        // The socket goes first; the process (and with it the device) a moment later.
+        while let Some(pid) = socket_owner(&path).or(last.filter(|p| alive(*p))) {
+            last = Some(pid);
+            let now = Instant::now();
+            if now > give_up {
+                tracing::warn!(link = %self.name, pid, "the adopted wireguard-go does not exit");
+                return;
+            }
+            let sig = if now < term_until {
+                Signal::SIGTERM
+            } else {
+                Signal::SIGKILL
+            };
+            if let Ok(raw) = i32::try_from(pid) {
+                let _ = nix::sys::signal::kill(Pid::from_raw(raw), sig);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        tracing::info!(link = %self.name, "stopped the adopted wireguard-go");
     }
 
     fn io_err(&self, op: &'static str) -> impl FnOnce(std::io::Error) -> WgError + '_ {
@@ -336,6 +417,43 @@ impl UserspaceBackend {
     }
 }
 
+/// Whether a wireguard-go in `netns` already serves interface `name` on the default
+/// socket directory (a daemon stopped with its kernel state kept): the backend will
+/// adopt it, so its link is not stale.
+#[must_use]
+pub fn adoptable(name: &str, netns: &Netns) -> bool {
+    let path = std::path::Path::new(DEFAULT_SOCKET_DIR).join(format!("{name}.sock"));
+    socket_owner(&path).is_some_and(|pid| same_netns(pid, netns).unwrap_or(false))
+}
+
+/// The pid of the process serving the UAPI socket at `path`, if it answers.
+fn socket_owner(path: &std::path::Path) -> Option<u32> {
+    let sock = UnixStream::connect(path).ok()?;
+    let cred =
+        nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials).ok()?;
+    u32::try_from(cred.pid()).ok().filter(|p| *p > 0)
+}
+
+/// Whether process `pid` is in `netns`.
+fn same_netns(pid: u32, netns: &Netns) -> std::io::Result<bool> {
+    use std::os::unix::fs::MetadataExt as _;
+    let theirs = std::fs::metadata(format!("/proc/{pid}/ns/net"))?;
+    let ours = match netns.path() {
+        Some(p) => std::fs::metadata(p)?,
+        None => std::fs::metadata("/proc/self/ns/net")?,
+    };
+    Ok(theirs.dev() == ours.dev() && theirs.ino() == ours.ino())
+}
+
+/// Whether process `pid` still runs (a zombie does not).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        s.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
 fn supervise(
     shared: &Arc<(Mutex<SupState>, Condvar)>,
     netns: &Netns,
@@ -353,10 +471,15 @@ fn supervise(
             Some(Ok(Some(status))) => Some(status.to_string()),
             Some(Err(e)) => Some(e.to_string()),
             Some(Ok(None)) => None,
-            None => Some("not running".to_owned()),
+            None => match st.adopted {
+                Some(pid) if alive(pid) => None,
+                Some(pid) => Some(format!("adopted pid {pid} gone")),
+                None => Some("not running".to_owned()),
+            },
         };
         if let Some(why) = exited {
             st.child = None;
+            st.adopted = None;
             tracing::warn!(link = name, status = %why, backoff = ?backoff, "wireguard-go died, restarting");
             st = cv
                 .wait_timeout(st, backoff)
@@ -491,6 +614,11 @@ impl WireGuard for UserspaceBackend {
     }
 
     fn observe(&mut self) -> Result<WgStatus, WgError> {
+        if self.sup.is_none() && socket_owner(&self.socket_path()).is_some() {
+            // The first read after a restart: the device an earlier run kept is read
+            // (and its wireguard-go adopted), not reported absent.
+            self.start()?;
+        }
         if !self.running() {
             return Ok(WgStatus::default());
         }
@@ -509,10 +637,32 @@ impl WireGuard for UserspaceBackend {
     fn writes(&self) -> u64 {
         self.writes
     }
+
+    /// Stops supervising and leaves wireguard-go (and its socket) running, for the
+    /// next daemon to adopt.
+    fn keep(mut self: Box<Self>) {
+        if let Some(mut sup) = self.sup.take() {
+            {
+                let (lock, cv) = &*sup.shared;
+                let mut st = lock.lock().unwrap_or_else(PoisonError::into_inner);
+                st.stop = true;
+                if let Some(pid) = st.child.take().map(|c| c.id()).or(st.adopted.take()) {
+                    tracing::info!(link = %self.name, pid, "leaving wireguard-go running");
+                }
+                cv.notify_all();
+            }
+            if let Some(t) = sup.thread.take() {
+                let _ = t.join();
+            }
+        }
+        self.kept = true;
+    }
 }
 
 impl Drop for UserspaceBackend {
     fn drop(&mut self) {
-        self.stop();
+        if !self.kept {
+            self.stop();
+        }
     }
 }

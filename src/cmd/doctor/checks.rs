@@ -336,38 +336,41 @@ fn ip_forward(f: &Facts, w: &Want) -> Finding {
     }
 }
 
-/// The kernel uses the larger of `all` and the interface's value.
-fn effective_rp_filter(f: &Facts) -> Option<u32> {
-    match (f.rp_filter_all, f.rp_filter_link) {
-        (Some(a), Some(l)) => Some(a.max(l)),
-        (a, l) => a.or(l),
-    }
-}
-
+/// The mesh link carries no IPv4 address, and on such a link the kernel's
+/// reverse-path check, strict or loose, drops every packet whose source is routed
+/// elsewhere: every peer's IPv4 traffic. The daemon turns it off on the link itself
+/// (`net.ipv4.conf.LINK.rp_filter=0`, restored on teardown); the kernel applies the
+/// larger of that and `all`, which is host-wide policy the daemon refuses rather than
+/// changes. So only `all` decides.
 fn rp_filter(f: &Facts, w: &Want) -> Finding {
     const C: &str = "rp_filter";
     let link = &w.link;
-    match effective_rp_filter(f) {
-        None => finding(C, Level::Warn, "cannot read net.ipv4.conf.*.rp_filter"),
-        Some(1) => with_fix(
+    match f.rp_filter_all {
+        None => finding(C, Level::Warn, "cannot read net.ipv4.conf.all.rp_filter"),
+        Some(0) => finding(
+            C,
+            Level::Ok,
+            match f.rp_filter_link {
+                Some(0) => format!("off on {link} (net.ipv4.conf.all.rp_filter=0)"),
+                _ => format!(
+                    "net.ipv4.conf.all.rp_filter=0; the daemon turns filtering off on {link}"
+                ),
+            },
+        ),
+        Some(v) => with_fix(
             finding(
                 C,
                 Level::Fail,
-                format!("strict reverse-path filtering on {link}: the mesh's routes live in their own table, so replies and forwarded traffic arriving on {link} are dropped"),
+                format!("net.ipv4.conf.all.rp_filter={v}: the kernel filters {link} with the larger of this and the link's own value, and {link} has no IPv4 address, so peers' IPv4 traffic is dropped; the daemon refuses to run the mesh"),
             ),
-            format!("`sysctl -w net.ipv4.conf.all.rp_filter=2 net.ipv4.conf.default.rp_filter=2` (loose; also net.ipv4.conf.{link}.rp_filter=2 once the link exists), and persist it in /etc/sysctl.d/"),
-        ),
-        Some(v) => finding(
-            C,
-            Level::Ok,
-            format!("{} on {link}", if v == 0 { "off (0)" } else { "loose (2)" }),
+            "`sysctl -w net.ipv4.conf.all.rp_filter=0` and persist it in /etc/sysctl.d/ (the daemon sets the mesh link's own value)".to_owned(),
         ),
     }
 }
 
 fn src_valid_mark(f: &Facts) -> Finding {
     const C: &str = "src_valid_mark";
-    match (f.src_valid_mark, effective_rp_filter(f)) {
+    match (f.src_valid_mark, f.rp_filter_all) {
         (Some(1), _) => finding(C, Level::Ok, "net.ipv4.conf.all.src_valid_mark=1"),
         (Some(_), Some(0)) => finding(
             C,

@@ -226,6 +226,20 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
         let node = plan::node_name(i);
         let addresses = plan::underlay_addresses(plan::node_host(i));
         let ns = add_host_netns(name, &node, &addresses)?;
+        // Like a systemd host (its 50-default.conf): every new link, the mesh link
+        // included, starts with loose reverse-path filtering, which the daemon turns
+        // off on the mesh link.
+        host::run(
+            "ip",
+            &[
+                "netns",
+                "exec",
+                &ns,
+                "sysctl",
+                "-qw",
+                "net.ipv4.conf.default.rp_filter=2",
+            ],
+        )?;
         let node_dir = plan::node_dir(&dir, &node);
         mkdir_private(&node_dir)?;
         let config = node_dir.join("config.yaml");

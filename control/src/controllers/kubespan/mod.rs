@@ -72,15 +72,18 @@ impl WireGuardFactory for KernelWireGuard {
         let userspace = matches!(self.choice, BackendChoice::Userspace)
             || (matches!(self.choice, BackendChoice::Auto)
                 && !wireguard::kernel::supported(&self.netns));
-        if userspace {
+        // A running wireguard-go kept by an earlier run is adopted by the backend;
+        // only a link nobody serves is stale.
+        if userspace && !wireguard::userspace::adoptable(link, &self.netns) {
             remove_stale_link(&self.netns, link);
         }
         Ok(backend)
     }
 }
 
-/// A link left by a crashed daemon (its wireguard-go may still hold it) would keep a
-/// new wireguard-go from creating the device: remove it; wireguard-go exits with it.
+/// A link of this name that no wireguard-go serves (a kernel WireGuard link, a leftover
+/// of something else) would keep a new wireguard-go from creating the device: remove
+/// it.
 fn remove_stale_link(netns: &Netns, link: &str) {
     let exists = netns
         .run("ip", &["link", "show", "dev", link])

@@ -8,9 +8,9 @@ use std::{
 };
 
 use wirespan_dataplane::{
-    fake::{FakeMarking, FakeWireGuard},
+    fake::{FakeMarking, FakeSysctl, FakeWireGuard},
     fastpath::FastPathError,
-    marking::{MarkingSpec, PrefixDelta, PreroutingMarking},
+    marking::{Marking as _, MarkingSpec, PrefixDelta, PreroutingMarking},
     wireguard::{DeviceState, PublicKey, WgError, WireGuard},
 };
 
@@ -95,8 +95,11 @@ struct Mesh {
     wg: FakeWireGuard,
     marking: FakeMarking,
     clock: FakeClock,
+    sysctl: FakeSysctl,
     _dir: tempfile::TempDir,
 }
+
+const RP_FILTER: &str = "net.ipv4.conf.kubespan.rp_filter";
 
 fn config(extra: &str) -> MachineConfigSpec {
     let enabled = if extra.contains("enabled:") {
@@ -148,11 +151,29 @@ fn set_affiliate(store: &Store, a: &AffiliateSpec) {
 }
 
 fn start(extra_config: &str, dir: tempfile::TempDir) -> Mesh {
+    start_over(
+        extra_config,
+        dir,
+        FakeWireGuard::new("kubespan"),
+        FakeMarking::new(),
+        FakeClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000)),
+    )
+}
+
+/// A node over kernel state that may already exist (`wg`, `marking`): a restart.
+fn start_over(
+    extra_config: &str,
+    dir: tempfile::TempDir,
+    wg: FakeWireGuard,
+    marking: FakeMarking,
+    clock: FakeClock,
+) -> Mesh {
     let store = Store::new(StoreOptions::default());
     let mut runtime = Runtime::new(store.clone());
-    let wg = FakeWireGuard::new("kubespan");
-    let marking = FakeMarking::new();
-    let clock = FakeClock::new(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    // systemd's default for a new link (loose), host-wide filtering off.
+    let sysctl = FakeSysctl::new();
+    sysctl.set(RP_FILTER, "2");
+    sysctl.set("net.ipv4.conf.all.rp_filter", "0");
     register(
         &mut runtime,
         Deps {
@@ -176,6 +197,7 @@ fn start(extra_config: &str, dir: tempfile::TempDir) -> Mesh {
                 clock: Arc::new(clock.clone()),
                 metrics: None,
                 on_stop: OnStop::Keep,
+                sysctl: Some(Arc::new(sysctl.clone())),
             },
         },
     )
@@ -211,6 +233,7 @@ fn start(extra_config: &str, dir: tempfile::TempDir) -> Mesh {
         wg,
         marking,
         clock,
+        sysctl,
         _dir: dir,
     }
 }
@@ -575,8 +598,14 @@ async fn disable_tears_everything_down_and_reenable_restores_it() {
         }
     })
     .await;
+    // Reverse-path filtering is off on the mesh link while the mesh runs.
+    assert_eq!(m.sysctl.get(RP_FILTER).as_deref(), Some("0"));
     set_config(store, &config("enabled: false\n"));
     eventually("device removed", || m.wg.device().is_none().then_some(())).await;
+    eventually("rp_filter restored", || {
+        (m.sysctl.get(RP_FILTER).as_deref() == Some("2")).then_some(())
+    })
+    .await;
     eventually("marking removed", || {
         m.marking.spec().is_none().then_some(())
     })
@@ -589,6 +618,49 @@ async fn disable_tears_everything_down_and_reenable_restores_it() {
     // Re-enable: everything comes back, and the tick runs again.
     set_config(store, &config(""));
     eventually("device back", || (device_peers(&m.wg) == 1).then_some(())).await;
+    eventually("rp_filter off again", || {
+        (m.sysctl.get(RP_FILTER).as_deref() == Some("0")).then_some(())
+    })
+    .await;
+    m.h.stop().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_mesh_link_whose_rp_filter_cannot_be_turned_off_is_refused_until_it_can() {
+    let m = start("", tempfile::tempdir().unwrap());
+    m.sysctl.refuse_writes(true);
+    let store = &m.h.store;
+    set_affiliate(store, &affiliate(1, &["192.0.2.1:51820"]));
+    // The device is written, then the round stops at the sysctl (an error, retried
+    // with backoff): no marking, no routes into a link that would drop replies.
+    eventually("device with a peer", || {
+        (device_peers(&m.wg) == 1).then_some(())
+    })
+    .await;
+    assert!(
+        m.marking.spec().is_none(),
+        "marking applied despite rp_filter on"
+    );
+    assert_eq!(m.sysctl.get(RP_FILTER).as_deref(), Some("2"));
+    assert_length(store, &Kind::new(NS_CONFIG, RouteSpec::TYPE), 0).await;
+    // Host-wide filtering is refused too, and left alone.
+    m.sysctl.refuse_writes(false);
+    m.sysctl.set("net.ipv4.conf.all.rp_filter", "1");
+    m.clock.advance(Duration::from_secs(31));
+    assert!(
+        m.marking.spec().is_none(),
+        "marking applied despite all.rp_filter=1"
+    );
+    m.sysctl.set("net.ipv4.conf.all.rp_filter", "0");
+    eventually("rp_filter off once it can be set, then the marking", || {
+        (m.sysctl.get(RP_FILTER).as_deref() == Some("0") && m.marking.spec().is_some())
+            .then_some(())
+    })
+    .await;
+    assert_eq!(
+        m.sysctl.get("net.ipv4.conf.all.rp_filter").as_deref(),
+        Some("0")
+    );
     m.h.stop().await.unwrap();
 }
 
@@ -974,4 +1046,204 @@ fn fast_path_marking_applies_deltas_to_both_and_restores_the_result_when_dropped
     assert_eq!(v4, vec![p("10.5.0.2/32"), p("10.6.0.0/24")]);
     assert_eq!(restored.prefixes_v6, vec![p("fd00::1/128")]);
     assert_eq!(*classifier.0.lock().unwrap(), (2, true));
+}
+
+/// Every endpoint a WireGuard write set, by peer, from update `from` on.
+fn endpoint_writes(wg: &FakeWireGuard, from: usize) -> Vec<(String, SocketAddr)> {
+    wg.updates()[from..]
+        .iter()
+        .flat_map(|u| &u.peers)
+        .filter_map(|p| p.endpoint.map(|e| (p.public_key.to_base64(), e)))
+        .collect()
+}
+
+fn device_endpoint(wg: &FakeWireGuard, key: &PublicKey) -> Option<SocketAddr> {
+    wg.device()?
+        .peers
+        .iter()
+        .find(|p| &p.public_key == key)?
+        .endpoint
+}
+
+fn peer_status(store: &Store, n: u8) -> Option<crate::resources::kubespan::KubeSpanPeerStatusSpec> {
+    store
+        .get::<KubeSpanPeerStatus>(NS, &key(n))
+        .ok()
+        .map(|r| r.spec.clone())
+}
+
+#[tokio::test]
+async fn a_restart_over_kept_kernel_state_adopts_peers_without_pushing_rotating_or_dropping() {
+    let eps = ["192.0.2.1:51820", "192.0.2.2:51820"];
+    let m = start("", tempfile::tempdir().unwrap());
+    for n in 1..=3 {
+        set_affiliate(&m.h.store, &affiliate(n, &eps));
+    }
+    eventually("3 device peers", || {
+        (device_peers(&m.wg) == 3).then_some(())
+    })
+    .await;
+    let k: Vec<PublicKey> = (0..=3)
+        .map(|n| PublicKey::from_base64("k", &key(n)).unwrap())
+        .collect();
+    // Peer 1 reached us from behind a NAT (roamed); all three handshook.
+    let roamed: SocketAddr = "198.51.100.7:40000".parse().unwrap();
+    m.wg.roam(&k[1], roamed);
+    m.clock.advance(Duration::from_secs(1));
+    let hs = m.clock.now();
+    for key in &k[1..] {
+        m.wg.handshake(key, hs, 1000, 2000);
+    }
+    // The next poll sees the handshakes: every peer up and kept alive.
+    m.clock.advance(Duration::from_secs(1));
+    eventually("every peer up and kept alive", || {
+        let up =
+            (1..=3).all(|n| peer_status(&m.h.store, n).is_some_and(|s| s.state == PeerState::Up));
+        m.wg.device()
+            .filter(|d| up && d.peers.iter().all(|p| p.persistent_keepalive == 25))
+    })
+    .await;
+    let (wg, marking, dir) = (m.wg.clone(), m.marking.clone(), m._dir);
+    m.h.stop().await.unwrap();
+    let before = wg.device().unwrap();
+
+    // The daemon comes back 20 s later (`--on-stop keep`): discovery has not answered
+    // yet, so no peer has a spec.
+    let writes = wg.updates().len();
+    let transactions = marking.transactions();
+    let m = start_over(
+        "",
+        dir,
+        wg.clone(),
+        marking.clone(),
+        FakeClock::new(hs + Duration::from_secs(20)),
+    );
+    let store = &m.h.store;
+    assert_resource::<KubeSpanManagerStatus>(store, NS, KUBESPAN, |_| Ok(())).await;
+    assert_eq!(
+        wg.device().unwrap(),
+        before,
+        "the kept device was rewritten"
+    );
+    assert_eq!(wg.updates().len(), writes);
+    assert_eq!(
+        marking.transactions(),
+        transactions,
+        "the marking table was torn down or rewritten"
+    );
+
+    // Peers 1 and 2 come back from discovery; peer 3 does not (it left meanwhile).
+    for n in 1..=2 {
+        set_affiliate(store, &affiliate(n, &eps));
+    }
+    for n in 1..=2 {
+        let st = eventually("the peer's status", || peer_status(store, n)).await;
+        assert_eq!(st.state, PeerState::Up, "peer {n}: {st:?}");
+        assert_eq!(st.last_handshake_time, Some(hs));
+    }
+    assert_eq!(device_endpoint(&wg, &k[1]), Some(roamed));
+    // Past the 15 s connection timeout, a tick with a device read (peer 2's new
+    // counters show it): nobody is down, nothing rotated.
+    m.clock.advance(Duration::from_secs(31));
+    wg.handshake(&k[2], hs + Duration::from_secs(40), 5000, 6000);
+    eventually("a read of the device", || {
+        peer_status(store, 2).filter(|s| s.receive_bytes == 5000)
+    })
+    .await;
+    for n in 1..=2 {
+        assert_eq!(peer_status(store, n).unwrap().state, PeerState::Up);
+    }
+    assert_eq!(
+        endpoint_writes(&wg, writes),
+        vec![],
+        "an endpoint was pushed"
+    );
+    assert_eq!(device_endpoint(&wg, &k[1]), Some(roamed));
+    assert_eq!(
+        device_peers(&wg),
+        3,
+        "peer 3 was dropped before its grace ran out"
+    );
+
+    // Peer 3 never got a spec: gone once the grace after start has passed.
+    for key in &k[1..=2] {
+        wg.handshake(key, m.clock.now(), 7000, 8000);
+    }
+    m.clock.advance(super::manager::RETAIN_AFTER_START);
+    eventually("peer 3 removed", || (device_peers(&wg) == 2).then_some(())).await;
+    assert!(wg
+        .device()
+        .unwrap()
+        .peers
+        .iter()
+        .all(|p| p.public_key != k[3]));
+    m.h.stop().await.unwrap();
+}
+
+fn manager_reconciles(metrics: &super::metrics::MeshMetrics) -> u64 {
+    metrics
+        .render()
+        .lines()
+        .find(|l| {
+            l.starts_with("wirespan_controller_reconcile_seconds_count")
+                && l.contains(super::manager::NAME)
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn a_mesh_config_not_derived_yet_is_not_a_disabled_mesh() {
+    // Marking kept by an earlier run.
+    let marking = FakeMarking::new();
+    let mut m = marking.clone();
+    m.apply(&MarkingSpec::default()).unwrap();
+    let metrics = Arc::new(super::metrics::MeshMetrics::new());
+    let store = Store::new(StoreOptions::default());
+    let mut runtime = Runtime::new(store.clone());
+    // The manager alone: the machine config turns the mesh on, but nothing derives
+    // `KubeSpanConfig` from it (the moment after start, before the config controller
+    // has run).
+    runtime
+        .register(super::manager::KubeSpanManagerController::new(
+            ManagerDeps {
+                wireguard: Arc::new(FakeWgFactory(FakeWireGuard::new("kubespan"))),
+                marking: Arc::new(FakeMarkingFactory(marking.clone())),
+                routing_cleanup: None,
+                clock: Arc::new(FakeClock::new(SystemTime::UNIX_EPOCH)),
+                metrics: Some(Arc::clone(&metrics)),
+                on_stop: OnStop::Keep,
+                sysctl: None,
+            },
+        ))
+        .unwrap();
+    set_config(&store, &config(""));
+    let h = Harness::start(runtime);
+    eventually("a reconcile of the manager", || {
+        (manager_reconciles(&metrics) >= 1).then_some(())
+    })
+    .await;
+    assert_eq!(
+        marking.teardowns(),
+        0,
+        "torn down before the config was derived"
+    );
+    assert!(marking.spec().is_some());
+    // A config without a mesh document is a disabled mesh: what the earlier run kept
+    // goes.
+    let cfg =
+        crate::config::parse("apiVersion: v1alpha1\nkind: KubeSpanEndpointsConfig\n").unwrap();
+    set_config(
+        &store,
+        &MachineConfigSpec {
+            source: "test".into(),
+            document_count: 1,
+            config: cfg,
+        },
+    );
+    eventually("the kept marking torn down", || {
+        (marking.teardowns() == 1).then_some(())
+    })
+    .await;
+    h.stop().await.unwrap();
 }

@@ -163,17 +163,20 @@ fn forwarding_is_required_only_when_pod_networks_are_advertised() {
 }
 
 #[test]
-fn strict_rp_filter_on_the_mesh_link_fails_and_src_valid_mark_follows_it() {
+fn host_wide_rp_filter_fails_whatever_the_link_has_and_src_valid_mark_follows_it() {
     let w = Want::default();
     let mut f = healthy();
-    // The larger of `all` and the link's value counts.
+    // The link's own value is the daemon's to set (0): only `all` counts, and loose
+    // is no better than strict on a link without an IPv4 address.
     f.rp_filter_all = Some(0);
-    f.rp_filter_link = Some(1);
-    let got = get(&evaluate(&f, &w), "rp_filter");
-    assert_eq!(got.level, Level::Fail);
-    assert!(got.fix.unwrap().contains("rp_filter=2"));
-    f.rp_filter_all = Some(2);
+    f.rp_filter_link = Some(2);
     assert_eq!(level(&f, &w, "rp_filter"), Level::Ok);
+    for all in [1, 2] {
+        f.rp_filter_all = Some(all);
+        let got = get(&evaluate(&f, &w), "rp_filter");
+        assert_eq!(got.level, Level::Fail);
+        assert!(got.fix.unwrap().contains("net.ipv4.conf.all.rp_filter=0"));
+    }
     f.rp_filter_all = None;
     f.rp_filter_link = None;
     assert_eq!(level(&f, &w, "rp_filter"), Level::Warn);
@@ -182,7 +185,6 @@ fn strict_rp_filter_on_the_mesh_link_fails_and_src_valid_mark_follows_it() {
     f.rp_filter_all = Some(2);
     assert_eq!(level(&f, &w, "src_valid_mark"), Level::Warn);
     f.rp_filter_all = Some(0);
-    f.rp_filter_link = Some(0);
     assert_eq!(level(&f, &w, "src_valid_mark"), Level::Ok);
 }
 

@@ -3,7 +3,7 @@
 //! written, and the marking adapter chosen for the configured fast path.
 
 use std::{
-    collections::{BTreeSet, HashMap},
+    collections::{btree_map::Entry, BTreeSet, HashMap},
     sync::Arc,
     time::SystemTime,
 };
@@ -11,18 +11,21 @@ use std::{
 use ipnet::IpNet;
 use wirespan_dataplane::{
     marking::{MarkingSpec, DEFAULT_TABLE},
+    sysctl::MeshRpFilter,
     wireguard::{PresharedKey, PrivateKey, PublicKey, WgDevice, WgPeer},
 };
 
 use super::{
     blocking, keepalive, wg_error, ActiveMarking, KubeSpanManagerController, ManagerError,
+    Retained, PERSISTENT_KEEPALIVE, RETAIN_AFTER_START,
 };
 use crate::{
     config::kubespan::{FastPath, KubeSpanConfig as Settings},
     controllers::kubespan::metrics::PeerFigures,
     kubespan::{
         peers::routed_prefixes,
-        rotation::{next_wake, step, Observed, RECONCILE_TICK},
+        prefixset::PrefixSet,
+        rotation::{next_wake, peer_state, seed, step, Observed, RECONCILE_TICK},
     },
     resources::{
         cluster::ClusterIdentity,
@@ -76,28 +79,41 @@ impl KubeSpanManagerController {
         } else {
             None
         };
-        let observed: Option<HashMap<String, Observed>> = observed.map(|observed| match observed {
-            Ok(st) if st.present => st
-                .peers
-                .into_iter()
-                .map(|p| {
-                    (
-                        p.public_key.to_base64(),
-                        Observed {
-                            endpoint: p.endpoint,
-                            last_handshake: p.last_handshake,
-                            rx_bytes: p.rx_bytes,
-                            tx_bytes: p.tx_bytes,
-                        },
-                    )
-                })
-                .collect(),
-            Ok(_) => HashMap::new(),
-            Err(e) => {
-                tracing::warn!(link = %s.link_name, error = %e, "reading the WireGuard device failed");
-                HashMap::new()
+        let observed: Option<HashMap<String, (Observed, Vec<IpNet>)>> =
+            observed.map(|observed| match observed {
+                Ok(st) if st.present => st
+                    .peers
+                    .into_iter()
+                    .map(|p| {
+                        (
+                            p.public_key.to_base64(),
+                            (
+                                Observed {
+                                    endpoint: p.endpoint,
+                                    last_handshake: p.last_handshake,
+                                    rx_bytes: p.rx_bytes,
+                                    tx_bytes: p.tx_bytes,
+                                },
+                                p.allowed_ips,
+                            ),
+                        )
+                    })
+                    .collect(),
+                Ok(_) => HashMap::new(),
+                Err(e) => {
+                    tracing::warn!(link = %s.link_name, error = %e, "reading the WireGuard device failed");
+                    HashMap::new()
+                }
+            });
+        if let Some(o) = observed.as_ref().filter(|_| !self.adopt_checked) {
+            // The first read since start: peers already there were kept by an earlier
+            // run (`--on-stop keep`); they are adopted, not replaced.
+            self.adopt_checked = true;
+            if !o.is_empty() {
+                tracing::info!(link = %s.link_name, peers = o.len(), "adopting the peers the WireGuard device kept");
+                self.retain_until = Some(now + RETAIN_AFTER_START);
             }
-        });
+        }
 
         // Step 1, 3–5: statuses and desired endpoints.
         self.own_key = PublicKey::from_base64("publicKey", &identity.spec.public_key).ok();
@@ -113,16 +129,23 @@ impl KubeSpanManagerController {
             let Some(base) = self.peer_of(key, &r.spec, &psk) else {
                 continue;
             };
-            let st = self
-                .statuses
-                .entry(key.clone())
-                .or_insert_with(|| KubeSpanPeerStatusSpec {
-                    label: r.spec.label.clone(),
-                    ..KubeSpanPeerStatusSpec::default()
-                });
             // Without a read (or without the peer on the device) the status keeps its
             // last observation.
-            let seen = observed.as_ref().and_then(|o| o.get(key));
+            let seen = observed.as_ref().and_then(|o| o.get(key)).map(|(o, _)| o);
+            let st = match self.statuses.entry(key.clone()) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => {
+                    let mut st = KubeSpanPeerStatusSpec {
+                        label: r.spec.label.clone(),
+                        ..KubeSpanPeerStatusSpec::default()
+                    };
+                    // A peer the device already has (kept by an earlier run).
+                    if let Some(o) = seen.or_else(|| self.retained.get(key).map(|r| &r.observed)) {
+                        seed(&mut st, o);
+                    }
+                    e.insert(st)
+                }
+            };
             let step = step(st, &r.spec.endpoints, seen, now);
             if let Some(w) = next_wake(st, now) {
                 wake = Some(wake.map_or(w, |x: SystemTime| x.min(w)));
@@ -140,6 +163,21 @@ impl KubeSpanManagerController {
                 persistent_keepalive: keepalive(self.own_key.as_ref(), &base, st, now),
                 ..base
             });
+        }
+
+        self.retain_device_peers(
+            observed.as_ref(),
+            &psk,
+            force,
+            now,
+            &mut wg_peers,
+            &mut routed,
+        );
+        for p in self.retained.keys().filter_map(|k| routed.get(k)).flatten() {
+            match p {
+                IpNet::V4(_) => v4.push(*p),
+                IpNet::V6(_) => v6.push(*p),
+            }
         }
 
         // Statuses of peers that went away: every spec has a status now, so there are
@@ -161,6 +199,7 @@ impl KubeSpanManagerController {
         let (wg, res) = blocking(wg, move |w| w.apply(&device)).await?;
         self.wg = Some(wg);
         res.map_err(|source| wg_error(&s.link_name, source))?;
+        self.rp_filter_off(&s.link_name).await?;
         let marking_spec = MarkingSpec {
             table: DEFAULT_TABLE.to_owned(),
             device_mark: s.device_mark,
@@ -244,6 +283,105 @@ impl KubeSpanManagerController {
         self.wake = wake;
         let tick = now + RECONCILE_TICK;
         Ok(Some(wake.map_or(tick, |w| w.min(tick))))
+    }
+
+    /// Keeps the device's peers without a spec while within [`RETAIN_AFTER_START`]
+    /// (see [`Retained`]): adds them to `wg_peers` as the device has them, with their
+    /// routed prefixes, minus any prefix a peer with a spec claims (WireGuard gives a
+    /// prefix to one peer only; two claimants would take it from each other on every
+    /// write).
+    fn retain_device_peers(
+        &mut self,
+        observed: Option<&HashMap<String, (Observed, Vec<IpNet>)>>,
+        psk: &PresharedKey,
+        force: bool,
+        now: SystemTime,
+        wg_peers: &mut Vec<WgPeer>,
+        routed: &mut HashMap<String, Vec<IpNet>>,
+    ) {
+        if self.retain_until.is_none_or(|t| now >= t) {
+            if !self.retained.is_empty() {
+                tracing::info!(
+                    peers = self.retained.len(),
+                    "dropping device peers that got no spec since start"
+                );
+            }
+            self.retain_until = None;
+            self.retained.clear();
+            return;
+        }
+        match observed {
+            Some(o) => {
+                self.retained = o
+                    .iter()
+                    .filter(|(k, _)| !self.specs.contains_key(*k))
+                    .map(|(k, (observed, allowed))| {
+                        (
+                            k.clone(),
+                            Retained {
+                                observed: *observed,
+                                allowed_ips: allowed.clone(),
+                            },
+                        )
+                    })
+                    .collect();
+            }
+            None => self.retained.retain(|k, _| !self.specs.contains_key(k)),
+        }
+        if self.retained.is_empty() {
+            return;
+        }
+        let mut claimed = PrefixSet::new();
+        for p in wg_peers.iter().flat_map(|p| &p.allowed_ips) {
+            claimed.insert(p);
+        }
+        for (key, r) in &self.retained {
+            let Ok(public_key) = PublicKey::from_base64("publicKey", key) else {
+                continue;
+            };
+            let mut kept = PrefixSet::new();
+            for p in &r.allowed_ips {
+                kept.insert(p);
+            }
+            kept.subtract(&claimed);
+            let allowed_ips = kept.to_prefixes();
+            let up = peer_state(now, r.observed.last_handshake, None, r.observed.endpoint)
+                == PeerState::Up;
+            routed.insert(key.clone(), routed_prefixes(force, &allowed_ips, up));
+            wg_peers.push(WgPeer {
+                public_key,
+                preshared_key: Some(psk.clone()),
+                persistent_keepalive: PERSISTENT_KEEPALIVE,
+                endpoint: None,
+                allowed_ips,
+            });
+        }
+    }
+
+    /// Turns reverse-path filtering off on the mesh link (now that it exists; see
+    /// `wirespan_dataplane::sysctl`), or again after drift; refuses, naming the
+    /// sysctl, if it cannot or if host-wide filtering would override it.
+    async fn rp_filter_off(&mut self, link: &str) -> Result<(), ControllerError> {
+        let Some(sysctl) = self.deps.sysctl.clone() else {
+            return Ok(());
+        };
+        let link = link.to_owned();
+        let (rp, res) = blocking(self.rp_filter.take(), move |rp| match rp {
+            Some(rp) => rp.ensure(&*sysctl).map(drop),
+            None => MeshRpFilter::apply(&*sysctl, &link).map(|r| {
+                if let Some(previous) = r.previous() {
+                    tracing::info!(
+                        link,
+                        previous,
+                        "reverse-path filtering turned off on the mesh link (rp_filter=0)"
+                    );
+                }
+                *rp = Some(r);
+            }),
+        })
+        .await?;
+        self.rp_filter = rp;
+        res.map_err(|e| ControllerError::other(ManagerError::Sysctl(e)))
     }
 
     fn ensure_marking(&mut self, configured: FastPath, link: &str) -> &mut ActiveMarking {

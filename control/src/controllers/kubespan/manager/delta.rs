@@ -14,7 +14,7 @@ use crate::{
     config::kubespan::KubeSpanConfig as Settings,
     kubespan::{
         peers::routed_prefixes,
-        rotation::{next_wake, step, RECONCILE_TICK},
+        rotation::{next_wake, seed, step, RECONCILE_TICK},
     },
     resources::{
         cluster::ClusterIdentity,
@@ -51,13 +51,19 @@ impl KubeSpanManagerController {
                 }
                 continue;
             };
-            let st = self
-                .statuses
-                .entry(key.clone())
-                .or_insert_with(|| KubeSpanPeerStatusSpec {
+            // A spec for a peer the device kept from an earlier run: its status starts
+            // from what the device had (no endpoint pushed over a working one).
+            let retained = self.retained.remove(key);
+            let st = self.statuses.entry(key.clone()).or_insert_with(|| {
+                let mut st = KubeSpanPeerStatusSpec {
                     label: spec.label.clone(),
                     ..KubeSpanPeerStatusSpec::default()
-                });
+                };
+                if let Some(r) = &retained {
+                    seed(&mut st, &r.observed);
+                }
+                st
+            });
             let step = step(st, &spec.endpoints, None, now);
             if let Some(w) = next_wake(st, now) {
                 wake = Some(wake.map_or(w, |x| x.min(w)));

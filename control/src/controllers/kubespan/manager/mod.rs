@@ -30,6 +30,7 @@ use ipnet::IpNet;
 use wirespan_dataplane::{
     marking::{Marking, MarkingError},
     routing::Routing,
+    sysctl::{MeshRpFilter, Sysctl, SysctlError},
     wireguard::{PresharedKey, PublicKey, WgError, WgPeer, WireGuard},
 };
 
@@ -38,10 +39,11 @@ use crate::{
     config::kubespan::FastPath,
     kubespan::{
         clock::Clock,
-        rotation::{defers_first_handshake, RECONCILE_TICK},
+        rotation::{defers_first_handshake, Observed, PEER_DOWN_INTERVAL, RECONCILE_TICK},
     },
     resources::{
         cluster::{self, ClusterIdentity, CLUSTER},
+        config::MachineConfig,
         kubespan::{
             KubeSpanConfig, KubeSpanEndpoint, KubeSpanEndpointSpec, KubeSpanIdentity,
             KubeSpanManagerStatus, KubeSpanPeerSpec, KubeSpanPeerSpecSpec, KubeSpanPeerStatus,
@@ -110,6 +112,9 @@ pub struct ManagerDeps {
     pub metrics: Option<Arc<MeshMetrics>>,
     /// Shutdown behaviour.
     pub on_stop: OnStop,
+    /// Kernel parameters of the mesh link (reverse-path filtering off while the mesh
+    /// runs); `None` leaves them alone.
+    pub sysctl: Option<Arc<dyn Sysctl + Send + Sync>>,
 }
 
 impl fmt::Debug for ManagerDeps {
@@ -137,6 +142,9 @@ pub enum ManagerError {
     /// Marking.
     #[error("marking table: {0}")]
     Marking(#[source] MarkingError),
+    /// A kernel parameter of the mesh link.
+    #[error(transparent)]
+    Sysctl(#[from] SysctlError),
 }
 
 struct ActiveMarking {
@@ -180,7 +188,32 @@ pub struct KubeSpanManagerController {
     /// The mesh's routing table and rule priority as last configured (enabled or
     /// not): what the routing teardown removes.
     mesh_rules: (u32, u32),
+    /// Whether the device was read once since start (the read that adopts kernel
+    /// state kept by an earlier run).
+    adopt_checked: bool,
+    /// Until when peers found on the device at start but without a spec yet are kept
+    /// as they are (see [`Retained`]).
+    retain_until: Option<SystemTime>,
+    /// Those peers, by public key.
+    retained: BTreeMap<String, Retained>,
+    /// Reverse-path filtering off on the mesh link, with the value it replaced.
+    rp_filter: Option<MeshRpFilter>,
 }
+
+/// A peer the device held at start (kernel state kept by an earlier run) that has no
+/// spec yet: after a restart the specs come back only when discovery answers, and
+/// removing the peer meanwhile would cut a working tunnel. It stays as the device has
+/// it (minus prefixes a peer with a spec claims) until its spec arrives, when its
+/// status is seeded from it, or until [`RETAIN_AFTER_START`] has passed.
+#[derive(Debug, Clone)]
+struct Retained {
+    observed: Observed,
+    allowed_ips: Vec<IpNet>,
+}
+
+/// How long after start a device peer without a spec is kept: as long as a peer that
+/// stopped handshaking counts as up, so a kept peer outlives neither.
+pub const RETAIN_AFTER_START: std::time::Duration = PEER_DOWN_INTERVAL;
 
 impl fmt::Debug for KubeSpanManagerController {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -234,6 +267,13 @@ fn keepalive(
     }
 }
 
+/// Whether the active machine config has a mesh document the config controller has not
+/// turned into `KubeSpanConfig` yet.
+fn config_pending(rt: &ControllerRuntime) -> Result<bool, ControllerError> {
+    Ok(MachineConfig::active(rt)?
+        .is_some_and(|mc| super::config::effective(&mc.spec.config).is_some()))
+}
+
 fn wg_error(link: &str, source: WgError) -> ControllerError {
     ControllerError::other(ManagerError::WireGuard {
         link: link.to_owned(),
@@ -267,6 +307,10 @@ impl KubeSpanManagerController {
                 wirespan_dataplane::ROUTE_TABLE,
                 wirespan_dataplane::RULE_PRIORITY,
             ),
+            adopt_checked: false,
+            retain_until: None,
+            retained: BTreeMap::new(),
+            rp_filter: None,
         }
     }
 
@@ -289,9 +333,16 @@ impl KubeSpanManagerController {
         if let Some(c) = &cfg {
             self.mesh_rules = (c.spec.config.routing_table, c.spec.config.rule_priority);
         }
+        if cfg.is_none() && config_pending(rt)? {
+            // The machine config turns the mesh on but the config controller has not
+            // derived it yet (the first moments after start): absent is not disabled,
+            // and tearing down now would cut what an earlier run kept.
+            return Ok(None);
+        }
         let Some(cfg) = cfg.filter(|c| c.spec.config.enabled) else {
             self.basis = None;
             self.disable(rt).await?;
+            self.first_round = false;
             return Ok(None);
         };
         let identity = rt.get_opt::<KubeSpanIdentity>(NS, KUBESPAN)?;
@@ -326,6 +377,7 @@ impl KubeSpanManagerController {
                 let wake = self
                     .complete_round(rt, &cfg.spec.config, &identity, &cluster, timer || read_due)
                     .await?;
+                self.first_round = false;
                 self.basis = Some(basis);
                 Ok(wake)
             }
@@ -370,6 +422,7 @@ impl Controller for KubeSpanManagerController {
     fn inputs(&self) -> Vec<Input> {
         vec![
             Input::id_of::<KubeSpanConfig>(NS, KUBESPAN, InputKind::Weak),
+            MachineConfig::input(),
             Input::id_of::<KubeSpanIdentity>(NS, KUBESPAN, InputKind::Weak),
             Input::id_of::<ClusterIdentity>(cluster::NS, CLUSTER, InputKind::Weak),
             Input::of::<KubeSpanPeerSpec>(NS, InputKind::Weak),
@@ -408,7 +461,6 @@ impl Controller for KubeSpanManagerController {
                 };
                 let started = Instant::now();
                 deadline = self.reconcile(rt, timer).await?;
-                self.first_round = false;
                 if let Some(m) = &self.deps.metrics {
                     m.observe_reconcile(NAME, started.elapsed());
                 }
@@ -421,9 +473,9 @@ impl Controller for KubeSpanManagerController {
                 }
                 OnStop::Keep => {
                     tracing::info!(link = %self.wg_link, "stopping: keeping mesh kernel state");
-                    // A userspace backend would stop wireguard-go when dropped.
+                    // Not dropped: a userspace backend would stop wireguard-go.
                     if let Some(wg) = self.wg.take() {
-                        std::mem::forget(wg);
+                        wg.keep();
                     }
                 }
             }

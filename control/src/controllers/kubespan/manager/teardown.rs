@@ -11,6 +11,12 @@ impl KubeSpanManagerController {
     /// Removes kernel state (device, marking table, the mesh's rules and routes; rules
     /// and routes from network documents carry another marker and stay).
     pub(super) async fn teardown_kernel(&mut self) {
+        // The link's own setting back first (the link may outlive the device).
+        if let (Some(rp), Some(sysctl)) = (self.rp_filter.take(), self.deps.sysctl.clone()) {
+            if let Ok(((), Err(e))) = blocking((), move |()| rp.restore(&*sysctl)).await {
+                tracing::warn!(link = %self.wg_link, error = %e, "restoring rp_filter on the mesh link failed");
+            }
+        }
         if let Some(wg) = self.wg.take() {
             if let Ok((_, Err(e))) = blocking(wg, |w| w.teardown()).await {
                 tracing::warn!(link = %self.wg_link, error = %e, "removing the WireGuard device failed");
