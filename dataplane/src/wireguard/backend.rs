@@ -38,6 +38,9 @@ pub trait WireGuard {
     fn teardown(&mut self) -> Result<(), WgError>;
     /// Number of configuration writes so far.
     fn writes(&self) -> u64;
+    /// Which implementation runs the device: `kernel` or `userspace` (reported in the
+    /// manager's status, so an operator sees what `auto` chose).
+    fn backend(&self) -> &'static str;
 }
 
 /// Which backend to use.

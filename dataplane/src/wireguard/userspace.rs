@@ -509,6 +509,10 @@ impl WireGuard for UserspaceBackend {
     fn writes(&self) -> u64 {
         self.writes
     }
+
+    fn backend(&self) -> &'static str {
+        "userspace"
+    }
 }
 
 impl Drop for UserspaceBackend {
