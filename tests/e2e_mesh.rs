@@ -1659,8 +1659,7 @@ fn metric(lab: &Lab, node_name: &str, series: &str) -> u64 {
     );
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map(|v| v as u64)
+        .and_then(|v| v.trim().parse::<u64>().ok())
         .unwrap_or_else(|| panic!("{node_name} exports no {series}:\n{text}"))
 }
 
@@ -1730,7 +1729,10 @@ fn ebpf_fast_path_marks_forwarded_traffic_into_the_mesh() {
         .unwrap();
     let hits = metric(&lab, "node1", hit) - hits0;
     let (_, tx) = wg_bytes(&lab, "node1", &node2_key);
-    assert!(hits >= 5, "node1's classifier counted {hits} hits of 5 packets");
+    assert!(
+        hits >= 5,
+        "node1's classifier counted {hits} hits of 5 packets"
+    );
     assert!(
         tx - tx0 >= 5 * 1000,
         "node1 sent {} bytes to node2 through WireGuard for 5 forwarded 1000-byte pings",

@@ -74,7 +74,11 @@ impl Lab {
         if args.first() == Some(&"up") {
             // The test output says which WireGuard ran: the suite passes on kernels
             // with and without it, and a failure should say which one it met.
-            eprintln!("lab {}: WireGuard {}", self.name, self.backends().join(", "));
+            eprintln!(
+                "lab {}: WireGuard {}",
+                self.name,
+                self.backends().join(", ")
+            );
         }
         String::from_utf8(o.stdout).unwrap()
     }

@@ -336,7 +336,11 @@ mod tests {
         let json = to_json(&state, &all);
         assert_eq!(json["nodes"][0]["wireguard"], "userspace");
         assert_eq!(json["nodes"][1]["wireguard"], Value::Null);
-        assert!(render_nodes(&state, &all).lines().nth(1).unwrap().contains("userspace"));
+        assert!(render_nodes(&state, &all)
+            .lines()
+            .nth(1)
+            .unwrap()
+            .contains("userspace"));
         assert_eq!(json["nodes"][0]["peers"][1]["node"], "node3");
         assert_eq!(json["nodes"][2]["publicKey"], "k3");
     }

@@ -278,10 +278,7 @@ impl MeshMetrics {
             .packet_source
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            source.map(|read| PacketSource {
-                read,
-                last: [0; 4],
-            });
+            source.map(|read| PacketSource { read, last: [0; 4] });
     }
 
     /// Adds what the classifier counted since the last scrape.
@@ -443,7 +440,9 @@ mod tests {
     #[test]
     fn mirrors_the_classifier_counters_as_rising_counters() {
         let m = MeshMetrics::new();
-        let line = |r: &str, n: u64| format!("wirespan_kubespan_fast_path_packets_total{{result=\"{r}\"}} {n}");
+        let line = |r: &str, n: u64| {
+            format!("wirespan_kubespan_fast_path_packets_total{{result=\"{r}\"}} {n}")
+        };
         let text = m.render();
         for r in PACKET_RESULTS {
             assert!(text.contains(&line(r, 0)), "{text}");

@@ -569,7 +569,10 @@ async fn disable_tears_everything_down_and_reenable_restores_it() {
     .await;
     // The status names the WireGuard implementation the device runs on.
     assert_resource::<KubeSpanManagerStatus>(store, NS, KUBESPAN, |r| {
-        if r.spec.fast_path == "nftables" && r.spec.note.contains("eBPF") && r.spec.wireguard == "fake" {
+        if r.spec.fast_path == "nftables"
+            && r.spec.note.contains("eBPF")
+            && r.spec.wireguard == "fake"
+        {
             Ok(())
         } else {
             Err(format!("{:?}", r.spec))
