@@ -134,3 +134,59 @@ fn second_node_on_the_same_socket_is_refused() {
     assert!(!o.status.success());
     assert!(String::from_utf8_lossy(&o.stderr).contains("in use by another process"));
 }
+
+/// Whether the kernel can make a WireGuard link, tried in a throwaway namespace.
+fn kernel_has_wireguard(ns: &NetnsGuard) -> bool {
+    let ok = ns
+        .run("ip", &["link", "add", "wsprobe0", "type", "wireguard"])
+        .is_ok();
+    if ok {
+        ns.run("ip", &["link", "del", "wsprobe0"]).unwrap();
+    }
+    ok
+}
+
+/// `--wireguard kernel` where the kernel has no WireGuard: the daemon refuses to start
+/// and names the missing module, instead of failing every reconcile; where it has,
+/// the daemon runs.
+#[test]
+fn forced_kernel_wireguard_refuses_to_start_without_the_module() {
+    let dir = tempfile::tempdir().unwrap();
+    let ns = NetnsGuard::new("wsnode").unwrap();
+    let kernel = kernel_has_wireguard(&ns);
+    let child = bin_in(&ns)
+        .arg("node")
+        .arg("--socket")
+        .arg(dir.path().join("run/node.sock"))
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .args(["--wireguard", "kernel"])
+        .env_remove("WIRESPAN_SOCKET")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut g = ChildGuard(child);
+    if kernel {
+        wait_for_path(&dir.path().join("run/node.sock"));
+        assert!(g.0.try_wait().unwrap().is_none(), "the daemon exited");
+        assert!(sigterm_and_wait(g).success());
+        return;
+    }
+    let mut status = None;
+    for _ in 0..1000 {
+        status = g.0.try_wait().unwrap();
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let status = status.expect("the daemon kept running without kernel WireGuard");
+    assert!(!status.success());
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut g.0.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(
+        err.contains("the `wireguard` kernel module is missing"),
+        "{err}"
+    );
+}

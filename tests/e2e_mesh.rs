@@ -1,5 +1,6 @@
 //! End to end: the real binary as a mesh of nodes in `wirespan lab` (network, mount and
-//! UTS namespaces per node, a discovery server, userspace WireGuard), real traffic.
+//! UTS namespaces per node, a discovery server, WireGuard: kernel where the kernel has
+//! it, else wireguard-go; the harness prints which), real traffic.
 //!
 //! Every lab has a unique name and is removed by its guard even when a test fails.
 //! Assertions read the kernel (`wg show … dump`, `nft -j`, `ip -j`) inside the nodes;
@@ -331,9 +332,11 @@ struct Daemon(Child);
 
 impl Daemon {
     /// `wirespan node` again inside the lab node `n` (its status entry), with the
-    /// files the lab gave it; output to `log` in the lab directory.
+    /// files the lab gave it and the WireGuard implementation it ran; output to `log`
+    /// in the lab directory.
     fn start(lab: &Lab, n: &Value, log: &str) -> Self {
         let name = n["name"].as_str().unwrap();
+        let wireguard = n["wireguard"].as_str().unwrap_or("auto");
         let log = std::fs::File::create(lab.dir().join(log)).unwrap();
         Daemon(
             Command::new(BIN)
@@ -343,6 +346,7 @@ impl Daemon {
                 .args(["--config", n["config"].as_str().unwrap()])
                 .args(["--state-dir", n["stateDir"].as_str().unwrap()])
                 .args(["--socket", n["socket"].as_str().unwrap()])
+                .args(["--wireguard", wireguard])
                 .stdin(Stdio::null())
                 .stdout(log.try_clone().unwrap())
                 .stderr(log)
@@ -369,7 +373,8 @@ fn killed_daemon_restarts_with_its_identity_and_no_duplicate_kernel_state() {
     let pid = i32::try_from(n1["pid"].as_u64().unwrap()).unwrap();
     let node_id = get(&lab, "node1", "nodeidentity")[0]["spec"]["nodeId"].clone();
 
-    // kill -9: no cleanup at all; kernel state and wireguard-go are left behind.
+    // kill -9: no cleanup at all; kernel state (and wireguard-go, if it runs) are left
+    // behind.
     assert!(Command::new("kill")
         .args(["-9", &pid.to_string()])
         .status()
@@ -1298,7 +1303,9 @@ fn a_killed_peer_leaves_the_marking_set_only_with_allow_down_peer_bypass() {
         );
     }
 
-    // node2 really stops answering: its daemon and its wireguard-go, kill -9.
+    // node2 really stops answering: its daemon and its wireguard-go, kill -9; a kernel
+    // link outlives its daemon and keeps answering, so it is deleted instead.
+    let backend = lab.backend("node2");
     let ns2 = node2["namespace"].as_str().unwrap().to_owned();
     let pids: Vec<i32> = String::from_utf8(
         Command::new("ip")
@@ -1312,8 +1319,8 @@ fn a_killed_peer_leaves_the_marking_set_only_with_allow_down_peer_bypass() {
     .map(|p| p.parse().unwrap())
     .collect();
     assert!(
-        pids.len() >= 2,
-        "daemon and wireguard-go expected: {pids:?}"
+        pids.len() >= if backend == "userspace" { 2 } else { 1 },
+        "daemon (and wireguard-go on {backend}) expected: {pids:?}"
     );
     for p in &pids {
         let _ = nix::sys::signal::kill(
@@ -1326,7 +1333,12 @@ fn a_killed_peer_leaves_the_marking_set_only_with_allow_down_peer_bypass() {
     });
     let killed = Instant::now();
     let killed_at = std::time::SystemTime::now();
-    // Its mesh link goes with wireguard-go.
+    // Its mesh link goes with wireguard-go; a kernel one is removed by hand.
+    if backend == "kernel" {
+        let _ = Command::new("ip")
+            .args(["-n", &ns2, "link", "del", "kubespan"])
+            .status();
+    }
     eventually("node2's mesh link to disappear", || {
         (!Command::new("ip")
             .args(["-n", &ns2, "link", "show", "kubespan"])
@@ -1850,4 +1862,105 @@ fn a_restart_with_kernel_state_kept_loses_no_ping_and_pushes_no_endpoint() {
     );
     ping.wait_replies(10);
     assert_eq!(ping.lost(), Vec::<u64>::new());
+}
+
+/// One sample of `node`'s `/metrics` (served inside its namespace), by its full name
+/// with labels, e.g. `wirespan_kubespan_fast_path_packets_total{result="hit"}`.
+fn metric(lab: &Lab, node_name: &str, series: &str) -> u64 {
+    let st = lab.status();
+    let addr = node(&st, node_name)["metricsAddress"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let text = lab.exec_ok(
+        node_name,
+        &[
+            "curl",
+            "-sSf",
+            "--max-time",
+            "5",
+            &format!("http://{addr}/metrics"),
+        ],
+    );
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("{node_name} exports no {series}:\n{text}"))
+}
+
+/// `lab up --fast-path ebpf` through the real binary with the fast path taken: each
+/// node's manager status says `ebpf` with no fallback note, the mesh carries pings,
+/// and the classifier really marks forwarded packets. A packet sent from the discovery
+/// server's namespace to node2's underlay address via node1 (a peer node address in
+/// node1's routed set) enters node1 on its underlay link: the tc classifier counts a
+/// hit (exported as a node metric), marks it, and node1 routes it into WireGuard.
+/// Without the mark it would go straight back out on the underlay.
+#[test]
+fn ebpf_fast_path_marks_forwarded_traffic_into_the_mesh() {
+    let lab = mesh_with(2, "45s", &["--fast-path", "ebpf"]);
+    for n in ["node1", "node2"] {
+        let st = get(&lab, n, "kubespanmanagerstatuses");
+        assert_eq!(st.len(), 1, "{n}: {st:?}");
+        assert_eq!(st[0]["spec"]["fastPath"], "ebpf", "{n}: {st:?}");
+        assert_eq!(st[0]["spec"]["note"], "", "{n}: {st:?}");
+    }
+    let st = lab.status();
+    let node2_ula = node(&st, "node2")["addresses"]["kubespan"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    ping(&lab, "node1", &node2_ula, "100");
+
+    let node1_ip = underlay_ips(&st, "node1")[0].clone();
+    let node2_ip = underlay_ips(&st, "node2")[0].clone();
+    let node2_key = node(&st, "node2")["publicKey"].as_str().unwrap().to_owned();
+    let disco = st["discovery"]["namespace"].as_str().unwrap().to_owned();
+    let set = marking_set(&lab, "node1");
+    assert!(
+        set.contains(&node2_ip) || set.contains(&format!("{node2_ip}/32")),
+        "{node2_ip} not in node1's routed set: {set:?}"
+    );
+    // node1 forwards; the discovery namespace reaches node2's address through node1.
+    lab.exec_ok("node1", &["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    let ip = |args: &[&str]| {
+        let o = Command::new("ip").args(args).output().unwrap();
+        assert!(
+            o.status.success(),
+            "ip {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    };
+    ip(&[
+        "-n",
+        &disco,
+        "route",
+        "add",
+        &format!("{node2_ip}/32"),
+        "via",
+        &node1_ip,
+    ]);
+
+    let hit = r#"wirespan_kubespan_fast_path_packets_total{result="hit"}"#;
+    let hits0 = metric(&lab, "node1", hit);
+    let (_, tx0) = wg_bytes(&lab, "node1", &node2_key);
+    // node2 drops these after decrypting (the discovery server's address is not one
+    // of node1's allowed IPs), so no replies: only what node1 did is asserted.
+    let _ = Command::new("ip")
+        .args([
+            "netns", "exec", &disco, "ping", "-n", "-q", "-c", "5", "-i", "0.2", "-s", "1000",
+            "-W", "1", &node2_ip,
+        ])
+        .output()
+        .unwrap();
+    let hits = metric(&lab, "node1", hit) - hits0;
+    let (_, tx) = wg_bytes(&lab, "node1", &node2_key);
+    assert!(
+        hits >= 5,
+        "node1's classifier counted {hits} hits of 5 packets"
+    );
+    assert!(
+        tx - tx0 >= 5 * 1000,
+        "node1 sent {} bytes to node2 through WireGuard for 5 forwarded 1000-byte pings",
+        tx - tx0
+    );
 }

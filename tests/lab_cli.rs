@@ -419,3 +419,95 @@ fn down_after_exit_removes_the_lab_when_its_owner_is_killed() {
     assert!(status.success(), "{status:?}");
     lab.assert_gone(&pids);
 }
+
+/// Whether this kernel can make a WireGuard link, tried in a throwaway namespace.
+fn kernel_has_wireguard() -> bool {
+    Command::new("unshare")
+        .args(["--net", "ip", "link", "add", "wsprobe", "type", "wireguard"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap()
+        .success()
+}
+
+/// Whether a wireguard-go process runs in namespace `ns`.
+fn wireguard_go_in(ns: &str) -> bool {
+    let out = Command::new("ip")
+        .args(["netns", "pids", ns])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .any(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.trim().starts_with("wireguard-go"))
+        })
+}
+
+/// `--wireguard userspace` runs wireguard-go on every node and `lab status` (JSON and
+/// table) says so per node.
+#[test]
+fn up_with_userspace_wireguard_reports_it_for_every_node() {
+    let lab = Lab::new();
+    let out = lab.ok(&[
+        "up",
+        "--nodes",
+        "2",
+        "--wireguard",
+        "userspace",
+        "--timeout",
+        "45s",
+        "--no-hints",
+    ]);
+    let st = lab.status();
+    assert_eq!(st["wireguard"], "userspace");
+    for n in st["nodes"].as_array().unwrap() {
+        assert_eq!(n["wireguard"], "userspace", "{n}");
+        assert!(wireguard_go_in(n["namespace"].as_str().unwrap()), "{n}");
+    }
+    // The summary table has the column.
+    let header = out.lines().next().unwrap();
+    assert!(header.contains("WIREGUARD"), "{out}");
+    let text = lab.ok(&["status"]);
+    for row in text.lines().skip(1).take(2) {
+        assert!(row.contains("userspace"), "{text}");
+    }
+}
+
+/// `--wireguard kernel`: on a kernel without WireGuard `up` fails at once, naming the
+/// missing module, and makes nothing; on one with it every node runs kernel WireGuard
+/// (no wireguard-go).
+#[test]
+fn up_with_kernel_wireguard_fails_fast_without_the_module_or_runs_it() {
+    let lab = Lab::new();
+    let o = lab.run(&[
+        "up",
+        "--nodes",
+        "2",
+        "--wireguard",
+        "kernel",
+        "--timeout",
+        "45s",
+        "--no-hints",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    if !kernel_has_wireguard() {
+        assert!(!o.status.success(), "{err}");
+        assert!(
+            err.contains("the `wireguard` kernel module is missing"),
+            "{err}"
+        );
+        assert!(err.contains("--wireguard userspace"), "{err}");
+        assert!(lab.namespaces().is_empty(), "{:?}", lab.namespaces());
+        assert!(!lab.dir().exists());
+        return;
+    }
+    assert!(o.status.success(), "{err}");
+    let st = lab.status();
+    for n in st["nodes"].as_array().unwrap() {
+        assert_eq!(n["wireguard"], "kernel", "{n}");
+        assert!(!wireguard_go_in(n["namespace"].as_str().unwrap()), "{n}");
+    }
+}

@@ -97,6 +97,7 @@ async fn ebpf_fast_path_replaces_the_prerouting_lookup_and_switches_back() {
         dir.path(),
         Arc::new(KernelMarking {
             netns: ns.netns().clone(),
+            metrics: None,
         }),
     );
     seed_cluster(&store, [9u8; 32]);

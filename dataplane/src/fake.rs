@@ -443,6 +443,10 @@ impl WireGuard for FakeWireGuard {
     fn writes(&self) -> u64 {
         lock(&self.inner).writes
     }
+
+    fn backend(&self) -> &'static str {
+        "fake"
+    }
 }
 
 /// A fake netlink watcher: push events into the sender, consume the stream.

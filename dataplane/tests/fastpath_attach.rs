@@ -104,6 +104,11 @@ fn classifier_on_every_interface_but_excluded_ones_including_later_ones() {
         .unwrap();
     let after = fp.counters().unwrap();
     assert!(after.hit >= before.hit + 3, "{before:?} -> {after:?}");
+    // A reader (what the metrics hold) sees the same counters, and nothing once the
+    // fast path is gone.
+    let reader = fp.counter_reader();
+    let read = reader.read().expect("the fast path is attached");
+    assert!(read.hit >= after.hit, "{after:?} then {read:?}");
 
     // An interface created later gets the classifier too.
     a.run(
@@ -133,6 +138,7 @@ fn classifier_on_every_interface_but_excluded_ones_including_later_ones() {
 
     fp.teardown().unwrap();
     assert_eq!(tcx_programs(&a, &va), 0);
+    assert_eq!(reader.read(), None);
 }
 
 #[test]

@@ -72,6 +72,11 @@ pub enum OnStopArg {
     Teardown,
 }
 
+/// Why `--wireguard kernel` cannot run here (the daemon and `lab up` say the same).
+pub const KERNEL_WIREGUARD_MISSING: &str = "--wireguard kernel: this kernel cannot create \
+    WireGuard links (the `wireguard` kernel module is missing or cannot be loaded: \
+    `modprobe wireguard`); use --wireguard userspace (wireguard-go) or auto";
+
 /// `--wireguard`.
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum WireGuardArg {
@@ -114,6 +119,13 @@ fn register_mesh(
     let m = Arc::clone(&metrics);
     runtime.on_controller_restart(Arc::new(move |name| m.controller_restarted(name)));
     let routing = NetlinkRouting::new(&netns).context("opening rtnetlink")?;
+    // Forced kernel WireGuard on a kernel without it would only fail at the first
+    // reconcile, over and over: refuse to start instead, saying what is missing.
+    if matches!(args.wireguard, WireGuardArg::Kernel)
+        && !wirespan_dataplane::wireguard::kernel::supported(&netns)
+    {
+        anyhow::bail!("{KERNEL_WIREGUARD_MISSING}");
+    }
     kubespan::register(
         runtime,
         kubespan::Deps {
@@ -130,6 +142,7 @@ fn register_mesh(
                 }),
                 marking: Arc::new(kubespan::KernelMarking {
                     netns: netns.clone(),
+                    metrics: Some(Arc::clone(&metrics)),
                 }),
                 routing_cleanup: Some(Box::new(routing)),
                 clock: Arc::new(wirespan_control::kubespan::clock::SystemClock),

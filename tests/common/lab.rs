@@ -71,7 +71,52 @@ impl Lab {
             String::from_utf8_lossy(&o.stdout),
             String::from_utf8_lossy(&o.stderr)
         );
+        if args.first() == Some(&"up") {
+            // The test output says which WireGuard ran: the suite passes on kernels
+            // with and without it, and a failure should say which one it met.
+            eprintln!(
+                "lab {}: WireGuard {}",
+                self.name,
+                self.backends().join(", ")
+            );
+        }
         String::from_utf8(o.stdout).unwrap()
+    }
+
+    /// Each node's WireGuard implementation as `lab status` reports it
+    /// (`node1=userspace`, …; `?` while the node has not programmed its link).
+    pub fn backends(&self) -> Vec<String> {
+        let st = self.status();
+        st["nodes"]
+            .as_array()
+            .map(|ns| {
+                ns.iter()
+                    .map(|n| {
+                        format!(
+                            "{}={}",
+                            n["name"].as_str().unwrap_or("?"),
+                            n["wireguard"].as_str().unwrap_or("?")
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// The WireGuard implementation `node` runs (`kernel`/`userspace`), once known.
+    pub fn backend(&self, node: &str) -> String {
+        let mut found = String::new();
+        wait_until(&format!("{node} to report its WireGuard"), || {
+            let st = self.status();
+            found = st["nodes"]
+                .as_array()
+                .and_then(|ns| ns.iter().find(|n| n["name"] == node))
+                .and_then(|n| n["wireguard"].as_str())
+                .unwrap_or_default()
+                .to_owned();
+            !found.is_empty()
+        });
+        found
     }
 
     /// `lab exec NODE -- args…` (exec takes `--name` before the node).

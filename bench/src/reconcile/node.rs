@@ -141,6 +141,7 @@ pub(super) fn start(n: usize, fast_path: FastPath) -> anyhow::Result<Node> {
                 marking: Arc::new(TimedMarkingFactory {
                     inner: KernelMarking {
                         netns: ns.netns().clone(),
+                        metrics: None,
                     },
                     tx,
                     probe: Arc::clone(&probe),

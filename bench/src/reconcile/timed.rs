@@ -124,6 +124,9 @@ impl WireGuard for TimedWg {
     fn writes(&self) -> u64 {
         self.inner.writes()
     }
+    fn backend(&self) -> &'static str {
+        self.inner.backend()
+    }
 }
 
 /// Builds WireGuard backends wrapped in `TimedWg`.

@@ -220,6 +220,7 @@ impl ResourceKind for KubeSpanManagerStatus {
     fn definition() -> Definition {
         Definition::new(Self::TYPE, "KubeSpanManagerStatus", Self::DEFAULT_NAMESPACE)
             .column("Link", ".linkName")
+            .column("WireGuard", ".wireguard")
             .column("Fast Path", ".fastPath")
             .column("Peers", ".peers")
             .column("Note", ".note")
@@ -232,6 +233,10 @@ impl ResourceKind for KubeSpanManagerStatus {
 pub struct KubeSpanManagerStatusSpec {
     /// The WireGuard link.
     pub link_name: String,
+    /// WireGuard implementation running the link (`kernel` or `userspace`); empty
+    /// before the device is programmed, and in statuses written by older daemons.
+    #[serde(default)]
+    pub wireguard: String,
     /// Marking in use (`nftables` or `ebpf`).
     pub fast_path: String,
     /// Number of peers programmed.

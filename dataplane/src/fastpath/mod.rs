@@ -86,6 +86,27 @@ use crate::{
     netns::Netns,
 };
 
+/// Reads the packet counters of a [`FastPath`] without owning it.
+#[derive(Clone)]
+pub struct CounterReader(std::sync::Weak<Mutex<Shared>>);
+
+impl std::fmt::Debug for CounterReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CounterReader").finish_non_exhaustive()
+    }
+}
+
+impl CounterReader {
+    /// The counters, or `None` once the fast path is gone (torn down or dropped) or
+    /// its map cannot be read.
+    #[must_use]
+    pub fn read(&self) -> Option<Counters> {
+        let shared = self.0.upgrade()?;
+        let c = lock(&shared).programs.counters().ok();
+        c
+    }
+}
+
 /// The attached fast path of one network namespace. See the module docs.
 pub struct FastPath {
     shared: Arc<Mutex<Shared>>,
@@ -160,6 +181,13 @@ impl FastPath {
     /// The counter map could not be read.
     pub fn counters(&self) -> Result<Counters, FastPathError> {
         lock(&self.shared).programs.counters()
+    }
+
+    /// A handle that reads the packet counters for as long as this fast path lives
+    /// (metrics read it at scrape time while the marking owns the fast path).
+    #[must_use]
+    pub fn counter_reader(&self) -> CounterReader {
+        CounterReader(Arc::downgrade(&self.shared))
     }
 
     /// The interfaces carrying the classifier now.

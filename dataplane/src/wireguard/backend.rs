@@ -44,6 +44,9 @@ pub trait WireGuard {
         // Dropping could stop what the device needs (a userspace backend's process).
         std::mem::forget(self);
     }
+    /// Which implementation runs the device: `kernel` or `userspace` (reported in the
+    /// manager's status, so an operator sees what `auto` chose).
+    fn backend(&self) -> &'static str;
 }
 
 /// Which backend to use.

@@ -268,4 +268,8 @@ impl WireGuard for KernelBackend {
     fn writes(&self) -> u64 {
         self.writes
     }
+
+    fn backend(&self) -> &'static str {
+        "kernel"
+    }
 }

@@ -657,6 +657,10 @@ impl WireGuard for UserspaceBackend {
         }
         self.kept = true;
     }
+
+    fn backend(&self) -> &'static str {
+        "userspace"
+    }
 }
 
 impl Drop for UserspaceBackend {

@@ -57,6 +57,10 @@ enum Lab {
         /// Marking implementation of the nodes.
         #[arg(long, value_enum, default_value_t = FastPathArg::Nftables)]
         fast_path: FastPathArg,
+        /// WireGuard implementation of every node (`auto`: kernel where the kernel has
+        /// WireGuard, else wireguard-go); `lab status` shows which one runs.
+        #[arg(long, value_enum, default_value_t = super::node::WireGuardArg::Auto)]
+        wireguard: super::node::WireGuardArg,
         /// How long to wait for every peer to be up (the lab stays up on timeout).
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         timeout: Duration,
@@ -106,6 +110,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         Lab::Up {
             nodes,
             fast_path,
+            wireguard,
             timeout,
             no_wait,
             no_hints,
@@ -118,6 +123,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                     FastPathArg::Nftables => FastPath::Nftables,
                     FastPathArg::Ebpf => FastPath::Ebpf,
                 },
+                wireguard: *wireguard,
                 timeout: *timeout,
                 no_wait: *no_wait,
                 no_hints: *no_hints,

@@ -13,6 +13,8 @@ use wirespan_control::api::{
 
 /// Type of the peer statuses (defined by the mesh controllers).
 pub const PEER_STATUSES: &str = "KubeSpanPeerStatuses.kubespan.wirespan.dev";
+/// Type of the mesh manager's status (WireGuard implementation, fast path).
+pub const MANAGER_STATUSES: &str = "KubeSpanManagerStatuses.kubespan.wirespan.dev";
 /// Type of the KubeSpan identity.
 pub const KUBESPAN_IDENTITIES: &str = "KubeSpanIdentities.kubespan.wirespan.dev";
 
@@ -40,6 +42,9 @@ pub struct NodeView {
     pub public_key: String,
     /// KubeSpan address (the ULA), once known.
     pub kubespan_address: Option<IpAddr>,
+    /// WireGuard implementation the node's mesh link runs on (`kernel`/`userspace`),
+    /// as its mesh manager reports it; empty until the device is programmed.
+    pub wireguard: String,
     /// Peer statuses.
     pub peers: Vec<PeerView>,
     /// Why something could not be read.
@@ -102,6 +107,14 @@ pub async fn observe(socket: &Path) -> NodeView {
             }
         }
         Err(e) => errors.push(format!("identity: {e}")),
+    }
+    match list(&mut client, MANAGER_STATUSES).await {
+        Ok(st) => {
+            if let Some((_, spec)) = st.first() {
+                view.wireguard = text(spec, "wireguard");
+            }
+        }
+        Err(e) => errors.push(format!("manager status: {e}")),
     }
     match list(&mut client, PEER_STATUSES).await {
         Ok(peers) => {

@@ -210,6 +210,10 @@ pub struct LabState {
     pub cluster_config: PathBuf,
     /// Marking implementation of the nodes.
     pub fast_path: String,
+    /// WireGuard implementation asked of the nodes (`auto`, `kernel`, `userspace`;
+    /// empty in labs made before the option: their daemons run `auto`).
+    #[serde(default)]
+    pub wireguard: String,
     /// The underlay's namespace (the bridge).
     pub underlay_namespace: String,
     /// The discovery server.

@@ -91,6 +91,7 @@ pub fn render_nodes(state: &LabState, views: &[NodeView]) -> String {
         "KUBESPAN",
         "PUBLIC KEY",
         "PEERS UP",
+        "WIREGUARD",
         "DAEMON",
     ]
     .map(String::from)
@@ -114,6 +115,11 @@ pub fn render_nodes(state: &LabState, views: &[NodeView]) -> String {
                 v.public_key.clone()
             },
             format!("{up}/{}", state.nodes.len() - 1),
+            if v.wireguard.is_empty() {
+                "-".into()
+            } else {
+                v.wireguard.clone()
+            },
             daemon_state(n.pid, v),
         ]);
     }
@@ -207,6 +213,8 @@ pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
                     "kubespan": v.kubespan_address,
                 },
                 "publicKey": if v.public_key.is_empty() { Value::Null } else { json!(v.public_key) },
+                // The WireGuard implementation that runs (null until the link is made).
+                "wireguard": if v.wireguard.is_empty() { Value::Null } else { json!(v.wireguard) },
                 "peers": peers,
                 "error": v.error,
             })
@@ -218,6 +226,8 @@ pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
         "dir": state.dir,
         "clusterConfig": state.cluster_config,
         "fastPath": state.fast_path,
+        // What was asked (`auto` picks per kernel; each node says what runs).
+        "wireguard": if state.wireguard.is_empty() { "auto" } else { state.wireguard.as_str() },
         "underlayNamespace": state.underlay_namespace,
         "discovery": {
             "namespace": d.namespace,
@@ -249,6 +259,7 @@ mod tests {
             dir: PathBuf::from("/run/wirespan-lab/t"),
             cluster_config: PathBuf::from("/run/wirespan-lab/t/cluster.yaml"),
             fast_path: "nftables".into(),
+            wireguard: "auto".into(),
             underlay_namespace: "wsl-t-underlay".into(),
             discovery: DiscoveryState {
                 namespace: "wsl-t-disco".into(),
@@ -318,8 +329,18 @@ mod tests {
         );
         assert_eq!(p[2].1, ["node2: no KubeSpan identity yet"]);
 
-        // Peer rows are named by the node owning the key.
+        // Peer rows are named by the node owning the key; each node says which
+        // WireGuard runs, null while unknown.
+        let mut all = all;
+        all[0].wireguard = "userspace".into();
         let json = to_json(&state, &all);
+        assert_eq!(json["nodes"][0]["wireguard"], "userspace");
+        assert_eq!(json["nodes"][1]["wireguard"], Value::Null);
+        assert!(render_nodes(&state, &all)
+            .lines()
+            .nth(1)
+            .unwrap()
+            .contains("userspace"));
         assert_eq!(json["nodes"][0]["peers"][1]["node"], "node3");
         assert_eq!(json["nodes"][2]["publicKey"], "k3");
     }

@@ -14,6 +14,7 @@ use anyhow::Context as _;
 use wirespan_control::{config::kubespan::FastPath, resources::identity::write_atomic};
 use wirespan_dataplane::{netns::Netns, wireguard::PresharedKey};
 
+use super::super::node::{WireGuardArg, KERNEL_WIREGUARD_MISSING};
 use super::{
     host, observe, ping,
     plan::{self, LabName, LabState, NodeState},
@@ -27,6 +28,8 @@ pub struct Options {
     pub nodes: usize,
     /// Marking implementation.
     pub fast_path: FastPath,
+    /// WireGuard implementation of the daemons.
+    pub wireguard: WireGuardArg,
     /// How long to wait for every peer to be up.
     pub timeout: Duration,
     /// Return once the daemons answer, without waiting for the mesh.
@@ -62,6 +65,11 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
         // Checked before anything is made: a typo must not leave a half-built lab.
         fs::metadata(f).with_context(|| format!("--underlay-nft {}", f.display()))?;
     }
+    // Forced kernel WireGuard where the kernel has none: every daemon would refuse to
+    // start; say so before anything is made.
+    if matches!(opts.wireguard, WireGuardArg::Kernel) && !kernel_has_wireguard() {
+        anyhow::bail!("{KERNEL_WIREGUARD_MISSING}");
+    }
     let started = Instant::now();
     let state = build(name, opts).with_context(|| {
         format!(
@@ -92,6 +100,27 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
         print!("{}", hints(&state));
     }
     Ok(())
+}
+
+/// Whether this kernel can create a WireGuard link, tried in a throwaway network
+/// namespace (`unshare --net`: it goes with the command, nothing to clean up).
+fn kernel_has_wireguard() -> bool {
+    std::process::Command::new("unshare")
+        .args(["--net", "ip", "link", "add", "wsprobe", "type", "wireguard"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// The value of `--wireguard` as typed on a command line.
+fn wireguard_name(w: WireGuardArg) -> &'static str {
+    match w {
+        WireGuardArg::Auto => "auto",
+        WireGuardArg::Kernel => "kernel",
+        WireGuardArg::Userspace => "userspace",
+    }
 }
 
 fn mkdir_private(dir: &Path) -> anyhow::Result<()> {
@@ -334,6 +363,8 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
             path_str(&n.state_dir)?.to_owned(),
             "--metrics-listen".into(),
             plan::node_metrics_address().to_string(),
+            "--wireguard".into(),
+            wireguard_name(opts.wireguard).into(),
         ];
         if supports_config {
             args.extend(["--config".into(), path_str(&n.config)?.to_owned()]);
@@ -356,6 +387,7 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
             FastPath::Nftables => "nftables".into(),
             FastPath::Ebpf => "ebpf".into(),
         },
+        wireguard: wireguard_name(opts.wireguard).into(),
         underlay_namespace: underlay,
         discovery: plan::DiscoveryState {
             namespace: disco_ns,

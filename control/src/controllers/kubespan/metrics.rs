@@ -1,6 +1,7 @@
 //! Prometheus metrics of the node (prometheus-client): peers by state, per-peer
-//! state, handshake age and traffic, the marking fast path and its prefixes, the
-//! config status, reconcile durations, controller restarts.
+//! state, handshake age and traffic, the marking fast path, its prefixes and the eBPF
+//! classifier's packet counters, the config status, reconcile durations, controller
+//! restarts.
 
 use std::{sync::atomic::AtomicU64, time::Duration};
 
@@ -9,6 +10,8 @@ use prometheus_client::{
     metrics::{counter::Counter, family::Family, gauge::Gauge, histogram::Histogram},
     registry::Registry,
 };
+
+use wirespan_dataplane::fastpath::Counters;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -22,6 +25,22 @@ fn duration_histogram() -> Histogram {
 /// Refreshes gauges that mirror state kept elsewhere, just before each scrape.
 pub type Collector = Box<dyn Fn(&MeshMetrics) + Send + Sync>;
 
+/// Reads the eBPF classifier's packet counters; `None` once the classifier is gone.
+pub type PacketCounterSource = Box<dyn Fn() -> Option<Counters> + Send + Sync>;
+
+/// The classifier's counter kinds, as the `result` label says them.
+const PACKET_RESULTS: [&str; 4] = ["hit", "miss", "skipped", "unparsed"];
+
+fn by_result(c: &Counters) -> [u64; 4] {
+    [c.hit, c.miss, c.skipped, c.unparsed]
+}
+
+/// The classifier being read and its counters as last mirrored.
+struct PacketSource {
+    read: PacketCounterSource,
+    last: [u64; 4],
+}
+
 /// The mesh metrics; cheap to share (`Arc`).
 pub struct MeshMetrics {
     registry: Registry,
@@ -29,6 +48,8 @@ pub struct MeshMetrics {
     peer_up: Family<Labels, Gauge>,
     fast_path: Family<Labels, Gauge>,
     fast_path_fallback: Gauge,
+    fast_path_packets: Family<Labels, Counter>,
+    packet_source: std::sync::Mutex<Option<PacketSource>>,
     marked_prefixes: Family<Labels, Gauge>,
     config_accepted: Gauge,
     config_documents: Gauge,
@@ -80,6 +101,8 @@ impl MeshMetrics {
             peer_up: Family::default(),
             fast_path: Family::default(),
             fast_path_fallback: Gauge::default(),
+            fast_path_packets: Family::default(),
+            packet_source: std::sync::Mutex::new(None),
             marked_prefixes: Family::default(),
             config_accepted: Gauge::default(),
             config_documents: Gauge::default(),
@@ -112,6 +135,18 @@ impl MeshMetrics {
             "1 when the configured fast path could not be used and another one runs",
             m.fast_path_fallback.clone(),
         );
+        registry.register(
+            "wirespan_kubespan_fast_path_packets",
+            "Packets the eBPF classifier saw, by result: hit (destination routed through \
+             the mesh: marked), miss, skipped (carried the device mark), unparsed",
+            m.fast_path_packets.clone(),
+        );
+        // At zero from the start: `increase()` needs the zero to see the first packets.
+        for r in PACKET_RESULTS {
+            let _ = m
+                .fast_path_packets
+                .get_or_create(&vec![("result", r.to_owned())]);
+        }
         registry.register(
             "wirespan_kubespan_marked_prefixes",
             "Prefixes in the marking set (traffic to them goes through the mesh), by family",
@@ -235,6 +270,45 @@ impl MeshMetrics {
             .set(1);
     }
 
+    /// Mirrors the counters of a newly attached classifier from now on (replacing any
+    /// earlier one; `None`: no classifier). The exported counters keep rising across
+    /// classifiers: a new one's counts are added from its zero.
+    pub fn set_fast_path_counters(&self, source: Option<PacketCounterSource>) {
+        *self
+            .packet_source
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            source.map(|read| PacketSource { read, last: [0; 4] });
+    }
+
+    /// Adds what the classifier counted since the last scrape.
+    fn mirror_packets(&self) {
+        let mut guard = self
+            .packet_source
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(src) = guard.as_mut() else {
+            return;
+        };
+        let Some(now) = (src.read)() else {
+            // The classifier is gone (torn down, replaced by nftables).
+            *guard = None;
+            return;
+        };
+        for ((r, now), last) in PACKET_RESULTS
+            .iter()
+            .zip(by_result(&now))
+            .zip(src.last.iter_mut())
+        {
+            // The map only grows while the classifier lives; less means it was reloaded.
+            let delta = now.checked_sub(*last).unwrap_or(now);
+            self.fast_path_packets
+                .get_or_create(&vec![("result", (*r).to_owned())])
+                .inc_by(delta);
+            *last = now;
+        }
+    }
+
     /// Installs the function run before each render (replacing any earlier one).
     pub fn set_collector(&self, collector: Collector) {
         *self
@@ -254,6 +328,7 @@ impl MeshMetrics {
         {
             c(self);
         }
+        self.mirror_packets();
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
@@ -360,6 +435,43 @@ mod tests {
             text.contains("wirespan_kubespan_peer_up{peer=\"k\",label=\"n1\"} 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn mirrors_the_classifier_counters_as_rising_counters() {
+        let m = MeshMetrics::new();
+        let line = |r: &str, n: u64| {
+            format!("wirespan_kubespan_fast_path_packets_total{{result=\"{r}\"}} {n}")
+        };
+        let text = m.render();
+        for r in PACKET_RESULTS {
+            assert!(text.contains(&line(r, 0)), "{text}");
+        }
+        let now = std::sync::Arc::new(std::sync::Mutex::new(Some(Counters {
+            hit: 5,
+            miss: 2,
+            skipped: 1,
+            unparsed: 0,
+        })));
+        let src = std::sync::Arc::clone(&now);
+        m.set_fast_path_counters(Some(Box::new(move || *src.lock().unwrap())));
+        let text = m.render();
+        for (r, n) in [("hit", 5), ("miss", 2), ("skipped", 1), ("unparsed", 0)] {
+            assert!(text.contains(&line(r, n)), "{r} {n}: {text}");
+        }
+        now.lock().unwrap().as_mut().unwrap().hit = 9;
+        assert!(m.render().contains(&line("hit", 9)));
+        // A new classifier starts from zero: its counts are added, the export keeps rising.
+        let fresh = std::sync::Arc::new(Counters {
+            hit: 3,
+            ..Counters::default()
+        });
+        m.set_fast_path_counters(Some(Box::new(move || Some(*fresh))));
+        assert!(m.render().contains(&line("hit", 12)));
+        // Gone: the counters stay where they were.
+        m.set_fast_path_counters(Some(Box::new(|| None)));
+        assert!(m.render().contains(&line("hit", 12)));
+        assert!(m.render().contains(&line("miss", 2)));
     }
 
     #[test]

@@ -128,19 +128,26 @@ impl MarkingFactory for NftablesMarking {
 pub struct KernelMarking {
     /// The namespace.
     pub netns: Netns,
+    /// Where the classifier's packet counters are exported, if anywhere.
+    pub metrics: Option<Arc<metrics::MeshMetrics>>,
 }
 
 impl MarkingFactory for KernelMarking {
     fn create(&self, fast_path: FastPath, link: &str) -> MarkingChoice {
         let nft = NftMarking::new(self.netns.clone());
         fast_path_choice(fast_path, nft, || {
-            fastpath::FastPath::attach(
+            let fp = fastpath::FastPath::attach(
                 &self.netns,
                 FastPathConfig {
                     interfaces: Interfaces::all_except([link]),
                     ..FastPathConfig::default()
                 },
-            )
+            )?;
+            if let Some(m) = &self.metrics {
+                let reader = fp.counter_reader();
+                m.set_fast_path_counters(Some(Box::new(move || reader.read())));
+            }
+            Ok(fp)
         })
     }
 }

@@ -217,6 +217,7 @@ impl KubeSpanManagerController {
             .map_or((s.fast_path, ""), |m| (m.in_use, m.note.as_str()));
         rt.modify::<KubeSpanManagerStatus>(NS, KUBESPAN, |r| {
             r.spec.link_name.clone_from(&s.link_name);
+            r.spec.wireguard = self.wg.as_ref().map_or("", |w| w.backend()).to_owned();
             r.spec.fast_path = match in_use {
                 FastPath::Nftables => "nftables".to_owned(),
                 FastPath::Ebpf => "ebpf".to_owned(),
