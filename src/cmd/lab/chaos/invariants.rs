@@ -33,10 +33,10 @@ pub struct Kernel {
     pub wg_peers: Vec<String>,
     /// `nft -j list tables`: names of the inet tables.
     pub inet_tables: Vec<String>,
-    /// Sets of the wirespan table: name and elements as text.
-    pub sets: Vec<(String, Vec<String>)>,
-    /// Rules of the wirespan table: chain and comment.
-    pub rules: Vec<(String, String)>,
+    /// Sets of the wirespan table.
+    pub sets: Sets,
+    /// Rules of the wirespan table.
+    pub rules: Rules,
     /// Priorities of `ip -4 rule` / `ip -6 rule`.
     pub ip_rules: [Vec<u64>; 2],
     /// Destinations of the routes in the mesh table, IPv4 and IPv6.
@@ -87,9 +87,14 @@ fn element_text(e: &Value) -> String {
     }
 }
 
+/// Sets of an nft table: name and elements as text.
+pub type Sets = Vec<(String, Vec<String>)>;
+/// Rules of an nft table: chain and comment.
+pub type Rules = Vec<(String, String)>;
+
 /// Sets (name, elements) and rules (chain, comment) of `nft -j list table inet NAME`.
 #[must_use]
-pub fn parse_nft_table(json: &Value) -> (Vec<(String, Vec<String>)>, Vec<(String, String)>) {
+pub fn parse_nft_table(json: &Value) -> (Sets, Rules) {
     let mut sets = Vec::new();
     let mut rules = Vec::new();
     for o in nft_objects(json) {
@@ -424,7 +429,7 @@ mod tests {
             ]
         );
         // Without nftables marking only the device and routing are checked.
-        let mut ebpf = exp.clone();
+        let mut ebpf = exp;
         ebpf.nftables = false;
         k.wg_peers = vec!["k2".into(), "k3".into()];
         k.ip_rules[0].push(32500);
