@@ -3,6 +3,7 @@
 //! UTS namespace (hostname = node name), on a bridge in an underlay namespace, with a
 //! discovery server in a namespace of its own. Nothing is routed to the host's network.
 
+mod chaos;
 mod down;
 mod host;
 mod observe;
@@ -95,6 +96,31 @@ enum Lab {
         #[arg(last = true, required = true)]
         command: Vec<String>,
     },
+    /// Inject faults at random into the running lab (daemons, wireguard-go and the
+    /// discovery server killed, links flapped, endpoints blackholed, configs applied,
+    /// nodes removed and added back), check after each that the mesh recovers and
+    /// nothing is duplicated or leaked, and report recovery times; non-zero exit on
+    /// any violation. The same --seed replays the same faults.
+    Chaos {
+        /// No new fault starts after this long.
+        #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+        duration: Duration,
+        /// Seed of the fault schedule (printed in the report: replay with it).
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+        /// The number of nodes the lab must have (a check; the lab is `lab up`'s).
+        #[arg(long)]
+        nodes: Option<usize>,
+        /// How long the lab may take to recover from one fault.
+        #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+        recovery_timeout: Duration,
+        /// Most resident memory any daemon may use, in MiB.
+        #[arg(long, default_value_t = 256)]
+        rss_limit_mib: u64,
+        /// Report format.
+        #[arg(short = 'o', long, value_enum, default_value_t = Output::Table)]
+        output: Output,
+    },
     /// Remove everything the lab made (also after a crash); idempotent.
     Down {
         /// First wait until process PID has exited (however it ends, SIGKILL too):
@@ -168,6 +194,24 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             // The command's own exit code is the answer.
             std::process::exit(status.code().unwrap_or(1));
         }
+        Lab::Chaos {
+            duration,
+            seed,
+            nodes,
+            recovery_timeout,
+            rss_limit_mib,
+            output,
+        } => chaos::run(
+            &name,
+            &chaos::Options {
+                duration: *duration,
+                seed: *seed,
+                nodes: *nodes,
+                recovery_timeout: *recovery_timeout,
+                rss_limit: rss_limit_mib.saturating_mul(1 << 20),
+                json: *output == Output::Json,
+            },
+        ),
         Lab::Down { after_exit } => {
             if let Some(pid) = after_exit {
                 down::wait_for_exit(*pid)?;
