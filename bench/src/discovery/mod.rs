@@ -48,6 +48,10 @@ pub struct Args {
     /// Server binary (default: this executable, run as `… discovery`).
     #[arg(long)]
     pub server_bin: Option<PathBuf>,
+    /// Run only the hostile-load section (good clients' latency with and without a
+    /// hostile client set).
+    #[arg(long)]
+    pub hostile_only: bool,
     /// A smoke run with small counts and fewer points (the test suite runs it once);
     /// its figures are not the benchmark's.
     #[arg(long)]
@@ -115,6 +119,10 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
          load comes from one address); {cores} cores shared by server and load generator",
         exe.display()
     );
+
+    if args.hostile_only {
+        return hostile::run(&exe, args.quick).await;
+    }
 
     // Throughput.
     let server = ServerProcess::start(&exe)?;
