@@ -44,6 +44,9 @@ fn bench_discovery_quick_runs_every_section() {
         "Watch fan-out",
         "Memory:",
         "Join storm",
+        "Hostile load",
+        "Watch delivery",
+        "limits' worst case",
     ] {
         assert!(out.contains(needle), "missing {needle:?}:\n{out}");
     }

@@ -292,7 +292,12 @@ async fn background(shared: Arc<Shared>) {
     stalled.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut limiter = tokio::time::interval(Duration::from_secs(60));
     limiter.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let snapshot_every = shared.config.snapshot_interval.max(Duration::from_secs(1));
+    // A floor only so a zero interval cannot spin; short intervals are legitimate (the
+    // kill-during-save test writes many snapshots a second).
+    let snapshot_every = shared
+        .config
+        .snapshot_interval
+        .max(Duration::from_millis(10));
     let mut snapshot =
         tokio::time::interval_at(tokio::time::Instant::now() + snapshot_every, snapshot_every);
     snapshot.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

@@ -102,7 +102,8 @@ fn io_err<'a>(
     }
 }
 
-/// Writes the state to `path` atomically: `<path>.tmp`, fsync, rename. The state lock
+/// Writes the state to `path` atomically: `<path>.tmp`, fsync, rename, fsync of the
+/// directory, so a crash at any point leaves the old file or the new one. The state lock
 /// is taken once per cluster, never across file I/O of the whole state.
 ///
 /// # Errors
@@ -140,11 +141,13 @@ pub fn save(path: &Path, state: &Mutex<State>) -> Result<SaveStats, SnapshotErro
         file.sync_all().map_err(io_err("syncing", &tmp))?;
         drop(file);
         fs::rename(&tmp, path).map_err(io_err("renaming over", path))?;
-        // Make the rename itself durable.
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            if let Ok(dir) = fs::File::open(parent) {
-                let _ = dir.sync_all();
-            }
+        // Make the rename itself durable (a bare file name lives in the working directory).
+        let parent = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        if let Ok(dir) = fs::File::open(parent) {
+            let _ = dir.sync_all();
         }
         Ok(stats)
     })();

@@ -1,15 +1,18 @@
 //! `wirespan bench discovery`: discovery server throughput, Watch fan-out latency,
-//! memory per affiliate and a join storm, against the real server binary.
+//! memory per affiliate, a join storm and good clients' latency under a hostile client
+//! set, against the real server binary.
 //!
 //! The server runs as a child process (`<this executable> discovery --no-rate-limit`)
 //! on loopback, so its memory can be read from `/proc/PID/status` and its CPU is not
 //! shared with the load generator's runtime. The rate limit is disabled because all
 //! load comes from one source address (it would cap every phase at 15 requests/s).
 
+mod hostile;
+mod process;
+
 use std::{
     net::SocketAddr,
     path::PathBuf,
-    process::{Child, Command, Stdio},
     sync::{
         atomic::{AtomicBool, AtomicU64, Ordering},
         Arc,
@@ -20,6 +23,7 @@ use std::{
 use anyhow::{bail, Context as _};
 
 use crate::bar;
+use process::{connect, connect_channels, connect_many, ServerProcess};
 use tonic::{transport::Channel, Code};
 use wirespan_discovery::proto::{
     health::{health_client::HealthClient, HealthCheckRequest},
@@ -44,6 +48,10 @@ pub struct Args {
     /// Server binary (default: this executable, run as `… discovery`).
     #[arg(long)]
     pub server_bin: Option<PathBuf>,
+    /// Run only the hostile-load section (good clients' latency with and without a
+    /// hostile client set).
+    #[arg(long)]
+    pub hostile_only: bool,
     /// A smoke run with small counts and fewer points (the test suite runs it once);
     /// its figures are not the benchmark's.
     #[arg(long)]
@@ -111,6 +119,10 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
          load comes from one address); {cores} cores shared by server and load generator",
         exe.display()
     );
+
+    if args.hostile_only {
+        return hostile::run(&exe, args.quick).await;
+    }
 
     // Throughput.
     let server = ServerProcess::start(&exe)?;
@@ -233,6 +245,9 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
         verdict(converged && s.elapsed < Duration::from_secs(30) && s.aborted == 0)
     );
     drop(server);
+
+    // Hostile load (fresh server, upstream limits).
+    hostile::run(&exe, args.quick).await?;
     Ok(())
 }
 
@@ -256,108 +271,6 @@ fn verdict(ok: bool) -> &'static str {
 
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1000.0)
-}
-
-/// The server as a child process, killed on drop.
-struct ServerProcess {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl ServerProcess {
-    fn start(exe: &std::path::Path) -> anyhow::Result<Self> {
-        Self::start_with(exe, &[])
-    }
-
-    fn start_with(exe: &std::path::Path, extra: &[String]) -> anyhow::Result<Self> {
-        // Pick a free port; the short window until the child binds it is acceptable
-        // on a benchmark machine.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
-        let child = Command::new(exe)
-            .args(["--log", "warn", "discovery", "--no-rate-limit", "--listen"])
-            .arg(addr.to_string())
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {}", exe.display()))?;
-        let mut server = Self { child, addr };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(addr).is_err() {
-            if let Some(status) = server.child.try_wait()? {
-                bail!("server exited at start: {status}");
-            }
-            if Instant::now() > deadline {
-                bail!("server did not listen on {addr} within 10 s");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Ok(server)
-    }
-
-    fn rss_bytes(&self) -> anyhow::Result<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
-        let line = status
-            .lines()
-            .find(|l| l.starts_with("VmRSS:"))
-            .context("no VmRSS in /proc/PID/status")?;
-        let kib: u64 = line
-            .split_whitespace()
-            .nth(1)
-            .context("malformed VmRSS")?
-            .parse()?;
-        Ok(kib * 1024)
-    }
-}
-
-impl Drop for ServerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-async fn connect_channel(addr: SocketAddr) -> anyhow::Result<Channel> {
-    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
-        .tcp_nodelay(true)
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {addr}"))
-}
-
-async fn connect(addr: SocketAddr) -> anyhow::Result<ClusterClient<Channel>> {
-    Ok(ClusterClient::new(connect_channel(addr).await?))
-}
-
-/// `n` connections (one HTTP/2 connection each).
-async fn connect_channels(addr: SocketAddr, n: usize, what: &str) -> anyhow::Result<Vec<Channel>> {
-    let pb = bar(n, what);
-    let mut out = Vec::with_capacity(n);
-    // Chunks keep the accept backlog small.
-    for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
-        let conns = futures::future::join_all(chunk.iter().map(|_| connect_channel(addr))).await;
-        for c in conns {
-            out.push(c?);
-            pb.inc(1);
-        }
-    }
-    pb.finish_and_clear();
-    Ok(out)
-}
-
-async fn connect_many(
-    addr: SocketAddr,
-    n: usize,
-    what: &str,
-) -> anyhow::Result<Vec<ClusterClient<Channel>>> {
-    Ok(connect_channels(addr, n, what)
-        .await?
-        .into_iter()
-        .map(ClusterClient::new)
-        .collect())
 }
 
 fn ttl() -> Option<prost_types::Duration> {

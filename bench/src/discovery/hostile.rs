@@ -1,0 +1,452 @@
+//! Hostile section of `wirespan bench discovery`: well-behaved clients' AffiliateUpdate
+//! and Watch latency p99 on a server without, then with, a hostile client set (one
+//! cluster filled to the affiliate limit with maximal affiliates and kept churning,
+//! watchers of it that never read, idle connections), in the same run; and the
+//! server's RSS growth against the worst case the protocol limits allow.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context as _};
+use tonic::{transport::Channel, Streaming};
+use wirespan_discovery::{
+    proto::server::{cluster_client::ClusterClient, *},
+    server::state::{MAX_AFFILIATES, MAX_DATA_LEN, MAX_ENDPOINTS, MAX_ENDPOINT_LEN, WATCH_QUEUE},
+};
+
+use super::{ms, process::connect, verdict, ServerProcess, DATA_LEN};
+use crate::bar;
+
+/// Sizes of the section; `--quick` scales the hostile set down.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Counts {
+    good: usize,
+    rounds: usize,
+    hostile_affiliates: usize,
+    slow_watchers: usize,
+    idle: usize,
+}
+
+impl Counts {
+    pub(super) fn new(quick: bool) -> Self {
+        if quick {
+            Self {
+                good: 4,
+                rounds: 10,
+                hostile_affiliates: 64,
+                slow_watchers: 20,
+                idle: 200,
+            }
+        } else {
+            Self {
+                good: 16,
+                rounds: 50,
+                hostile_affiliates: MAX_AFFILIATES,
+                slow_watchers: 1000,
+                idle: 10_000,
+            }
+        }
+    }
+}
+
+const HOSTILE_CLUSTER: &str = "hostile";
+const HOSTILE_PUBLISHERS: usize = 16;
+/// Re-updates of hostile affiliates per second while the good clients are measured.
+const CHURN_PER_SEC: u64 = 200;
+/// h2 window of the slow watchers' connections: they never read, so this is all the
+/// server can hand them before its send side backs up.
+const SLOW_WINDOW: u32 = 65_535;
+/// What one more connection may cost the server (h2 buffers, task, socket); the
+/// allowance in the worst case below.
+const PER_CONNECTION: u64 = 64 * 1024;
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit (the server child inherits it);
+/// returns the soft limit now in force.
+#[allow(unsafe_code)]
+fn raise_nofile() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid out-pointer for the duration of the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return 1024;
+    }
+    if lim.rlim_cur < lim.rlim_max {
+        let raised = libc::rlimit {
+            rlim_cur: lim.rlim_max,
+            rlim_max: lim.rlim_max,
+        };
+        // SAFETY: as above; a failure leaves the old limit, reported below.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            return raised.rlim_cur;
+        }
+    }
+    lim.rlim_cur
+}
+
+fn seq_data(seq: u64) -> Vec<u8> {
+    let mut data = vec![0u8; DATA_LEN];
+    data[..8].copy_from_slice(&seq.to_be_bytes());
+    data
+}
+
+fn max_ttl() -> Option<prost_types::Duration> {
+    Some(prost_types::Duration {
+        seconds: 30 * 60,
+        nanos: 0,
+    })
+}
+
+/// A maximal affiliate: largest data, every endpoint slot filled with the largest.
+fn hostile_update(i: usize, round: u64) -> AffiliateUpdateRequest {
+    let mut data = vec![0xdd; MAX_DATA_LEN];
+    data[..8].copy_from_slice(&round.to_be_bytes());
+    AffiliateUpdateRequest {
+        cluster_id: HOSTILE_CLUSTER.into(),
+        affiliate_id: format!("hostile-{i:0>247}"),
+        affiliate_data: Some(data),
+        affiliate_endpoints: (0..MAX_ENDPOINTS)
+            .map(|k| {
+                let mut e = vec![0xee; MAX_ENDPOINT_LEN];
+                e[..8].copy_from_slice(&((i * MAX_ENDPOINTS + k) as u64).to_be_bytes());
+                e
+            })
+            .collect(),
+        ttl: max_ttl(),
+    }
+}
+
+/// One good client: its own cluster, its own connection for updates and one for its
+/// Watch, reading promptly.
+struct Good {
+    cluster: String,
+    client: ClusterClient<Channel>,
+    watch: Streaming<WatchResponse>,
+    _watch_conn: ClusterClient<Channel>,
+}
+
+#[derive(Default)]
+struct Samples {
+    update: Vec<Duration>,
+    watch: Vec<Duration>,
+}
+
+impl Samples {
+    fn p99(v: &mut [Duration]) -> Duration {
+        v.sort_unstable();
+        v.get(((v.len().saturating_sub(1)) as f64 * 0.99).round() as usize)
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+async fn connect_good(addr: SocketAddr, i: usize) -> anyhow::Result<Good> {
+    let cluster = format!("good-{i}");
+    let mut watch_conn = connect(addr).await?;
+    let mut watch = watch_conn
+        .watch(WatchRequest {
+            cluster_id: cluster.clone(),
+        })
+        .await?
+        .into_inner();
+    watch.message().await?.context("no watch snapshot")?;
+    Ok(Good {
+        cluster,
+        client: connect(addr).await?,
+        watch,
+        _watch_conn: watch_conn,
+    })
+}
+
+/// `rounds` updates 20 ms apart from every good client at once: the RPC's latency,
+/// and the time from sending it to its own watcher receiving it.
+async fn measure(
+    goods: Vec<Good>,
+    rounds: usize,
+    seq: &AtomicU64,
+) -> anyhow::Result<(Vec<Good>, Samples)> {
+    let mut tasks = Vec::new();
+    for mut g in goods {
+        let first = seq.fetch_add(rounds as u64, Ordering::Relaxed);
+        tasks.push(tokio::spawn(async move {
+            let mut s = Samples::default();
+            for r in 0..rounds as u64 {
+                let n = first + r;
+                let t0 = Instant::now();
+                g.client
+                    .affiliate_update(AffiliateUpdateRequest {
+                        cluster_id: g.cluster.clone(),
+                        affiliate_id: "good".into(),
+                        affiliate_data: Some(seq_data(n)),
+                        affiliate_endpoints: vec![],
+                        ttl: max_ttl(),
+                    })
+                    .await?;
+                s.update.push(t0.elapsed());
+                'seen: loop {
+                    let msg = tokio::time::timeout(Duration::from_secs(30), g.watch.message())
+                        .await
+                        .context("a good watcher waited 30 s for its own update")??
+                        .context("a good watcher's stream ended")?;
+                    for a in msg.affiliates {
+                        if a.data.get(..8) == Some(&n.to_be_bytes()[..]) {
+                            break 'seen;
+                        }
+                    }
+                }
+                s.watch.push(t0.elapsed());
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            anyhow::Ok((g, s))
+        }));
+    }
+    let mut goods = Vec::new();
+    let mut all = Samples::default();
+    for t in tasks {
+        let (g, s) = t.await??;
+        goods.push(g);
+        all.update.extend(s.update);
+        all.watch.extend(s.watch);
+    }
+    Ok((goods, all))
+}
+
+/// The hostile client set; its connections stay open until dropped.
+struct Hostile {
+    _publishers: Vec<ClusterClient<Channel>>,
+    _slow: Vec<(ClusterClient<Channel>, Streaming<WatchResponse>)>,
+    _idle: Vec<tokio::net::TcpStream>,
+    stop: Arc<AtomicBool>,
+    churn: Vec<tokio::task::JoinHandle<anyhow::Result<u64>>>,
+}
+
+async fn start_hostile(addr: SocketAddr, c: Counts) -> anyhow::Result<Hostile> {
+    // Fill the cluster to the limit with maximal affiliates.
+    let mut publishers = Vec::new();
+    for _ in 0..HOSTILE_PUBLISHERS {
+        publishers.push(connect(addr).await?);
+    }
+    let pb = bar(c.hostile_affiliates, "hostile affiliates");
+    for chunk in (0..c.hostile_affiliates)
+        .collect::<Vec<_>>()
+        .chunks(HOSTILE_PUBLISHERS)
+    {
+        let calls = chunk.iter().zip(publishers.iter_mut()).map(|(&i, p)| {
+            let mut p = p.clone();
+            async move { p.affiliate_update(hostile_update(i, 0)).await }
+        });
+        for r in futures::future::join_all(calls).await {
+            r.context("filling the hostile cluster")?;
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+
+    // Watchers of it that never read, each on its own connection with a small window.
+    let pb = bar(c.slow_watchers, "slow watchers");
+    let mut slow = Vec::with_capacity(c.slow_watchers);
+    for chunk in (0..c.slow_watchers).collect::<Vec<_>>().chunks(64) {
+        let opens = chunk.iter().map(|_| async {
+            let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+                .initial_stream_window_size(SLOW_WINDOW)
+                .initial_connection_window_size(SLOW_WINDOW)
+                .connect()
+                .await?;
+            let mut client = ClusterClient::new(channel);
+            let stream = client
+                .watch(WatchRequest {
+                    cluster_id: HOSTILE_CLUSTER.into(),
+                })
+                .await?
+                .into_inner();
+            anyhow::Ok((client, stream))
+        });
+        for r in futures::future::join_all(opens).await {
+            slow.push(r.context("opening a slow watcher")?);
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+
+    // Idle TCP connections: accepted, never a byte sent.
+    let pb = bar(c.idle, "idle connections");
+    let mut idle = Vec::with_capacity(c.idle);
+    for chunk in (0..c.idle).collect::<Vec<_>>().chunks(256) {
+        let conns = chunk.iter().map(|_| tokio::net::TcpStream::connect(addr));
+        for r in futures::future::join_all(conns).await {
+            idle.push(r.context("opening an idle connection")?);
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+
+    // Churn: the hostile affiliates keep being re-published (new data each round), so
+    // every slow watcher keeps receiving events it never reads.
+    let stop = Arc::new(AtomicBool::new(false));
+    let per_publisher = Duration::from_secs_f64(HOSTILE_PUBLISHERS as f64 / CHURN_PER_SEC as f64);
+    let churn = publishers
+        .iter()
+        .enumerate()
+        .map(|(p, client)| {
+            let (mut client, stop) = (client.clone(), Arc::clone(&stop));
+            let n = c.hostile_affiliates;
+            tokio::spawn(async move {
+                let mut sent = 0u64;
+                let mut i = p;
+                while !stop.load(Ordering::Relaxed) && n > 0 {
+                    client
+                        .affiliate_update(hostile_update(i % n, sent + 1))
+                        .await?;
+                    sent += 1;
+                    i += HOSTILE_PUBLISHERS;
+                    tokio::time::sleep(per_publisher).await;
+                }
+                anyhow::Ok(sent)
+            })
+        })
+        .collect();
+    Ok(Hostile {
+        _publishers: publishers,
+        _slow: slow,
+        _idle: idle,
+        stop,
+        churn,
+    })
+}
+
+impl Hostile {
+    /// Stops the churn; returns how many hostile updates it sent.
+    async fn stop_churn(&mut self) -> anyhow::Result<u64> {
+        self.stop.store(true, Ordering::Relaxed);
+        let mut total = 0;
+        for t in self.churn.drain(..) {
+            total += t.await??;
+        }
+        Ok(total)
+    }
+}
+
+/// Encoded size of a maximal affiliate inside a Watch/List message (ID, data,
+/// endpoints, field framing).
+fn max_affiliate_bytes() -> u64 {
+    use prost::Message as _;
+    let a = Affiliate {
+        id: "x".repeat(256),
+        data: vec![0; MAX_DATA_LEN],
+        endpoints: vec![vec![0; MAX_ENDPOINT_LEN]; MAX_ENDPOINTS],
+    };
+    (a.encoded_len() + 4) as u64
+}
+
+/// Runs the section on a fresh server and prints its report.
+pub(super) async fn run(exe: &std::path::Path, quick: bool) -> anyhow::Result<()> {
+    let mut c = Counts::new(quick);
+    let nofile = raise_nofile();
+    // Both ends of every connection live on this host; the client side counts here,
+    // the server (a child: same limit) holds as many.
+    let spare = 512;
+    let fixed = (c.slow_watchers + 2 * c.good + HOSTILE_PUBLISHERS + spare) as u64;
+    if fixed + c.idle as u64 > nofile {
+        let fit = nofile.saturating_sub(fixed) as usize;
+        println!(
+            "  RLIMIT_NOFILE is {nofile}: idle connections scaled down from {} to {fit}",
+            c.idle
+        );
+        c.idle = fit;
+    }
+    let mut server = ServerProcess::start(exe)?;
+    let addr = server.addr;
+    let mut goods = Vec::with_capacity(c.good);
+    for i in 0..c.good {
+        goods.push(connect_good(addr, i).await?);
+    }
+    let seq = AtomicU64::new(1);
+    // Warm-up (discarded), then unloaded.
+    let (goods, _) = measure(goods, 3, &seq).await?;
+    let rss_before = server.rss_bytes()?;
+    let (goods, mut unloaded) = measure(goods, c.rounds, &seq).await?;
+
+    let built = Instant::now();
+    let mut hostile = start_hostile(addr, c).await?;
+    let built = built.elapsed();
+    let (goods, mut loaded) = measure(goods, c.rounds, &seq).await?;
+    let rss_loaded = server.rss_bytes()?;
+    let churned = hostile.stop_churn().await?;
+    if server.exited() {
+        bail!("the server died under the hostile load");
+    }
+    drop(hostile);
+    drop(goods);
+
+    let a = max_affiliate_bytes();
+    let state = c.hostile_affiliates as u64 * a;
+    let connections = (c.slow_watchers + c.idle + HOSTILE_PUBLISHERS) as u64;
+    // Stored state, plus per slow watcher its initial snapshot of the cluster and a
+    // full queue of maximal events, plus an allowance per connection.
+    let worst = state
+        + c.slow_watchers as u64 * (state + WATCH_QUEUE as u64 * a)
+        + connections * PER_CONNECTION;
+    let growth = rss_loaded.saturating_sub(rss_before);
+
+    let (u0, u1) = (
+        Samples::p99(&mut unloaded.update),
+        Samples::p99(&mut loaded.update),
+    );
+    let (w0, w1) = (
+        Samples::p99(&mut unloaded.watch),
+        Samples::p99(&mut loaded.watch),
+    );
+    println!();
+    println!(
+        "Hostile load: {} good clients ({} B data, own cluster, own watcher), {} updates each \
+         20 ms apart, measured without and then with a hostile set: {} maximal affiliates \
+         ({} B data, {} endpoints) in one cluster re-published at {CHURN_PER_SEC}/s, {} \
+         watchers of it that never read ({SLOW_WINDOW} B h2 window), {} idle TCP connections \
+         (set up in {:.1} s; RLIMIT_NOFILE {nofile})",
+        c.good,
+        DATA_LEN,
+        c.rounds,
+        c.hostile_affiliates,
+        MAX_DATA_LEN,
+        MAX_ENDPOINTS,
+        c.slow_watchers,
+        c.idle,
+        built.as_secs_f64()
+    );
+    println!(
+        "{:>18}  {:>10}  {:>10}  {:>7}  target",
+        "good-client p99", "unloaded", "loaded", "ratio"
+    );
+    for (what, p0, p1) in [("AffiliateUpdate", u0, u1), ("Watch delivery", w0, w1)] {
+        // A floor of 1 ms keeps sub-millisecond noise from making a ratio.
+        let ratio = p1.as_secs_f64() / p0.as_secs_f64().max(0.001);
+        println!(
+            "{what:>18}  {:>10}  {:>10}  {ratio:>6.2}×  loaded ≤ 2× unloaded  {}",
+            ms(p0),
+            ms(p1),
+            verdict(ratio <= 2.0)
+        );
+    }
+    println!(
+        "  server VmRSS {:.1} MiB → {:.1} MiB under load (+{:.1} MiB); limits' worst case \
+         +{:.1} MiB (hostile cluster {:.1} MiB + per slow watcher a snapshot of it and \
+         {WATCH_QUEUE} queued maximal events + {} KiB per connection)  {}; {churned} hostile \
+         re-publishes during the loaded run",
+        rss_before as f64 / 1_048_576.0,
+        rss_loaded as f64 / 1_048_576.0,
+        growth as f64 / 1_048_576.0,
+        worst as f64 / 1_048_576.0,
+        state as f64 / 1_048_576.0,
+        PER_CONNECTION / 1024,
+        verdict(growth <= worst)
+    );
+    drop(server);
+    Ok(())
+}
