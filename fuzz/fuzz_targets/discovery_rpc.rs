@@ -88,7 +88,10 @@ enum Op {
     },
 }
 
-type Stream = <ClusterService as Cluster>::WatchStream;
+/// An open Watch, fused: a stream that ended (the server closed it) answers `None`
+/// from then on instead of being polled past its end, which the `Stream` contract
+/// forbids and tonic never does.
+type Stream = futures::stream::Fuse<<ClusterService as Cluster>::WatchStream>;
 
 fn drain(stream: &mut Stream) {
     while let Some(Some(item)) = stream.next().now_or_never() {
@@ -100,7 +103,7 @@ fn drain(stream: &mut Stream) {
 
 async fn watch(svc: &ClusterService, req: pb::WatchRequest, open: &mut Vec<Stream>) {
     if let Ok(resp) = svc.watch(Request::new(req)).await {
-        let mut stream = resp.into_inner();
+        let mut stream = resp.into_inner().fuse();
         // The first message (snapshot or error) is always ready at once.
         let first = stream.next().now_or_never();
         assert!(first.is_some(), "first Watch message not ready");
