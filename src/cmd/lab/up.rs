@@ -257,7 +257,8 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
         let ns = add_host_netns(name, &node, &addresses)?;
         // Like a systemd host (its 50-default.conf): every new link, the mesh link
         // included, starts with loose reverse-path filtering, which the daemon turns
-        // off on the mesh link.
+        // off on the mesh link. `all` is the host policy the daemon requires to be 0
+        // (a new namespace copies the host's IPv4 `all`, which may be strict).
         host::run(
             "ip",
             &[
@@ -267,6 +268,7 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
                 "sysctl",
                 "-qw",
                 "net.ipv4.conf.default.rp_filter=2",
+                "net.ipv4.conf.all.rp_filter=0",
             ],
         )?;
         let node_dir = plan::node_dir(&dir, &node);
