@@ -18,23 +18,23 @@ use wirespan_dataplane::{
     wireguard::PresharedKey,
 };
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn manager_programs_a_real_device_and_marking_set() {
-    let ns = NetnsGuard::new("wsks").unwrap();
+/// A running mesh node in a throwaway namespace: the KubeSpan controllers with
+/// userspace WireGuard and nftables, the cluster secret `secret`, peers 1 and 2, the
+/// mesh enabled on a uniquely named link.
+struct MeshNode {
+    ns: NetnsGuard,
+    link: String,
+    h: Harness,
+    _dir: tempfile::TempDir,
+}
+
+fn start_mesh(prefix: &str, mac: &str, secret: [u8; 32]) -> MeshNode {
+    let ns = NetnsGuard::new(prefix).unwrap();
     // A link with a MAC for the identity (namespaces have no physical link).
     ns.run(
         "ip",
         &[
-            "link",
-            "add",
-            "d0",
-            "address",
-            "00:16:3e:12:34:56",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "d1",
+            "link", "add", "d0", "address", mac, "type", "veth", "peer", "name", "d1",
         ],
     )
     .unwrap();
@@ -50,7 +50,6 @@ async fn manager_programs_a_real_device_and_marking_set() {
             netns: ns.netns().clone(),
         }),
     );
-    let secret = [9u8; 32];
     seed_cluster(&store, secret);
     let config = wirespan_control::config::parse(&format!(
         "apiVersion: v1alpha1\nkind: KubeSpanConfig\nenabled: true\nlinkName: {link}\n"
@@ -65,7 +64,18 @@ async fn manager_programs_a_real_device_and_marking_set() {
             };
         })
         .unwrap();
-    let h = Harness::start(runtime);
+    MeshNode {
+        ns,
+        link,
+        h: Harness::start(runtime),
+        _dir: dir,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manager_programs_a_real_device_and_marking_set() {
+    let secret = [9u8; 32];
+    let MeshNode { ns, link, h, _dir } = start_mesh("wsks", "00:16:3e:12:34:56", secret);
 
     let peers = eventually("two peers on the device", || {
         let out = ns.run_stdout("wg", &["show", &link, "dump"]).ok()?;
@@ -160,50 +170,7 @@ async fn manager_programs_a_real_device_and_marking_set() {
 /// WireGuard link with its peers. Nothing but the manager's own timer wakes it here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_repairs_its_link_table_and_elements_deleted_from_outside() {
-    let ns = NetnsGuard::new("wsdr").unwrap();
-    ns.run(
-        "ip",
-        &[
-            "link",
-            "add",
-            "d0",
-            "address",
-            "00:16:3e:12:34:57",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            "d1",
-        ],
-    )
-    .unwrap();
-    let link = unique_name("wsk");
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::new(StoreOptions::default());
-    let mut runtime = Runtime::new(store.clone());
-    register_real(
-        &mut runtime,
-        &ns,
-        dir.path(),
-        Arc::new(NftablesMarking {
-            netns: ns.netns().clone(),
-        }),
-    );
-    seed_cluster(&store, [7u8; 32]);
-    let config = wirespan_control::config::parse(&format!(
-        "apiVersion: v1alpha1\nkind: KubeSpanConfig\nenabled: true\nlinkName: {link}\n"
-    ))
-    .unwrap();
-    store
-        .modify::<MachineConfig>("config", "active", "", |r| {
-            r.spec = MachineConfigSpec {
-                source: "test".into(),
-                document_count: 1,
-                config: config.clone(),
-            };
-        })
-        .unwrap();
-    let h = Harness::start(runtime);
+    let MeshNode { ns, link, h, _dir } = start_mesh("wsdr", "00:16:3e:12:34:57", [7u8; 32]);
 
     let hosts = |ns: &NetnsGuard| -> Option<String> {
         ns.run_stdout(
