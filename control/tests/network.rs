@@ -242,6 +242,19 @@ async fn operator_layer_overrides_link_fields_field_wise() {
     h.stop().await.unwrap();
 }
 
+/// The network controllers on the real netlink adapter in `ns`, woken by its kernel
+/// events: the store and the running harness.
+fn start_in(ns: &NetnsGuard) -> (Store, Harness) {
+    let deps = Deps {
+        net: Arc::new(Mutex::new(NetlinkRouting::new(ns.netns()).unwrap())),
+        feed: Arc::new(NetlinkFeed(ns.netns().clone())),
+    };
+    let store = Store::new(StoreOptions::default());
+    let mut rt = Runtime::new(store.clone());
+    network::register(&mut rt, &deps).unwrap();
+    (store, Harness::start(rt))
+}
+
 fn ip_json(ns: &NetnsGuard, args: &[&str]) -> serde_json::Value {
     serde_json::from_str(&ns.run_stdout("ip", args).unwrap()).unwrap()
 }
@@ -302,14 +315,7 @@ async fn kernel_addresses_and_routes_follow_specs_and_foreign_objects_survive() 
         ],
     )
     .unwrap();
-    let deps = Deps {
-        net: Arc::new(Mutex::new(NetlinkRouting::new(ns.netns()).unwrap())),
-        feed: Arc::new(NetlinkFeed(ns.netns().clone())),
-    };
-    let store = Store::new(StoreOptions::default());
-    let mut rt = Runtime::new(store.clone());
-    network::register(&mut rt, &deps).unwrap();
-    let h = Harness::start(rt);
+    let (store, h) = start_in(&ns);
 
     // Also a spec for the foreign address: satisfied by it, never removed.
     set_config(
@@ -497,14 +503,7 @@ use wirespan_control::resources::network as network_res;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_bad_route_does_not_stall_the_others_and_shows_its_error() {
     let ns = veth_ns("wsbad");
-    let deps = Deps {
-        net: Arc::new(Mutex::new(NetlinkRouting::new(ns.netns()).unwrap())),
-        feed: Arc::new(NetlinkFeed(ns.netns().clone())),
-    };
-    let store = Store::new(StoreOptions::default());
-    let mut rt = Runtime::new(store.clone());
-    network::register(&mut rt, &deps).unwrap();
-    let h = Harness::start(rt);
+    let (store, h) = start_in(&ns);
     let route = |dst: &str, gw: &str| {
         format!(
             "apiVersion: v1alpha1\nkind: RouteConfig\ndestination: {dst}\ngateway: {gw}\nlink: dum0\n"
@@ -683,14 +682,7 @@ async fn each_kernel_rejection_shows_on_its_object_and_the_rest_is_applied() {
         ],
     )
     .unwrap();
-    let deps = Deps {
-        net: Arc::new(Mutex::new(NetlinkRouting::new(ns.netns()).unwrap())),
-        feed: Arc::new(NetlinkFeed(ns.netns().clone())),
-    };
-    let store = Store::new(StoreOptions::default());
-    let mut rt = Runtime::new(store.clone());
-    network::register(&mut rt, &deps).unwrap();
-    let h = Harness::start(rt);
+    let (store, h) = start_in(&ns);
     let good = "apiVersion: v1alpha1\nkind: AddressConfig\nlink: dum0\naddress: 10.50.0.1/24\n---\n\
                 apiVersion: v1alpha1\nkind: RouteConfig\ndestination: 10.61.0.0/16\ngateway: 10.50.0.2\nlink: dum0\n";
     let bad = "apiVersion: v1alpha1\nkind: LinkConfig\nname: nosuch0\nmtu: 1400\n---\n\
