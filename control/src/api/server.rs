@@ -1,7 +1,7 @@
 //! The resource API server.
 
 use std::{
-    os::unix::fs::{DirBuilderExt as _, FileTypeExt as _, PermissionsExt as _},
+    os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     sync::Arc,
 };
@@ -333,13 +333,7 @@ pub fn bind(path: &Path) -> Result<UnixListener, ServeError> {
         path: path.to_owned(),
         source,
     };
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(dir)
-            .map_err(err)?;
-    }
+    crate::resources::identity::create_private_parent(path).map_err(err)?;
     if let Ok(md) = std::fs::symlink_metadata(path) {
         if !md.file_type().is_socket() {
             return Err(err(std::io::Error::new(

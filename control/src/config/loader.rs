@@ -350,14 +350,7 @@ impl ConfigLoader {
             path: path.clone(),
             source,
         };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            use std::os::unix::fs::DirBuilderExt as _;
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(err)?;
-        }
+        crate::resources::identity::create_private_parent(path).map_err(err)?;
         crate::resources::identity::write_atomic(path, text.as_bytes()).map_err(err)
     }
 

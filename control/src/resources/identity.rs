@@ -95,6 +95,22 @@ pub enum IdentityError {
     },
 }
 
+/// Creates the directory `path` is in (and its parents) with mode 0700 when missing:
+/// where keys, the last good config and the API socket live, root only.
+///
+/// # Errors
+/// I/O errors.
+pub fn create_private_parent(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    match path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        Some(dir) => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir),
+        None => Ok(()),
+    }
+}
+
 /// Writes `contents` to `path` atomically with mode 0600 (temp file, fsync, rename,
 /// fsync of the directory).
 ///
