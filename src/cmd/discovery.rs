@@ -106,9 +106,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let server = server::spawn_with_metrics(config, listener, metrics)
             .await
             .context("starting the discovery server")?;
-        crate::notify::notify_or_log("READY=1");
+        // The handler before readiness: a SIGTERM right after READY=1 must stop the
+        // server gracefully, not kill it with the default disposition.
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .context("installing the SIGTERM handler")?;
+        crate::notify::notify_or_log("READY=1");
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM, shutting down"),
             r = tokio::signal::ctrl_c() => {

@@ -266,6 +266,8 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
         tracing::info!(addr = %listener.local_addr()?, "serving metrics");
         tokio::spawn(kubespan::metrics::serve(listener, metrics, cancel.clone()));
     }
+    // The SIGTERM handler before anything can report readiness (see `discovery`).
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     let mut rt_task = tokio::spawn(runtime.run(cancel.clone()));
     tokio::spawn(notify_when_ready(store.clone(), cancel.clone()));
     if let Some(path) = &args.config {
@@ -277,7 +279,6 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
         async move { serve(listener, &socket, api, cancel).await }
     });
 
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     // Shutdown begins: tell systemd (before the teardown, which may take a while),
     // then stop everything.
     let stop = || {
