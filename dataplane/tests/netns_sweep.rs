@@ -38,6 +38,21 @@ fn first_guard_sweeps_namespaces_of_dead_test_processes() {
     // Something running inside the stale one, as a wireguard-go would be.
     let stale_ns = Netns::named(stale.clone());
     let mut sleeper = stale_ns.command("sleep").arg("60").spawn().unwrap();
+    // Spawned is not yet inside: wait until the namespace lists it.
+    let pid = sleeper.id().to_string();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while !Netns::current()
+        .run_stdout("ip", &["netns", "pids", &stale])
+        .unwrap_or_default()
+        .split_whitespace()
+        .any(|p| p == pid)
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sleep never entered {stale}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
 
     let _guard = NetnsGuard::new("wssweep").unwrap();
     let after = namespaces();
