@@ -246,7 +246,7 @@ impl Routing for FakeRouting {
         })
     }
 
-    fn teardown(&mut self, _table: u32, _priority: u32) -> Result<(), RoutingError> {
+    fn teardown(&mut self) -> Result<(), RoutingError> {
         let mut g = lock(&self.0);
         if g.spec.is_some() && !g.torn_down {
             g.torn_down = true;

@@ -146,7 +146,7 @@ fn teardown_leaves_foreign_rule_and_route() {
     .unwrap();
     // A second apply does not touch them either.
     assert!(r.apply(&spec).unwrap().is_empty());
-    r.teardown(180, 32500).unwrap();
+    r.teardown().unwrap();
     assert!(our_rules(&ns, "-4").is_empty() && our_rules(&ns, "-6").is_empty());
     let rules = ip_json(&ns, &["-4", "rule", "show"]);
     assert!(
@@ -158,6 +158,37 @@ fn teardown_leaves_foreign_rule_and_route() {
     let routes = ip_json(&ns, &["-4", "route", "show", "table", "180"]);
     assert_eq!(routes.len(), 1);
     assert_eq!(routes[0]["dst"], "10.99.0.0/16");
+}
+
+/// A restart with the mesh moved to another table and priority: the new process never
+/// applied the old ones, yet its first apply removes what the earlier run left there.
+#[test]
+fn first_apply_of_a_new_process_removes_the_mesh_objects_of_an_earlier_table_and_priority() {
+    let (ns, mut earlier, mut spec) = setup();
+    spec.table = 181;
+    spec.priority = 32501;
+    earlier.apply(&spec).unwrap();
+    assert_eq!(our_rules(&ns, "-4")[0]["priority"], 32501);
+    drop(earlier);
+
+    let mut r = NetlinkRouting::new(ns.netns()).unwrap();
+    spec.table = 180;
+    spec.priority = 32500;
+    r.apply(&spec).unwrap();
+    for fam in ["-4", "-6"] {
+        let rules = our_rules(&ns, fam);
+        assert_eq!(rules.len(), 1, "{fam}: {rules:?}");
+        assert_eq!(rules[0]["priority"], 32500);
+        assert_eq!(rules[0]["table"], "180");
+        assert!(
+            ip_json(&ns, &[fam, "route", "show", "table", "181"]).is_empty(),
+            "{fam}: a route of the earlier run is left in table 181"
+        );
+        assert_eq!(
+            ip_json(&ns, &[fam, "route", "show", "table", "180"]).len(),
+            1
+        );
+    }
 }
 
 #[test]
@@ -428,7 +459,7 @@ fn mesh_teardown_spares_config_and_foreign_objects() {
         our_rules(ns, "-4").len() + ip_json(ns, &["-4", "route", "show", "table", "180"]).len()
     };
     // First round while the mesh is off: only the mesh's go.
-    r.teardown(180, 32500).unwrap();
+    r.teardown().unwrap();
     assert_eq!(mesh_left(&ns), 0);
     assert_eq!(survivors(&ns), expected);
 
@@ -440,7 +471,7 @@ fn mesh_teardown_spares_config_and_foreign_objects() {
             .unwrap());
         assert!(r.apply_rule(&rule(32500, 180, Owner::Mesh)).unwrap());
         assert_eq!(mesh_left(&ns), 2);
-        r.teardown(180, 32500).unwrap();
+        r.teardown().unwrap();
         assert_eq!(mesh_left(&ns), 0);
         assert_eq!(survivors(&ns), expected);
         // The documents' objects are still converged (nothing to write).

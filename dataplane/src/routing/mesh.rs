@@ -4,11 +4,7 @@
 
 use ipnet::IpNet;
 use rtnetlink::{
-    packet_route::{
-        route::{RouteAttribute, RouteMessage},
-        rule::RuleAttribute,
-        AddressFamily,
-    },
+    packet_route::{route::RouteAttribute, rule::RuleAttribute, AddressFamily},
     Handle, LinkUnspec,
 };
 
@@ -23,26 +19,10 @@ use super::{
     NetlinkRouting, Routing, RoutingChanges, RoutingError, RoutingSpec, RoutingStatus,
 };
 
-/// The mesh's routes in `spec`'s table and, when it moved, in the `previous` one.
-async fn mesh_routes_of(
-    h: &Handle,
-    spec: &RoutingSpec,
-    previous: Option<(u32, u32)>,
-) -> Result<Vec<RouteMessage>, RoutingError> {
-    let mut routes = mesh_routes(h, spec.table).await?;
-    if let Some((table, _)) = previous.filter(|(t, _)| *t != spec.table) {
-        routes.extend(mesh_routes(h, table).await?);
-    }
-    Ok(routes)
-}
-
-/// `previous` is the (table, priority) of the last apply: when the spec moves the mesh
-/// to another table or priority, the objects at the old ones are stale too.
-async fn apply_in_ns(
-    h: Handle,
-    spec: RoutingSpec,
-    previous: Option<(u32, u32)>,
-) -> Result<RoutingChanges, RoutingError> {
+/// Every mesh-marked (211) rule and route is the mesh's, whatever its table or
+/// priority: one that does not match the spec is stale, also when an earlier run used
+/// another table or priority.
+async fn apply_in_ns(h: Handle, spec: RoutingSpec) -> Result<RoutingChanges, RoutingError> {
     let mut ch = RoutingChanges::default();
     let link = find_link(&h, &spec.link)
         .await?
@@ -88,7 +68,7 @@ async fn apply_in_ns(
     }
 
     // Routes: replace desired (atomic per route), then drop our stale ones.
-    let routes = mesh_routes_of(&h, &spec, previous).await?;
+    let routes = mesh_routes(&h).await?;
     for v6 in [false, true] {
         let wanted = if v6 { spec.ipv6 } else { spec.ipv4 };
         let present = routes.iter().any(|r| {
@@ -107,7 +87,7 @@ async fn apply_in_ns(
     }
     // Re-read after writes: a replace may have consumed a stale route already.
     let routes = if ch.routes > 0 {
-        mesh_routes_of(&h, &spec, previous).await?
+        mesh_routes(&h).await?
     } else {
         routes
     };
@@ -123,14 +103,7 @@ async fn apply_in_ns(
     }
 
     // Rules: add desired, then drop our stale ones.
-    let mut rules = mesh_rules(&h, spec.table, spec.priority).await?;
-    if let Some((table, priority)) = previous.filter(|p| *p != (spec.table, spec.priority)) {
-        for r in mesh_rules(&h, table, priority).await? {
-            if !rules.contains(&r) {
-                rules.push(r);
-            }
-        }
-    }
+    let rules = mesh_rules(&h).await?;
     for v6 in [false, true] {
         let wanted = if v6 { spec.ipv6 } else { spec.ipv4 };
         let present = rules
@@ -150,12 +123,7 @@ async fn apply_in_ns(
     Ok(ch)
 }
 
-async fn observe_in_ns(
-    h: Handle,
-    name: String,
-    table: u32,
-    priority: u32,
-) -> Result<RoutingStatus, RoutingError> {
+async fn observe_in_ns(h: Handle, name: String) -> Result<RoutingStatus, RoutingError> {
     let mut st = RoutingStatus::default();
     if let Some(link) = find_link(&h, &name).await? {
         st.link_index = Some(link.index);
@@ -167,7 +135,7 @@ async fn observe_in_ns(
             .map(|(a, _)| a)
             .collect();
     }
-    for r in mesh_rules(&h, table, priority).await? {
+    for r in mesh_rules(&h).await? {
         st.rules.push((
             r.header.family == AddressFamily::Inet6,
             rule_field(&r, |a| match a {
@@ -178,7 +146,7 @@ async fn observe_in_ns(
             rule_table(&r),
         ));
     }
-    for r in mesh_routes(&h, table).await? {
+    for r in mesh_routes(&h).await? {
         if let Some(dst) = route_dst(&r) {
             let metric = route_u32(&r, |a| match a {
                 RouteAttribute::Priority(p) => Some(*p),
@@ -192,9 +160,9 @@ async fn observe_in_ns(
     Ok(st)
 }
 
-async fn teardown_in_ns(h: Handle, table: u32, priority: u32) -> Result<u64, RoutingError> {
+async fn teardown_in_ns(h: Handle) -> Result<u64, RoutingError> {
     let mut n = 0;
-    for r in mesh_routes(&h, table).await? {
+    for r in mesh_routes(&h).await? {
         h.route()
             .del(r)
             .execute()
@@ -202,7 +170,7 @@ async fn teardown_in_ns(h: Handle, table: u32, priority: u32) -> Result<u64, Rou
             .map_err(nl("delete route"))?;
         n += 1;
     }
-    for r in mesh_rules(&h, table, priority).await? {
+    for r in mesh_rules(&h).await? {
         h.rule().del(r).execute().await.map_err(nl("delete rule"))?;
         n += 1;
     }
@@ -212,11 +180,8 @@ async fn teardown_in_ns(h: Handle, table: u32, priority: u32) -> Result<u64, Rou
 impl Routing for NetlinkRouting {
     fn apply(&mut self, spec: &RoutingSpec) -> Result<RoutingChanges, RoutingError> {
         spec.validate()?;
-        let (h, s, previous) = (self.handle.clone(), spec.clone(), self.applied);
-        let ch = self
-            .thread
-            .block_on(move || apply_in_ns(h, s, previous))??;
-        self.applied = Some((spec.table, spec.priority));
+        let (h, s) = (self.handle.clone(), spec.clone());
+        let ch = self.thread.block_on(move || apply_in_ns(h, s))??;
         let n = ch.link + ch.addresses + ch.rules + ch.routes;
         self.writes += u64::from(n);
         if n > 0 {
@@ -228,17 +193,12 @@ impl Routing for NetlinkRouting {
 
     fn observe(&mut self, link: &str) -> Result<RoutingStatus, RoutingError> {
         let (h, l) = (self.handle.clone(), link.to_owned());
-        let (t, p) = self
-            .applied
-            .unwrap_or((crate::ROUTE_TABLE, crate::RULE_PRIORITY));
-        self.thread.block_on(move || observe_in_ns(h, l, t, p))?
+        self.thread.block_on(move || observe_in_ns(h, l))?
     }
 
-    fn teardown(&mut self, table: u32, priority: u32) -> Result<(), RoutingError> {
+    fn teardown(&mut self) -> Result<(), RoutingError> {
         let h = self.handle.clone();
-        let n = self
-            .thread
-            .block_on(move || teardown_in_ns(h, table, priority))??;
+        let n = self.thread.block_on(move || teardown_in_ns(h))??;
         self.writes += n;
         Ok(())
     }

@@ -23,8 +23,6 @@ pub struct NetlinkRouting {
     pub(super) thread: NetnsThread,
     pub(super) handle: Handle,
     pub(super) writes: u64,
-    /// (table, priority) of the last successful mesh apply: where the mesh's objects are.
-    pub(super) applied: Option<(u32, u32)>,
 }
 
 impl NetlinkRouting {
@@ -43,7 +41,6 @@ impl NetlinkRouting {
             thread,
             handle,
             writes: 0,
-            applied: None,
         })
     }
 

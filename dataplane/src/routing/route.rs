@@ -101,9 +101,9 @@ pub(super) fn route_type_of(k: RouteKind) -> RouteType {
 
 /// The mesh's routes: marked 211 and in the mesh table (an older wirespan marked the
 /// routes of network documents 211 too; those are elsewhere).
-pub(super) async fn mesh_routes(h: &Handle, table: u32) -> Result<Vec<RouteMessage>, RoutingError> {
+pub(super) async fn mesh_routes(h: &Handle) -> Result<Vec<RouteMessage>, RoutingError> {
     let mut routes = all_routes(h).await?;
-    routes.retain(|r| is_mesh_proto(r.header.protocol) && route_table(r) == table);
+    routes.retain(|r| is_mesh_proto(r.header.protocol));
     Ok(routes)
 }
 

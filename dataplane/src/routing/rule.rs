@@ -54,21 +54,12 @@ pub(super) fn rule_net(r: &RuleMessage, src: bool) -> Option<IpNet> {
 
 /// The mesh's rules: marked 211 and at the mesh's priority or looking up its table
 /// (an older wirespan marked the rules of network documents 211 too).
-pub(super) async fn mesh_rules(
-    h: &Handle,
-    table: u32,
-    priority: u32,
-) -> Result<Vec<RuleMessage>, RoutingError> {
+pub(super) async fn mesh_rules(h: &Handle) -> Result<Vec<RuleMessage>, RoutingError> {
     let mut rules = all_rules(h).await?;
     rules.retain(|r| {
-        let prio = rule_field(r, |a| match a {
-            RuleAttribute::Priority(p) => Some(*p),
-            _ => None,
-        });
         r.attributes
             .iter()
             .any(|a| matches!(a, RuleAttribute::Protocol(p) if is_mesh_proto(*p)))
-            && (prio == Some(priority) || rule_table(r) == table)
     });
     Ok(rules)
 }

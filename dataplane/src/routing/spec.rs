@@ -140,19 +140,18 @@ pub trait Routing {
     /// Invalid spec or missing link (nothing written), or a netlink failure (objects
     /// already in place stay; a retry converges).
     fn apply(&mut self, spec: &RoutingSpec) -> Result<RoutingChanges, RoutingError>;
-    /// Reads link, addresses, and the mesh's rules and routes (at the default
-    /// priority and table).
+    /// Reads link, addresses, and the mesh's rules and routes (every one marked 211).
     ///
     /// # Errors
     /// Netlink failure.
     fn observe(&mut self, link: &str) -> Result<RoutingStatus, RoutingError>;
-    /// Removes the mesh's rules and routes: those marked 211 at `priority` or looking
-    /// up `table`, and routes marked 211 in `table` (the link goes with the WireGuard
-    /// backend). Objects from network documents (212) and foreign ones stay.
+    /// Removes the mesh's rules and routes: every one marked 211, whatever its table
+    /// or priority (an earlier run may have used others); the link goes with the
+    /// WireGuard backend. Objects from network documents (212) and foreign ones stay.
     ///
     /// # Errors
     /// Netlink failure.
-    fn teardown(&mut self, table: u32, priority: u32) -> Result<(), RoutingError>;
+    fn teardown(&mut self) -> Result<(), RoutingError>;
     /// Number of netlink writes so far.
     fn writes(&self) -> u64;
 }

@@ -126,7 +126,7 @@ fn routing_steps() -> Vec<Step<DynRoutingSide>> {
             apply_missing(s)
         }),
         step("teardown", |s: &mut DynRoutingSide| {
-            vec![ret(s.routing().teardown(181, 32501), net_err)]
+            vec![ret(s.routing().teardown(), net_err)]
         }),
     ]
 }

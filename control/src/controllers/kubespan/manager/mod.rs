@@ -185,9 +185,6 @@ pub struct KubeSpanManagerController {
     first_round: bool,
     /// When the device was last read (`None`: never, or the device is new).
     last_read: Option<SystemTime>,
-    /// The mesh's routing table and rule priority as last configured (enabled or
-    /// not): what the routing teardown removes.
-    mesh_rules: (u32, u32),
     /// Whether the device was read once since start (the read that adopts kernel
     /// state kept by an earlier run).
     adopt_checked: bool,
@@ -303,10 +300,6 @@ impl KubeSpanManagerController {
             own_key: None,
             first_round: true,
             last_read: None,
-            mesh_rules: (
-                wirespan_dataplane::ROUTE_TABLE,
-                wirespan_dataplane::RULE_PRIORITY,
-            ),
             adopt_checked: false,
             retain_until: None,
             retained: BTreeMap::new(),
@@ -330,9 +323,6 @@ impl KubeSpanManagerController {
     ) -> Result<Option<SystemTime>, ControllerError> {
         let changed = self.feed.sync(rt, &mut self.specs)?;
         let cfg = rt.get_opt::<KubeSpanConfig>(NS, KUBESPAN)?;
-        if let Some(c) = &cfg {
-            self.mesh_rules = (c.spec.config.routing_table, c.spec.config.rule_priority);
-        }
         if cfg.is_none() && config_pending(rt)? {
             // The machine config turns the mesh on but the config controller has not
             // derived it yet (the first moments after start): absent is not disabled,

@@ -38,8 +38,7 @@ impl KubeSpanManagerController {
             }
         }
         if let Some(r) = self.deps.routing_cleanup.take() {
-            let (table, priority) = self.mesh_rules;
-            match blocking(r, move |r| r.teardown(table, priority)).await {
+            match blocking(r, |r| r.teardown()).await {
                 Ok((r, res)) => {
                     if let Err(e) = res {
                         tracing::warn!(error = %e, "removing mesh rules and routes failed");
