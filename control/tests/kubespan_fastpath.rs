@@ -10,6 +10,7 @@ use aya::programs::{SchedClassifier, TcAttachType};
 mod kubespan_common;
 
 use kubespan_common::{eventually, register_real, seed_cluster};
+use wirespan_control::kubespan::clock::SystemClock;
 use wirespan_control::{
     controllers::kubespan::KernelMarking,
     resources::{
@@ -99,6 +100,7 @@ async fn ebpf_fast_path_replaces_the_prerouting_lookup_and_switches_back() {
             netns: ns.netns().clone(),
             metrics: None,
         }),
+        Arc::new(SystemClock),
     );
     seed_cluster(&store, [9u8; 32]);
     store

@@ -9,6 +9,7 @@ mod kubespan_common;
 use kubespan_common::{eventually, eventually_within, key, register_real, seed_cluster};
 use wirespan_control::{
     controllers::kubespan::NftablesMarking,
+    kubespan::clock::{Clock, FakeClock, SystemClock},
     resources::config::{MachineConfig, MachineConfigSpec},
     runtime::{Runtime, Store, StoreOptions},
     testing::Harness,
@@ -28,7 +29,7 @@ struct MeshNode {
     _dir: tempfile::TempDir,
 }
 
-fn start_mesh(prefix: &str, mac: &str, secret: [u8; 32]) -> MeshNode {
+fn start_mesh(prefix: &str, mac: &str, secret: [u8; 32], clock: Arc<dyn Clock>) -> MeshNode {
     let ns = NetnsGuard::new(prefix).unwrap();
     // A link with a MAC for the identity (namespaces have no physical link).
     ns.run(
@@ -49,6 +50,7 @@ fn start_mesh(prefix: &str, mac: &str, secret: [u8; 32]) -> MeshNode {
         Arc::new(NftablesMarking {
             netns: ns.netns().clone(),
         }),
+        clock,
     );
     seed_cluster(&store, secret);
     let config = wirespan_control::config::parse(&format!(
@@ -75,7 +77,8 @@ fn start_mesh(prefix: &str, mac: &str, secret: [u8; 32]) -> MeshNode {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_programs_a_real_device_and_marking_set() {
     let secret = [9u8; 32];
-    let MeshNode { ns, link, h, _dir } = start_mesh("wsks", "00:16:3e:12:34:56", secret);
+    let MeshNode { ns, link, h, _dir } =
+        start_mesh("wsks", "00:16:3e:12:34:56", secret, Arc::new(SystemClock));
 
     let peers = eventually("two peers on the device", || {
         let out = ns.run_stdout("wg", &["show", &link, "dump"]).ok()?;
@@ -170,7 +173,12 @@ async fn manager_programs_a_real_device_and_marking_set() {
 /// WireGuard link with its peers. Nothing but the manager's own timer wakes it here.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_repairs_its_link_table_and_elements_deleted_from_outside() {
-    let MeshNode { ns, link, h, _dir } = start_mesh("wsdr", "00:16:3e:12:34:57", [7u8; 32]);
+    let MeshNode { ns, link, h, _dir } = start_mesh(
+        "wsdr",
+        "00:16:3e:12:34:57",
+        [7u8; 32],
+        Arc::new(SystemClock),
+    );
 
     let hosts = |ns: &NetnsGuard| -> Option<String> {
         ns.run_stdout(
@@ -226,6 +234,50 @@ async fn manager_repairs_its_link_table_and_elements_deleted_from_outside() {
     // The link (and with it every WireGuard peer).
     ns.run("ip", &["link", "del", &link]).unwrap();
     eventually_within(within_a_tick, "the link and its peers back", || {
+        (peer_count(&ns) == 2).then_some(())
+    })
+    .await;
+    h.stop().await.unwrap();
+}
+
+/// A wireguard-go that dies is restarted empty by the backend's supervisor, and the
+/// manager applies the whole device at once instead of at its next timer: here the
+/// clock is frozen, so no timer ever fires and only that wake-up brings the peers back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn peers_return_at_once_after_wireguard_go_is_killed() {
+    let clock = FakeClock::new(std::time::SystemTime::now());
+    let MeshNode { ns, link, h, _dir } = start_mesh(
+        "wsgk",
+        "00:16:3e:12:34:58",
+        [5u8; 32],
+        Arc::new(clock.clone()),
+    );
+    let peer_count = |ns: &NetnsGuard| -> usize {
+        ns.run_stdout("wg", &["show", &link, "dump"])
+            .map(|o| o.lines().skip(1).count())
+            .unwrap_or(0)
+    };
+    eventually("two peers", || (peer_count(&ns) == 2).then_some(())).await;
+    let pid = |ns: &NetnsGuard| -> Option<String> {
+        let out = std::process::Command::new("ip")
+            .args(["netns", "pids", ns.name()])
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .find(|p| {
+                std::fs::read_to_string(format!("/proc/{p}/comm"))
+                    .is_ok_and(|c| c.trim() == "wireguard-go")
+            })
+            .map(str::to_owned)
+    };
+    let killed = pid(&ns).expect("wireguard-go runs in the namespace");
+    std::process::Command::new("kill")
+        .args(["-9", &killed])
+        .status()
+        .unwrap();
+    eventually("a new wireguard-go", || pid(&ns).filter(|p| *p != killed)).await;
+    eventually("both peers back on the new device", || {
         (peer_count(&ns) == 2).then_some(())
     })
     .await;

@@ -69,6 +69,9 @@ impl WireGuard for TimedWg {
     fn ensure(&mut self) -> Result<(), WgError> {
         self.inner.ensure()
     }
+    fn recreated(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        self.inner.recreated()
+    }
     fn apply(&mut self, desired: &WgDevice) -> Result<bool, WgError> {
         let t = Instant::now();
         let r = self.inner.apply(desired);

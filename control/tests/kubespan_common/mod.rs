@@ -11,7 +11,7 @@ use wirespan_control::{
         manager::{ManagerDeps, MarkingFactory, OnStop},
         register, Deps, KernelWireGuard,
     },
-    kubespan::clock::SystemClock,
+    kubespan::clock::Clock,
     resources::{
         cluster::{
             Affiliate, AffiliateSpec, ClusterIdentity, ClusterIdentitySpec, KubeSpanAffiliateSpec,
@@ -71,12 +71,13 @@ pub async fn eventually_within<T>(
 }
 
 /// Registers the KubeSpan controllers as the daemon does, for `ns`: userspace
-/// WireGuard, the given marking, the system clock, teardown on stop.
+/// WireGuard, the given marking and clock, teardown on stop.
 pub fn register_real(
     runtime: &mut Runtime,
     ns: &NetnsGuard,
     state_dir: &Path,
     marking: Arc<dyn MarkingFactory>,
+    clock: Arc<dyn Clock>,
 ) {
     register(
         runtime,
@@ -90,7 +91,7 @@ pub fn register_real(
                 }),
                 marking,
                 routing_cleanup: None,
-                clock: Arc::new(SystemClock),
+                clock,
                 metrics: None,
                 on_stop: OnStop::Teardown,
                 sysctl: Some(Arc::new(ProcSysctl::new(ns.netns().clone()))),

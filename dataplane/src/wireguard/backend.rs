@@ -38,6 +38,13 @@ pub trait WireGuard {
     fn teardown(&mut self) -> Result<(), WgError>;
     /// Number of configuration writes so far.
     fn writes(&self) -> u64;
+    /// Notified each time the device was recreated empty behind the caller's back (the
+    /// supervisor restarted a dead wireguard-go): the caller should apply the whole
+    /// device again rather than wait for its next round. `None`: this backend never
+    /// does that (a deleted kernel link is recreated by the next apply).
+    fn recreated(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
+        None
+    }
     /// Lets go of the device and leaves it running as it is (a daemon stopping with
     /// its kernel state kept); a later backend for the same name adopts it.
     fn keep(self: Box<Self>) {

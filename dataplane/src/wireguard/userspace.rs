@@ -90,6 +90,8 @@ pub struct UserspaceBackend {
     known: KnownState,
     /// Let go of with [`WireGuard::keep`]: dropping leaves wireguard-go running.
     kept: bool,
+    /// Notified by the supervisor after it restarted wireguard-go (an empty device).
+    recreated: Arc<tokio::sync::Notify>,
 }
 
 impl UserspaceBackend {
@@ -112,6 +114,7 @@ impl UserspaceBackend {
             reads: std::sync::atomic::AtomicU64::new(0),
             known: KnownState::default(),
             kept: false,
+            recreated: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
@@ -219,15 +222,16 @@ impl UserspaceBackend {
             }),
             Condvar::new(),
         ));
-        let (netns, opts, name, sh) = (
+        let (netns, opts, name, sh, recreated) = (
             self.netns.clone(),
             self.opts.clone(),
             self.name.clone(),
             shared.clone(),
+            self.recreated.clone(),
         );
         let thread = std::thread::Builder::new()
             .name(format!("wg-{}", self.name))
-            .spawn(move || supervise(&sh, &netns, &opts, &name))
+            .spawn(move || supervise(&sh, &netns, &opts, &name, &recreated))
             .map_err(|e| WgError::Daemon {
                 name: self.name.clone(),
                 message: format!("cannot start supervisor: {e}"),
@@ -459,6 +463,7 @@ fn supervise(
     netns: &Netns,
     opts: &UserspaceOptions,
     name: &str,
+    recreated: &tokio::sync::Notify,
 ) {
     let (lock, cv) = &**shared;
     let mut backoff = Duration::from_millis(100);
@@ -493,6 +498,9 @@ fn supervise(
                     tracing::info!(link = name, pid = child.id(), "restarted wireguard-go");
                     st.child = Some(child);
                     st.restarts += 1;
+                    // A stored permit: the owner's next wait sees it even if it was
+                    // busy now.
+                    recreated.notify_one();
                 }
                 Err(e) => tracing::error!(link = name, error = %e, "cannot restart wireguard-go"),
             }
@@ -522,6 +530,10 @@ impl UserspaceBackend {
 impl WireGuard for UserspaceBackend {
     fn name(&self) -> &str {
         &self.name
+    }
+
+    fn recreated(&self) -> Option<Arc<tokio::sync::Notify>> {
+        Some(self.recreated.clone())
     }
 
     fn ensure(&mut self) -> Result<(), WgError> {

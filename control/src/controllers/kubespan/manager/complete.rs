@@ -56,12 +56,13 @@ impl KubeSpanManagerController {
         }
         if self.wg.is_none() {
             self.last_read = None;
-            self.wg = Some(
-                self.deps
-                    .wireguard
-                    .create(&s.link_name)
-                    .map_err(|source| wg_error(&s.link_name, source))?,
-            );
+            let wg = self
+                .deps
+                .wireguard
+                .create(&s.link_name)
+                .map_err(|source| wg_error(&s.link_name, source))?;
+            self.wg_recreated = wg.recreated();
+            self.wg = Some(wg);
         }
         let now = self.deps.clock.now();
         let read = read || self.last_read.is_none();

@@ -159,6 +159,9 @@ struct ActiveMarking {
 pub struct KubeSpanManagerController {
     deps: ManagerDeps,
     wg: Option<Box<dyn WireGuard + Send>>,
+    /// Notified when the backend recreated the device empty (see
+    /// [`WireGuard::recreated`]): a complete round with a read follows at once.
+    wg_recreated: Option<Arc<tokio::sync::Notify>>,
     wg_link: String,
     marking: Option<ActiveMarking>,
     /// Live per-peer state (the rotation cursor), by public key.
@@ -285,6 +288,7 @@ impl KubeSpanManagerController {
         Self {
             deps,
             wg: None,
+            wg_recreated: None,
             wg_link: String::new(),
             marking: None,
             statuses: BTreeMap::new(),
@@ -443,11 +447,22 @@ impl Controller for KubeSpanManagerController {
                     Some(d) => self.deps.clock.sleep_until(d),
                     None => Box::pin(std::future::pending()),
                 };
+                let recreated = self.wg_recreated.clone();
+                let recreated = async move {
+                    match recreated {
+                        Some(n) => n.notified().await,
+                        None => std::future::pending().await,
+                    }
+                };
                 let timer = tokio::select! {
                     biased;
                     () = rt.cancelled() => break,
                     () = rt.changed() => false,
                     () = sleep => true,
+                    () = recreated => {
+                        tracing::info!(link = %self.wg_link, "WireGuard device recreated empty: applying it whole");
+                        true
+                    }
                 };
                 let started = Instant::now();
                 deadline = self.reconcile(rt, timer).await?;
