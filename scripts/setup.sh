@@ -22,6 +22,8 @@ have curl         || need+=(curl)
 have ss           || need+=(iproute2)
 have sysctl       || need+=(procps)
 have openssl      || need+=(openssl)
+# `wirespan bench throughput` (its --quick run is in the suite).
+have iperf3       || need+=(iperf3)
 # The operations tests: unit files (systemd-analyze verify, which also resolves their
 # man: links), capability sets (setpriv) and completions (bash).
 have systemd-analyze || need+=(systemd)

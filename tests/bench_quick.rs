@@ -65,3 +65,25 @@ fn bench_dataplane_quick_runs_every_section() {
         assert!(out.contains(needle), "missing {needle:?}:\n{out}");
     }
 }
+
+#[test]
+fn bench_throughput_quick_measures_every_path() {
+    // Root only: two labs (nodes, discovery server, WireGuard) and iperf3 in them.
+    let dir = tempfile::tempdir().unwrap();
+    let out = bench(&["throughput", "--out", dir.path().to_str().unwrap()]);
+    for needle in [
+        "underlay (ceiling)",
+        "mesh, no marking",
+        "mesh, nftables marking",
+        "eBPF: mesh, fast-path marking",
+        "The mesh's own cost",
+        "report:",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?}:\n{out}");
+    }
+    let chart = std::fs::read_to_string(dir.path().join("chart.svg")).unwrap();
+    assert!(
+        chart.contains("<svg") && chart.contains("mesh, no marking"),
+        "{chart}"
+    );
+}

@@ -12,11 +12,13 @@
 //! `wirespan_control::runtime::Harness` and its own resource kinds, never
 //! `wirespan_control::testing`).
 
+mod chart;
 pub mod dataplane;
 pub mod discovery;
 pub mod marking;
 pub mod reconcile;
 pub mod runtime;
+pub mod throughput;
 
 /// A progress bar for one phase of a benchmark (on stderr, so reports stay clean).
 pub(crate) fn bar(len: usize, what: &str) -> indicatif::ProgressBar {

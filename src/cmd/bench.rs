@@ -15,6 +15,9 @@ pub enum Bench {
     Reconcile(wirespan_bench::reconcile::Args),
     /// Per-packet cost of marking: nftables vs the eBPF fast path (needs root).
     Marking(wirespan_bench::marking::Args),
+    /// TCP and UDP throughput between two lab nodes: underlay, mesh, and mesh with
+    /// each marking path, per WireGuard backend (needs root and iperf3).
+    Throughput(wirespan_bench::throughput::Args),
 }
 
 pub fn run(bench: &Bench) -> anyhow::Result<()> {
@@ -24,5 +27,6 @@ pub fn run(bench: &Bench) -> anyhow::Result<()> {
         Bench::Dataplane(a) => wirespan_bench::dataplane::run(a),
         Bench::Reconcile(a) => wirespan_bench::reconcile::run(a),
         Bench::Marking(a) => wirespan_bench::marking::run(a),
+        Bench::Throughput(a) => wirespan_bench::throughput::run(a),
     }
 }

@@ -11,10 +11,7 @@ use super::{
     Args,
 };
 
-/// One bar of the chart: (label, median, min, max).
-type Bar = (String, f64, f64, f64);
-/// A titled group of bars.
-pub(super) type BarGroup = (String, Vec<Bar>);
+pub(super) use crate::chart::BarGroup;
 
 /// The Markdown report of a whole run and the chart's bar groups.
 pub(super) fn render(
@@ -167,52 +164,4 @@ pub(super) fn render(
     apply_cost_report(&mut md, apply_rows);
     let _ = writeln!(md, "Total time: {:.1} s.", started.elapsed().as_secs_f64());
     (md, chart)
-}
-
-/// A grouped horizontal bar chart of overheads (ns) with min..max whiskers.
-pub(super) fn chart_svg(groups: &[BarGroup]) -> String {
-    let max = groups
-        .iter()
-        .flat_map(|(_, g)| g.iter().map(|(_, m, _, hi)| m.max(*hi)))
-        .fold(1.0f64, f64::max);
-    let (left, width, row_h) = (230.0, 460.0, 22.0);
-    let rows: usize = groups.iter().map(|(_, g)| g.len() + 1).sum();
-    let height = 50.0 + rows as f64 * row_h + 20.0;
-    let x = |v: f64| left + (v.max(0.0) / max) * width;
-    let mut s = format!(
-        r##"<svg xmlns="http://www.w3.org/2000/svg" width="760" height="{height}" font-family="sans-serif" font-size="12">
-<rect width="100%" height="100%" fill="white"/>
-<text x="10" y="20" font-size="14" font-weight="bold">Forwarding overhead of marking against no marking (ns/packet, median; whiskers min..max)</text>
-"##
-    );
-    let mut y = 40.0;
-    for (title, g) in groups {
-        let _ = writeln!(
-            s,
-            r#"<text x="10" y="{}" font-weight="bold">{title}</text>"#,
-            y + 14.0
-        );
-        y += row_h;
-        for (name, med, lo, hi) in g {
-            let color = if name.starts_with("eBPF") {
-                "#2b7a3d"
-            } else {
-                "#b5651d"
-            };
-            let _ = writeln!(
-                s,
-                r#"<text x="20" y="{ty}">{name}</text><rect x="{left}" y="{ry}" width="{w:.1}" height="14" fill="{color}"/><line x1="{x1:.1}" x2="{x2:.1}" y1="{ly}" y2="{ly}" stroke="black"/><text x="{tx:.1}" y="{ty}">{med:.0}</text>"#,
-                ty = y + 12.0,
-                ry = y + 1.0,
-                w = x(*med) - left,
-                x1 = x(*lo),
-                x2 = x(*hi),
-                ly = y + 8.0,
-                tx = x(med.max(*hi)) + 6.0,
-            );
-            y += row_h;
-        }
-    }
-    s.push_str("</svg>\n");
-    s
 }

@@ -45,6 +45,21 @@ pub fn supported(netns: &Netns) -> bool {
         .is_some()
 }
 
+/// Whether this host's kernel can create a WireGuard link, probed in a throwaway
+/// network namespace (`unshare --net`, gone with the command): unlike [`supported`]
+/// it never touches the caller's namespace. For tools that choose a backend for
+/// namespaces they have not made yet (the lab, the benchmarks).
+#[must_use]
+pub fn supported_on_host() -> bool {
+    std::process::Command::new("unshare")
+        .args(["--net", "ip", "link", "add", "wsprobe", "type", "wireguard"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// Kernel backend for one interface.
 #[derive(Debug)]
 pub struct KernelBackend {

@@ -67,7 +67,9 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
     }
     // Forced kernel WireGuard where the kernel has none: every daemon would refuse to
     // start; say so before anything is made.
-    if matches!(opts.wireguard, WireGuardArg::Kernel) && !kernel_has_wireguard() {
+    if matches!(opts.wireguard, WireGuardArg::Kernel)
+        && !wirespan_dataplane::wireguard::kernel::supported_on_host()
+    {
         anyhow::bail!("{KERNEL_WIREGUARD_MISSING}");
     }
     let started = Instant::now();
@@ -100,18 +102,6 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
         print!("{}", hints(&state));
     }
     Ok(())
-}
-
-/// Whether this kernel can create a WireGuard link, tried in a throwaway network
-/// namespace (`unshare --net`: it goes with the command, nothing to clean up).
-fn kernel_has_wireguard() -> bool {
-    std::process::Command::new("unshare")
-        .args(["--net", "ip", "link", "add", "wsprobe", "type", "wireguard"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .status()
-        .is_ok_and(|s| s.success())
 }
 
 /// The value of `--wireguard` as typed on a command line.

@@ -1,0 +1,654 @@
+//! `wirespan bench throughput`: TCP and UDP throughput between two lab nodes (iperf3),
+//! over the underlay alone (the ceiling) and through the mesh: to the peer's KubeSpan
+//! address (the mesh with no marking: its on-link route needs none), and to the peer's
+//! node address, which is marked into the mesh by nftables or by the eBPF fast path.
+//! Every available WireGuard backend is measured; paths alternate over several rounds.
+//!
+//! The labs are real (`wirespan lab up` with this binary): two nodes and a discovery
+//! server in network namespaces, removed on exit (and by a watchdog if this process
+//! is killed). Each run checks that its traffic went where its label says: the mesh
+//! runs must show up in the WireGuard peer's transmit counter, the underlay run must
+//! not. All traffic is IPv6 so the paths differ only in what is measured.
+//!
+//! Output: a table on stdout, `report.md` and `chart.svg` in `--out`.
+
+use std::{
+    fmt::Write as _,
+    net::IpAddr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
+
+use std::os::unix::process::CommandExt as _;
+
+use anyhow::{bail, Context as _};
+use serde_json::Value;
+
+use crate::{bar, chart, quick_notice};
+
+/// Options of `wirespan bench throughput`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Short run: one round of one second per measurement.
+    #[arg(long)]
+    pub quick: bool,
+    /// Folder for report.md and chart.svg.
+    #[arg(long, default_value = "bench-throughput")]
+    pub out: PathBuf,
+    /// Seconds per iperf3 run; default 5, 1 with --quick.
+    #[arg(long)]
+    pub seconds: Option<u64>,
+    /// Rounds (each runs every path once, alternating); default 3, 1 with --quick.
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    /// WireGuard backends to measure; default: every one this host has (the kernel's
+    /// when it can create a WireGuard link, wireguard-go always).
+    #[arg(long, value_delimiter = ',', value_parser = ["kernel", "userspace"])]
+    pub wireguard: Vec<String>,
+    /// The wirespan binary that runs the labs (default: this one).
+    #[arg(long, hide = true)]
+    pub exe: Option<PathBuf>,
+}
+
+/// What one measurement crosses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum PathKind {
+    /// Node to the discovery server's namespace: veth, bridge, veth; no mesh.
+    Underlay,
+    /// To the peer's KubeSpan address: through WireGuard, no marking involved.
+    MeshUnmarked,
+    /// To the peer's node address, marked by nftables.
+    MeshNftables,
+    /// To the peer's node address, marked by the eBPF fast path.
+    MeshEbpf,
+}
+
+const PATHS: [PathKind; 4] = [
+    PathKind::Underlay,
+    PathKind::MeshUnmarked,
+    PathKind::MeshNftables,
+    PathKind::MeshEbpf,
+];
+
+impl PathKind {
+    fn label(self) -> &'static str {
+        match self {
+            PathKind::Underlay => "underlay (ceiling)",
+            PathKind::MeshUnmarked => "mesh, no marking",
+            PathKind::MeshNftables => "mesh, nftables marking",
+            PathKind::MeshEbpf => "eBPF: mesh, fast-path marking",
+        }
+    }
+
+    fn through_mesh(self) -> bool {
+        self != PathKind::Underlay
+    }
+}
+
+/// One iperf3 result.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    /// Received rate, Mbit/s.
+    mbps: f64,
+    /// Bytes that reached the receiver (TCP: all sent; UDP: sent less the lost).
+    delivered_bytes: u64,
+    /// UDP datagrams lost (%), 0 for TCP.
+    lost_percent: f64,
+    /// TCP MSS iperf3 saw (0 for UDP).
+    mss: u64,
+}
+
+/// Reads an iperf3 client's JSON report.
+fn parse_iperf(json: &str, udp: bool) -> anyhow::Result<Sample> {
+    let v: Value = serde_json::from_str(json).context("iperf3 printed no JSON")?;
+    if let Some(e) = v["error"].as_str() {
+        bail!("iperf3: {e}");
+    }
+    let end = &v["end"];
+    if udp {
+        let sum = &end["sum"];
+        let sent_rate = sum["bits_per_second"]
+            .as_f64()
+            .context("iperf3 UDP report without end.sum.bits_per_second")?;
+        let lost = sum["lost_percent"].as_f64().unwrap_or(0.0);
+        Ok(Sample {
+            mbps: sent_rate * (1.0 - lost / 100.0) / 1e6,
+            delivered_bytes: (sum["bytes"].as_f64().unwrap_or(0.0) * (1.0 - lost / 100.0)) as u64,
+            lost_percent: lost,
+            mss: 0,
+        })
+    } else {
+        Ok(Sample {
+            mbps: end["sum_received"]["bits_per_second"]
+                .as_f64()
+                .context("iperf3 TCP report without end.sum_received")?
+                / 1e6,
+            delivered_bytes: end["sum_sent"]["bytes"].as_u64().unwrap_or(0),
+            lost_percent: 0.0,
+            mss: v["start"]["tcp_mss_default"].as_u64().unwrap_or(0),
+        })
+    }
+}
+
+/// Median, min and max.
+fn spread(v: &[f64]) -> (f64, f64, f64) {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    if s.is_empty() {
+        return (0.0, 0.0, 0.0);
+    }
+    (s[s.len() / 2], s[0], s[s.len() - 1])
+}
+
+fn run_ok(cmd: &mut Command, what: &str) -> anyhow::Result<Output> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("running {what}"))?;
+    if !out.status.success() {
+        bail!(
+            "{what}: {}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(out)
+}
+
+/// A lab of two nodes, removed on drop; a watchdog removes it if this process dies.
+struct Lab {
+    exe: PathBuf,
+    name: String,
+    status: Value,
+}
+
+impl Lab {
+    fn up(exe: &Path, name: &str, fast_path: &str, wireguard: &str) -> anyhow::Result<Self> {
+        // Its own process group, never waited for: it outlives this process by design.
+        #[allow(clippy::zombie_processes)]
+        Command::new(exe)
+            .args(["lab", "down", "--name", name, "--after-exit"])
+            .arg(std::process::id().to_string())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .context("starting the lab's watchdog")?;
+        let mut lab = Self {
+            exe: exe.to_owned(),
+            name: name.to_owned(),
+            status: Value::Null,
+        };
+        run_ok(
+            lab.cmd(&["up", "--nodes", "2", "--timeout", "60s", "--no-hints"])
+                .args(["--fast-path", fast_path, "--wireguard", wireguard]),
+            "wirespan lab up",
+        )?;
+        let out = run_ok(
+            &mut lab.cmd(&["status", "-o", "json"]),
+            "wirespan lab status",
+        )?;
+        lab.status = serde_json::from_slice(&out.stdout).context("lab status JSON")?;
+        Ok(lab)
+    }
+
+    fn cmd(&self, args: &[&str]) -> Command {
+        let mut c = Command::new(&self.exe);
+        c.args(["--log", "warn", "lab"])
+            .arg(args[0])
+            .args(["--name", &self.name])
+            .args(&args[1..]);
+        c
+    }
+
+    fn node(&self, name: &str) -> anyhow::Result<&Value> {
+        self.status["nodes"]
+            .as_array()
+            .and_then(|n| n.iter().find(|n| n["name"] == name))
+            .with_context(|| format!("lab {} has no {name}", self.name))
+    }
+
+    fn namespace(&self, node: &str) -> anyhow::Result<String> {
+        Ok(self.node(node)?["namespace"]
+            .as_str()
+            .context("node without namespace")?
+            .to_owned())
+    }
+
+    /// The WireGuard implementation that runs node1's device.
+    fn backend(&self) -> String {
+        self.node("node1")
+            .ok()
+            .and_then(|n| n["wireguard"].as_str())
+            .unwrap_or("?")
+            .to_owned()
+    }
+
+    /// Bytes node1 sent through WireGuard, over all its peers.
+    fn mesh_tx(&self) -> anyhow::Result<u64> {
+        let out = run_ok(
+            &mut self.cmd(&["exec", "node1", "--", "wg", "show", "kubespan", "transfer"]),
+            "wg show transfer",
+        )?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split('\t').nth(2)?.parse::<u64>().ok())
+            .sum())
+    }
+
+    /// MTU of `link` in node1.
+    fn mtu(&self, link: &str) -> anyhow::Result<u64> {
+        let ns = self.namespace("node1")?;
+        let out = run_ok(
+            Command::new("ip").args(["-n", &ns, "-j", "link", "show", link]),
+            "ip link show",
+        )?;
+        let v: Value = serde_json::from_slice(&out.stdout)?;
+        v[0]["mtu"].as_u64().context("link without MTU")
+    }
+
+    /// Where a path's traffic goes, and the namespace that serves it.
+    fn target(&self, path: PathKind) -> anyhow::Result<(IpAddr, String)> {
+        let node2 = self.node("node2")?;
+        match path {
+            PathKind::Underlay => {
+                let ns = self.status["discovery"]["namespace"]
+                    .as_str()
+                    .context("lab without discovery namespace")?
+                    .to_owned();
+                Ok((global_ipv6(&ns)?, ns))
+            }
+            PathKind::MeshUnmarked => {
+                let ula = node2["addresses"]["kubespan"]
+                    .as_str()
+                    .and_then(|a| a.split('/').next())
+                    .context("node2 without KubeSpan address")?;
+                Ok((ula.parse()?, self.namespace("node2")?))
+            }
+            PathKind::MeshNftables | PathKind::MeshEbpf => {
+                let v6 = node2["addresses"]["underlay"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .find(|a| a.contains(':'))
+                    .context("node2 without an IPv6 node address")?;
+                Ok((v6.parse()?, self.namespace("node2")?))
+            }
+        }
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self
+            .cmd(&["down"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+/// The first global IPv6 address in namespace `ns`.
+fn global_ipv6(ns: &str) -> anyhow::Result<IpAddr> {
+    let out = run_ok(
+        Command::new("ip").args(["-n", ns, "-j", "-6", "addr", "show", "scope", "global"]),
+        "ip addr show",
+    )?;
+    let v: Value = serde_json::from_slice(&out.stdout)?;
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|l| l["addr_info"].as_array().cloned().unwrap_or_default())
+        .find_map(|a| a["local"].as_str().and_then(|s| s.parse().ok()))
+        .with_context(|| format!("no global IPv6 address in {ns}"))
+}
+
+/// An iperf3 server in a namespace, killed on drop.
+struct Server(Child);
+
+impl Server {
+    fn start(ns: &str) -> anyhow::Result<Self> {
+        let child = Command::new("ip")
+            .args(["netns", "exec", ns, "iperf3", "-s", "--one-off"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .context("starting iperf3 -s (is iperf3 installed? scripts/setup.sh installs it)")?;
+        Ok(Self(child))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One iperf3 run from node1 to `target` served in `server_ns`.
+fn measure(
+    client_ns: &str,
+    target: IpAddr,
+    server_ns: &str,
+    udp: bool,
+    seconds: u64,
+) -> anyhow::Result<Sample> {
+    let _server = Server::start(server_ns)?;
+    let secs = seconds.to_string();
+    let addr = target.to_string();
+    let mut args = vec![
+        "netns", "exec", client_ns, "iperf3", "-J", "-c", &addr, "-t", &secs,
+    ];
+    if udp {
+        // Unlimited rate; datagrams that fit the mesh link without fragmenting.
+        args.extend(["-u", "-b", "0", "-l", "1280"]);
+    }
+    // The server needs a moment to listen: retry a refused connection.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let out = Command::new("ip")
+            .args(&args)
+            .stdin(Stdio::null())
+            .output()
+            .context("running iperf3 -c")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        match parse_iperf(&text, udp) {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() < deadline && e.to_string().contains("connect") => {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(e) => return Err(e.context(format!("iperf3 to {addr}"))),
+        }
+    }
+}
+
+/// The samples of one path: TCP and UDP.
+#[derive(Debug, Default, Clone)]
+struct PathSamples {
+    tcp: Vec<Sample>,
+    udp: Vec<Sample>,
+    mtu: u64,
+}
+
+/// Runs the benchmark.
+///
+/// # Errors
+/// Not root, iperf3 missing, a lab that does not come up, or a run whose traffic did
+/// not take the path it measures.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    quick_notice(args.quick);
+    let started = Instant::now();
+    let exe = match &args.exe {
+        Some(e) => e.clone(),
+        None => std::env::current_exe().context("locating this executable")?,
+    };
+    let seconds = args.seconds.unwrap_or(if args.quick { 1 } else { 5 });
+    let rounds = args.rounds.unwrap_or(if args.quick { 1 } else { 3 });
+    let backends: Vec<String> = if args.wireguard.is_empty() {
+        let mut b = vec!["userspace".to_owned()];
+        if wirespan_dataplane::wireguard::kernel::supported_on_host() {
+            b.insert(0, "kernel".to_owned());
+        }
+        b
+    } else {
+        args.wireguard.clone()
+    };
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("creating {}", args.out.display()))?;
+
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "# wirespan bench throughput\n\n{} s per run, {rounds} round(s), paths alternating; \
+         IPv6; iperf3 TCP (one stream) and UDP (unlimited rate, 1,280-byte datagrams, \
+         received rate). Client and server share this machine's {} CPU(s) with wireguard-go.\n",
+        seconds,
+        std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
+    );
+    let mut groups: Vec<chart::BarGroup> = Vec::new();
+    let mut missed = Vec::new();
+    for (bi, backend) in backends.iter().enumerate() {
+        let pid = std::process::id();
+        let nft = Lab::up(&exe, &format!("bt{pid}n{bi}"), "nftables", backend)?;
+        let ebpf = Lab::up(&exe, &format!("bt{pid}e{bi}"), "ebpf", backend)?;
+        let ran = nft.backend();
+        let mut samples: Vec<PathSamples> = vec![PathSamples::default(); PATHS.len()];
+        let pb = bar(rounds * PATHS.len() * 2, &format!("{ran} WireGuard"));
+        for _ in 0..rounds {
+            for (pi, &path) in PATHS.iter().enumerate() {
+                let lab = if path == PathKind::MeshEbpf {
+                    &ebpf
+                } else {
+                    &nft
+                };
+                let (target, server_ns) = lab.target(path)?;
+                let client_ns = lab.namespace("node1")?;
+                samples[pi].mtu = lab.mtu(if path.through_mesh() {
+                    "kubespan"
+                } else {
+                    "eth0"
+                })?;
+                for udp in [false, true] {
+                    let tx0 = lab.mesh_tx()?;
+                    let s = measure(&client_ns, target, &server_ns, udp, seconds)?;
+                    let tunnelled = lab.mesh_tx()?.saturating_sub(tx0);
+                    check_path(path, udp, &s, tunnelled)?;
+                    if udp {
+                        samples[pi].udp.push(s);
+                    } else {
+                        samples[pi].tcp.push(s);
+                    }
+                    pb.inc(1);
+                }
+            }
+        }
+        pb.finish_and_clear();
+        drop((nft, ebpf));
+        let table = backend_table(&ran, &samples, args.quick, &mut missed);
+        print!("{table}");
+        md.push_str(&table);
+        groups.push((
+            format!("{ran} WireGuard: TCP Mbit/s"),
+            PATHS
+                .iter()
+                .zip(&samples)
+                .map(|(p, s)| {
+                    let (m, lo, hi) = spread(&s.tcp.iter().map(|x| x.mbps).collect::<Vec<_>>());
+                    (p.label().to_owned(), m, lo, hi)
+                })
+                .collect(),
+        ));
+    }
+    let _ = writeln!(
+        md,
+        "Target: marking with the eBPF fast path costs < 2 % of the mesh's throughput \
+         without marking (TCP, median)."
+    );
+    if missed.is_empty() {
+        let _ = writeln!(md, "All targets met in this run.");
+    } else {
+        let _ = writeln!(md, "Targets missed in this run:\n");
+        for m in &missed {
+            let _ = writeln!(md, "- {m}");
+        }
+    }
+    let _ = writeln!(
+        md,
+        "\nTotal time: {:.1} s.",
+        started.elapsed().as_secs_f64()
+    );
+    if !missed.is_empty() {
+        println!("Targets missed: {}", missed.join("; "));
+    }
+    let report = args.out.join("report.md");
+    std::fs::write(&report, &md).with_context(|| format!("writing {}", report.display()))?;
+    let svg = args.out.join("chart.svg");
+    std::fs::write(
+        &svg,
+        chart::svg(
+            "Throughput between two lab nodes (TCP, Mbit/s, median; whiskers min..max)",
+            &groups,
+        ),
+    )
+    .with_context(|| format!("writing {}", svg.display()))?;
+    println!("report: {}, chart: {}", report.display(), svg.display());
+    Ok(())
+}
+
+/// A run's traffic must cross WireGuard exactly when its path says so: what reached
+/// the receiver went through the tunnel (which adds headers), or none of it did.
+fn check_path(path: PathKind, udp: bool, s: &Sample, tunnelled: u64) -> anyhow::Result<()> {
+    let proto = if udp { "UDP" } else { "TCP" };
+    let delivered = s.delivered_bytes as f64;
+    if path.through_mesh() && (tunnelled as f64) < 0.9 * delivered {
+        bail!(
+            "{} {proto}: {} bytes delivered but only {tunnelled} sent through WireGuard: \
+             the traffic did not take the mesh",
+            path.label(),
+            s.delivered_bytes
+        );
+    }
+    if !path.through_mesh() && (tunnelled as f64) >= 0.05 * delivered {
+        bail!(
+            "{} {proto}: {tunnelled} bytes went through WireGuard for {} delivered",
+            path.label(),
+            s.delivered_bytes
+        );
+    }
+    Ok(())
+}
+
+/// The table of one backend, judging the marking target.
+fn backend_table(
+    backend: &str,
+    samples: &[PathSamples],
+    quick: bool,
+    missed: &mut Vec<String>,
+) -> String {
+    let med = |v: &[Sample], f: fn(&Sample) -> f64| spread(&v.iter().map(f).collect::<Vec<_>>());
+    let tcp = |i: usize| med(&samples[i].tcp, |s| s.mbps).0;
+    let ceiling = tcp(0);
+    let unmarked = tcp(1);
+    let mut t = String::new();
+    let _ = writeln!(t, "\n## {backend} WireGuard\n");
+    let _ = writeln!(
+        t,
+        "| path | MTU | TCP MSS | TCP Mbit/s (median, min–max) | of ceiling | UDP Mbit/s received | UDP loss | vs mesh, no marking |"
+    );
+    let _ = writeln!(t, "|---|---|---|---|---|---|---|---|");
+    for (i, (p, s)) in PATHS.iter().zip(samples).enumerate() {
+        let (tm, tlo, thi) = med(&s.tcp, |x| x.mbps);
+        let (um, _, _) = med(&s.udp, |x| x.mbps);
+        let (loss, _, _) = med(&s.udp, |x| x.lost_percent);
+        let mss = s.tcp.first().map_or(0, |x| x.mss);
+        let vs = if i >= 1 && unmarked > 0.0 {
+            format!("{:+.1} %", (tm / unmarked - 1.0) * 100.0)
+        } else {
+            "—".to_owned()
+        };
+        let _ = writeln!(
+            t,
+            "| {} | {} | {mss} | {tm:.0} ({tlo:.0}–{thi:.0}) | {:.0} % | {um:.0} | {loss:.1} % | {vs} |",
+            p.label(),
+            s.mtu,
+            if ceiling > 0.0 { tm / ceiling * 100.0 } else { 0.0 },
+        );
+    }
+    let _ = writeln!(
+        t,
+        "\nThe mesh's own cost (no marking): {:.0} % of the ceiling's TCP throughput.",
+        if ceiling > 0.0 {
+            (1.0 - unmarked / ceiling) * 100.0
+        } else {
+            0.0
+        }
+    );
+    let ebpf = tcp(3);
+    let cost = if unmarked > 0.0 {
+        (1.0 - ebpf / unmarked) * 100.0
+    } else {
+        0.0
+    };
+    let verdict = match (quick, cost < 2.0) {
+        (true, _) => "not judged (--quick)",
+        (false, true) => "met",
+        (false, false) => "missed",
+    };
+    let _ = writeln!(
+        t,
+        "eBPF marking costs {cost:.1} % of the unmarked mesh throughput (target < 2 %): {verdict}.\n"
+    );
+    if !quick && cost >= 2.0 {
+        missed.push(format!(
+            "{backend}: eBPF marking costs {cost:.1} % (target < 2 %)"
+        ));
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iperf_reports_parse_for_tcp_and_udp_and_errors_are_named() {
+        let tcp = r#"{"start":{"tcp_mss_default":1348},"end":{"sum_sent":{"bytes":1000,"bits_per_second":9e8},"sum_received":{"bits_per_second":8e8}}}"#;
+        let s = parse_iperf(tcp, false).unwrap();
+        assert!((s.mbps - 800.0).abs() < 1e-9);
+        assert_eq!((s.delivered_bytes, s.mss), (1000, 1348));
+        let udp = r#"{"end":{"sum":{"bytes":500,"bits_per_second":1e9,"lost_percent":25.0}}}"#;
+        let s = parse_iperf(udp, true).unwrap();
+        assert!((s.mbps - 750.0).abs() < 1e-9);
+        assert_eq!(s.delivered_bytes, 375);
+        let err = parse_iperf(r#"{"error":"unable to connect to server"}"#, false).unwrap_err();
+        assert!(err.to_string().contains("connect"), "{err}");
+        assert!(parse_iperf("", false).is_err());
+    }
+
+    #[test]
+    fn a_run_that_missed_its_path_is_refused() {
+        let s = Sample {
+            mbps: 1.0,
+            delivered_bytes: 1_000_000,
+            lost_percent: 0.0,
+            mss: 0,
+        };
+        assert!(check_path(PathKind::MeshEbpf, false, &s, 1_100_000).is_ok());
+        assert!(check_path(PathKind::MeshEbpf, false, &s, 1_000).is_err());
+        assert!(check_path(PathKind::Underlay, false, &s, 1_000).is_ok());
+        assert!(check_path(PathKind::Underlay, false, &s, 1_100_000).is_err());
+    }
+
+    #[test]
+    fn the_marking_target_is_judged_against_the_unmarked_mesh() {
+        let at = |mbps: f64| Sample {
+            mbps,
+            delivered_bytes: 0,
+            lost_percent: 0.0,
+            mss: 0,
+        };
+        let paths = |ebpf: f64| {
+            [1000.0, 500.0, 480.0, ebpf]
+                .iter()
+                .map(|&m| PathSamples {
+                    tcp: vec![at(m)],
+                    udp: vec![at(m)],
+                    mtu: 1420,
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut missed = Vec::new();
+        let t = backend_table("userspace", &paths(495.0), false, &mut missed);
+        assert!(missed.is_empty(), "{t}");
+        assert!(t.contains("50 % of the ceiling"), "{t}");
+        backend_table("userspace", &paths(450.0), true, &mut missed);
+        assert!(missed.is_empty(), "a --quick run judges nothing");
+        backend_table("userspace", &paths(450.0), false, &mut missed);
+        assert_eq!(missed.len(), 1);
+    }
+}
