@@ -420,18 +420,6 @@ fn down_after_exit_removes_the_lab_when_its_owner_is_killed() {
     lab.assert_gone(&pids);
 }
 
-/// Whether this kernel can make a WireGuard link, tried in a throwaway namespace.
-fn kernel_has_wireguard() -> bool {
-    Command::new("unshare")
-        .args(["--net", "ip", "link", "add", "wsprobe", "type", "wireguard"])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .unwrap()
-        .success()
-}
-
 /// Whether a wireguard-go process runs in namespace `ns`.
 fn wireguard_go_in(ns: &str) -> bool {
     let out = Command::new("ip")
@@ -493,7 +481,7 @@ fn up_with_kernel_wireguard_fails_fast_without_the_module_or_runs_it() {
         "--no-hints",
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
-    if !kernel_has_wireguard() {
+    if !wirespan_dataplane::wireguard::kernel::supported_on_host() {
         assert!(!o.status.success(), "{err}");
         assert!(
             err.contains("the `wireguard` kernel module is missing"),
