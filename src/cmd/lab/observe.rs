@@ -15,6 +15,8 @@ use wirespan_control::api::{
 pub const PEER_STATUSES: &str = "KubeSpanPeerStatuses.kubespan.wirespan.dev";
 /// Type of the mesh manager's status (WireGuard implementation, fast path).
 pub const MANAGER_STATUSES: &str = "KubeSpanManagerStatuses.kubespan.wirespan.dev";
+/// Type of the discovery clients' statuses (the observed public IP).
+pub const DISCOVERY_STATUSES: &str = "DiscoveryServiceStatuses.cluster.wirespan.dev";
 /// Type of the KubeSpan identity.
 pub const KUBESPAN_IDENTITIES: &str = "KubeSpanIdentities.kubespan.wirespan.dev";
 
@@ -45,6 +47,9 @@ pub struct NodeView {
     /// WireGuard implementation the node's mesh link runs on (`kernel`/`userspace`),
     /// as its mesh manager reports it; empty until the device is programmed.
     pub wireguard: String,
+    /// The node's address as the discovery server observed it (its client's public
+    /// IP), once reported.
+    pub observed_address: Option<IpAddr>,
     /// Peer statuses.
     pub peers: Vec<PeerView>,
     /// Why something could not be read.
@@ -115,6 +120,14 @@ pub async fn observe(socket: &Path) -> NodeView {
             }
         }
         Err(e) => errors.push(format!("manager status: {e}")),
+    }
+    match list(&mut client, DISCOVERY_STATUSES).await {
+        Ok(st) => {
+            view.observed_address = st
+                .iter()
+                .find_map(|(_, spec)| spec.get("publicIp")?.as_str()?.parse().ok());
+        }
+        Err(e) => errors.push(format!("discovery status: {e}")),
     }
     match list(&mut client, PEER_STATUSES).await {
         Ok(peers) => {

@@ -19,9 +19,11 @@ pub async fn observe_all(state: &LabState) -> Vec<NodeView> {
     views
 }
 
-/// Per node, the peers it does not see `up` yet.
+/// Per node, the peers it can reach directly (by the topology's rule) and does not
+/// see `up` yet; pairs that need a relay are not waited for.
 #[must_use]
 pub fn pending(state: &LabState, views: &[NodeView]) -> Vec<(String, Vec<String>)> {
+    let topology = state.topology();
     state
         .nodes
         .iter()
@@ -33,7 +35,7 @@ pub fn pending(state: &LabState, views: &[NodeView]) -> Vec<(String, Vec<String>
                 .iter()
                 .zip(views)
                 .enumerate()
-                .filter(|(j, _)| *j != i)
+                .filter(|(j, _)| *j != i && topology.direct(i, *j).is_ok())
                 .map(|(_, (n, v))| (n.name.clone(), v.public_key.clone()))
                 .collect();
             let mut p = observe::not_up(view, &others);
@@ -46,6 +48,47 @@ pub fn pending(state: &LabState, views: &[NodeView]) -> Vec<(String, Vec<String>
             (node.name.clone(), p)
         })
         .collect()
+}
+
+/// How many (node, peer) pairs `pending` waits for.
+#[must_use]
+pub fn expected_up(state: &LabState) -> usize {
+    let t = state.topology();
+    let n = t.nodes.len();
+    (0..n)
+        .flat_map(|a| (0..n).map(move |b| (a, b)))
+        .filter(|(a, b)| a != b && t.direct(*a, *b).is_ok())
+        .count()
+}
+
+/// The pairs that need a relay, as `node2<->node4 (why)`.
+#[must_use]
+pub fn expected_unreachable(state: &LabState) -> Vec<String> {
+    state
+        .topology()
+        .unreachable()
+        .into_iter()
+        .map(|(a, b, why)| {
+            format!(
+                "{}<->{} ({})",
+                state.nodes[a].name,
+                state.nodes[b].name,
+                why.as_str()
+            )
+        })
+        .collect()
+}
+
+/// What the topology expects between node `i` and the node with `public_key`:
+/// `direct`, or `relay` when the pair cannot connect without one.
+fn expectation(state: &LabState, views: &[NodeView], i: usize, public_key: &str) -> &'static str {
+    let j = views
+        .iter()
+        .position(|v| !v.public_key.is_empty() && v.public_key == public_key);
+    match j.map(|j| state.topology().direct(i, j)) {
+        Some(Err(_)) => "relay",
+        _ => "direct",
+    }
 }
 
 /// Name of the lab node with `public_key`, if any.
@@ -93,6 +136,8 @@ pub fn render_nodes(state: &LabState, views: &[NodeView]) -> String {
         "PEERS UP",
         "WIREGUARD",
         "DAEMON",
+        "NAT",
+        "PUBLIC ADDRESS",
     ]
     .map(String::from)
     .to_vec()];
@@ -121,9 +166,17 @@ pub fn render_nodes(state: &LabState, views: &[NodeView]) -> String {
                 v.wireguard.clone()
             },
             daemon_state(n.pid, v),
+            n.nat.as_str().to_owned(),
+            n.public_addresses()
+                .first()
+                .map_or_else(|| "-".into(), ToString::to_string),
         ]);
     }
-    table(&rows)
+    let mut s = table(&rows);
+    for line in expected_unreachable(state) {
+        let _ = writeln!(s, "expected unreachable until relays: {line}");
+    }
+    s
 }
 
 fn daemon_state(pid: u32, v: &NodeView) -> String {
@@ -137,11 +190,18 @@ fn daemon_state(pid: u32, v: &NodeView) -> String {
 /// Every node's peers: one row per peer.
 #[must_use]
 pub fn render_peers(state: &LabState, views: &[NodeView]) -> String {
-    let mut rows = vec![["NODE", "PEER", "PUBLIC KEY", "ENDPOINT", "STATE"]
-        .map(String::from)
-        .to_vec()];
+    let mut rows = vec![[
+        "NODE",
+        "PEER",
+        "PUBLIC KEY",
+        "ENDPOINT",
+        "STATE",
+        "EXPECTED",
+    ]
+    .map(String::from)
+    .to_vec()];
     let mut notes = String::new();
-    for (n, v) in state.nodes.iter().zip(views) {
+    for (i, (n, v)) in state.nodes.iter().zip(views).enumerate() {
         for p in &v.peers {
             let peer = node_of(state, views, &p.public_key)
                 .map(str::to_owned)
@@ -162,6 +222,7 @@ pub fn render_peers(state: &LabState, views: &[NodeView]) -> String {
                     p.endpoint.clone()
                 },
                 p.state.clone(),
+                expectation(state, views, i, &p.public_key).to_owned(),
             ]);
         }
         if let Some(e) = &v.error {
@@ -180,7 +241,8 @@ pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
         .nodes
         .iter()
         .zip(views)
-        .map(|(n, v)| {
+        .enumerate()
+        .map(|(i, (n, v))| {
             let peers: Vec<Value> = v
                 .peers
                 .iter()
@@ -191,6 +253,7 @@ pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
                         "node": node_of(state, views, &p.public_key),
                         "endpoint": p.endpoint,
                         "state": p.state,
+                        "expected": expectation(state, views, i, &p.public_key),
                     })
                 })
                 .collect();
@@ -216,6 +279,12 @@ pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
                 // The WireGuard implementation that runs (null until the link is made).
                 "wireguard": if v.wireguard.is_empty() { Value::Null } else { json!(v.wireguard) },
                 "peers": peers,
+                // Where it sits, the address the lab sees it at, and the address the
+                // discovery server observed it at (null until the node reports it).
+                "nat": n.nat.as_str(),
+                "publicAddress": n.public_addresses().first(),
+                "observedAddress": v.observed_address,
+                "router": n.router,
                 "error": v.error,
             })
         })
@@ -239,6 +308,9 @@ pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
             "log": d.log,
         },
         "nodes": nodes,
+        "topology": state.topology().name,
+        "blocked": state.blocked,
+        "expectedUnreachable": expected_unreachable(state),
     })
 }
 
@@ -282,8 +354,12 @@ mod tests {
                     pid: 0,
                     link: "eth0".into(),
                     underlay: Vec::new(),
+                    nat: crate::cmd::lab::topology::Nat::None,
+                    router: None,
                 })
                 .collect(),
+            topology: String::new(),
+            blocked: Vec::new(),
         }
     }
 
