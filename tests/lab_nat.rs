@@ -148,7 +148,11 @@ fn cone_nat_nodes_mesh_directly_through_their_routers() {
     for a in names {
         for b in names.iter().filter(|b| **b != a) {
             let (state, endpoint, expected) = peer(&st, a, b);
-            assert_eq!((state.as_str(), expected.as_str()), ("up", "direct"), "{a}->{b}");
+            assert_eq!(
+                (state.as_str(), expected.as_str()),
+                ("up", "direct"),
+                "{a}->{b}"
+            );
             // The router's WAN address with the node's own port: port preserved.
             assert_eq!(endpoint, format!("{}:51820", wan(&st, b)), "{a}->{b}");
         }
@@ -212,7 +216,10 @@ fn mixed_nat_lab_waits_for_direct_pairs_and_reports_the_rest_unreachable() {
     assert_eq!(kinds, ["none", "cone", "cone", "symmetric"]);
     assert_eq!(st["expectedUnreachable"].as_array().unwrap().len(), 2);
     assert_eq!(node(&st, "node1")["publicAddress"], "10.99.1.11");
-    assert_eq!(node(&st, "node4")["observedAddress"].as_str().unwrap(), wan(&st, "node4"));
+    assert_eq!(
+        node(&st, "node4")["observedAddress"].as_str().unwrap(),
+        wan(&st, "node4")
+    );
     let relay = [("node2", "node4"), ("node3", "node4")];
     let all = ["node1", "node2", "node3", "node4"];
     let pings = matrix(&out, "ping kubespan");
@@ -224,9 +231,17 @@ fn mixed_nat_lab_waits_for_direct_pairs_and_reports_the_rest_unreachable() {
                 assert_eq!(expected, "relay", "{a}->{b}");
                 assert_ne!(state, "up", "{a}->{b} reported up");
             } else {
-                assert_eq!((state.as_str(), expected.as_str()), ("up", "direct"), "{a}->{b}");
+                assert_eq!(
+                    (state.as_str(), expected.as_str()),
+                    ("up", "direct"),
+                    "{a}->{b}"
+                );
             }
-            assert_eq!(pings[&(a.to_owned(), (*b).to_owned())], !needs_relay, "{a}->{b}\n{out}");
+            assert_eq!(
+                pings[&(a.to_owned(), (*b).to_owned())],
+                !needs_relay,
+                "{a}->{b}\n{out}"
+            );
         }
     }
     // The table says where each node sits.
@@ -276,7 +291,10 @@ fn a_blocked_pair_in_a_topology_file_stays_down_while_the_others_are_up() {
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(o.status.success(), "{err}");
-    assert!(err.contains("node1<->node2 (UDP blocked between them)"), "{err}");
+    assert!(
+        err.contains("node1<->node2 (UDP blocked between them)"),
+        "{err}"
+    );
     let st = lab.status();
     assert_eq!(st["blocked"], serde_json::json!([["node1", "node2"]]));
     for (a, b) in [("node1", "node2"), ("node2", "node1")] {
@@ -284,9 +302,18 @@ fn a_blocked_pair_in_a_topology_file_stays_down_while_the_others_are_up() {
         assert_eq!(expected, "relay");
         assert_ne!(state, "up", "{a}->{b} reported up");
     }
-    for (a, b) in [("node1", "node3"), ("node3", "node1"), ("node2", "node3"), ("node3", "node2")] {
+    for (a, b) in [
+        ("node1", "node3"),
+        ("node3", "node1"),
+        ("node2", "node3"),
+        ("node3", "node2"),
+    ] {
         let (state, _, expected) = peer(&st, a, b);
-        assert_eq!((state.as_str(), expected.as_str()), ("up", "direct"), "{a}->{b}");
+        assert_eq!(
+            (state.as_str(), expected.as_str()),
+            ("up", "direct"),
+            "{a}->{b}"
+        );
     }
     // The underlay's rule dropped the pair's handshakes.
     let rules = Command::new("ip")

@@ -73,7 +73,7 @@ enum Lab {
         /// WireGuard, else wireguard-go); `lab status` shows which one runs.
         #[arg(long, value_enum, default_value_t = super::node::WireGuardArg::Auto)]
         wireguard: super::node::WireGuardArg,
-        /// How long to wait for every peer to be up (the lab stays up on timeout).
+        /// How long to wait for the peers to be up (the lab stays up on timeout).
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         timeout: Duration,
         /// Return once the daemons answer, without waiting for the mesh.

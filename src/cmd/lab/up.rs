@@ -1,5 +1,5 @@
 //! `wirespan lab up`: builds the underlay, starts the discovery server and one daemon
-//! per node, then waits until every peer is up.
+//! per node, then waits until every peer that can connect directly is up.
 
 use std::{
     fs,
@@ -636,8 +636,8 @@ fn wait_for_api(node: &NodeState, child: &mut Child) -> anyhow::Result<()> {
     }
 }
 
-/// Polls every node until each sees every other node as an `up` peer, with a
-/// progress bar; on timeout names each peer that is not up.
+/// Polls every node until each sees every node it can reach directly as an `up` peer
+/// (`status::pending`), with a progress bar; on timeout names each such peer not up.
 async fn wait_for_peers(
     name: &LabName,
     state: &LabState,
@@ -685,7 +685,7 @@ async fn wait_for_peers(
                 }
             }
             anyhow::bail!(
-                "not every peer is up after {}; the lab is left up for inspection \
+                "not every peer expected direct is up after {}; the lab is left up for inspection \
                  (`wirespan lab status --name {name}`, logs in {}/node*/node.log); \
                  remove it with `wirespan lab down --name {name}`",
                 humantime::format_duration(timeout),
