@@ -336,3 +336,50 @@ fn a_blocked_pair_in_a_topology_file_stays_down_while_the_others_are_up() {
         .any(|l| !l.contains("packets 0 "));
     assert!(dropped, "{rules}");
 }
+
+/// A bad topology is refused before anything is made, the message naming the field
+/// (or the unknown name); a file's node count and `--nodes` must agree.
+#[test]
+fn a_bad_topology_is_refused_naming_the_field_and_makes_nothing() {
+    let lab = Lab::new();
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "nodes:\n  - nat: full\n",
+            vec![],
+            "nodes[0].nat: \"full\" is not a NAT kind",
+        ),
+        (
+            "nodes:\n  - nat: cone\n    port: 1\n",
+            vec![],
+            "nodes[0]: unknown field `port`",
+        ),
+        (
+            "nodes:\n  - nat: cone\n  - nat: none\nblock:\n  - [node1, node5]\n",
+            vec![],
+            "block[0][1]: no node \"node5\"",
+        ),
+        (
+            "nodes:\n  - nat: cone\n",
+            vec!["--nodes", "2"],
+            "--nodes 2: topology",
+        ),
+    ];
+    for (i, (text, extra, want)) in cases.iter().enumerate() {
+        let file = dir.path().join(format!("t{i}.yaml"));
+        std::fs::write(&file, text).unwrap();
+        let mut args = vec!["up", "--topology", file.to_str().unwrap(), "--no-wait"];
+        args.extend(extra);
+        let o = lab.run(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{text:?}: {err}");
+    }
+    let o = lab.run(&["up", "--topology", "star", "--no-wait"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--topology star: neither a built-in topology (flat, cone, symmetric, mixed)"),
+        "{err}"
+    );
+    assert!(lab.namespaces().is_empty(), "{:?}", lab.namespaces());
+    assert!(!lab.dir().exists());
+}

@@ -381,6 +381,75 @@ mod tests {
     }
 
     #[test]
+    fn pending_skips_pairs_that_need_a_relay_and_status_says_so() {
+        use crate::cmd::lab::{plan::RouterState, topology::Nat};
+        // node1 public, node2 cone, node3 symmetric: node2<->node3 needs a relay.
+        let mut state = lab(3);
+        state.topology = "mixed".into();
+        state.nodes[1].nat = Nat::Cone;
+        state.nodes[2].nat = Nat::Symmetric;
+        state.nodes[2].router = Some(RouterState {
+            namespace: "wsl-t-router3".into(),
+            wan: vec!["10.99.1.13".parse().unwrap()],
+            lan: "192.168.3.1".parse().unwrap(),
+        });
+        let mut views = [
+            view("k1", &["k2", "k3"]),
+            view("k2", &["k1"]),
+            view("k3", &["k1"]),
+        ];
+        views[2].observed_address = Some("10.99.1.13".parse().unwrap());
+        assert!(pending(&state, &views).iter().all(|(_, p)| p.is_empty()));
+        assert_eq!(expected_up(&state), 4);
+        assert_eq!(
+            expected_unreachable(&state),
+            ["node2<->node3 (symmetric NAT facing a cone NAT)"]
+        );
+        // A pair expected direct is still waited for.
+        views[1].peers.clear();
+        assert_eq!(pending(&state, &views)[1].1, ["node1: not a peer yet"]);
+
+        // Blocking a pair by name takes it out too.
+        state.blocked = vec![["node1".into(), "node2".into()]];
+        assert!(pending(&state, &views).iter().all(|(_, p)| p.is_empty()));
+        assert_eq!(expected_up(&state), 2);
+
+        views[1].peers = vec![PeerView {
+            public_key: "k3".into(),
+            label: String::new(),
+            endpoint: "10.99.1.13:51820".into(),
+            state: "unknown".into(),
+        }];
+        let json = to_json(&state, &views);
+        assert_eq!(json["topology"], "mixed");
+        assert_eq!(json["blocked"], json!([["node1", "node2"]]));
+        assert_eq!(json["expectedUnreachable"].as_array().unwrap().len(), 2);
+        assert_eq!(json["nodes"][2]["nat"], "symmetric");
+        assert_eq!(json["nodes"][2]["publicAddress"], "10.99.1.13");
+        assert_eq!(json["nodes"][2]["observedAddress"], "10.99.1.13");
+        assert_eq!(json["nodes"][2]["router"]["namespace"], "wsl-t-router3");
+        assert_eq!(json["nodes"][0]["router"], Value::Null);
+        assert_eq!(json["nodes"][0]["peers"][1]["expected"], "direct");
+        assert_eq!(json["nodes"][1]["peers"][0]["expected"], "relay");
+        let table = render_peers(&state, &views);
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("node2") && l.ends_with("relay")),
+            "{table}"
+        );
+        let nodes = render_nodes(&state, &views);
+        assert!(
+            nodes.lines().nth(3).unwrap().contains("symmetric"),
+            "{nodes}"
+        );
+        assert!(
+            nodes.contains("expected unreachable until relays: node2<->node3"),
+            "{nodes}"
+        );
+    }
+
+    #[test]
     fn pending_is_empty_only_when_every_node_sees_every_other_up() {
         let state = lab(3);
         let all = [
