@@ -131,13 +131,13 @@ pub fn render_nodes(state: &LabState, views: &[NodeView]) -> String {
         "NODE",
         "NAMESPACE",
         "UNDERLAY",
+        "NAT",
+        "PUBLIC ADDRESS",
         "KUBESPAN",
         "PUBLIC KEY",
         "PEERS UP",
         "WIREGUARD",
         "DAEMON",
-        "NAT",
-        "PUBLIC ADDRESS",
     ]
     .map(String::from)
     .to_vec()];
@@ -151,6 +151,10 @@ pub fn render_nodes(state: &LabState, views: &[NodeView]) -> String {
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(","),
+            n.nat.as_str().to_owned(),
+            n.public_addresses()
+                .first()
+                .map_or_else(|| "-".into(), ToString::to_string),
             v.kubespan_address
                 .map(|a| a.to_string())
                 .unwrap_or_else(|| "-".into()),
@@ -166,10 +170,6 @@ pub fn render_nodes(state: &LabState, views: &[NodeView]) -> String {
                 v.wireguard.clone()
             },
             daemon_state(n.pid, v),
-            n.nat.as_str().to_owned(),
-            n.public_addresses()
-                .first()
-                .map_or_else(|| "-".into(), ToString::to_string),
         ]);
     }
     let mut s = table(&rows);
