@@ -51,8 +51,9 @@ enum Output {
 #[derive(Debug, Subcommand)]
 enum Lab {
     /// Create the lab and start its daemons; wait until every pair of nodes that can
-    /// connect directly is up (the others are reported as expected unreachable until
-    /// relays), then print a summary and a ping matrix.
+    /// connect directly is up (the others only until they know each other: they are
+    /// reported as expected unreachable until relays), then print a summary and a
+    /// ping matrix.
     Up {
         /// Number of nodes (default 3; a topology file sets its own).
         #[arg(long)]

@@ -153,6 +153,16 @@ pub async fn observe(socket: &Path) -> NodeView {
 /// (`others`: name and key; an empty key means that node has no identity yet).
 #[must_use]
 pub fn not_up(view: &NodeView, others: &[(String, String)]) -> Vec<String> {
+    missing(view, others, true)
+}
+
+/// Like `not_up`, but a peer only has to be known: configured, in any state.
+#[must_use]
+pub fn not_known(view: &NodeView, others: &[(String, String)]) -> Vec<String> {
+    missing(view, others, false)
+}
+
+fn missing(view: &NodeView, others: &[(String, String)], up: bool) -> Vec<String> {
     let mut missing = Vec::new();
     for (name, key) in others {
         if key.is_empty() {
@@ -161,7 +171,7 @@ pub fn not_up(view: &NodeView, others: &[(String, String)]) -> Vec<String> {
         }
         match view.peers.iter().find(|p| &p.public_key == key) {
             None => missing.push(format!("{name}: not a peer yet")),
-            Some(p) if p.state != "up" => missing.push(format!(
+            Some(p) if up && p.state != "up" => missing.push(format!(
                 "{name}: state {} (endpoint {})",
                 if p.state.is_empty() { "?" } else { &p.state },
                 if p.endpoint.is_empty() {
@@ -211,5 +221,10 @@ mod tests {
             ]
         );
         assert!(not_up(&view, &others[..1]).is_empty());
+        // Known is enough where only a relay could connect.
+        assert_eq!(
+            not_known(&view, &others),
+            ["node4: not a peer yet", "node5: no KubeSpan identity yet"]
+        );
     }
 }

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use super::{
     host,
     observe::{self, NodeView},
-    plan::{self, LabState},
+    plan::{self, LabState, NodeState},
 };
 
 /// Observes every node of the lab.
@@ -19,8 +19,9 @@ pub async fn observe_all(state: &LabState) -> Vec<NodeView> {
     views
 }
 
-/// Per node, the peers it can reach directly (by the topology's rule) and does not
-/// see `up` yet; pairs that need a relay are not waited for.
+/// Per node, what it still lacks: every peer it can reach directly (by the topology's
+/// rule) `up`, every peer that needs a relay at least known (its identity published
+/// and the peer configured; it is never waited `up`).
 #[must_use]
 pub fn pending(state: &LabState, views: &[NodeView]) -> Vec<(String, Vec<String>)> {
     let topology = state.topology();
@@ -30,35 +31,31 @@ pub fn pending(state: &LabState, views: &[NodeView]) -> Vec<(String, Vec<String>
         .zip(views)
         .enumerate()
         .map(|(i, (node, view))| {
-            let others: Vec<(String, String)> = state
+            let (direct, relay): (Vec<_>, Vec<_>) = state
                 .nodes
                 .iter()
                 .zip(views)
                 .enumerate()
-                .filter(|(j, _)| *j != i && topology.direct(i, *j).is_ok())
-                .map(|(_, (n, v))| (n.name.clone(), v.public_key.clone()))
-                .collect();
-            let mut p = observe::not_up(view, &others);
+                .filter(|(j, _)| *j != i)
+                .partition(|(j, _)| topology.direct(i, *j).is_ok());
+            let others = |v: Vec<(usize, (&NodeState, &NodeView))>| -> Vec<(String, String)> {
+                v.into_iter()
+                    .map(|(_, (n, v))| (n.name.clone(), v.public_key.clone()))
+                    .collect()
+            };
+            let (direct, relay) = (others(direct), others(relay));
+            let mut p = observe::not_up(view, &direct);
+            p.extend(observe::not_known(view, &relay));
             if !view.api {
-                p = others
+                p = direct
                     .iter()
+                    .chain(&relay)
                     .map(|(n, _)| format!("{n}: the node's API does not answer"))
                     .collect();
             }
             (node.name.clone(), p)
         })
         .collect()
-}
-
-/// How many (node, peer) pairs `pending` waits for.
-#[must_use]
-pub fn expected_up(state: &LabState) -> usize {
-    let t = state.topology();
-    let n = t.nodes.len();
-    (0..n)
-        .flat_map(|a| (0..n).map(move |b| (a, b)))
-        .filter(|(a, b)| a != b && t.direct(*a, *b).is_ok())
-        .count()
 }
 
 /// The pairs that need a relay, as `node2<->node4 (why)`.
@@ -399,27 +396,34 @@ mod tests {
             view("k3", &["k1"]),
         ];
         views[2].observed_address = Some("10.99.1.13".parse().unwrap());
+        // node2 and node3 do not know each other yet.
+        assert_eq!(pending(&state, &views)[1].1, ["node3: not a peer yet"]);
+        assert_eq!(pending(&state, &views)[2].1, ["node2: not a peer yet"]);
+        // Known, not up: nothing more is waited for.
+        for (v, key) in [(1, "k3"), (2, "k2")] {
+            views[v].peers.push(PeerView {
+                public_key: key.into(),
+                label: String::new(),
+                endpoint: "10.99.1.13:51820".into(),
+                state: "unknown".into(),
+            });
+        }
         assert!(pending(&state, &views).iter().all(|(_, p)| p.is_empty()));
-        assert_eq!(expected_up(&state), 4);
         assert_eq!(
             expected_unreachable(&state),
             ["node2<->node3 (symmetric NAT facing a cone NAT)"]
         );
-        // A pair expected direct is still waited for.
-        views[1].peers.clear();
-        assert_eq!(pending(&state, &views)[1].1, ["node1: not a peer yet"]);
+        // A pair expected direct is still waited for up.
+        views[1].peers[0].state = "down".into();
+        assert_eq!(
+            pending(&state, &views)[1].1,
+            ["node1: state down (endpoint none)"]
+        );
 
-        // Blocking a pair by name takes it out too.
+        // Blocking a pair by name makes it a relay pair too.
         state.blocked = vec![["node1".into(), "node2".into()]];
         assert!(pending(&state, &views).iter().all(|(_, p)| p.is_empty()));
-        assert_eq!(expected_up(&state), 2);
-
-        views[1].peers = vec![PeerView {
-            public_key: "k3".into(),
-            label: String::new(),
-            endpoint: "10.99.1.13:51820".into(),
-            state: "unknown".into(),
-        }];
+        views[1].peers.remove(0);
         let json = to_json(&state, &views);
         assert_eq!(json["topology"], "mixed");
         assert_eq!(json["blocked"], json!([["node1", "node2"]]));

@@ -643,12 +643,19 @@ async fn wait_for_peers(
     state: &LabState,
     timeout: Duration,
 ) -> anyhow::Result<Vec<observe::NodeView>> {
-    let total = status::expected_up(state) as u64;
+    let n = state.nodes.len();
+    let total = (n * n.saturating_sub(1)) as u64;
+    // Behind NAT some peers are only waited to be known, not up.
+    let what = if state.topology().unreachable().is_empty() {
+        "peers up"
+    } else {
+        "peers as expected"
+    };
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} [{elapsed}] {bar:30} {pos}/{len} peers up  {msg}",
-        )
+        indicatif::ProgressStyle::with_template(&format!(
+            "{{spinner}} [{{elapsed}}] {{bar:30}} {{pos}}/{{len}} {what}  {{msg}}"
+        ))
         .expect("valid template"),
     );
     bar.enable_steady_tick(Duration::from_millis(100));
