@@ -61,10 +61,10 @@ enum Lab {
         /// Where the nodes sit: `flat` (all on the underlay), `cone` (each behind a
         /// port-preserving NAT router), `symmetric` (each behind a NAT that maps every
         /// destination to a new port), `mixed` (public, cone, cone, symmetric,
-        /// repeating by node number), or a YAML file: `nodes: [{nat: none|cone|
-        /// symmetric}, …]` and `block: [[node1, node2], …]` (pairs that exchange no
-        /// UDP). Pairs that need a relay (symmetric facing a NAT, blocked) are not
-        /// waited for.
+        /// repeating by node number), or a YAML file: `nodes: [{nat: none}, {nat:
+        /// cone}, {nat: symmetric}, …]` and `block: [[node1, node2], …]` (pairs that
+        /// exchange no UDP). Pairs that need a relay (symmetric facing a NAT, blocked)
+        /// are not waited up, only until they know each other.
         #[arg(long, value_name = "NAME|FILE", default_value = "flat")]
         topology: String,
         /// Marking implementation of the nodes.

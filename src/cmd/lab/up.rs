@@ -761,10 +761,19 @@ fn hints(state: &LabState) -> String {
          {lab} status [-o json]                  # every node's peers and their state\n  \
          {lab} exec {node} -- wirespan get peers  # any command inside a node\n  \
          {lab} exec {node} -- wg show kubespan    # the node's WireGuard device\n  \
-         logs: {dir}/node*/node.log, {dir}/discovery.log\n\
+         logs: {dir}/node*/node.log, {dir}/discovery.log\n{routers}\
          Tear down:\n  \
          {lab} down\n",
         node = n1.name,
         dir = state.dir.display(),
+        routers = state
+            .nodes
+            .iter()
+            .find_map(|n| n.router.as_ref())
+            .map(|r| format!(
+                "  ip netns exec {ns} cat /proc/net/nf_conntrack   # a NAT router's translations\n",
+                ns = r.namespace
+            ))
+            .unwrap_or_default(),
     )
 }
