@@ -13,6 +13,9 @@ have wg           || need+=(wireguard-tools)
 have wireguard-go || need+=(wireguard-go)
 have ip           || need+=(iproute2)
 have ping         || need+=(iputils-ping)
+# The NAT lab tests read the routers' conntrack tables (tests/lab_nat.rs), with
+# conntrack(8) where the kernel has no /proc/net/nf_conntrack.
+have conntrack    || need+=(conntrack)
 have nsenter      || need+=(util-linux)
 have unshare      || need+=(util-linux)
 have setsid       || need+=(util-linux)

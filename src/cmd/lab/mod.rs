@@ -10,6 +10,7 @@ mod observe;
 mod ping;
 mod plan;
 mod status;
+mod topology;
 mod up;
 
 use std::{path::PathBuf, process::Stdio, time::Duration};
@@ -49,12 +50,23 @@ enum Output {
 
 #[derive(Debug, Subcommand)]
 enum Lab {
-    /// Create the lab and start its daemons; wait until every peer is up, then print a
-    /// summary and a ping matrix.
+    /// Create the lab and start its daemons; wait until every pair of nodes that can
+    /// connect directly is up (the others only until they know each other: they are
+    /// reported as expected unreachable until relays), then print a summary and a
+    /// ping matrix.
     Up {
-        /// Number of nodes.
-        #[arg(long, default_value_t = 3)]
-        nodes: usize,
+        /// Number of nodes (default 3; a topology file sets its own).
+        #[arg(long)]
+        nodes: Option<usize>,
+        /// Where the nodes sit: `flat` (all on the underlay), `cone` (each behind a
+        /// port-preserving NAT router), `symmetric` (each behind a NAT that maps every
+        /// destination to a new port), `mixed` (public, cone, cone, symmetric,
+        /// repeating by node number), or a YAML file: `nodes: [{nat: none}, {nat:
+        /// cone}, {nat: symmetric}, …]` and `block: [[node1, node2], …]` (pairs that
+        /// exchange no UDP). Pairs that need a relay (symmetric facing a NAT, blocked)
+        /// are not waited up, only until they know each other.
+        #[arg(long, value_name = "NAME|FILE", default_value = "flat")]
+        topology: String,
         /// Marking implementation of the nodes.
         #[arg(long, value_enum, default_value_t = FastPathArg::Nftables)]
         fast_path: FastPathArg,
@@ -62,7 +74,7 @@ enum Lab {
         /// WireGuard, else wireguard-go); `lab status` shows which one runs.
         #[arg(long, value_enum, default_value_t = super::node::WireGuardArg::Auto)]
         wireguard: super::node::WireGuardArg,
-        /// How long to wait for every peer to be up (the lab stays up on timeout).
+        /// How long to wait for the peers to be up (the lab stays up on timeout).
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         timeout: Duration,
         /// Return once the daemons answer, without waiting for the mesh.
@@ -135,6 +147,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     match &args.command {
         Lab::Up {
             nodes,
+            topology,
             fast_path,
             wireguard,
             timeout,
@@ -144,7 +157,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         } => up::run(
             &name,
             &up::Options {
-                nodes: *nodes,
+                topology: load_topology(topology, *nodes)?,
                 fast_path: match fast_path {
                     FastPathArg::Nftables => FastPath::Nftables,
                     FastPathArg::Ebpf => FastPath::Ebpf,
@@ -219,6 +232,31 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             down::run(&name)
         }
     }
+}
+
+/// The topology of `--topology` (a built-in name or a file) with `--nodes`.
+fn load_topology(arg: &str, nodes: Option<usize>) -> anyhow::Result<topology::Topology> {
+    if topology::BUILTIN.contains(&arg) {
+        let n = nodes.unwrap_or(3);
+        if n == 0 || n > plan::MAX_NODES {
+            anyhow::bail!("--nodes {n} must be 1 to {}", plan::MAX_NODES);
+        }
+        return Ok(topology::builtin(arg, n).expect("a built-in name"));
+    }
+    let text = std::fs::read_to_string(arg).with_context(|| {
+        format!(
+            "--topology {arg}: neither a built-in topology ({}) nor a readable file",
+            topology::BUILTIN.join(", ")
+        )
+    })?;
+    let t = topology::parse(arg, &text).map_err(|e| anyhow::anyhow!("--topology {arg}: {e}"))?;
+    if let Some(n) = nodes.filter(|n| *n != t.nodes.len()) {
+        anyhow::bail!(
+            "--nodes {n}: topology {arg} has {} nodes (leave --nodes out)",
+            t.nodes.len()
+        );
+    }
+    Ok(t)
 }
 
 /// `PATH` with this binary's directory first, so `wirespan` inside `exec` is this one.

@@ -15,6 +15,8 @@ use wirespan_control::api::{
 pub const PEER_STATUSES: &str = "KubeSpanPeerStatuses.kubespan.wirespan.dev";
 /// Type of the mesh manager's status (WireGuard implementation, fast path).
 pub const MANAGER_STATUSES: &str = "KubeSpanManagerStatuses.kubespan.wirespan.dev";
+/// Type of the discovery clients' statuses (the observed public IP).
+pub const DISCOVERY_STATUSES: &str = "DiscoveryServiceStatuses.cluster.wirespan.dev";
 /// Type of the KubeSpan identity.
 pub const KUBESPAN_IDENTITIES: &str = "KubeSpanIdentities.kubespan.wirespan.dev";
 
@@ -45,6 +47,9 @@ pub struct NodeView {
     /// WireGuard implementation the node's mesh link runs on (`kernel`/`userspace`),
     /// as its mesh manager reports it; empty until the device is programmed.
     pub wireguard: String,
+    /// The node's address as the discovery server observed it (its client's public
+    /// IP), once reported.
+    pub observed_address: Option<IpAddr>,
     /// Peer statuses.
     pub peers: Vec<PeerView>,
     /// Why something could not be read.
@@ -116,6 +121,14 @@ pub async fn observe(socket: &Path) -> NodeView {
         }
         Err(e) => errors.push(format!("manager status: {e}")),
     }
+    match list(&mut client, DISCOVERY_STATUSES).await {
+        Ok(st) => {
+            view.observed_address = st
+                .iter()
+                .find_map(|(_, spec)| spec.get("publicIp")?.as_str()?.parse().ok());
+        }
+        Err(e) => errors.push(format!("discovery status: {e}")),
+    }
     match list(&mut client, PEER_STATUSES).await {
         Ok(peers) => {
             view.peers = peers
@@ -140,6 +153,16 @@ pub async fn observe(socket: &Path) -> NodeView {
 /// (`others`: name and key; an empty key means that node has no identity yet).
 #[must_use]
 pub fn not_up(view: &NodeView, others: &[(String, String)]) -> Vec<String> {
+    missing(view, others, true)
+}
+
+/// Like `not_up`, but a peer only has to be known: configured, in any state.
+#[must_use]
+pub fn not_known(view: &NodeView, others: &[(String, String)]) -> Vec<String> {
+    missing(view, others, false)
+}
+
+fn missing(view: &NodeView, others: &[(String, String)], up: bool) -> Vec<String> {
     let mut missing = Vec::new();
     for (name, key) in others {
         if key.is_empty() {
@@ -148,7 +171,7 @@ pub fn not_up(view: &NodeView, others: &[(String, String)]) -> Vec<String> {
         }
         match view.peers.iter().find(|p| &p.public_key == key) {
             None => missing.push(format!("{name}: not a peer yet")),
-            Some(p) if p.state != "up" => missing.push(format!(
+            Some(p) if up && p.state != "up" => missing.push(format!(
                 "{name}: state {} (endpoint {})",
                 if p.state.is_empty() { "?" } else { &p.state },
                 if p.endpoint.is_empty() {
@@ -198,5 +221,10 @@ mod tests {
             ]
         );
         assert!(not_up(&view, &others[..1]).is_empty());
+        // Known is enough where only a relay could connect.
+        assert_eq!(
+            not_known(&view, &others),
+            ["node4: not a peer yet", "node5: no KubeSpan identity yet"]
+        );
     }
 }

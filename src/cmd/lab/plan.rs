@@ -2,7 +2,8 @@
 //! addresses, and the config documents of its nodes. No I/O here.
 //!
 //! Every kernel object of lab `NAME` lives in a network namespace called
-//! `wsl-NAME-ROLE` (ROLE: `underlay`, `disco`, `nodeI`), and every file under
+//! `wsl-NAME-ROLE` (ROLE: `underlay`, `disco`, `nodeI`, `routerI`: the NAT router in
+//! front of node I), and every file under
 //! `/run/wirespan-lab/NAME`; `down` finds them by that prefix alone. Lab names are
 //! lowercase letters and digits only, so one lab's prefix never matches another's.
 
@@ -14,6 +15,8 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 use wirespan_control::config::{self, kubespan::FastPath, kubespan::KubeSpanConfig, API_VERSION};
+
+use super::topology::{Nat, Topology};
 
 /// Where every lab keeps its files (a private bind mount of itself, so namespace
 /// files can be bound inside).
@@ -98,6 +101,7 @@ fn is_role(role: &str) -> bool {
         || role == "disco"
         || role
             .strip_prefix("node")
+            .or_else(|| role.strip_prefix("router"))
             .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
 }
 
@@ -220,6 +224,36 @@ pub struct LabState {
     pub discovery: DiscoveryState,
     /// The nodes.
     pub nodes: Vec<NodeState>,
+    /// The topology's name (`flat` when empty: labs made before topologies).
+    #[serde(default)]
+    pub topology: String,
+    /// Pairs of node names that exchange no UDP.
+    #[serde(default)]
+    pub blocked: Vec<[String; 2]>,
+}
+
+impl LabState {
+    /// The lab's topology, for the reachability rule.
+    #[must_use]
+    pub fn topology(&self) -> Topology {
+        let index = |n: &str| self.nodes.iter().position(|x| x.name == n);
+        Topology {
+            name: if self.topology.is_empty() {
+                "flat".into()
+            } else {
+                self.topology.clone()
+            },
+            nodes: self.nodes.iter().map(|n| n.nat).collect(),
+            blocked: self
+                .blocked
+                .iter()
+                .filter_map(|[a, b]| {
+                    let (a, b) = (index(a)?, index(b)?);
+                    Some((a.min(b), a.max(b)))
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The discovery server of a lab.
@@ -264,8 +298,34 @@ pub struct NodeState {
     pub pid: u32,
     /// Underlay link inside the namespace.
     pub link: String,
-    /// Underlay addresses (IPv4 first).
+    /// Underlay addresses (IPv4 first); behind NAT, its LAN address.
     pub underlay: Vec<IpAddr>,
+    /// Where the node sits (`none`: on the underlay).
+    #[serde(default)]
+    pub nat: Nat,
+    /// Its NAT router, when behind NAT.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub router: Option<RouterState>,
+}
+
+impl NodeState {
+    /// The addresses the rest of the lab sees it at: its own, or its router's WAN.
+    #[must_use]
+    pub fn public_addresses(&self) -> &[IpAddr] {
+        self.router.as_ref().map_or(&self.underlay, |r| &r.wan)
+    }
+}
+
+/// A node's NAT router.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouterState {
+    /// Its network namespace.
+    pub namespace: String,
+    /// WAN addresses (on the underlay).
+    pub wan: Vec<IpAddr>,
+    /// LAN address (the node's default gateway).
+    pub lan: IpAddr,
 }
 
 /// Paths of node `name` inside `dir`.
@@ -291,6 +351,8 @@ mod tests {
         assert!(a.owns_netns("wsl-a-node12"));
         assert!(a.owns_netns("wsl-a-underlay"));
         assert!(a.owns_netns("wsl-a-disco"));
+        assert!(a.owns_netns("wsl-a-router3"));
+        assert!(!a.owns_netns("wsl-a-router"));
         // Another lab, or something not made by the lab.
         assert!(!a.owns_netns("wsl-ab-node1"));
         assert!(!a.owns_netns("wsl-a-b-node1"));

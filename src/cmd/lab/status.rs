@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use super::{
     host,
     observe::{self, NodeView},
-    plan::{self, LabState},
+    plan::{self, LabState, NodeState},
 };
 
 /// Observes every node of the lab.
@@ -19,33 +19,73 @@ pub async fn observe_all(state: &LabState) -> Vec<NodeView> {
     views
 }
 
-/// Per node, the peers it does not see `up` yet.
+/// Per node, what it still lacks: every peer it can reach directly (by the topology's
+/// rule) `up`, every peer that needs a relay at least known (its identity published
+/// and the peer configured; it is never waited `up`).
 #[must_use]
 pub fn pending(state: &LabState, views: &[NodeView]) -> Vec<(String, Vec<String>)> {
+    let topology = state.topology();
     state
         .nodes
         .iter()
         .zip(views)
         .enumerate()
         .map(|(i, (node, view))| {
-            let others: Vec<(String, String)> = state
+            let (direct, relay): (Vec<_>, Vec<_>) = state
                 .nodes
                 .iter()
                 .zip(views)
                 .enumerate()
                 .filter(|(j, _)| *j != i)
-                .map(|(_, (n, v))| (n.name.clone(), v.public_key.clone()))
-                .collect();
-            let mut p = observe::not_up(view, &others);
+                .partition(|(j, _)| topology.direct(i, *j).is_ok());
+            let others = |v: Vec<(usize, (&NodeState, &NodeView))>| -> Vec<(String, String)> {
+                v.into_iter()
+                    .map(|(_, (n, v))| (n.name.clone(), v.public_key.clone()))
+                    .collect()
+            };
+            let (direct, relay) = (others(direct), others(relay));
+            let mut p = observe::not_up(view, &direct);
+            p.extend(observe::not_known(view, &relay));
             if !view.api {
-                p = others
+                p = direct
                     .iter()
+                    .chain(&relay)
                     .map(|(n, _)| format!("{n}: the node's API does not answer"))
                     .collect();
             }
             (node.name.clone(), p)
         })
         .collect()
+}
+
+/// The pairs that need a relay, as `node2<->node4 (why)`.
+#[must_use]
+pub fn expected_unreachable(state: &LabState) -> Vec<String> {
+    state
+        .topology()
+        .unreachable()
+        .into_iter()
+        .map(|(a, b, why)| {
+            format!(
+                "{}<->{} ({})",
+                state.nodes[a].name,
+                state.nodes[b].name,
+                why.as_str()
+            )
+        })
+        .collect()
+}
+
+/// What the topology expects between node `i` and the node with `public_key`:
+/// `direct`, or `relay` when the pair cannot connect without one.
+fn expectation(state: &LabState, views: &[NodeView], i: usize, public_key: &str) -> &'static str {
+    let j = views
+        .iter()
+        .position(|v| !v.public_key.is_empty() && v.public_key == public_key);
+    match j.map(|j| state.topology().direct(i, j)) {
+        Some(Err(_)) => "relay",
+        _ => "direct",
+    }
 }
 
 /// Name of the lab node with `public_key`, if any.
@@ -88,6 +128,8 @@ pub fn render_nodes(state: &LabState, views: &[NodeView]) -> String {
         "NODE",
         "NAMESPACE",
         "UNDERLAY",
+        "NAT",
+        "PUBLIC ADDRESS",
         "KUBESPAN",
         "PUBLIC KEY",
         "PEERS UP",
@@ -106,6 +148,10 @@ pub fn render_nodes(state: &LabState, views: &[NodeView]) -> String {
                 .map(ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(","),
+            n.nat.as_str().to_owned(),
+            n.public_addresses()
+                .first()
+                .map_or_else(|| "-".into(), ToString::to_string),
             v.kubespan_address
                 .map(|a| a.to_string())
                 .unwrap_or_else(|| "-".into()),
@@ -123,7 +169,11 @@ pub fn render_nodes(state: &LabState, views: &[NodeView]) -> String {
             daemon_state(n.pid, v),
         ]);
     }
-    table(&rows)
+    let mut s = table(&rows);
+    for line in expected_unreachable(state) {
+        let _ = writeln!(s, "expected unreachable until relays: {line}");
+    }
+    s
 }
 
 fn daemon_state(pid: u32, v: &NodeView) -> String {
@@ -137,11 +187,18 @@ fn daemon_state(pid: u32, v: &NodeView) -> String {
 /// Every node's peers: one row per peer.
 #[must_use]
 pub fn render_peers(state: &LabState, views: &[NodeView]) -> String {
-    let mut rows = vec![["NODE", "PEER", "PUBLIC KEY", "ENDPOINT", "STATE"]
-        .map(String::from)
-        .to_vec()];
+    let mut rows = vec![[
+        "NODE",
+        "PEER",
+        "PUBLIC KEY",
+        "ENDPOINT",
+        "STATE",
+        "EXPECTED",
+    ]
+    .map(String::from)
+    .to_vec()];
     let mut notes = String::new();
-    for (n, v) in state.nodes.iter().zip(views) {
+    for (i, (n, v)) in state.nodes.iter().zip(views).enumerate() {
         for p in &v.peers {
             let peer = node_of(state, views, &p.public_key)
                 .map(str::to_owned)
@@ -162,6 +219,7 @@ pub fn render_peers(state: &LabState, views: &[NodeView]) -> String {
                     p.endpoint.clone()
                 },
                 p.state.clone(),
+                expectation(state, views, i, &p.public_key).to_owned(),
             ]);
         }
         if let Some(e) = &v.error {
@@ -180,7 +238,8 @@ pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
         .nodes
         .iter()
         .zip(views)
-        .map(|(n, v)| {
+        .enumerate()
+        .map(|(i, (n, v))| {
             let peers: Vec<Value> = v
                 .peers
                 .iter()
@@ -191,6 +250,7 @@ pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
                         "node": node_of(state, views, &p.public_key),
                         "endpoint": p.endpoint,
                         "state": p.state,
+                        "expected": expectation(state, views, i, &p.public_key),
                     })
                 })
                 .collect();
@@ -216,6 +276,12 @@ pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
                 // The WireGuard implementation that runs (null until the link is made).
                 "wireguard": if v.wireguard.is_empty() { Value::Null } else { json!(v.wireguard) },
                 "peers": peers,
+                // Where it sits, the address the lab sees it at, and the address the
+                // discovery server observed it at (null until the node reports it).
+                "nat": n.nat.as_str(),
+                "publicAddress": n.public_addresses().first(),
+                "observedAddress": v.observed_address,
+                "router": n.router,
                 "error": v.error,
             })
         })
@@ -239,6 +305,9 @@ pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
             "log": d.log,
         },
         "nodes": nodes,
+        "topology": state.topology().name,
+        "blocked": state.blocked,
+        "expectedUnreachable": expected_unreachable(state),
     })
 }
 
@@ -282,8 +351,12 @@ mod tests {
                     pid: 0,
                     link: "eth0".into(),
                     underlay: Vec::new(),
+                    nat: crate::cmd::lab::topology::Nat::None,
+                    router: None,
                 })
                 .collect(),
+            topology: String::new(),
+            blocked: Vec::new(),
         }
     }
 
@@ -302,6 +375,82 @@ mod tests {
                 .collect(),
             ..NodeView::default()
         }
+    }
+
+    #[test]
+    fn pending_skips_pairs_that_need_a_relay_and_status_says_so() {
+        use crate::cmd::lab::{plan::RouterState, topology::Nat};
+        // node1 public, node2 cone, node3 symmetric: node2<->node3 needs a relay.
+        let mut state = lab(3);
+        state.topology = "mixed".into();
+        state.nodes[1].nat = Nat::Cone;
+        state.nodes[2].nat = Nat::Symmetric;
+        state.nodes[2].router = Some(RouterState {
+            namespace: "wsl-t-router3".into(),
+            wan: vec!["10.99.1.13".parse().unwrap()],
+            lan: "192.168.3.1".parse().unwrap(),
+        });
+        let mut views = [
+            view("k1", &["k2", "k3"]),
+            view("k2", &["k1"]),
+            view("k3", &["k1"]),
+        ];
+        views[2].observed_address = Some("10.99.1.13".parse().unwrap());
+        // node2 and node3 do not know each other yet.
+        assert_eq!(pending(&state, &views)[1].1, ["node3: not a peer yet"]);
+        assert_eq!(pending(&state, &views)[2].1, ["node2: not a peer yet"]);
+        // Known, not up: nothing more is waited for.
+        for (v, key) in [(1, "k3"), (2, "k2")] {
+            views[v].peers.push(PeerView {
+                public_key: key.into(),
+                label: String::new(),
+                endpoint: "10.99.1.13:51820".into(),
+                state: "unknown".into(),
+            });
+        }
+        assert!(pending(&state, &views).iter().all(|(_, p)| p.is_empty()));
+        assert_eq!(
+            expected_unreachable(&state),
+            ["node2<->node3 (symmetric NAT facing a cone NAT)"]
+        );
+        // A pair expected direct is still waited for up.
+        views[1].peers[0].state = "down".into();
+        assert_eq!(
+            pending(&state, &views)[1].1,
+            ["node1: state down (endpoint none)"]
+        );
+
+        // Blocking a pair by name makes it a relay pair too.
+        state.blocked = vec![["node1".into(), "node2".into()]];
+        assert!(pending(&state, &views).iter().all(|(_, p)| p.is_empty()));
+        views[1].peers.remove(0);
+        let json = to_json(&state, &views);
+        assert_eq!(json["topology"], "mixed");
+        assert_eq!(json["blocked"], json!([["node1", "node2"]]));
+        assert_eq!(json["expectedUnreachable"].as_array().unwrap().len(), 2);
+        assert_eq!(json["nodes"][2]["nat"], "symmetric");
+        assert_eq!(json["nodes"][2]["publicAddress"], "10.99.1.13");
+        assert_eq!(json["nodes"][2]["observedAddress"], "10.99.1.13");
+        assert_eq!(json["nodes"][2]["router"]["namespace"], "wsl-t-router3");
+        assert_eq!(json["nodes"][0]["router"], Value::Null);
+        assert_eq!(json["nodes"][0]["peers"][1]["expected"], "direct");
+        assert_eq!(json["nodes"][1]["peers"][0]["expected"], "relay");
+        let table = render_peers(&state, &views);
+        assert!(
+            table
+                .lines()
+                .any(|l| l.starts_with("node2") && l.ends_with("relay")),
+            "{table}"
+        );
+        let nodes = render_nodes(&state, &views);
+        assert!(
+            nodes.lines().nth(3).unwrap().contains("symmetric"),
+            "{nodes}"
+        );
+        assert!(
+            nodes.contains("expected unreachable until relays: node2<->node3"),
+            "{nodes}"
+        );
     }
 
     #[test]

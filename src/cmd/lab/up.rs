@@ -1,5 +1,5 @@
 //! `wirespan lab up`: builds the underlay, starts the discovery server and one daemon
-//! per node, then waits until every peer is up.
+//! per node, then waits until every peer that can connect directly is up.
 
 use std::{
     fs,
@@ -17,15 +17,16 @@ use wirespan_dataplane::{netns::Netns, wireguard::PresharedKey};
 use super::super::node::{WireGuardArg, KERNEL_WIREGUARD_MISSING};
 use super::{
     host, observe, ping,
-    plan::{self, LabName, LabState, NodeState},
+    plan::{self, LabName, LabState, NodeState, RouterState},
     status,
+    topology::{self, Nat, Topology},
 };
 
 /// Options of `up`.
 #[derive(Debug)]
 pub struct Options {
-    /// Number of nodes.
-    pub nodes: usize,
+    /// The nodes, where they sit and which pairs are blocked.
+    pub topology: Topology,
     /// Marking implementation.
     pub fast_path: FastPath,
     /// WireGuard implementation of the daemons.
@@ -44,9 +45,6 @@ pub struct Options {
 const START_TIMEOUT: Duration = Duration::from_secs(15);
 
 pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
-    if opts.nodes == 0 || opts.nodes > plan::MAX_NODES {
-        anyhow::bail!("--nodes {} must be 1 to {}", opts.nodes, plan::MAX_NODES);
-    }
     let leftovers: Vec<String> = host::netns_list()
         .into_iter()
         .filter(|n| name.owns_netns(n))
@@ -88,10 +86,20 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
         super::block_on(status::observe_all(&state))
     } else {
         let views = super::block_on(wait_for_peers(name, &state, opts.timeout))?;
-        eprintln!(
-            "lab {name}: every peer up {:.1}s after start",
-            started.elapsed().as_secs_f64()
-        );
+        let unreachable = status::expected_unreachable(&state);
+        if unreachable.is_empty() {
+            eprintln!(
+                "lab {name}: every peer up {:.1}s after start",
+                started.elapsed().as_secs_f64()
+            );
+        } else {
+            eprintln!(
+                "lab {name}: every pair that can connect directly is up {:.1}s after start; \
+                 expected unreachable until relays: {}",
+                started.elapsed().as_secs_f64(),
+                unreachable.join(", ")
+            );
+        }
         views
     };
     print!("{}", status::render_nodes(&state, &views));
@@ -169,6 +177,120 @@ fn add_host_netns(
     Ok(ns)
 }
 
+/// Makes node `i`'s NAT router (WAN on the underlay bridge at the address the node
+/// would have had, LAN to the node) and the node's namespace behind it, its default
+/// route via the router. Returns the node's namespace, LAN address and router.
+fn add_natted_node(
+    name: &LabName,
+    i: usize,
+    nat: Nat,
+    dir: &Path,
+) -> anyhow::Result<(String, IpAddr, RouterState)> {
+    // IPv4 only: the NAT is IPv4's (the node has no IPv6 beyond its link).
+    let wan: Vec<(IpAddr, u8)> = plan::underlay_addresses(plan::node_host(i))
+        .into_iter()
+        .filter(|(a, _)| a.is_ipv4())
+        .collect();
+    let router = add_host_netns(name, &topology::router_role(i), &wan)?;
+    host::run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &router,
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+            "net.ipv4.conf.all.rp_filter=0",
+            "net.ipv4.conf.default.rp_filter=0",
+        ],
+    )?;
+    let ns = name.netns(&plan::node_name(i));
+    host::run("ip", &["netns", "add", &ns])?;
+    host::ip_in(&ns, &["link", "set", "lo", "up"])?;
+    host::ip_in(
+        &router,
+        &[
+            "link",
+            "add",
+            topology::ROUTER_LAN_LINK,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            plan::NODE_LINK,
+            "netns",
+            &ns,
+        ],
+    )?;
+    let (gw, lan) = topology::lan_addresses(i);
+    host::ip_in(
+        &router,
+        &[
+            "addr",
+            "add",
+            &format!("{gw}/24"),
+            "dev",
+            topology::ROUTER_LAN_LINK,
+        ],
+    )?;
+    host::ip_in(&router, &["link", "set", topology::ROUTER_LAN_LINK, "up"])?;
+    host::ip_in(
+        &ns,
+        &["addr", "add", &format!("{lan}/24"), "dev", plan::NODE_LINK],
+    )?;
+    host::ip_in(&ns, &["link", "set", plan::NODE_LINK, "up"])?;
+    host::ip_in(&ns, &["route", "add", "default", "via", &gw.to_string()])?;
+    let rules = dir.join(format!("{}.nft", topology::router_role(i)));
+    write_atomic(&rules, topology::router_nft(nat).as_bytes())
+        .with_context(|| format!("writing {}", rules.display()))?;
+    host::run(
+        "ip",
+        &["netns", "exec", &router, "nft", "-f", path_str(&rules)?],
+    )
+    .with_context(|| format!("loading the NAT rules of {router}"))?;
+    Ok((
+        ns,
+        IpAddr::V4(lan),
+        RouterState {
+            namespace: router,
+            wan: wan.iter().map(|(a, _)| *a).collect(),
+            lan: IpAddr::V4(gw),
+        },
+    ))
+}
+
+/// Drops UDP between the public addresses of each blocked pair on the underlay
+/// bridge, before any daemon starts.
+fn load_blocks(
+    underlay: &str,
+    topology: &Topology,
+    nodes: &[NodeState],
+    dir: &Path,
+) -> anyhow::Result<()> {
+    let pairs: Vec<(Vec<IpAddr>, Vec<IpAddr>)> = topology
+        .blocked
+        .iter()
+        .map(|(a, b)| {
+            (
+                nodes[*a].public_addresses().to_vec(),
+                nodes[*b].public_addresses().to_vec(),
+            )
+        })
+        .collect();
+    let Some(rules) = topology::block_nft(&pairs) else {
+        return Ok(());
+    };
+    let path = dir.join("blocked.nft");
+    write_atomic(&path, rules.as_bytes()).with_context(|| format!("writing {}", path.display()))?;
+    host::run(
+        "ip",
+        &["netns", "exec", underlay, "nft", "-f", path_str(&path)?],
+    )
+    .context("loading the blocked pairs' rules into the underlay")?;
+    Ok(())
+}
+
 fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
     let exe = std::env::current_exe().context("finding the wirespan binary")?;
     let exe = exe
@@ -241,10 +363,27 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
     let supports_config = super::node_has_config_flag();
     fs::create_dir_all("/run/wireguard").context("creating /run/wireguard")?;
     let mut nodes = Vec::new();
-    for i in 1..=opts.nodes {
+    let behind_nat = opts.topology.nodes.iter().any(|n| *n != Nat::None);
+    for (i, nat) in (1..=opts.topology.nodes.len()).zip(opts.topology.nodes.clone()) {
         let node = plan::node_name(i);
-        let addresses = plan::underlay_addresses(plan::node_host(i));
-        let ns = add_host_netns(name, &node, &addresses)?;
+        let (ns, addresses, router) = if nat == Nat::None {
+            let addresses: Vec<IpAddr> = plan::underlay_addresses(plan::node_host(i))
+                .iter()
+                .map(|(a, _)| *a)
+                .collect();
+            let cidrs = plan::underlay_addresses(plan::node_host(i));
+            let ns = add_host_netns(name, &node, &cidrs)?;
+            if behind_nat {
+                // Like any host on the internet, a default route: the reply to a LAN
+                // address behind a NAT needs one before KubeSpan's mark reroutes it
+                // into the tunnel (without, the first lookup fails: no route).
+                host::ip_in(&ns, &["route", "add", "default", "dev", plan::NODE_LINK])?;
+            }
+            (ns, addresses, None)
+        } else {
+            let (ns, lan, router) = add_natted_node(name, i, nat, &dir)?;
+            (ns, vec![lan], Some(router))
+        };
         // Like a systemd host (its 50-default.conf): every new link, the mesh link
         // included, starts with loose reverse-path filtering, which the daemon turns
         // off on the mesh link. `all` is the host policy the daemon requires to be 0
@@ -337,9 +476,12 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
             log: node_dir.join("node.log"),
             pid: 0,
             link: plan::NODE_LINK.to_owned(),
-            underlay: addresses.iter().map(|(a, _)| *a).collect(),
+            underlay: addresses,
+            nat,
+            router,
         });
     }
+    load_blocks(&underlay, &opts.topology, &nodes, &dir)?;
 
     // The discovery server answers on the underlay, seen from node1.
     wait_for_tcp(&nodes[0].namespace, discovery, &mut disco, &disco_log)?;
@@ -381,6 +523,13 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
         },
         wireguard: wireguard_name(opts.wireguard).into(),
         underlay_namespace: underlay,
+        topology: opts.topology.name.clone(),
+        blocked: opts
+            .topology
+            .blocked
+            .iter()
+            .map(|(a, b)| [plan::node_name(a + 1), plan::node_name(b + 1)])
+            .collect(),
         discovery: plan::DiscoveryState {
             namespace: disco_ns,
             address: discovery,
@@ -477,8 +626,8 @@ fn wait_for_api(node: &NodeState, child: &mut Child) -> anyhow::Result<()> {
     }
 }
 
-/// Polls every node until each sees every other node as an `up` peer, with a
-/// progress bar; on timeout names each peer that is not up.
+/// Polls every node until each sees every node it can reach directly as an `up` peer
+/// (`status::pending`), with a progress bar; on timeout names each such peer not up.
 async fn wait_for_peers(
     name: &LabName,
     state: &LabState,
@@ -486,11 +635,17 @@ async fn wait_for_peers(
 ) -> anyhow::Result<Vec<observe::NodeView>> {
     let n = state.nodes.len();
     let total = (n * n.saturating_sub(1)) as u64;
+    // Behind NAT some peers are only waited to be known, not up.
+    let what = if state.topology().unreachable().is_empty() {
+        "peers up"
+    } else {
+        "peers as expected"
+    };
     let bar = indicatif::ProgressBar::new(total);
     bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} [{elapsed}] {bar:30} {pos}/{len} peers up  {msg}",
-        )
+        indicatif::ProgressStyle::with_template(&format!(
+            "{{spinner}} [{{elapsed}}] {{bar:30}} {{pos}}/{{len}} {what}  {{msg}}"
+        ))
         .expect("valid template"),
     );
     bar.enable_steady_tick(Duration::from_millis(100));
@@ -527,7 +682,7 @@ async fn wait_for_peers(
                 }
             }
             anyhow::bail!(
-                "not every peer is up after {}; the lab is left up for inspection \
+                "not every peer expected direct is up after {}; the lab is left up for inspection \
                  (`wirespan lab status --name {name}`, logs in {}/node*/node.log); \
                  remove it with `wirespan lab down --name {name}`",
                 humantime::format_duration(timeout),
@@ -538,7 +693,8 @@ async fn wait_for_peers(
     }
 }
 
-/// Every node pings every other node's first underlay address and KubeSpan address.
+/// Every node pings every other node's first underlay address (public nodes only)
+/// and KubeSpan address.
 fn ping_matrix(state: &LabState, views: &[observe::NodeView]) -> String {
     let names: Vec<String> = state.nodes.iter().map(|n| n.name.clone()).collect();
     let targets: [(&str, Vec<Option<IpAddr>>); 2] = [
@@ -547,7 +703,8 @@ fn ping_matrix(state: &LabState, views: &[observe::NodeView]) -> String {
             state
                 .nodes
                 .iter()
-                .map(|n| n.underlay.first().copied())
+                // A node behind NAT has no underlay address of its own to ping.
+                .map(|n| n.underlay.first().copied().filter(|_| n.router.is_none()))
                 .collect(),
         ),
         (
@@ -594,10 +751,19 @@ fn hints(state: &LabState) -> String {
          {lab} status [-o json]                  # every node's peers and their state\n  \
          {lab} exec {node} -- wirespan get peers  # any command inside a node\n  \
          {lab} exec {node} -- wg show kubespan    # the node's WireGuard device\n  \
-         logs: {dir}/node*/node.log, {dir}/discovery.log\n\
+         logs: {dir}/node*/node.log, {dir}/discovery.log\n{routers}\
          Tear down:\n  \
          {lab} down\n",
         node = n1.name,
         dir = state.dir.display(),
+        routers = state
+            .nodes
+            .iter()
+            .find_map(|n| n.router.as_ref())
+            .map(|r| format!(
+                "  ip netns exec {ns} cat /proc/net/nf_conntrack   # a NAT router's translations\n",
+                ns = r.namespace
+            ))
+            .unwrap_or_default(),
     )
 }

@@ -220,6 +220,11 @@ fn wait_recovered(
 
 pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
     let mut lab = ChaosLab::open(name)?;
+    // Its faults and checks address nodes on the underlay and expect every pair up.
+    anyhow::ensure!(
+        lab.state.nodes.iter().all(|n| n.router.is_none()) && lab.state.blocked.is_empty(),
+        "lab {name} has nodes behind NAT or blocked pairs; chaos runs on a `flat` lab"
+    );
     let nodes = lab.state.nodes.len();
     if let Some(want) = opts.nodes {
         anyhow::ensure!(

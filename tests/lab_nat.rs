@@ -1,0 +1,385 @@
+//! `wirespan lab up --topology`: nodes behind NAT routers and blocked pairs, through
+//! the real binary. Each lab has a guard that runs `lab down` even when a test fails.
+//!
+//! NAT is shown to have happened from three sides: the discovery server observed each
+//! NATed node at its router's WAN address, a peer's WireGuard endpoint for a NATed
+//! node is that WAN address (with the node's own port behind a cone NAT), and the
+//! router's conntrack table holds the translation.
+
+mod common;
+
+use std::{collections::BTreeMap, process::Command};
+
+use common::lab::Lab;
+use serde_json::Value;
+
+/// The cells of one ping matrix of `lab up`'s output: (from, to) → reply seen.
+fn matrix(out: &str, title: &str) -> BTreeMap<(String, String), bool> {
+    let mut lines = out.lines().skip_while(|l| !l.starts_with(title));
+    let header: Vec<String> = lines
+        .next()
+        .unwrap_or_else(|| panic!("no {title:?} matrix in:\n{out}"))
+        .split_whitespace()
+        .skip(2)
+        .map(str::to_owned)
+        .collect();
+    let mut cells = BTreeMap::new();
+    for line in lines.take(header.len()) {
+        // Cells are `-`, `FAIL` or `ok 0.42ms` (two words).
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let mut it = words[1..].iter();
+        for to in &header {
+            match *it.next().unwrap() {
+                "ok" => {
+                    it.next();
+                    cells.insert((words[0].to_owned(), to.clone()), true);
+                }
+                "FAIL" => {
+                    cells.insert((words[0].to_owned(), to.clone()), false);
+                }
+                _ => {}
+            }
+        }
+    }
+    cells
+}
+
+/// `node`'s entry in `lab status -o json`.
+fn node<'a>(st: &'a Value, name: &str) -> &'a Value {
+    st["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == name)
+        .unwrap_or_else(|| panic!("no {name} in {st}"))
+}
+
+/// What `from` reports about its peer `to`: (state, endpoint, expected).
+fn peer(st: &Value, from: &str, to: &str) -> (String, String, String) {
+    let p = node(st, from)["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["node"] == to)
+        .unwrap_or_else(|| panic!("{from} has no peer {to}: {st}"));
+    let s = |k: &str| p[k].as_str().unwrap_or_default().to_owned();
+    (s("state"), s("endpoint"), s("expected"))
+}
+
+fn wan(st: &Value, name: &str) -> String {
+    node(st, name)["router"]["wan"][0]
+        .as_str()
+        .unwrap_or_else(|| panic!("{name} has no router: {st}"))
+        .to_owned()
+}
+
+/// The UDP flows in a router's conntrack table: the original direction's
+/// `src dst sport dport` and the reply direction's.
+fn udp_flows(router_ns: &str) -> Vec<([String; 4], [String; 4])> {
+    // The proc file where the kernel has it, else conntrack(8).
+    let proc = Command::new("ip")
+        .args(["netns", "exec", router_ns, "cat", "/proc/net/nf_conntrack"])
+        .output()
+        .unwrap();
+    let text = if proc.status.success() {
+        proc.stdout
+    } else {
+        let o = Command::new("ip")
+            .args(["netns", "exec", router_ns, "conntrack", "-L", "-p", "udp"])
+            .output()
+            .expect("conntrack(8) (scripts/setup.sh installs it)");
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        o.stdout
+    };
+    String::from_utf8_lossy(&text)
+        .lines()
+        .filter(|l| l.contains(" udp "))
+        .map(|l| {
+            let vals = |k: &str| -> Vec<String> {
+                l.split_whitespace()
+                    .filter_map(|w| w.strip_prefix(k))
+                    .map(str::to_owned)
+                    .collect()
+            };
+            let (src, dst, sp, dp) = (vals("src="), vals("dst="), vals("sport="), vals("dport="));
+            (
+                [src[0].clone(), dst[0].clone(), sp[0].clone(), dp[0].clone()],
+                [src[1].clone(), dst[1].clone(), sp[1].clone(), dp[1].clone()],
+            )
+        })
+        .collect()
+}
+
+/// Three nodes, each behind a port-preserving NAT: the discovery server sees each at
+/// its router's WAN address, the node publishes that address, and every pair comes
+/// up directly by simultaneous open (both sides send to the other's WAN address and
+/// WireGuard port) and pings over the mesh.
+#[test]
+fn cone_nat_nodes_mesh_directly_through_their_routers() {
+    let lab = Lab::new();
+    let out = lab.ok(&[
+        "up",
+        "--topology",
+        "cone",
+        "--nodes",
+        "3",
+        "--timeout",
+        "90s",
+        "--no-hints",
+    ]);
+    let st = lab.status();
+    assert_eq!(st["topology"], "cone");
+    assert_eq!(st["expectedUnreachable"], serde_json::json!([]));
+    let names = ["node1", "node2", "node3"];
+    for n in names {
+        let v = node(&st, n);
+        assert_eq!(v["nat"], "cone", "{v}");
+        assert_eq!(v["publicAddress"].as_str().unwrap(), wan(&st, n), "{v}");
+        // The discovery server saw the router's WAN address, not the LAN one.
+        assert_eq!(v["observedAddress"].as_str().unwrap(), wan(&st, n), "{v}");
+        assert!(
+            v["addresses"]["underlay"][0]
+                .as_str()
+                .unwrap()
+                .starts_with("192.168."),
+            "{v}"
+        );
+    }
+    for a in names {
+        for b in names.iter().filter(|b| **b != a) {
+            let (state, endpoint, expected) = peer(&st, a, b);
+            assert_eq!(
+                (state.as_str(), expected.as_str()),
+                ("up", "direct"),
+                "{a}->{b}"
+            );
+            // The router's WAN address with the node's own port: port preserved.
+            assert_eq!(endpoint, format!("{}:51820", wan(&st, b)), "{a}->{b}");
+        }
+    }
+    let pings = matrix(&out, "ping kubespan");
+    assert_eq!(pings.len(), 6, "{out}");
+    assert!(pings.values().all(|ok| *ok), "{out}");
+    // The router rewrote node1's LAN source to its WAN address, keeping the port.
+    let lan1 = node(&st, "node1")["addresses"]["underlay"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let flows = udp_flows(node(&st, "node1")["router"]["namespace"].as_str().unwrap());
+    let to_node2 = flows
+        .iter()
+        .find(|(o, _)| o[0] == lan1 && o[1] == wan(&st, "node2") && o[3] == "51820")
+        .unwrap_or_else(|| panic!("no flow node1 -> node2 in {flows:?}"));
+    assert_eq!(to_node2.1[1], wan(&st, "node1"), "{to_node2:?}");
+    assert_eq!(to_node2.1[3], "51820", "{to_node2:?}");
+    // `lab down` finds the routers by the lab's prefix.
+    let pids = lab.pids();
+    assert_eq!(lab.namespaces().len(), 3 + 3 + 2, "{:?}", lab.namespaces());
+    lab.ok(&["down"]);
+    lab.assert_gone(&pids);
+}
+
+/// `mixed` with 4 nodes: node1 public, node2 and node3 behind cone NATs, node4 behind
+/// a symmetric NAT. `up` waits for the pairs that can connect directly and reports
+/// node2<->node4 and node3<->node4 as expected unreachable until relays, which stay
+/// not up; node1 reaches node4 at the port the symmetric NAT mapped for node1 alone.
+#[test]
+fn mixed_nat_lab_waits_for_direct_pairs_and_reports_the_rest_unreachable() {
+    let lab = Lab::new();
+    let o = lab.run(&[
+        "up",
+        "--topology",
+        "mixed",
+        "--nodes",
+        "4",
+        "--timeout",
+        "90s",
+        "--no-hints",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{err}\n{out}");
+    assert!(
+        err.contains(
+            "expected unreachable until relays: node2<->node4 (symmetric NAT facing a cone NAT), \
+             node3<->node4 (symmetric NAT facing a cone NAT)"
+        ),
+        "{err}"
+    );
+    let st = lab.status();
+    let kinds: Vec<&str> = st["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["nat"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["none", "cone", "cone", "symmetric"]);
+    assert_eq!(st["expectedUnreachable"].as_array().unwrap().len(), 2);
+    assert_eq!(node(&st, "node1")["publicAddress"], "10.99.1.11");
+    assert_eq!(
+        node(&st, "node4")["observedAddress"].as_str().unwrap(),
+        wan(&st, "node4")
+    );
+    let relay = [("node2", "node4"), ("node3", "node4")];
+    let all = ["node1", "node2", "node3", "node4"];
+    let pings = matrix(&out, "ping kubespan");
+    for a in all {
+        for b in all.iter().filter(|b| **b != a) {
+            let needs_relay = relay.contains(&(a, b)) || relay.contains(&(b, a));
+            let (state, _, expected) = peer(&st, a, b);
+            if needs_relay {
+                assert_eq!(expected, "relay", "{a}->{b}");
+                assert_ne!(state, "up", "{a}->{b} reported up");
+            } else {
+                assert_eq!(
+                    (state.as_str(), expected.as_str()),
+                    ("up", "direct"),
+                    "{a}->{b}"
+                );
+            }
+            assert_eq!(
+                pings[&(a.to_owned(), (*b).to_owned())],
+                !needs_relay,
+                "{a}->{b}\n{out}"
+            );
+        }
+    }
+    // The table says where each node sits.
+    let table = lab.ok(&["status"]);
+    let row4 = table.lines().find(|l| l.starts_with("node4 ")).unwrap();
+    assert!(row4.contains("symmetric"), "{table}");
+    // node1 learnt node4's endpoint from node4's handshakes (roaming): the port
+    // node4's router mapped for node1, which is not the port it mapped elsewhere.
+    let lan4 = node(&st, "node4")["addresses"]["underlay"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let flows = udp_flows(node(&st, "node4")["router"]["namespace"].as_str().unwrap());
+    let mapped = |dst: &str| {
+        flows
+            .iter()
+            .find(|(o, _)| o[0] == lan4 && o[1] == dst && o[2] == "51820" && o[3] == "51820")
+            .map(|(_, r)| r[3].clone())
+            .unwrap_or_else(|| panic!("no flow node4 -> {dst} in {flows:?}"))
+    };
+    let (_, endpoint, _) = peer(&st, "node1", "node4");
+    assert_eq!(
+        endpoint,
+        format!("{}:{}", wan(&st, "node4"), mapped("10.99.1.11"))
+    );
+}
+
+/// A topology file with a blocked pair: node1 and node2 exchange no UDP, so that pair
+/// stays down (and `up` does not wait for it) while every other pair is up.
+#[test]
+fn a_blocked_pair_in_a_topology_file_stays_down_while_the_others_are_up() {
+    let lab = Lab::new();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("topology.yaml");
+    std::fs::write(
+        &file,
+        "nodes:\n  - nat: none\n  - nat: none\n  - nat: cone\nblock:\n  - [node1, node2]\n",
+    )
+    .unwrap();
+    let o = lab.run(&[
+        "up",
+        "--topology",
+        file.to_str().unwrap(),
+        "--timeout",
+        "90s",
+        "--no-hints",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("node1<->node2 (UDP blocked between them)"),
+        "{err}"
+    );
+    let st = lab.status();
+    assert_eq!(st["blocked"], serde_json::json!([["node1", "node2"]]));
+    for (a, b) in [("node1", "node2"), ("node2", "node1")] {
+        let (state, _, expected) = peer(&st, a, b);
+        assert_eq!(expected, "relay");
+        assert_ne!(state, "up", "{a}->{b} reported up");
+    }
+    for (a, b) in [
+        ("node1", "node3"),
+        ("node3", "node1"),
+        ("node2", "node3"),
+        ("node3", "node2"),
+    ] {
+        let (state, _, expected) = peer(&st, a, b);
+        assert_eq!(
+            (state.as_str(), expected.as_str()),
+            ("up", "direct"),
+            "{a}->{b}"
+        );
+    }
+    // The underlay's rule dropped the pair's handshakes.
+    let rules = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            st["underlayNamespace"].as_str().unwrap(),
+            "nft",
+            "list",
+            "table",
+            "bridge",
+            "wirespan_lab_block",
+        ])
+        .output()
+        .unwrap();
+    let rules = String::from_utf8_lossy(&rules.stdout);
+    let dropped = rules
+        .lines()
+        .filter(|l| l.contains("ip saddr 10.99.1.11 ip daddr 10.99.1.12"))
+        .any(|l| !l.contains("packets 0 "));
+    assert!(dropped, "{rules}");
+}
+
+/// A bad topology is refused before anything is made, the message naming the field
+/// (or the unknown name); a file's node count and `--nodes` must agree.
+#[test]
+fn a_bad_topology_is_refused_naming_the_field_and_makes_nothing() {
+    let lab = Lab::new();
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        (
+            "nodes:\n  - nat: full\n",
+            vec![],
+            "nodes[0].nat: \"full\" is not a NAT kind",
+        ),
+        (
+            "nodes:\n  - nat: cone\n    port: 1\n",
+            vec![],
+            "nodes[0]: unknown field `port`",
+        ),
+        (
+            "nodes:\n  - nat: cone\n  - nat: none\nblock:\n  - [node1, node5]\n",
+            vec![],
+            "block[0][1]: no node \"node5\"",
+        ),
+        (
+            "nodes:\n  - nat: cone\n",
+            vec!["--nodes", "2"],
+            "--nodes 2: topology",
+        ),
+    ];
+    for (i, (text, extra, want)) in cases.iter().enumerate() {
+        let file = dir.path().join(format!("t{i}.yaml"));
+        std::fs::write(&file, text).unwrap();
+        let mut args = vec!["up", "--topology", file.to_str().unwrap(), "--no-wait"];
+        args.extend(extra);
+        let o = lab.run(&args);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success() && err.contains(want), "{text:?}: {err}");
+    }
+    let o = lab.run(&["up", "--topology", "star", "--no-wait"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("--topology star: neither a built-in topology (flat, cone, symmetric, mixed)"),
+        "{err}"
+    );
+    assert!(lab.namespaces().is_empty(), "{:?}", lab.namespaces());
+    assert!(!lab.dir().exists());
+}
