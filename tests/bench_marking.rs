@@ -25,7 +25,8 @@ fn bench_marking_quick_writes_report_and_chart() {
         for config in [
             "no marking",
             "nft interval set (upstream)",
-            "nft hash + interval (ours)",
+            "nft hash + interval",
+            "nft hash per prefix length (ours)",
             "eBPF tcx prefix hash",
             "eBPF tcx hash + LPM",
         ] {

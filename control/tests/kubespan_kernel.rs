@@ -147,7 +147,8 @@ async fn manager_programs_a_real_device_and_marking_set() {
         hosts.contains(&"10.5.0.1".to_owned()) && hosts.contains(&"10.5.0.2".to_owned()),
         "{hosts:?}"
     );
-    let nets = elements("v4_nets");
+    // The pod CIDRs (/24) in the per-length layout's set of /24 networks.
+    let nets = elements("v4_len24");
     assert_eq!(nets.len(), 2, "{nets:?}");
     assert!(nets.iter().any(|n| n.contains("10.244.1.0")), "{nets:?}");
 

@@ -41,8 +41,8 @@ impl Config {
         match self {
             Config::None => "no marking",
             Config::NftInterval => "nft interval set (upstream)",
-            Config::NftSplit => "nft hash + interval (ours)",
-            Config::NftPerLength => "nft hash per prefix length",
+            Config::NftSplit => "nft hash + interval",
+            Config::NftPerLength => "nft hash per prefix length (ours)",
             Config::Ebpf => "eBPF tcx prefix hash",
             Config::EbpfLpm => "eBPF tcx hash + LPM",
         }

@@ -27,8 +27,6 @@ pub const DEFAULT_TABLE: &str = "wirespan";
 pub enum SetLayout {
     /// Host addresses (/32, /128) in hash sets, true CIDRs in interval sets: a hash
     /// lookup is several times cheaper than the interval (rbtree) lookup (`docs/kubespan.md` §12.1).
-    /// The default until the per-length layout's per-packet cost is measured.
-    #[default]
     Split,
     /// Everything in one interval set per family, as upstream does.
     Interval,
@@ -39,6 +37,10 @@ pub enum SetLayout {
     /// The sets of every length exist (empty ones cost no lookup: they get no rule),
     /// so a length appearing or disappearing changes rules, never the set list. The
     /// whole-address sets are the split layout's `v4_hosts` and `v6_hosts`.
+    /// The default: `wirespan bench marking` measured it cheaper per forwarded packet
+    /// than the split layout (+393 vs +884 ns over no marking at 10,000 prefixes) and
+    /// its one-prefix commit flat in the set size.
+    #[default]
     PerLength,
 }
 
@@ -88,7 +90,7 @@ impl Default for MarkingSpec {
             mtu: crate::DEFAULT_MTU,
             prefixes_v4: Vec::new(),
             prefixes_v6: Vec::new(),
-            layout: SetLayout::Split,
+            layout: SetLayout::PerLength,
             prerouting: PreroutingMarking::Nftables,
         }
     }
