@@ -31,6 +31,11 @@ pub struct Args {
     /// RESOURCE_EXHAUSTED.
     #[arg(long, value_name = "N", default_value_t = wirespan_discovery::server::state::MAX_AFFILIATES)]
     max_affiliates: usize,
+    /// MiB of snapshots and catch-up batches the server may hold for watchers; above
+    /// it, watchers that took nothing for 2 s are aborted (ABORTED), least recently
+    /// active first. Watchers that keep reading are never aborted.
+    #[arg(long, value_name = "MIB", default_value_t = wirespan_discovery::server::state::WATCH_BUDGET >> 20)]
+    watch_budget_mib: usize,
     /// Send every client to this `host:port` in Hello.
     #[arg(long, value_name = "HOST:PORT")]
     redirect_endpoint: Option<String>,
@@ -63,6 +68,16 @@ impl Args {
         if self.max_affiliates == 0 {
             anyhow::bail!("--max-affiliates must be positive");
         }
+        let Some(watch_budget) = self
+            .watch_budget_mib
+            .checked_mul(1 << 20)
+            .filter(|b| *b > 0)
+        else {
+            anyhow::bail!(
+                "--watch-budget-mib must be between 1 and {}",
+                usize::MAX >> 20
+            );
+        };
         Ok(ServerConfig {
             gc_interval: self.gc_interval,
             rate_limit: !self.no_rate_limit,
@@ -70,6 +85,7 @@ impl Args {
             snapshot_path: self.snapshot_path,
             snapshot_interval: self.snapshot_interval,
             max_affiliates: self.max_affiliates,
+            watch_budget,
             report_client_ip: !self.no_client_ip,
             trust_x_real_ip: !self.no_trust_x_real_ip,
             trust_x_forwarded_for: !self.no_trust_x_forwarded_for,

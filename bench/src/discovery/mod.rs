@@ -49,16 +49,47 @@ pub struct Args {
     #[arg(long)]
     pub server_bin: Option<PathBuf>,
     /// Run only the hostile-load section (good clients' latency with and without a
-    /// hostile client set).
+    /// hostile client set); the same as `--only hostile`.
     #[arg(long)]
     pub hostile_only: bool,
+    /// Run only these sections (comma-separated), in the usual order.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        conflicts_with = "hostile_only"
+    )]
+    pub only: Vec<Section>,
     /// A smoke run with small counts and fewer points (the test suite runs it once);
     /// its figures are not the benchmark's.
     #[arg(long)]
     pub quick: bool,
 }
 
+/// Sections of the benchmark, for `--only`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Section {
+    /// AffiliateUpdate throughput against the empty-RPC ceiling.
+    Throughput,
+    /// Watch fan-out latency (up to 10,000 watchers; 100 with --quick).
+    Fanout,
+    /// Memory per affiliate.
+    Memory,
+    /// Join storm (--storm-nodes, 10,240 by default; 64 with --quick).
+    Storm,
+    /// Good clients' latency under a hostile client set.
+    Hostile,
+}
+
 impl Args {
+    /// Whether `section` runs.
+    fn runs(&self, section: Section) -> bool {
+        if self.hostile_only {
+            return section == Section::Hostile;
+        }
+        self.only.is_empty() || self.only.contains(&section)
+    }
+
     /// The counts actually used: small ones with `--quick`.
     fn effective(&self) -> Self {
         if self.quick {
@@ -120,12 +151,35 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
         exe.display()
     );
 
-    if args.hostile_only {
-        return hostile::run(&exe, args.quick).await;
+    if args.runs(Section::Throughput) || args.runs(Section::Fanout) {
+        throughput_and_fanout(&exe, args).await?;
     }
+    if args.runs(Section::Memory) {
+        memory_section(&exe, args).await?;
+    }
+    if args.runs(Section::Storm) {
+        storm_section(&exe, args).await?;
+    }
+    if args.runs(Section::Hostile) {
+        // Fresh server, upstream limits.
+        hostile::run(&exe, args.quick).await?;
+    }
+    Ok(())
+}
 
-    // Throughput.
-    let server = ServerProcess::start(&exe)?;
+async fn throughput_and_fanout(exe: &std::path::Path, args: &Args) -> anyhow::Result<()> {
+    let server = ServerProcess::start(exe)?;
+    if args.runs(Section::Throughput) {
+        throughput_section(&server, args).await?;
+    }
+    if args.runs(Section::Fanout) {
+        fanout_section(&server, args).await?;
+    }
+    drop(server);
+    Ok(())
+}
+
+async fn throughput_section(server: &ServerProcess, args: &Args) -> anyhow::Result<()> {
     let measure = Duration::from_secs(args.seconds.max(1));
     // Warm-up (discarded): connection setup, allocator and page-cache effects of a
     // fresh process would otherwise land on the first measured point.
@@ -167,8 +221,10 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
             update / empty * 100.0
         );
     }
+    Ok(())
+}
 
-    // Fan-out.
+async fn fanout_section(server: &ServerProcess, args: &Args) -> anyhow::Result<()> {
     println!();
     println!(
         "Watch fan-out latency: one cluster, {} updates 20 ms apart, measured from sending \
@@ -197,10 +253,12 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
             f.aborted
         );
     }
-    drop(server);
+    Ok(())
+}
 
-    // Memory (fresh server).
-    let server = ServerProcess::start(&exe)?;
+async fn memory_section(exe: &std::path::Path, args: &Args) -> anyhow::Result<()> {
+    // Fresh server.
+    let server = ServerProcess::start(exe)?;
     let m = memory(&server, args.affiliates.max(1)).await?;
     println!();
     println!(
@@ -222,10 +280,13 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
         verdict(m.overhead <= 256.0)
     );
     drop(server);
+    Ok(())
+}
 
-    // Join storm (fresh server, its per-cluster cap raised to fit the storm).
+async fn storm_section(exe: &std::path::Path, args: &Args) -> anyhow::Result<()> {
+    // Fresh server, its per-cluster cap raised to fit the storm.
     let nodes = args.storm_nodes.max(2);
-    let server = ServerProcess::start_with(&exe, &max_affiliates_args(nodes))?;
+    let server = ServerProcess::start_with(exe, &max_affiliates_args(nodes))?;
     let s = storm(server.addr, nodes).await?;
     println!();
     println!(
@@ -245,9 +306,6 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
         verdict(converged && s.elapsed < Duration::from_secs(30) && s.aborted == 0)
     );
     drop(server);
-
-    // Hostile load (fresh server, upstream limits).
-    hostile::run(&exe, args.quick).await?;
     Ok(())
 }
 

@@ -36,6 +36,8 @@ pub struct Metrics {
     storage_ops: Family<Labels, Counter>,
     watch_aborted: Counter,
     watch_catch_ups: Counter,
+    watch_bytes: Gauge,
+    watch_budget_aborts: Counter,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -69,6 +71,8 @@ impl Metrics {
             storage_ops: Family::default(),
             watch_aborted: Counter::default(),
             watch_catch_ups: Counter::default(),
+            watch_bytes: Gauge::default(),
+            watch_budget_aborts: Counter::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -130,6 +134,16 @@ impl Metrics {
             "discovery_watch_aborted",
             "Watch streams ended with ABORTED (a stalled watcher lost updates)",
             m.watch_aborted.clone(),
+        );
+        registry.register(
+            "discovery_watch_held_bytes",
+            "Bytes of snapshots and catch-up batches held for watchers (the byte budget's measure)",
+            m.watch_bytes.clone(),
+        );
+        registry.register(
+            "discovery_watch_budget_aborts",
+            "Watchers aborted because the held bytes exceeded the budget (also counted in discovery_watch_aborted once their stream ends)",
+            m.watch_budget_aborts.clone(),
         );
         registry.register(
             "discovery_watch_catch_ups",
@@ -205,6 +219,11 @@ impl Metrics {
         self.affiliates.set(gauge(counts.affiliates));
         self.endpoints.set(gauge(counts.endpoints));
         self.subscriptions.set(gauge(counts.subscriptions));
+        self.watch_bytes.set(gauge(counts.watch_bytes));
+        // The state keeps the total; the counter catches up to it.
+        let seen = self.watch_budget_aborts.get();
+        self.watch_budget_aborts
+            .inc_by(counts.watch_budget_aborts.saturating_sub(seen));
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
@@ -271,6 +290,7 @@ mod tests {
             affiliates: 3,
             endpoints: 4,
             subscriptions: 5,
+            ..Counts::default()
         });
         assert!(text.contains("discovery_state_clusters 2"), "{text}");
         assert!(text.contains("discovery_state_subscriptions 5"), "{text}");

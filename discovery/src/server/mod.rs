@@ -77,6 +77,9 @@ pub struct ServerConfig {
     pub watch_queue: usize,
     /// How long a watcher with a full queue may take nothing before it is aborted.
     pub watch_stall: Duration,
+    /// Bytes of snapshots and catch-up batches held for watchers before the slowest
+    /// (those that took nothing for `watch_stall`) are aborted with ABORTED.
+    pub watch_budget: usize,
     /// Most affiliates in one cluster (upstream: 1024).
     pub max_affiliates: usize,
     /// Serve TLS (ALPN `h2`) instead of plaintext h2c.
@@ -96,6 +99,7 @@ impl Default for ServerConfig {
             trust_x_forwarded_for: true,
             watch_queue: state::WATCH_QUEUE,
             watch_stall: state::WATCH_STALL,
+            watch_budget: state::WATCH_BUDGET,
             max_affiliates: state::MAX_AFFILIATES,
             tls: None,
         }
@@ -364,6 +368,7 @@ pub async fn spawn_with_metrics(
     let mut state = restore(&config);
     state.set_max_affiliates(config.max_affiliates);
     state.set_watch_stall(config.watch_stall);
+    state.set_watch_budget(config.watch_budget);
     let token = CancellationToken::new();
     let shared = Arc::new(Shared::new(config, state, token.clone()));
     let service = ClusterService {

@@ -1,19 +1,26 @@
 //! The Watch RPC's transport: its events are encoded once per cluster event and the
 //! same bytes go to every watcher, so it is routed past the generated service (whose
-//! codec would clone and re-encode the message for each watcher) with a codec that
-//! writes pre-encoded `WatchResponse` bytes. Every other method goes to the generated
-//! `ClusterServer`.
+//! codec would clone and re-encode the message for each watcher). tonic decodes the
+//! request; the response body is this module's own: the gRPC-framed messages in
+//! pieces of at most [`FRAME`](super::state::watch::FRAME) bytes, taken from the watcher's queue only as the
+//! transport asks for them. tonic's encoder would copy each whole message into a
+//! buffer per stream, which HTTP/2 then keeps for as long as the peer does not read:
+//! a full snapshot per watcher that stopped reading, beyond reach of any abort. Here
+//! such a watcher pins at most one piece in the transport; the rest stays in its
+//! queue, where the stall check and the byte budget can free it. Every other method
+//! goes to the generated `ClusterServer`.
 
 use std::{
     convert::Infallible,
     pin::Pin,
-    sync::Arc,
+    sync::{Arc, Mutex},
     task::{Context, Poll},
     time::Instant,
 };
 
 use bytes::{BufMut as _, Bytes};
-use futures::{future::BoxFuture, Stream};
+use futures::{future::BoxFuture, Stream, StreamExt as _};
+use hyper::body::Frame;
 use tokio_util::sync::CancellationToken;
 use tonic::{
     body::Body,
@@ -99,10 +106,33 @@ impl tower::Service<http::Request<Body>> for Routes {
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
         if req.uri().path() == WATCH_PATH {
-            let svc = WatchSvc(self.service.clone());
+            let slot = Arc::new(Mutex::new(None));
+            let svc = WatchSvc {
+                service: self.service.clone(),
+                slot: Arc::clone(&slot),
+            };
             Box::pin(async move {
                 let mut grpc = tonic::server::Grpc::new(EncodedCodec);
-                Ok(grpc.server_streaming(svc, req).await)
+                let response = grpc.server_streaming(svc, req).await;
+                // tonic decoded the request and made the headers; the body is ours.
+                // No stream in the slot: tonic answered with an error status.
+                let frames = slot
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+                Ok(match frames {
+                    Some(frames) => {
+                        let (parts, _) = response.into_parts();
+                        http::Response::from_parts(
+                            parts,
+                            Body::new(FrameBody {
+                                frames,
+                                done: false,
+                            }),
+                        )
+                    }
+                    None => response,
+                })
             })
         } else {
             tower::Service::call(&mut self.cluster, req)
@@ -110,7 +140,12 @@ impl tower::Service<http::Request<Body>> for Routes {
     }
 }
 
-struct WatchSvc(ClusterService);
+/// Hands the stream of body frames to [`Routes`] through `slot`; tonic gets an empty
+/// stream, whose encoded body is dropped.
+struct WatchSvc {
+    service: ClusterService,
+    slot: Arc<Mutex<Option<EncodedStream>>>,
+}
 
 impl ServerStreamingService<pb::WatchRequest> for WatchSvc {
     type Response = Bytes;
@@ -118,24 +153,72 @@ impl ServerStreamingService<pb::WatchRequest> for WatchSvc {
     type Future = BoxFuture<'static, Result<Response<EncodedStream>, Status>>;
 
     fn call(&mut self, req: Request<pb::WatchRequest>) -> Self::Future {
-        let svc = self.0.clone();
+        let svc = self.service.clone();
+        let slot = Arc::clone(&self.slot);
         Box::pin(async move {
             let start = Instant::now();
             let result = svc.watch_inner(req).await;
             svc.record("Watch", start, &result);
             // Errors become the stream's final status after the call opened, so every
             // client (Go and tonic alike) sees them on its first receive.
-            let stream: EncodedStream = match result {
-                Ok(sub) => watch_stream(Arc::clone(&svc.shared), sub),
+            let frames: EncodedStream = match result {
+                Ok(sub) => watch_stream(Arc::clone(&svc.shared), sub, true),
                 Err(status) => Box::pin(futures::stream::once(async move { Err(status) })),
             };
-            Ok(Response::new(stream))
+            *slot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(frames);
+            Ok(Response::new(
+                Box::pin(futures::stream::empty()) as EncodedStream
+            ))
         })
     }
 }
 
-/// Encoded Watch messages.
+/// Encoded Watch messages, or body frames of them.
 pub(crate) type EncodedStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
+
+/// The Watch response body: the frames as data, then the status as trailers (OK
+/// when the stream ends, the error otherwise).
+struct FrameBody {
+    frames: EncodedStream,
+    done: bool,
+}
+
+fn trailers(status: &Status) -> http::HeaderMap {
+    let mut map = http::HeaderMap::new();
+    if status.add_header(&mut map).is_err() {
+        // Only a message that is no valid header value fails; the code still goes.
+        map.clear();
+        map.insert(Status::GRPC_STATUS, (status.code() as i32).into());
+    }
+    map
+}
+
+impl hyper::body::Body for FrameBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let status = match futures::ready!(self.frames.poll_next_unpin(cx)) {
+            Some(Ok(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+            Some(Err(status)) => status,
+            None => Status::ok(""),
+        };
+        self.done = true;
+        Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+}
 
 /// Unsubscribes when the Watch stream is dropped (client went away or stream ended).
 struct WatchGuard {
@@ -151,17 +234,22 @@ impl Drop for WatchGuard {
 }
 
 struct WatchCtx {
-    snapshot: Option<Bytes>,
+    framed: bool,
     queue: Arc<WatchQueue>,
     shutdown: CancellationToken,
     done: bool,
     guard: WatchGuard,
 }
 
-/// The snapshot first, then the watcher's queue until it is closed or lost.
-pub(crate) fn watch_stream(shared: Arc<Shared>, sub: Subscription) -> EncodedStream {
+/// The snapshot first, then the watcher's queue until it is closed or lost: whole
+/// messages, or (`framed`) body frames of at most [`FRAME`](super::state::watch::FRAME) bytes with the gRPC
+/// message prefix.
+pub(crate) fn watch_stream(shared: Arc<Shared>, sub: Subscription, framed: bool) -> EncodedStream {
+    // Always first, even when empty: clients know the snapshot by its position. It
+    // waits in the queue, where an abort can free it.
+    sub.queue.send_first(sub.snapshot);
     let ctx = WatchCtx {
-        snapshot: Some(sub.snapshot),
+        framed,
         queue: sub.queue,
         shutdown: shared.shutdown.clone(),
         done: false,
@@ -175,12 +263,13 @@ pub(crate) fn watch_stream(shared: Arc<Shared>, sub: Subscription) -> EncodedStr
         if ctx.done {
             return None;
         }
-        // Always first, even when empty: clients know the snapshot by its position.
-        if let Some(snapshot) = ctx.snapshot.take() {
-            return Some((Ok(snapshot), ctx));
-        }
         loop {
-            match ctx.queue.next(Instant::now()) {
+            let next = if ctx.framed {
+                ctx.queue.next_frame(Instant::now())
+            } else {
+                ctx.queue.next(Instant::now())
+            };
+            match next {
                 Next::Send(event) => return Some((Ok(event), ctx)),
                 Next::CatchUp => {
                     let g = &ctx.guard;

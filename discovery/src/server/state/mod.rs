@@ -14,7 +14,7 @@ pub mod watch;
 
 use std::{
     collections::{HashMap, VecDeque},
-    sync::Arc,
+    sync::{Arc, Weak},
     time::{Duration, Instant},
 };
 
@@ -23,7 +23,8 @@ use bytes::{Bytes, BytesMut};
 pub use self::validate::{
     offset, ttl_nanos, validate_affiliate_id, validate_cluster_id, validate_update,
 };
-pub use self::watch::{Next, WatchQueue, WATCH_STALL};
+use self::watch::{Counted, SharedCounted};
+pub use self::watch::{Next, WatchBytes, WatchQueue, WATCH_STALL};
 use super::error::RequestError;
 use crate::proto::server as pb;
 
@@ -41,6 +42,9 @@ pub const MAX_AFFILIATES: usize = 1024;
 pub const MAX_ENDPOINTS: usize = 64;
 /// Events queued per watcher before it is aborted as too slow.
 pub const WATCH_QUEUE: usize = 32;
+/// Bytes of snapshots and catch-up batches the server holds for watchers before it
+/// aborts the slowest of them (see [`State::set_watch_budget`]).
+pub const WATCH_BUDGET: usize = 256 << 20;
 
 /// One encoded Watch message, shared by every watcher of the cluster.
 pub type Event = Bytes;
@@ -82,6 +86,10 @@ pub(crate) struct Cluster {
     tombstones: VecDeque<(u64, Box<str>)>,
     /// Tombstone count that triggers the next trim.
     trim_at: usize,
+    /// The last snapshot made and the event it was made after: watchers that
+    /// register before the next event share it. Weak, so it lives only as long as a
+    /// watcher still holds it.
+    snapshot: Option<(u64, Weak<Counted>)>,
 }
 
 /// Tombstones kept before the first trim is tried.
@@ -156,7 +164,7 @@ impl Cluster {
     /// The catch-up of a watcher that took every event up to `since`: the current
     /// state of each affiliate changed after it and a delete for each affiliate
     /// removed after it, in event order, several affiliates per message.
-    fn catch_up(&self, since: u64) -> Vec<(u64, Bytes)> {
+    fn catch_up(&self, since: u64, meter: &Arc<WatchBytes>) -> Vec<(u64, Bytes)> {
         enum Item<'a> {
             Upsert(&'a str, &'a Affiliate),
             Delete(&'a str),
@@ -185,7 +193,7 @@ impl Cluster {
                 if deleted {
                     watch::put_deleted_flag(&mut buf);
                 }
-                out.push((last, buf.split().freeze()));
+                out.push((last, watch::counted(buf.split(), meter)));
             }
             deleted = is_delete;
             match item {
@@ -198,15 +206,29 @@ impl Cluster {
             if deleted {
                 watch::put_deleted_flag(&mut buf);
             }
-            out.push((self.seq, buf.freeze()));
+            out.push((self.seq, watch::counted(buf, meter)));
         } else if let Some(end) = out.last_mut() {
             end.0 = self.seq;
         }
         out
     }
 
-    /// Every affiliate as one encoded `WatchResponse` (the snapshot).
-    fn encode_all(&self) -> Bytes {
+    /// Every affiliate as one encoded `WatchResponse` (the snapshot), shared with the
+    /// watchers that registered since the last event and still hold it.
+    fn snapshot(&mut self, meter: &Arc<WatchBytes>) -> Bytes {
+        if let Some((seq, weak)) = &self.snapshot {
+            if *seq == self.seq {
+                if let Some(shared) = SharedCounted::upgrade(weak) {
+                    return shared.bytes();
+                }
+            }
+        }
+        let shared = SharedCounted::new(self.encode_all(), meter);
+        self.snapshot = Some((self.seq, shared.downgrade()));
+        shared.bytes()
+    }
+
+    fn encode_all(&self) -> BytesMut {
         let len = self
             .affiliates
             .iter()
@@ -216,7 +238,7 @@ impl Cluster {
         for (id, a) in &self.affiliates {
             watch::put_affiliate(&mut buf, id, a);
         }
-        buf.freeze()
+        buf
     }
 }
 
@@ -256,6 +278,10 @@ pub struct Counts {
     pub endpoints: usize,
     /// Live watchers.
     pub subscriptions: usize,
+    /// Bytes of snapshots and catch-up batches held for watchers.
+    pub watch_bytes: usize,
+    /// Watchers aborted because those bytes exceeded the budget.
+    pub watch_budget_aborts: u64,
 }
 
 /// One affiliate as the inspect page shows it: sizes and expiry, never contents.
@@ -287,6 +313,9 @@ pub struct State {
     next_subscriber: u64,
     max_affiliates: usize,
     watch_stall: Duration,
+    watch_bytes: Arc<WatchBytes>,
+    watch_budget: usize,
+    watch_budget_aborts: u64,
 }
 
 impl Default for State {
@@ -296,6 +325,9 @@ impl Default for State {
             next_subscriber: 0,
             max_affiliates: MAX_AFFILIATES,
             watch_stall: WATCH_STALL,
+            watch_bytes: Arc::default(),
+            watch_budget: WATCH_BUDGET,
+            watch_budget_aborts: 0,
         }
     }
 }
@@ -324,6 +356,22 @@ impl State {
     /// aborted ([`WATCH_STALL`] unless changed).
     pub fn set_watch_stall(&mut self, stall: Duration) {
         self.watch_stall = stall;
+    }
+
+    /// Sets the byte budget for snapshots and catch-up batches held for watchers
+    /// ([`WATCH_BUDGET`] unless changed). Above it, watchers that hold such bytes and
+    /// took nothing for the stall timeout are aborted, least recently active first,
+    /// until the held bytes fit again. Watchers that keep reading are never aborted,
+    /// so the budget can be exceeded for up to the stall timeout.
+    pub fn set_watch_budget(&mut self, budget: usize) {
+        self.watch_budget = budget;
+    }
+
+    /// Bytes of snapshots and catch-up batches currently held for watchers (by the
+    /// state or by streams not done sending them).
+    #[must_use]
+    pub fn watch_bytes(&self) -> usize {
+        self.watch_bytes.get()
     }
 
     /// AffiliateUpdate: validates, then creates or merges the affiliate and notifies
@@ -419,10 +467,12 @@ impl State {
             id,
             queue: Arc::clone(&queue),
         });
+        let snapshot = cluster.snapshot(&self.watch_bytes);
+        self.enforce_budget(now);
         Ok(Subscription {
             cluster_id: cluster_id.to_owned(),
             id,
-            snapshot: cluster.encode_all(),
+            snapshot,
             queue,
         })
     }
@@ -437,9 +487,12 @@ impl State {
         let Some(sub) = cluster.subscribers.iter().find(|s| s.id == id) else {
             return false;
         };
-        if let Some(since) = sub.queue.lagging_since() {
-            sub.queue.fill_catch_up(cluster.catch_up(since), now);
-        }
+        let Some(since) = sub.queue.lagging_since() else {
+            return true;
+        };
+        sub.queue
+            .fill_catch_up(cluster.catch_up(since, &self.watch_bytes), now);
+        self.enforce_budget(now);
         true
     }
 
@@ -467,6 +520,41 @@ impl State {
             cluster
                 .subscribers
                 .retain(|s| !s.gone() && s.queue.check_stalled(now));
+        }
+        self.enforce_budget(now);
+    }
+
+    /// Over the budget: aborts watchers that hold snapshot or catch-up bytes and
+    /// took nothing for the stall timeout, least recently active first, until the
+    /// held bytes fit. Whatever a watcher shares with others is freed only once they
+    /// let go too, hence the check after each abort.
+    fn enforce_budget(&mut self, now: Instant) {
+        if self.watch_bytes.get() <= self.watch_budget {
+            return;
+        }
+        let mut slow: Vec<(Instant, Arc<WatchQueue>)> = self
+            .clusters
+            .values()
+            .flat_map(|c| &c.subscribers)
+            .filter(|s| !s.gone() && s.queue.holds() > 0)
+            .map(|s| (s.queue.last_progress(), Arc::clone(&s.queue)))
+            .filter(|(t, _)| now.saturating_duration_since(*t) >= self.watch_stall)
+            .collect();
+        if slow.is_empty() {
+            return;
+        }
+        slow.sort_by_key(|(t, _)| *t);
+        for (_, queue) in slow {
+            if self.watch_bytes.get() <= self.watch_budget {
+                break;
+            }
+            queue.abort();
+            self.watch_budget_aborts += 1;
+        }
+        for cluster in self.clusters.values_mut() {
+            cluster
+                .subscribers
+                .retain(|s| !s.gone() && !s.queue.is_lost());
         }
     }
 
@@ -515,6 +603,8 @@ impl State {
     pub fn counts(&self) -> Counts {
         let mut counts = Counts {
             clusters: self.clusters.len(),
+            watch_bytes: self.watch_bytes.get(),
+            watch_budget_aborts: self.watch_budget_aborts,
             ..Counts::default()
         };
         for cluster in self.clusters.values() {

@@ -137,6 +137,9 @@ fn endpoint_expires_before_affiliate_and_gc_sends_upsert_then_delete() {
     assert!(events[0].affiliates[0].data.is_empty());
     s.unsubscribe("c", w.id);
     assert_eq!(s.gc(t0 + min(4)).clusters, 1);
+    // The snapshot counts as held for watchers until the watcher lets it go.
+    assert_eq!(s.counts().watch_bytes, w.snapshot.len());
+    drop(w);
     assert_eq!(s.counts(), Counts::default());
 }
 
@@ -367,4 +370,123 @@ fn affiliate_cap_is_configurable() {
         s.update(t0, &req("a3", Some(b"d"), &[], 60)),
         Err(RequestError::TooManyAffiliates)
     );
+}
+
+/// A cluster of `n` affiliates with maximal data, so its snapshot spans many frames.
+fn big_cluster(s: &mut State, cluster: &str, n: usize, t0: Instant) {
+    for i in 0..n {
+        let mut r = req(&format!("a{i}"), Some(&[7u8; MAX_DATA_LEN]), &[], 60);
+        r.cluster_id = cluster.into();
+        s.update(t0, &r).unwrap();
+    }
+}
+
+/// Registers a watcher and hands its snapshot to its queue, as the stream does.
+fn watch_queued(s: &mut State, cluster: &str, queue: usize, t0: Instant) -> Subscription {
+    let mut w = s.watch(t0, cluster, queue).unwrap();
+    w.queue.send_first(std::mem::take(&mut w.snapshot));
+    w
+}
+
+fn frames(w: &Subscription, now: Instant) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    while let Next::Send(frame) = w.queue.next_frame(now) {
+        out.push(frame);
+    }
+    out
+}
+
+/// Splits a gRPC body into its messages.
+fn grpc_messages(mut body: &[u8]) -> Vec<pb::WatchResponse> {
+    let mut out = Vec::new();
+    while !body.is_empty() {
+        assert_eq!(body[0], 0, "uncompressed");
+        let len = u32::from_be_bytes(body[1..5].try_into().unwrap()) as usize;
+        out.push(decode(&body[5..5 + len]));
+        body = &body[5 + len..];
+    }
+    out
+}
+
+#[test]
+fn frames_carry_grpc_framed_messages_in_bounded_pieces() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    big_cluster(&mut s, "c", 40, t0);
+    let w = watch_queued(&mut s, "c", WATCH_QUEUE, t0);
+    s.update(t0, &req("a1", Some(b"new"), &[], 60)).unwrap();
+    let frames = frames(&w, t0);
+    assert!(frames.len() > 3, "{}", frames.len());
+    assert!(frames.iter().all(|f| f.len() <= watch::FRAME));
+    let body: Vec<u8> = frames.concat();
+    let messages = grpc_messages(&body);
+    assert_eq!(messages.len(), 2);
+    assert_eq!(messages[0].affiliates.len(), 40);
+    assert_eq!(messages[1].affiliates[0].data, b"new");
+    // Sent in full: nothing is held for the watcher any more.
+    assert_eq!(w.queue.holds(), 0);
+    assert_eq!(s.watch_bytes(), 0);
+}
+
+#[test]
+fn watchers_registered_between_two_events_share_one_snapshot() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    big_cluster(&mut s, "c", 8, t0);
+    let a = watch_queued(&mut s, "c", WATCH_QUEUE, t0);
+    let one = s.watch_bytes();
+    let _b = watch_queued(&mut s, "c", WATCH_QUEUE, t0);
+    assert_eq!(s.watch_bytes(), one);
+    s.update(t0, &req("a1", Some(b"new"), &[], 60)).unwrap();
+    let _c = watch_queued(&mut s, "c", WATCH_QUEUE, t0);
+    assert!(s.watch_bytes() > one, "a new event means a new snapshot");
+    drop(a);
+    assert!(s.watch_bytes() > one, "still held by the second watcher");
+}
+
+#[test]
+fn a_stalled_watcher_frees_its_snapshot_and_is_cut_off() {
+    let t0 = Instant::now();
+    let later = t0 + WATCH_STALL + Duration::from_secs(1);
+    let mut s = State::new();
+    big_cluster(&mut s, "c", 40, t0);
+    let w = watch_queued(&mut s, "c", 1, t0);
+    // The transport took one piece of the snapshot, then the peer stopped reading.
+    assert!(matches!(w.queue.next_frame(t0), Next::Send(_)));
+    assert!(s.watch_bytes() > watch::FRAME);
+    s.update(t0, &req("x", Some(b"d"), &[], 60)).unwrap();
+    s.check_stalled(later);
+    assert!(w.queue.is_lost());
+    assert_eq!(s.watch_bytes(), 0, "the snapshot is freed");
+    // Nothing may follow a message cut off part-way: the stream ends at once.
+    assert!(matches!(w.queue.next_frame(later), Next::Lost));
+}
+
+#[test]
+fn over_the_budget_the_least_recently_active_stalled_watchers_are_aborted() {
+    let t0 = Instant::now();
+    let stall = WATCH_STALL;
+    let mut s = State::new();
+    for c in ["c0", "c1", "c2"] {
+        big_cluster(&mut s, c, 20, t0);
+    }
+    let w0 = watch_queued(&mut s, "c0", WATCH_QUEUE, t0);
+    let one = s.watch_bytes();
+    // Room for two snapshots.
+    s.set_watch_budget(2 * one + one / 2);
+    let w1 = watch_queued(&mut s, "c1", WATCH_QUEUE, t0);
+    let w2 = watch_queued(&mut s, "c2", WATCH_QUEUE, t0);
+    // Over the budget, but nobody stalled yet: nobody is aborted.
+    s.check_stalled(t0 + stall / 2);
+    assert_eq!(s.counts().watch_budget_aborts, 0);
+    // w1 made progress later than the others; w0 and w2 took nothing.
+    assert!(matches!(w1.queue.next_frame(t0 + stall / 2), Next::Send(_)));
+    s.check_stalled(t0 + stall + Duration::from_millis(1));
+    // One abort is enough to fit: w0 or w2 (equally idle since t0), never w1.
+    let c = s.counts();
+    assert_eq!(c.watch_budget_aborts, 1, "{c:?}");
+    assert!(c.watch_bytes <= 2 * one + one / 2);
+    assert!(!w1.queue.is_lost());
+    assert!(w0.queue.is_lost() != w2.queue.is_lost());
+    assert_eq!(c.subscriptions, 2);
 }

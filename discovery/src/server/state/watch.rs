@@ -14,7 +14,10 @@
 
 use std::{
     collections::VecDeque,
-    sync::{Mutex, MutexGuard},
+    sync::{
+        atomic::{AtomicUsize, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
     time::{Duration, Instant},
 };
 
@@ -32,6 +35,86 @@ pub const CATCH_UP_BATCH: usize = 1 << 20;
 /// aborted as stalled.
 pub const WATCH_STALL: Duration = Duration::from_secs(2);
 
+/// Largest body frame a watch stream hands to the transport. A message longer than
+/// this (a snapshot, a catch-up batch) is copied out in pieces as the transport
+/// takes them, so a watcher that stops reading pins at most one piece in the
+/// transport's buffers; the rest stays in its queue, where an abort can free it.
+pub const FRAME: usize = 16 * 1024;
+
+/// Length of the gRPC message prefix (compression flag, big-endian length).
+const PREFIX: usize = 5;
+
+/// Bytes of encoded Watch messages made for one watcher alone (snapshots, catch-up
+/// batches) that are still alive, whoever holds them. Shared events are not counted:
+/// one copy serves every watcher of a cluster.
+#[derive(Debug, Default)]
+pub struct WatchBytes(AtomicUsize);
+
+impl WatchBytes {
+    /// Bytes currently held.
+    #[must_use]
+    pub fn get(&self) -> usize {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// The owner of one counted message: the count drops when its last `Bytes` does.
+pub(crate) struct Counted {
+    buf: BytesMut,
+    meter: Arc<WatchBytes>,
+}
+
+impl AsRef<[u8]> for Counted {
+    fn as_ref(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.meter.0.fetch_sub(self.buf.len(), Ordering::Relaxed);
+    }
+}
+
+/// Lets several watchers' `Bytes` share one counted message (a snapshot several
+/// watchers registered for at the same point).
+#[derive(Clone)]
+pub(crate) struct SharedCounted(Arc<Counted>);
+
+impl AsRef<[u8]> for SharedCounted {
+    fn as_ref(&self) -> &[u8] {
+        &self.0.buf
+    }
+}
+
+impl SharedCounted {
+    /// Counts `buf` in `meter` until it is dropped.
+    pub(crate) fn new(buf: BytesMut, meter: &Arc<WatchBytes>) -> Self {
+        meter.0.fetch_add(buf.len(), Ordering::Relaxed);
+        Self(Arc::new(Counted {
+            buf,
+            meter: Arc::clone(meter),
+        }))
+    }
+
+    pub(crate) fn downgrade(&self) -> std::sync::Weak<Counted> {
+        Arc::downgrade(&self.0)
+    }
+
+    pub(crate) fn upgrade(weak: &std::sync::Weak<Counted>) -> Option<Self> {
+        weak.upgrade().map(Self)
+    }
+
+    pub(crate) fn bytes(self) -> Bytes {
+        Bytes::from_owner(self)
+    }
+}
+
+/// Counts `buf` in `meter` for as long as the returned bytes live.
+pub(crate) fn counted(buf: BytesMut, meter: &Arc<WatchBytes>) -> Bytes {
+    SharedCounted::new(buf, meter).bytes()
+}
+
 /// What the stream of one watcher should do next.
 #[derive(Debug)]
 pub enum Next {
@@ -47,10 +130,25 @@ pub enum Next {
     Closed,
 }
 
+/// A message longer than [`FRAME`] part-way through being handed out.
+#[derive(Debug)]
+struct Sending {
+    msg: Bytes,
+    /// Bytes of the message already handed out.
+    done: usize,
+    own: bool,
+}
+
 #[derive(Debug)]
 struct Inner {
-    /// Encoded messages with the sequence number of the last event each covers.
-    events: VecDeque<(u64, Bytes)>,
+    /// The snapshot, sent before anything else.
+    first: Option<Bytes>,
+    /// Encoded messages with the sequence number of the last event each covers, and
+    /// whether the message was made for this watcher alone (catch-up).
+    events: VecDeque<(u64, Bytes, bool)>,
+    sending: Option<Sending>,
+    /// Bytes of messages made for this watcher alone that it still holds.
+    holds: usize,
     /// Sequence number of the last event handed to the stream.
     delivered: u64,
     /// The queue was dropped; the stream must ask for a catch-up.
@@ -59,8 +157,66 @@ struct Inner {
     closed: bool,
     /// Since when the watcher has had something to read (queue became non-empty).
     pending_since: Instant,
-    /// When the stream last took an event.
+    /// When the stream last took an event or a piece of one.
     last_take: Instant,
+}
+
+impl Inner {
+    /// Frees what was made for this watcher alone (an abort). A message cut off
+    /// part-way cannot be followed by another, so then nothing more is sent.
+    fn drop_own(&mut self) {
+        if self.sending.take().is_some() {
+            self.events.clear();
+        } else {
+            self.events.retain(|(_, _, own)| !own);
+        }
+        self.first = None;
+        self.holds = 0;
+    }
+
+    fn clear_events(&mut self) {
+        for (_, msg, own) in self.events.drain(..) {
+            if own {
+                self.holds -= msg.len();
+            }
+        }
+    }
+
+    /// The next body frame of the message being sent.
+    fn next_piece(&mut self) -> Option<Bytes> {
+        let s = self.sending.as_mut()?;
+        let end = (s.done + FRAME).min(s.msg.len());
+        let piece = Bytes::copy_from_slice(&s.msg[s.done..end]);
+        s.done = end;
+        if end == s.msg.len() {
+            if s.own {
+                self.holds -= s.msg.len();
+            }
+            self.sending = None;
+        }
+        Some(piece)
+    }
+
+    /// Starts handing out `msg`: its first body frame (the gRPC prefix and as much
+    /// of the message as fits).
+    fn start(&mut self, msg: Bytes, own: bool) -> Bytes {
+        let head = msg.len().min(FRAME - PREFIX);
+        let mut frame = BytesMut::with_capacity(PREFIX + head);
+        frame.put_u8(0);
+        // Messages are far below 4 GiB (a maximal cluster encodes to ~4.5 MiB).
+        frame.put_u32(u32::try_from(msg.len()).unwrap_or(u32::MAX));
+        frame.put_slice(&msg[..head]);
+        if head < msg.len() {
+            self.sending = Some(Sending {
+                msg,
+                done: head,
+                own,
+            });
+        } else if own {
+            self.holds -= msg.len();
+        }
+        frame.freeze()
+    }
 }
 
 /// One watcher's queue, shared by the state (producer) and the stream (consumer).
@@ -76,7 +232,10 @@ impl WatchQueue {
     pub(crate) fn new(limit: usize, stall: Duration, delivered: u64, now: Instant) -> Self {
         Self {
             inner: Mutex::new(Inner {
+                first: None,
                 events: VecDeque::new(),
+                sending: None,
+                holds: 0,
                 delivered,
                 lagging: false,
                 lost: false,
@@ -110,13 +269,13 @@ impl WatchQueue {
             if !self.keep_if_reading(&mut q, now) {
                 return false;
             }
-            q.events.clear();
+            q.clear_events();
             q.lagging = true;
         } else {
             if q.events.is_empty() {
                 q.pending_since = now;
             }
-            q.events.push_back((seq, event.clone()));
+            q.events.push_back((seq, event.clone(), false));
         }
         drop(q);
         self.notify.notify_one();
@@ -128,8 +287,11 @@ impl WatchQueue {
     fn keep_if_reading(&self, q: &mut Inner, now: Instant) -> bool {
         let active = q.pending_since.max(q.last_take);
         if now.saturating_duration_since(active) > self.stall {
-            // What is queued is still delivered, then the stream ends with ABORTED.
+            // Shared events already queued are still delivered, then the stream
+            // ends with ABORTED; what was made for this watcher alone is freed now,
+            // since a stream that stopped reading may never take it.
             q.lost = true;
+            q.drop_own();
             self.notify.notify_one();
             return false;
         }
@@ -146,6 +308,38 @@ impl WatchQueue {
             return self.keep_if_reading(&mut q, now);
         }
         true
+    }
+
+    /// Queues the snapshot, sent before any event. Counted in [`Self::holds`].
+    pub(crate) fn send_first(&self, snapshot: Bytes) {
+        let mut q = self.lock();
+        q.holds += snapshot.len();
+        q.first = Some(snapshot);
+    }
+
+    /// Bytes of messages made for this watcher alone (its snapshot, catch-up) that
+    /// it has not taken yet.
+    #[must_use]
+    pub fn holds(&self) -> usize {
+        self.lock().holds
+    }
+
+    /// When the stream last made progress (took an event or a piece of one), or
+    /// registered.
+    pub(crate) fn last_progress(&self) -> Instant {
+        self.lock().last_take
+    }
+
+    /// Aborts the watcher to free what it holds (the byte budget is exceeded and it
+    /// is among the slowest): it ends with ABORTED like a stalled one.
+    pub(crate) fn abort(&self) {
+        let mut q = self.lock();
+        if !q.lost && !q.closed {
+            q.lost = true;
+            q.drop_own();
+        }
+        drop(q);
+        self.notify.notify_one();
     }
 
     /// Ends the watch with OK (shutdown or unsubscribe).
@@ -169,19 +363,54 @@ impl WatchQueue {
         let mut q = self.lock();
         q.lagging = false;
         q.pending_since = now;
-        q.events.extend(messages);
+        for (seq, msg) in messages {
+            q.holds += msg.len();
+            q.events.push_back((seq, msg, true));
+        }
         drop(q);
         self.notify.notify_one();
     }
 
-    /// Takes the next thing to do; never blocks.
+    /// Takes the next thing to do, whole messages (the snapshot first); never blocks.
     pub fn next(&self, now: Instant) -> Next {
         let mut q = self.lock();
-        if let Some((seq, event)) = q.events.pop_front() {
+        if let Some(first) = q.first.take() {
+            q.holds -= first.len();
+            q.last_take = now;
+            return Next::Send(first);
+        }
+        if let Some((seq, event, own)) = q.events.pop_front() {
+            if own {
+                q.holds -= event.len();
+            }
             q.delivered = seq;
             q.last_take = now;
             return Next::Send(event);
         }
+        Self::idle(&mut q, now)
+    }
+
+    /// Like [`Self::next`], but [`Next::Send`] carries the next HTTP/2 body frame:
+    /// the gRPC-framed messages in pieces of at most [`FRAME`] bytes.
+    pub fn next_frame(&self, now: Instant) -> Next {
+        let mut q = self.lock();
+        if let Some(piece) = q.next_piece() {
+            q.last_take = now;
+            return Next::Send(piece);
+        }
+        if let Some(first) = q.first.take() {
+            q.last_take = now;
+            return Next::Send(q.start(first, true));
+        }
+        if let Some((seq, event, own)) = q.events.pop_front() {
+            q.delivered = seq;
+            q.last_take = now;
+            return Next::Send(q.start(event, own));
+        }
+        Self::idle(&mut q, now)
+    }
+
+    fn idle(q: &mut Inner, now: Instant) -> Next {
         if q.lost {
             Next::Lost
         } else if q.closed {
