@@ -198,6 +198,7 @@ fn start_over(
                 metrics: None,
                 on_stop: OnStop::Keep,
                 sysctl: Some(Arc::new(sysctl.clone())),
+                prober: None,
             },
         },
     )
@@ -1218,6 +1219,7 @@ async fn a_mesh_config_not_derived_yet_is_not_a_disabled_mesh() {
                 metrics: Some(Arc::clone(&metrics)),
                 on_stop: OnStop::Keep,
                 sysctl: None,
+                prober: None,
             },
         ))
         .unwrap();
