@@ -140,7 +140,7 @@ pub struct KubeSpanConfig {
     ///
     /// Valid: 150s–1h.
     #[serde(with = "super::duration")]
-    #[schemars(with = "super::schema::DurationText")]
+    #[schemars(with = "super::schema::DurationText", extend("default" = "275s"))]
     pub peer_down_interval: Duration,
     /// Time a wirespan peer (one that advertises wirespan's extension; Talos peers
     /// are judged by `peerDownInterval` alone) may send nothing before it is down,
