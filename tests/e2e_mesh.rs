@@ -819,7 +819,9 @@ fn our_affiliate_extension_is_invisible_to_upstream_and_absent_from_talos_affili
     let decoded = AffiliateInfo::decode(&with).unwrap();
     assert_eq!(decoded, ours);
     assert_eq!(
-        decoded.wirespan.map(|w| (w.version, w.persistent_keepalive_secs)),
+        decoded
+            .wirespan
+            .map(|w| (w.version, w.persistent_keepalive_secs)),
         Some((1, 10))
     );
     let talos = Affiliate {

@@ -445,8 +445,10 @@ mod tests {
             ("peerReceiveTimeout: 23s", "peerReceiveTimeout"),
             ("peerReceiveTimeout: -5s", "peerReceiveTimeout"),
         ] {
-            let err = parse(&format!("apiVersion: v1alpha1\nkind: KubeSpanConfig\n{text}\n"))
-                .unwrap_err();
+            let err = parse(&format!(
+                "apiVersion: v1alpha1\nkind: KubeSpanConfig\n{text}\n"
+            ))
+            .unwrap_err();
             assert_eq!(err.documents[0].errors[0].field, field, "{text}: {err}");
         }
     }

@@ -351,7 +351,10 @@ mod tests {
         let now = t(1000);
         let used = Some(ep("192.0.2.1:51820"));
         // never pushed
-        assert_eq!(peer_state(now, None, None, None, PEER_DOWN_INTERVAL), PeerState::Unknown);
+        assert_eq!(
+            peer_state(now, None, None, None, PEER_DOWN_INTERVAL),
+            PeerState::Unknown
+        );
         // sinceEC 10 s, handshake 5 s ago
         assert_eq!(
             peer_state(now, Some(t(995)), Some(t(990)), used, PEER_DOWN_INTERVAL),
@@ -388,7 +391,10 @@ mod tests {
             PeerState::Unknown
         );
         // boundaries: 15 s is already in the middle band, 275 s still in it
-        assert_eq!(peer_state(now, None, Some(t(985)), used, PEER_DOWN_INTERVAL), PeerState::Down);
+        assert_eq!(
+            peer_state(now, None, Some(t(985)), used, PEER_DOWN_INTERVAL),
+            PeerState::Down
+        );
         assert_eq!(
             peer_state(now, Some(t(726)), Some(t(725)), used, PEER_DOWN_INTERVAL),
             PeerState::Up
@@ -439,7 +445,12 @@ mod tests {
         // Polled every second for the handshake, never past the 15 s deadline.
         assert_eq!(next_wake(&s, t(0), PEER_DOWN_INTERVAL, None), Some(t(1)));
         assert_eq!(
-            next_wake(&s, t(14) + Duration::from_millis(500), PEER_DOWN_INTERVAL, None),
+            next_wake(
+                &s,
+                t(14) + Duration::from_millis(500),
+                PEER_DOWN_INTERVAL,
+                None
+            ),
             Some(t(15))
         );
     }
@@ -459,7 +470,14 @@ mod tests {
         };
         let mut s = status();
         seed(&mut s, &obs);
-        let r = step(&mut s, &[a, b], Some(&obs), t(900), PEER_DOWN_INTERVAL, None);
+        let r = step(
+            &mut s,
+            &[a, b],
+            Some(&obs),
+            t(900),
+            PEER_DOWN_INTERVAL,
+            None,
+        );
         assert_eq!(
             r,
             Step {
@@ -470,14 +488,31 @@ mod tests {
         assert_eq!(s.state, PeerState::Up);
         assert_eq!(s.last_endpoint_change, None);
         // Still up past the 15 s connection timeout, down only 275 s after the handshake.
-        let r = step(&mut s, &[a, b], Some(&obs), t(930), PEER_DOWN_INTERVAL, None);
+        let r = step(
+            &mut s,
+            &[a, b],
+            Some(&obs),
+            t(930),
+            PEER_DOWN_INTERVAL,
+            None,
+        );
         assert!(!r.pushed);
         assert_eq!(s.state, PeerState::Up);
-        assert_eq!(next_wake(&s, t(930), PEER_DOWN_INTERVAL, None), Some(t(880 + 276)));
+        assert_eq!(
+            next_wake(&s, t(930), PEER_DOWN_INTERVAL, None),
+            Some(t(880 + 276))
+        );
         // Unseeded (what a restart did before): the first endpoint is pushed over the
         // working one and the peer is unknown.
         let mut fresh = status();
-        let r = step(&mut fresh, &[a, b], Some(&obs), t(900), PEER_DOWN_INTERVAL, None);
+        let r = step(
+            &mut fresh,
+            &[a, b],
+            Some(&obs),
+            t(900),
+            PEER_DOWN_INTERVAL,
+            None,
+        );
         assert!(r.pushed);
         assert_eq!(fresh.state, PeerState::Unknown);
     }
@@ -491,7 +526,14 @@ mod tests {
         };
         let mut s = status();
         seed(&mut s, &obs);
-        let r = step(&mut s, &[a, b], Some(&obs), t(900), PEER_DOWN_INTERVAL, None);
+        let r = step(
+            &mut s,
+            &[a, b],
+            Some(&obs),
+            t(900),
+            PEER_DOWN_INTERVAL,
+            None,
+        );
         assert_eq!(r.desired_endpoint, Some(b));
         assert!(r.pushed);
         let mut s = status();
@@ -569,8 +611,18 @@ mod tests {
         );
         assert_eq!((s.receive_bytes, s.transmit_bytes), (100, 200));
         // Looked at again just after it would turn down without a new handshake.
-        assert_eq!(next_wake(&s, t(20), PEER_DOWN_INTERVAL, None), Some(t(3 + 275 + 1)));
-        step(&mut s, &[a, b], None, t(3 + 275 + 1), PEER_DOWN_INTERVAL, None);
+        assert_eq!(
+            next_wake(&s, t(20), PEER_DOWN_INTERVAL, None),
+            Some(t(3 + 275 + 1))
+        );
+        step(
+            &mut s,
+            &[a, b],
+            None,
+            t(3 + 275 + 1),
+            PEER_DOWN_INTERVAL,
+            None,
+        );
         assert_ne!(s.state, PeerState::Up);
     }
 
@@ -642,14 +694,24 @@ mod tests {
             }
         );
         // WireGuard lost it (link re-created): pushed again
-        let r = step(&mut s, &[a], Some(&Observed::default()), t(40), PEER_DOWN_INTERVAL, None);
+        let r = step(
+            &mut s,
+            &[a],
+            Some(&Observed::default()),
+            t(40),
+            PEER_DOWN_INTERVAL,
+            None,
+        );
         assert_eq!(r.desired_endpoint, Some(a));
     }
 
     #[test]
     fn step_without_endpoints_stays_unknown_and_desires_nothing() {
         let mut s = status();
-        assert_eq!(step(&mut s, &[], None, t(0), PEER_DOWN_INTERVAL, None), Step::default());
+        assert_eq!(
+            step(&mut s, &[], None, t(0), PEER_DOWN_INTERVAL, None),
+            Step::default()
+        );
         assert_eq!(s.state, PeerState::Unknown);
     }
 
@@ -658,7 +720,15 @@ mod tests {
         let used = Some(ep("192.0.2.1:51820"));
         let default = crate::config::kubespan::KubeSpanConfig::default().peer_down_interval;
         // Handshake at 0, endpoint pushed long before: judged by the handshake alone.
-        let state = |at, interval| peer_state(t(at), Some(t(0)), Some(t(0) - Duration::from_secs(1000)), used, interval);
+        let state = |at, interval| {
+            peer_state(
+                t(at),
+                Some(t(0)),
+                Some(t(0) - Duration::from_secs(1000)),
+                used,
+                interval,
+            )
+        };
         assert_eq!(state(274, default), PeerState::Up);
         assert_eq!(state(276, default), PeerState::Down);
         let shorter = Duration::from_secs(150);
@@ -694,15 +764,25 @@ mod tests {
             if let Some(k) = keepalive {
                 rx += (1..=now).filter(|i| i % k == 0 && alive(*i)).count() as u64;
             }
-            let handshakes = (1..=now).filter(|i| i % 120 == 1 && alive(*i));
+            let handshake = (1..=now).rev().find(|i| i % 120 == 1 && alive(*i));
             let obs = Observed {
                 endpoint: s.last_used_endpoint,
-                last_handshake: handshakes.last().map(t),
+                last_handshake: handshake.map(t),
                 rx_bytes: rx * 32,
                 tx_bytes: 0,
             };
-            let rule = window.map(|w| RxRule { track: &mut track, window: w });
-            let r = step(&mut s, &[a, b], Some(&obs), t(now), PEER_DOWN_INTERVAL, rule);
+            let rule = window.map(|w| RxRule {
+                track: &mut track,
+                window: w,
+            });
+            let r = step(
+                &mut s,
+                &[a, b],
+                Some(&obs),
+                t(now),
+                PEER_DOWN_INTERVAL,
+                rule,
+            );
             out.push((now, s.state, r.pushed));
             if let Some(w) = window {
                 if s.state == PeerState::Up && track.take_probe(t(now), w) && alive(now) {
@@ -728,7 +808,11 @@ mod tests {
                 .iter()
                 .filter(|(at, st, pushed)| *at > 2 && (*st != PeerState::Up || *pushed))
                 .collect();
-            assert!(bad.is_empty(), "keepalive {keepalive:?}: {:?}", &bad[..bad.len().min(5)]);
+            assert!(
+                bad.is_empty(),
+                "keepalive {keepalive:?}: {:?}",
+                &bad[..bad.len().min(5)]
+            );
         }
     }
 
@@ -767,7 +851,10 @@ mod tests {
     fn the_window_is_never_shorter_than_three_peer_keepalives() {
         let w = Duration::from_secs(30);
         assert_eq!(rx_window(w, Duration::from_secs(10)), w);
-        assert_eq!(rx_window(w, Duration::from_secs(25)), Duration::from_secs(75));
+        assert_eq!(
+            rx_window(w, Duration::from_secs(25)),
+            Duration::from_secs(75)
+        );
         assert_eq!(wirespan_keepalive(w), 10);
         assert_eq!(wirespan_keepalive(Duration::from_secs(2)), 1);
     }

@@ -67,7 +67,10 @@ pub fn find(mut buf: &[u8]) -> Option<WirespanInfo> {
             let len = usize::try_from(decode_varint(&mut buf).ok()?).ok()?;
             let body = buf.get(..len)?;
             buf = &buf[len..];
-            found.get_or_insert_with(Default::default).merge(body).ok()?;
+            found
+                .get_or_insert_with(Default::default)
+                .merge(body)
+                .ok()?;
             continue;
         }
         skip_field(wire_type, tag, &mut buf, DecodeContext::default()).ok()?;
@@ -98,7 +101,10 @@ mod tests {
         );
         assert_eq!(find(&bytes), Some(WirespanInfo::new(10)));
         // The generated (upstream-shaped) message still decodes and skips it.
-        assert_eq!(pb::Affiliate::decode(bytes.as_slice()).unwrap().node_id, "n");
+        assert_eq!(
+            pb::Affiliate::decode(bytes.as_slice()).unwrap().node_id,
+            "n"
+        );
     }
 
     #[test]

@@ -154,10 +154,13 @@ pub fn local_affiliate(inputs: &LocalInputs<'_>) -> AffiliateSpec {
     };
     // Peers that read the extension judge this node by what it sends: tell them how
     // often it sends at least (`docs/kubespan.md` §8.6).
-    let wirespan = kubespan.as_ref().and(config).map(|c| WirespanAffiliateSpec {
-        version: wirespan_discovery::client::extension::WIRESPAN_EXTENSION_VERSION,
-        persistent_keepalive_secs: u32::from(wirespan_keepalive(c.peer_receive_timeout)),
-    });
+    let wirespan = kubespan
+        .as_ref()
+        .and(config)
+        .map(|c| WirespanAffiliateSpec {
+            version: wirespan_discovery::client::extension::WIRESPAN_EXTENSION_VERSION,
+            persistent_keepalive_secs: u32::from(wirespan_keepalive(c.peer_receive_timeout)),
+        });
     AffiliateSpec {
         node_id: inputs.node_id.to_owned(),
         hostname,

@@ -625,7 +625,10 @@ async fn a_silent_wirespan_peer_is_probed_then_down_while_a_talos_peer_is_not() 
     };
     set_affiliate(store, &ours);
     set_affiliate(store, &affiliate(2, &["192.0.2.2:51820"]));
-    let (k1, k2) = (PublicKey::from_bytes([1; 32]), PublicKey::from_bytes([2; 32]));
+    let (k1, k2) = (
+        PublicKey::from_bytes([1; 32]),
+        PublicKey::from_bytes([2; 32]),
+    );
     eventually("both peers on the device", || {
         (device_peers(&m.wg) == 2).then_some(())
     })
@@ -647,7 +650,12 @@ async fn a_silent_wirespan_peer_is_probed_then_down_while_a_talos_peer_is_not() 
     }
     let keepalives = eventually("keepalives 10 s (wirespan) and 25 s (Talos)", || {
         let d = m.wg.device()?;
-        let of = |k: &PublicKey| d.peers.iter().find(|p| p.public_key == *k).map(|p| p.persistent_keepalive);
+        let of = |k: &PublicKey| {
+            d.peers
+                .iter()
+                .find(|p| p.public_key == *k)
+                .map(|p| p.persistent_keepalive)
+        };
         let got = (of(&k1)?, of(&k2)?);
         (got == (10, 25)).then_some(got)
     })
@@ -658,7 +666,10 @@ async fn a_silent_wirespan_peer_is_probed_then_down_while_a_talos_peer_is_not() 
     // Half a window without receiving: peer 1 (and only it) is probed at its mesh address.
     m.clock.advance(Duration::from_secs(15));
     let ula1: IpAddr = "fd21:4de:ec13:da02::1".parse().unwrap();
-    eventually("peer 1 probed", || (m.probes.sent() == [ula1]).then_some(())).await;
+    eventually("peer 1 probed", || {
+        (m.probes.sent() == [ula1]).then_some(())
+    })
+    .await;
     // The rest of the window, still nothing (the handshake is 31 s old): down and
     // rotated to the second endpoint; the Talos peer, just as silent, stays up.
     m.clock.advance(Duration::from_secs(15));

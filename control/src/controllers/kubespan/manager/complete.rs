@@ -27,8 +27,7 @@ use crate::{
         peers::routed_prefixes,
         prefixset::PrefixSet,
         rotation::{
-            next_wake, peer_state, rx_window, seed, step, Observed, RxRule, RxTrack,
-            RECONCILE_TICK,
+            next_wake, peer_state, rx_window, seed, step, Observed, RxRule, RxTrack, RECONCILE_TICK,
         },
     },
     resources::{
@@ -153,9 +152,11 @@ impl KubeSpanManagerController {
             };
             let window = rx_window_of(s, &r.spec);
             let mut track = match window {
-                Some(_) => Some(self.rx.entry(key.clone()).or_insert_with(|| {
-                    RxTrack::new(seen.map_or(0, |o| o.rx_bytes), now)
-                })),
+                Some(_) => Some(
+                    self.rx
+                        .entry(key.clone())
+                        .or_insert_with(|| RxTrack::new(seen.map_or(0, |o| o.rx_bytes), now)),
+                ),
                 None => {
                     self.rx.remove(key);
                     None
