@@ -109,6 +109,7 @@ fn info(id: &str, n: u8) -> AffiliateInfo {
             exclude_advertised_networks: vec![],
         }),
         control_plane: None,
+        wirespan: None,
     }
 }
 

@@ -152,6 +152,7 @@ pub(super) fn start(n: usize, fast_path: FastPath) -> anyhow::Result<Node> {
                 metrics: None,
                 on_stop: OnStop::Teardown,
                 sysctl: None,
+                prober: None,
             },
         },
     )?;

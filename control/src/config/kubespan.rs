@@ -11,9 +11,14 @@
 //!   excludeAdvertisedNetworks: [10.244.1.128/25]
 //!   peerEndpoints: ["0.0.0.0/0", "!172.16.0.0/12"]
 //! fastPath: ebpf
+//! peerDownInterval: 275s
+//! peerReceiveTimeout: 30s
 //! ```
 
-use std::net::{IpAddr, SocketAddr};
+use std::{
+    net::{IpAddr, SocketAddr},
+    time::Duration,
+};
 
 use ipnet::IpNet;
 use schemars::JsonSchema;
@@ -129,7 +134,33 @@ pub struct KubeSpanConfig {
     /// Valid: an interface name, as for `linkName`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub identity_link: Option<String>,
+    /// Time without a WireGuard handshake after which a peer is down and its next
+    /// endpoint is tried (Talos: 275 s). WireGuard re-handshakes an idle tunnel only
+    /// about every 2–2.5 min, so a shorter interval would make healthy peers flap.
+    ///
+    /// Valid: 150s–1h.
+    #[serde(with = "super::duration")]
+    #[schemars(with = "super::schema::DurationText", extend("default" = "275s"))]
+    pub peer_down_interval: Duration,
+    /// Time a wirespan peer (one that advertises wirespan's extension; Talos peers
+    /// are judged by `peerDownInterval` alone) may send nothing before it is down,
+    /// however recent its handshake. This node sets its keepalive towards wirespan
+    /// peers to a third of it, and probes a peer silent for half of it.
+    ///
+    /// Valid: 24s–5m (a probe needs up to 12 s to be answered).
+    #[serde(with = "super::duration")]
+    #[schemars(with = "super::schema::DurationText")]
+    pub peer_receive_timeout: Duration,
 }
+
+/// Default of `peerReceiveTimeout`.
+pub const PEER_RECEIVE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bounds of `peerDownInterval`.
+const PEER_DOWN_INTERVAL_RANGE: (Duration, Duration) =
+    (Duration::from_secs(150), Duration::from_secs(3600));
+/// Bounds of `peerReceiveTimeout`.
+const PEER_RECEIVE_TIMEOUT_RANGE: (Duration, Duration) =
+    (Duration::from_secs(24), Duration::from_secs(300));
 
 impl Default for KubeSpanConfig {
     fn default() -> Self {
@@ -150,6 +181,8 @@ impl Default for KubeSpanConfig {
             rule_priority: 32500,
             fast_path: FastPath::Nftables,
             identity_link: None,
+            peer_down_interval: crate::kubespan::rotation::PEER_DOWN_INTERVAL,
+            peer_receive_timeout: PEER_RECEIVE_TIMEOUT,
         }
     }
 }
@@ -213,6 +246,31 @@ impl ConfigDocument for KubeSpanConfig {
                     self.rule_priority
                 ),
             ));
+        }
+        for (field, value, (min, max)) in [
+            (
+                "peerDownInterval",
+                self.peer_down_interval,
+                PEER_DOWN_INTERVAL_RANGE,
+            ),
+            (
+                "peerReceiveTimeout",
+                self.peer_receive_timeout,
+                PEER_RECEIVE_TIMEOUT_RANGE,
+            ),
+        ] {
+            if !(min..=max).contains(&value) {
+                let text = |d: Duration| humantime::format_duration(d).to_string();
+                errs.push(FieldError::new(
+                    field,
+                    format!(
+                        "{} is out of range ({}–{})",
+                        text(value),
+                        text(min),
+                        text(max)
+                    ),
+                ));
+            }
         }
         for (name, list) in [
             ("endpoints", &self.filters.endpoints),
@@ -369,6 +427,30 @@ mod tests {
             }
         );
         assert_eq!((k.mtu, k.listen_port, k.routing_table), (1420, 51820, 180));
+        assert_eq!(k.peer_down_interval, Duration::from_secs(275));
+        assert_eq!(k.peer_receive_timeout, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn detection_timings_parse_and_bad_ones_are_named() {
+        let cfg = parse("apiVersion: v1alpha1\nkind: KubeSpanConfig\npeerDownInterval: 3m\npeerReceiveTimeout: 24s\n")
+            .unwrap();
+        let k = cfg.singleton::<KubeSpanConfig>().unwrap();
+        assert_eq!(k.peer_down_interval, Duration::from_secs(180));
+        assert_eq!(k.peer_receive_timeout, Duration::from_secs(24));
+        for (text, field) in [
+            ("peerDownInterval: 2m", "peerDownInterval"),
+            ("peerDownInterval: 2h", "peerDownInterval"),
+            ("peerDownInterval: soon", "peerDownInterval"),
+            ("peerReceiveTimeout: 23s", "peerReceiveTimeout"),
+            ("peerReceiveTimeout: -5s", "peerReceiveTimeout"),
+        ] {
+            let err = parse(&format!(
+                "apiVersion: v1alpha1\nkind: KubeSpanConfig\n{text}\n"
+            ))
+            .unwrap_err();
+            assert_eq!(err.documents[0].errors[0].field, field, "{text}: {err}");
+        }
     }
 
     #[test]
@@ -379,6 +461,8 @@ mod tests {
             route_mark: 0x80,
             rule_priority: 32766,
             routing_table: 254,
+            peer_down_interval: Duration::from_secs(60),
+            peer_receive_timeout: Duration::from_secs(10),
             filters: KubeSpanFilters {
                 endpoints: Some(vec!["10.0.0.0/8".into(), "!nope".into()]),
                 peer_endpoints: Some(vec!["::/0".into(), "!10.0.0.0/33".into()]),
@@ -395,6 +479,8 @@ mod tests {
                 "routeMark",
                 "routingTable",
                 "rulePriority",
+                "peerDownInterval",
+                "peerReceiveTimeout",
                 "filters.endpoints[1]",
                 "filters.peerEndpoints[1]"
             ]

@@ -10,8 +10,13 @@ use crate::resources::kubespan::{KubeSpanPeerStatusSpec, PeerState};
 
 /// How long a fresh endpoint has to produce a handshake.
 pub const ENDPOINT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(15);
-/// Time without a handshake after which an established peer is down (180 + 5 + 90).
+/// Default time without a handshake after which an established peer is down
+/// (180 + 5 + 90); the `peerDownInterval` setting replaces it.
 pub const PEER_DOWN_INTERVAL: Duration = Duration::from_secs(275);
+/// How long a wirespan peer that was sent a probe has to answer: WireGuard sends a
+/// keepalive at the latest 10 s after it received data without sending any
+/// (`KEEPALIVE_TIMEOUT`, kernel and wireguard-go alike), plus a margin for latency.
+pub const PROBE_GRACE: Duration = Duration::from_secs(12);
 /// The reconcile tick.
 pub const RECONCILE_TICK: Duration = Duration::from_secs(30);
 
@@ -20,20 +25,22 @@ fn since(now: SystemTime, t: Option<SystemTime>) -> Duration {
         .unwrap_or_default()
 }
 
-/// The state of a peer (§8.3).
+/// The state of a peer (§8.3); `down_interval` is the configured peer-down interval
+/// ([`PEER_DOWN_INTERVAL`] by default).
 #[must_use]
 pub fn peer_state(
     now: SystemTime,
     last_handshake: Option<SystemTime>,
     last_endpoint_change: Option<SystemTime>,
     last_used_endpoint: Option<SocketAddr>,
+    down_interval: Duration,
 ) -> PeerState {
     let since_hs = since(now, last_handshake);
     let since_ec = since(now, last_endpoint_change);
     let hs_after = last_handshake.unwrap_or(SystemTime::UNIX_EPOCH)
         > last_endpoint_change.unwrap_or(SystemTime::UNIX_EPOCH);
-    let state = if since_ec > PEER_DOWN_INTERVAL {
-        if since_hs < PEER_DOWN_INTERVAL {
+    let state = if since_ec > down_interval {
+        if since_hs < down_interval {
             PeerState::Up
         } else {
             PeerState::Down
@@ -117,27 +124,135 @@ pub struct Step {
     pub pushed: bool,
 }
 
+/// The receive rule of a wirespan peer (`docs/kubespan.md` §8.6): when its received-byte
+/// counter last moved, and whether it was sent a probe since.
+///
+/// WireGuard's persistent keepalive is reset by packets in either direction, so on an
+/// idle tunnel one side may send every keepalive and the other none: silence alone
+/// does not prove a dead peer. After half the window of silence the node therefore
+/// sends the peer a probe (one datagram through the tunnel), which a live peer's
+/// WireGuard answers within [`PROBE_GRACE`]; the peer is silent, and down, only when
+/// the window has passed and the probe had its time to be answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxTrack {
+    /// The counter as last read.
+    pub rx_bytes: u64,
+    /// When it was first read with that value (or the window restarted).
+    pub since: SystemTime,
+    /// When a probe was sent during this silence.
+    pub probed: Option<SystemTime>,
+}
+
+impl RxTrack {
+    /// Tracking from `rx_bytes`, read at `now`.
+    #[must_use]
+    pub fn new(rx_bytes: u64, now: SystemTime) -> Self {
+        Self {
+            rx_bytes,
+            since: now,
+            probed: None,
+        }
+    }
+
+    /// A device read: any change of the counter (a reset too) ends the silence.
+    pub fn observe(&mut self, rx_bytes: u64, now: SystemTime) {
+        if rx_bytes != self.rx_bytes {
+            *self = Self::new(rx_bytes, now);
+        }
+    }
+
+    /// Starts a new window (a new endpoint was pushed).
+    pub fn restart(&mut self, now: SystemTime) {
+        *self = Self::new(self.rx_bytes, now);
+    }
+
+    /// Nothing received for `window`, and a probe went unanswered.
+    #[must_use]
+    pub fn silent(&self, now: SystemTime, window: Duration) -> bool {
+        since(now, Some(self.since)) >= window
+            && self
+                .probed
+                .is_some_and(|p| since(now, Some(p)) >= PROBE_GRACE)
+    }
+
+    /// Whether to probe the peer now (half the window silent, not yet probed); marks
+    /// it probed when so.
+    pub fn take_probe(&mut self, now: SystemTime, window: Duration) -> bool {
+        let due = self.probed.is_none() && since(now, Some(self.since)) >= window / 2;
+        if due {
+            self.probed = Some(now);
+        }
+        due
+    }
+
+    /// When to read the device next for this peer: to probe it, or to judge it.
+    #[must_use]
+    pub fn next_wake(&self, window: Duration) -> SystemTime {
+        match self.probed {
+            None => self.since + window / 2,
+            Some(p) => (self.since + window).max(p + PROBE_GRACE),
+        }
+    }
+}
+
+/// The receive rule for one wirespan peer in [`step`]: its tracking and its window.
+#[derive(Debug)]
+pub struct RxRule<'a> {
+    /// The peer's tracking.
+    pub track: &'a mut RxTrack,
+    /// Its window: the configured one, or longer for a peer whose keepalive is slow.
+    pub window: Duration,
+}
+
+/// The receive window for a wirespan peer that advertises `peer_keepalive`: the
+/// configured `window`, but never less than three of the peer's keepalives (a peer
+/// with another configuration is not judged faster than it sends).
+#[must_use]
+pub fn rx_window(window: Duration, peer_keepalive: Duration) -> Duration {
+    window.max(peer_keepalive * 3)
+}
+
+/// The persistent keepalive towards wirespan peers for a receive window: three per
+/// window, at least one second.
+#[must_use]
+pub fn wirespan_keepalive(window: Duration) -> u16 {
+    u16::try_from((window / 3).as_secs())
+        .unwrap_or(u16::MAX)
+        .max(1)
+}
+
 /// Steps 2–5 of the reconcile (§8.2) for one peer: take what the device reports
 /// (`None` when the device or the peer is absent), compute the state, rotate when the
-/// peer is down or was never pushed, then re-assert or keep a roamed endpoint.
+/// peer is down or was never pushed, then re-assert or keep a roamed endpoint. For a
+/// wirespan peer (`rx` given) an up peer whose receive window passed in silence is
+/// down (§8.6), whatever its last handshake.
 pub fn step(
     status: &mut KubeSpanPeerStatusSpec,
     endpoints: &[SocketAddr],
     observed: Option<&Observed>,
     now: SystemTime,
+    down_interval: Duration,
+    mut rx: Option<RxRule<'_>>,
 ) -> Step {
     if let Some(o) = observed {
         status.endpoint = o.endpoint;
         status.last_handshake_time = o.last_handshake;
         status.receive_bytes = i64::try_from(o.rx_bytes).unwrap_or(i64::MAX);
         status.transmit_bytes = i64::try_from(o.tx_bytes).unwrap_or(i64::MAX);
+        if let Some(r) = rx.as_mut() {
+            r.track.observe(o.rx_bytes, now);
+        }
     }
     status.state = peer_state(
         now,
         status.last_handshake_time,
         status.last_endpoint_change,
         status.last_used_endpoint,
+        down_interval,
     );
+    if status.state == PeerState::Up && rx.as_ref().is_some_and(|r| r.track.silent(now, r.window)) {
+        status.state = PeerState::Down;
+    }
     let mut out = Step::default();
     let should_change = status.state == PeerState::Down || status.last_used_endpoint.is_none();
     if should_change {
@@ -147,6 +262,9 @@ pub fn step(
             status.last_endpoint_change = Some(now);
             status.state = PeerState::Unknown;
             out.pushed = true;
+            if let Some(r) = rx.as_mut() {
+                r.track.restart(now);
+            }
         }
     }
     if let Some(last) = status.last_used_endpoint {
@@ -192,9 +310,15 @@ pub fn defers_first_handshake(
 /// When the peer should be looked at again without waiting for the tick (§8.5): while
 /// it is unknown, every [`HANDSHAKE_POLL`] until `lastEndpointChange + 15 s`, then at
 /// that deadline (where it turns down and the next endpoint is pushed); while it is up,
-/// when it would turn down without a new handshake.
+/// when it would turn down without a new handshake, and for a wirespan peer (`rx`)
+/// when it is to be probed or judged by its receive window.
 #[must_use]
-pub fn next_wake(status: &KubeSpanPeerStatusSpec, now: SystemTime) -> Option<SystemTime> {
+pub fn next_wake(
+    status: &KubeSpanPeerStatusSpec,
+    now: SystemTime,
+    down_interval: Duration,
+    rx: Option<(&RxTrack, Duration)>,
+) -> Option<SystemTime> {
     match (status.state, status.last_endpoint_change) {
         (PeerState::Unknown, Some(t)) => {
             let deadline = t + ENDPOINT_CONNECTION_TIMEOUT;
@@ -204,7 +328,8 @@ pub fn next_wake(status: &KubeSpanPeerStatusSpec, now: SystemTime) -> Option<Sys
         // change are older than the down interval (just past it: the rule is strict).
         (PeerState::Up, ec) => {
             let latest = status.last_handshake_time.max(ec)?;
-            Some(latest + PEER_DOWN_INTERVAL + Duration::from_secs(1))
+            let handshake = latest + down_interval + Duration::from_secs(1);
+            Some(rx.map_or(handshake, |(t, w)| handshake.min(t.next_wake(w))))
         }
         _ => None,
     }
@@ -226,46 +351,52 @@ mod tests {
         let now = t(1000);
         let used = Some(ep("192.0.2.1:51820"));
         // never pushed
-        assert_eq!(peer_state(now, None, None, None), PeerState::Unknown);
+        assert_eq!(
+            peer_state(now, None, None, None, PEER_DOWN_INTERVAL),
+            PeerState::Unknown
+        );
         // sinceEC 10 s, handshake 5 s ago
         assert_eq!(
-            peer_state(now, Some(t(995)), Some(t(990)), used),
+            peer_state(now, Some(t(995)), Some(t(990)), used, PEER_DOWN_INTERVAL),
             PeerState::Up
         );
         // sinceEC 10 s, no handshake
         assert_eq!(
-            peer_state(now, None, Some(t(990)), used),
+            peer_state(now, None, Some(t(990)), used, PEER_DOWN_INTERVAL),
             PeerState::Unknown
         );
         // sinceEC 20 s, no handshake since the change
         assert_eq!(
-            peer_state(now, Some(t(970)), Some(t(980)), used),
+            peer_state(now, Some(t(970)), Some(t(980)), used, PEER_DOWN_INTERVAL),
             PeerState::Down
         );
         // sinceEC 20 s, handshake 2 s ago
         assert_eq!(
-            peer_state(now, Some(t(998)), Some(t(980)), used),
+            peer_state(now, Some(t(998)), Some(t(980)), used, PEER_DOWN_INTERVAL),
             PeerState::Up
         );
         // sinceEC 400 s, sinceHS 100 s
         assert_eq!(
-            peer_state(now, Some(t(900)), Some(t(600)), used),
+            peer_state(now, Some(t(900)), Some(t(600)), used, PEER_DOWN_INTERVAL),
             PeerState::Up
         );
         // sinceEC 400 s, sinceHS 300 s
         assert_eq!(
-            peer_state(now, Some(t(700)), Some(t(600)), used),
+            peer_state(now, Some(t(700)), Some(t(600)), used, PEER_DOWN_INTERVAL),
             PeerState::Down
         );
         // down without a pushed endpoint is unknown
         assert_eq!(
-            peer_state(now, Some(t(700)), Some(t(600)), None),
+            peer_state(now, Some(t(700)), Some(t(600)), None, PEER_DOWN_INTERVAL),
             PeerState::Unknown
         );
         // boundaries: 15 s is already in the middle band, 275 s still in it
-        assert_eq!(peer_state(now, None, Some(t(985)), used), PeerState::Down);
         assert_eq!(
-            peer_state(now, Some(t(726)), Some(t(725)), used),
+            peer_state(now, None, Some(t(985)), used, PEER_DOWN_INTERVAL),
+            PeerState::Down
+        );
+        assert_eq!(
+            peer_state(now, Some(t(726)), Some(t(725)), used, PEER_DOWN_INTERVAL),
             PeerState::Up
         );
     }
@@ -300,7 +431,7 @@ mod tests {
     fn step_first_reconcile_pushes_the_first_endpoint() {
         let (a, b) = (ep("10.0.0.1:51820"), ep("10.0.0.2:51820"));
         let mut s = status();
-        let r = step(&mut s, &[a, b], None, t(0));
+        let r = step(&mut s, &[a, b], None, t(0), PEER_DOWN_INTERVAL, None);
         assert_eq!(
             r,
             Step {
@@ -312,9 +443,14 @@ mod tests {
         assert_eq!(s.last_used_endpoint, Some(a));
         assert_eq!(s.last_endpoint_change, Some(t(0)));
         // Polled every second for the handshake, never past the 15 s deadline.
-        assert_eq!(next_wake(&s, t(0)), Some(t(1)));
+        assert_eq!(next_wake(&s, t(0), PEER_DOWN_INTERVAL, None), Some(t(1)));
         assert_eq!(
-            next_wake(&s, t(14) + Duration::from_millis(500)),
+            next_wake(
+                &s,
+                t(14) + Duration::from_millis(500),
+                PEER_DOWN_INTERVAL,
+                None
+            ),
             Some(t(15))
         );
     }
@@ -334,7 +470,14 @@ mod tests {
         };
         let mut s = status();
         seed(&mut s, &obs);
-        let r = step(&mut s, &[a, b], Some(&obs), t(900));
+        let r = step(
+            &mut s,
+            &[a, b],
+            Some(&obs),
+            t(900),
+            PEER_DOWN_INTERVAL,
+            None,
+        );
         assert_eq!(
             r,
             Step {
@@ -345,14 +488,31 @@ mod tests {
         assert_eq!(s.state, PeerState::Up);
         assert_eq!(s.last_endpoint_change, None);
         // Still up past the 15 s connection timeout, down only 275 s after the handshake.
-        let r = step(&mut s, &[a, b], Some(&obs), t(930));
+        let r = step(
+            &mut s,
+            &[a, b],
+            Some(&obs),
+            t(930),
+            PEER_DOWN_INTERVAL,
+            None,
+        );
         assert!(!r.pushed);
         assert_eq!(s.state, PeerState::Up);
-        assert_eq!(next_wake(&s, t(930)), Some(t(880 + 276)));
+        assert_eq!(
+            next_wake(&s, t(930), PEER_DOWN_INTERVAL, None),
+            Some(t(880 + 276))
+        );
         // Unseeded (what a restart did before): the first endpoint is pushed over the
         // working one and the peer is unknown.
         let mut fresh = status();
-        let r = step(&mut fresh, &[a, b], Some(&obs), t(900));
+        let r = step(
+            &mut fresh,
+            &[a, b],
+            Some(&obs),
+            t(900),
+            PEER_DOWN_INTERVAL,
+            None,
+        );
         assert!(r.pushed);
         assert_eq!(fresh.state, PeerState::Unknown);
     }
@@ -366,7 +526,14 @@ mod tests {
         };
         let mut s = status();
         seed(&mut s, &obs);
-        let r = step(&mut s, &[a, b], Some(&obs), t(900));
+        let r = step(
+            &mut s,
+            &[a, b],
+            Some(&obs),
+            t(900),
+            PEER_DOWN_INTERVAL,
+            None,
+        );
         assert_eq!(r.desired_endpoint, Some(b));
         assert!(r.pushed);
         let mut s = status();
@@ -378,12 +545,12 @@ mod tests {
     fn step_unknown_within_timeout_reasserts_without_rotating() {
         let (a, b) = (ep("10.0.0.1:51820"), ep("10.0.0.2:51820"));
         let mut s = status();
-        step(&mut s, &[a, b], None, t(0));
+        step(&mut s, &[a, b], None, t(0), PEER_DOWN_INTERVAL, None);
         let obs = Observed {
             endpoint: Some(a),
             ..Observed::default()
         };
-        let r = step(&mut s, &[a, b], Some(&obs), t(10));
+        let r = step(&mut s, &[a, b], Some(&obs), t(10), PEER_DOWN_INTERVAL, None);
         assert_eq!(
             r,
             Step {
@@ -398,12 +565,12 @@ mod tests {
     fn step_rotates_to_the_second_endpoint_after_timeout_without_handshake() {
         let (a, b) = (ep("10.0.0.1:51820"), ep("10.0.0.2:51820"));
         let mut s = status();
-        step(&mut s, &[a, b], None, t(0));
+        step(&mut s, &[a, b], None, t(0), PEER_DOWN_INTERVAL, None);
         let obs = Observed {
             endpoint: Some(a),
             ..Observed::default()
         };
-        let r = step(&mut s, &[a, b], Some(&obs), t(15));
+        let r = step(&mut s, &[a, b], Some(&obs), t(15), PEER_DOWN_INTERVAL, None);
         assert_eq!(
             r,
             Step {
@@ -418,7 +585,7 @@ mod tests {
             endpoint: Some(b),
             ..Observed::default()
         };
-        let r = step(&mut s, &[a, b], Some(&obs), t(31));
+        let r = step(&mut s, &[a, b], Some(&obs), t(31), PEER_DOWN_INTERVAL, None);
         assert_eq!(r.desired_endpoint, Some(a));
     }
 
@@ -426,14 +593,14 @@ mod tests {
     fn step_handshake_makes_the_peer_up_and_keeps_its_endpoint() {
         let (a, b) = (ep("10.0.0.1:51820"), ep("10.0.0.2:51820"));
         let mut s = status();
-        step(&mut s, &[a, b], None, t(0));
+        step(&mut s, &[a, b], None, t(0), PEER_DOWN_INTERVAL, None);
         let obs = Observed {
             endpoint: Some(a),
             last_handshake: Some(t(3)),
             rx_bytes: 100,
             tx_bytes: 200,
         };
-        let r = step(&mut s, &[a, b], Some(&obs), t(20));
+        let r = step(&mut s, &[a, b], Some(&obs), t(20), PEER_DOWN_INTERVAL, None);
         assert_eq!(s.state, PeerState::Up);
         assert_eq!(
             r,
@@ -444,8 +611,18 @@ mod tests {
         );
         assert_eq!((s.receive_bytes, s.transmit_bytes), (100, 200));
         // Looked at again just after it would turn down without a new handshake.
-        assert_eq!(next_wake(&s, t(20)), Some(t(3 + 275 + 1)));
-        step(&mut s, &[a, b], None, t(3 + 275 + 1));
+        assert_eq!(
+            next_wake(&s, t(20), PEER_DOWN_INTERVAL, None),
+            Some(t(3 + 275 + 1))
+        );
+        step(
+            &mut s,
+            &[a, b],
+            None,
+            t(3 + 275 + 1),
+            PEER_DOWN_INTERVAL,
+            None,
+        );
         assert_ne!(s.state, PeerState::Up);
     }
 
@@ -454,7 +631,7 @@ mod tests {
         let (a, b) = (ep("10.0.0.1:51820"), ep("10.0.0.2:51820"));
         let (low, high) = ([1u8; 32], [2u8; 32]);
         let mut s = status();
-        step(&mut s, &[a, b], None, t(0));
+        step(&mut s, &[a, b], None, t(0), PEER_DOWN_INTERVAL, None);
         assert!(defers_first_handshake(&high, &low, &s, t(0)));
         assert!(!defers_first_handshake(&low, &high, &s, t(0)));
         // Only for the deferral: the 1 s handshake poll then turns the keepalive on.
@@ -480,13 +657,13 @@ mod tests {
             ep("198.51.100.7:40000"),
         );
         let mut s = status();
-        step(&mut s, &[a, b], None, t(0));
+        step(&mut s, &[a, b], None, t(0), PEER_DOWN_INTERVAL, None);
         let obs = Observed {
             endpoint: Some(roamed),
             last_handshake: Some(t(5)),
             ..Observed::default()
         };
-        let r = step(&mut s, &[a, b], Some(&obs), t(20));
+        let r = step(&mut s, &[a, b], Some(&obs), t(20), PEER_DOWN_INTERVAL, None);
         assert_eq!(
             r,
             Step {
@@ -502,12 +679,12 @@ mod tests {
     fn step_single_endpoint_that_is_down_cannot_rotate_but_is_reasserted() {
         let a = ep("10.0.0.1:51820");
         let mut s = status();
-        step(&mut s, &[a], None, t(0));
+        step(&mut s, &[a], None, t(0), PEER_DOWN_INTERVAL, None);
         let obs = Observed {
             endpoint: Some(a),
             ..Observed::default()
         };
-        let r = step(&mut s, &[a], Some(&obs), t(20));
+        let r = step(&mut s, &[a], Some(&obs), t(20), PEER_DOWN_INTERVAL, None);
         assert_eq!(s.state, PeerState::Down);
         assert_eq!(
             r,
@@ -517,14 +694,168 @@ mod tests {
             }
         );
         // WireGuard lost it (link re-created): pushed again
-        let r = step(&mut s, &[a], Some(&Observed::default()), t(40));
+        let r = step(
+            &mut s,
+            &[a],
+            Some(&Observed::default()),
+            t(40),
+            PEER_DOWN_INTERVAL,
+            None,
+        );
         assert_eq!(r.desired_endpoint, Some(a));
     }
 
     #[test]
     fn step_without_endpoints_stays_unknown_and_desires_nothing() {
         let mut s = status();
-        assert_eq!(step(&mut s, &[], None, t(0)), Step::default());
+        assert_eq!(
+            step(&mut s, &[], None, t(0), PEER_DOWN_INTERVAL, None),
+            Step::default()
+        );
         assert_eq!(s.state, PeerState::Unknown);
+    }
+
+    #[test]
+    fn the_default_down_interval_is_275_s_and_a_configured_one_replaces_it() {
+        let used = Some(ep("192.0.2.1:51820"));
+        let default = crate::config::kubespan::KubeSpanConfig::default().peer_down_interval;
+        // Handshake at 0, endpoint pushed long before: judged by the handshake alone.
+        let state = |at, interval| {
+            peer_state(
+                t(at),
+                Some(t(0)),
+                Some(t(0) - Duration::from_secs(1000)),
+                used,
+                interval,
+            )
+        };
+        assert_eq!(state(274, default), PeerState::Up);
+        assert_eq!(state(276, default), PeerState::Down);
+        let shorter = Duration::from_secs(150);
+        assert_eq!(state(149, shorter), PeerState::Up);
+        assert_eq!(state(151, shorter), PeerState::Down);
+        let mut s = status();
+        s.state = PeerState::Up;
+        s.last_handshake_time = Some(t(0));
+        assert_eq!(next_wake(&s, t(10), shorter, None), Some(t(151)));
+    }
+
+    /// A simulated peer behind `a`, reached over `[a, b]` and read by the node at its
+    /// wake-ups (at least every tick). The peer handshakes every 120 s while alive, sends
+    /// a keepalive every `keepalive` (none: it is the side whose keepalive timer the
+    /// node's own keepalives keep resetting) and answers a probe 10 s later (WireGuard's
+    /// passive keepalive, the latest it comes). Returns (read time, state, pushed).
+    fn simulate(
+        window: Option<Duration>,
+        keepalive: Option<u64>,
+        dies_at: Option<u64>,
+        until: u64,
+    ) -> Vec<(u64, PeerState, bool)> {
+        let (a, b) = (ep("10.0.0.1:51820"), ep("10.0.0.2:51820"));
+        let alive = |at: u64| dies_at.is_none_or(|d| at < d);
+        let mut s = status();
+        step(&mut s, &[a, b], None, t(0), PEER_DOWN_INTERVAL, None);
+        let mut track = RxTrack::new(0, t(0));
+        let mut replies: Vec<u64> = Vec::new();
+        let mut out = Vec::new();
+        let mut now = 1;
+        while now <= until {
+            let mut rx = replies.iter().filter(|r| **r <= now).count() as u64;
+            if let Some(k) = keepalive {
+                rx += (1..=now).filter(|i| i % k == 0 && alive(*i)).count() as u64;
+            }
+            let handshake = (1..=now).rev().find(|i| i % 120 == 1 && alive(*i));
+            let obs = Observed {
+                endpoint: s.last_used_endpoint,
+                last_handshake: handshake.map(t),
+                rx_bytes: rx * 32,
+                tx_bytes: 0,
+            };
+            let rule = window.map(|w| RxRule {
+                track: &mut track,
+                window: w,
+            });
+            let r = step(
+                &mut s,
+                &[a, b],
+                Some(&obs),
+                t(now),
+                PEER_DOWN_INTERVAL,
+                rule,
+            );
+            out.push((now, s.state, r.pushed));
+            if let Some(w) = window {
+                if s.state == PeerState::Up && track.take_probe(t(now), w) && alive(now) {
+                    replies.push(now + 10);
+                }
+            }
+            let rx_wake = window.map(|w| (&track, w));
+            let wake = next_wake(&s, t(now), PEER_DOWN_INTERVAL, rx_wake)
+                .map_or(t(now) + RECONCILE_TICK, |w| w.min(t(now) + RECONCILE_TICK));
+            let secs = wake.duration_since(t(0)).unwrap().as_secs();
+            now = secs.max(now + 1);
+        }
+        out
+    }
+
+    #[test]
+    fn an_idle_healthy_wirespan_peer_never_flaps_even_when_it_sends_no_keepalive() {
+        let w = Duration::from_secs(30);
+        for keepalive in [Some(10), None] {
+            let reads = simulate(Some(w), keepalive, None, 6 * 3600);
+            assert!(reads.len() > 1000, "{}", reads.len());
+            let bad: Vec<_> = reads
+                .iter()
+                .filter(|(at, st, pushed)| *at > 2 && (*st != PeerState::Up || *pushed))
+                .collect();
+            assert!(
+                bad.is_empty(),
+                "keepalive {keepalive:?}: {:?}",
+                &bad[..bad.len().min(5)]
+            );
+        }
+    }
+
+    #[test]
+    fn a_dead_wirespan_peer_is_down_within_the_window_and_one_poll_and_rotated() {
+        let w = Duration::from_secs(30);
+        let poll = w.as_secs() / 2;
+        for keepalive in [Some(10), None] {
+            let death = 1000;
+            let reads = simulate(Some(w), keepalive, Some(death), 1200);
+            let (down_at, _, pushed) = *reads
+                .iter()
+                .find(|(at, st, _)| *at > death && *st != PeerState::Up)
+                .expect("declared down");
+            // At the latest a poll after a window of silence.
+            assert!(down_at <= death + w.as_secs() + poll, "{down_at}");
+            // Rotation moved on to the next endpoint in the same step.
+            assert!(pushed, "keepalive {keepalive:?}");
+        }
+    }
+
+    #[test]
+    fn a_talos_peer_is_judged_by_its_handshake_alone() {
+        let reads = simulate(None, Some(25), Some(1000), 1400);
+        let down_at = reads
+            .iter()
+            .find(|(at, st, _)| *at > 1000 && *st != PeerState::Up)
+            .expect("declared down")
+            .0;
+        // Last handshake at 961 (every 120 s from 1): down 275 s after it, not before.
+        assert!(down_at > 961 + 275, "{down_at}");
+        assert!(down_at <= 961 + 276 + 1, "{down_at}");
+    }
+
+    #[test]
+    fn the_window_is_never_shorter_than_three_peer_keepalives() {
+        let w = Duration::from_secs(30);
+        assert_eq!(rx_window(w, Duration::from_secs(10)), w);
+        assert_eq!(
+            rx_window(w, Duration::from_secs(25)),
+            Duration::from_secs(75)
+        );
+        assert_eq!(wirespan_keepalive(w), 10);
+        assert_eq!(wirespan_keepalive(Duration::from_secs(2)), 1);
     }
 }

@@ -84,6 +84,20 @@ pub struct AffiliateSpec {
     pub kubespan: Option<KubeSpanAffiliateSpec>,
     /// Control-plane data, on control-plane nodes.
     pub control_plane: Option<ControlPlaneSpec>,
+    /// wirespan's extension; absent for a Talos node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wirespan: Option<WirespanAffiliateSpec>,
+}
+
+/// What a wirespan node advertises beyond the upstream affiliate (`docs/kubespan.md`
+/// §8.6).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WirespanAffiliateSpec {
+    /// Extension format version.
+    pub version: u32,
+    /// The persistent keepalive the node sets towards wirespan peers, in seconds.
+    pub persistent_keepalive_secs: u32,
 }
 
 /// Mesh part of an affiliate.

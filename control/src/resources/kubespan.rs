@@ -162,6 +162,10 @@ pub struct KubeSpanPeerSpecSpec {
     pub overlap_removed: Vec<IpNet>,
     /// Endpoints in the order to try them.
     pub endpoints: Vec<SocketAddr>,
+    /// The peer's wirespan extension: a wirespan peer is also judged by what it
+    /// sends (`peerReceiveTimeout`); absent for a Talos peer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wirespan: Option<crate::resources::cluster::WirespanAffiliateSpec>,
 }
 
 /// A peer's live state (`kubespan/KubeSpanPeerStatus <public key>`; alias `peers`).

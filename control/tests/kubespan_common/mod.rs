@@ -95,6 +95,7 @@ pub fn register_real(
                 metrics: None,
                 on_stop: OnStop::Teardown,
                 sysctl: Some(Arc::new(ProcSysctl::new(ns.netns().clone()))),
+                prober: None,
             },
         },
     )

@@ -45,6 +45,7 @@ pub mod address;
 pub mod backoff;
 pub mod crypto;
 mod driver;
+pub mod extension;
 pub mod machine;
 pub mod model;
 /// Wire details that rest on a presumption (one constant each).
@@ -68,6 +69,7 @@ pub use self::{
     address::{AddressError, ServerAddress},
     crypto::{ClusterSecret, SecretError},
     driver::keepalive_interval,
+    extension::WirespanInfo,
     machine::{Affiliate, ConnectionState, LocalDataError},
     model::{AffiliateInfo, ControlPlaneInfo, Endpoint, KubeSpanInfo, MachineType},
 };

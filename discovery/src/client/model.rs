@@ -100,6 +100,8 @@ pub struct AffiliateInfo {
     pub kubespan: Option<KubeSpanInfo>,
     /// Present on control-plane nodes.
     pub control_plane: Option<ControlPlaneInfo>,
+    /// wirespan's extension ([`super::extension`]); absent: a Talos node.
+    pub wirespan: Option<super::extension::WirespanInfo>,
 }
 
 /// A WireGuard endpoint; the scope ID of an IPv6 address is never sent.
@@ -240,7 +242,7 @@ impl AffiliateInfo {
     /// Encodes the `Affiliate` protobuf (the plaintext of an affiliate blob).
     #[must_use]
     pub fn encode(&self) -> Vec<u8> {
-        pb::Affiliate {
+        let mut bytes = pb::Affiliate {
             node_id: self.node_id.clone(),
             addresses: self.addresses.iter().map(|ip| ip_bytes(*ip)).collect(),
             hostname: self.hostname.clone(),
@@ -261,7 +263,11 @@ impl AffiliateInfo {
                 api_server_port: u32::from(c.api_server_port),
             }),
         }
-        .encode_to_vec()
+        .encode_to_vec();
+        if let Some(w) = &self.wirespan {
+            super::extension::append(w, &mut bytes);
+        }
+        bytes
     }
 
     /// Decodes an `Affiliate` protobuf. Items with a malformed IP (and prefixes
@@ -328,6 +334,7 @@ impl AffiliateInfo {
                     api_server_port: u16::try_from(c.api_server_port).ok()?,
                 })
             }),
+            wirespan: super::extension::find(bytes),
         })
     }
 }
@@ -362,6 +369,7 @@ mod tests {
             control_plane: Some(ControlPlaneInfo {
                 api_server_port: 6443,
             }),
+            wirespan: Some(super::super::extension::WirespanInfo::new(10)),
         }
     }
 

@@ -18,7 +18,7 @@ use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 use wirespan_discovery::client::{
     self as dclient, AffiliateInfo, Client, ClientConfig, ClusterSecret, ConnectionState,
-    ControlPlaneInfo, DiscoveryState, KubeSpanInfo, MachineType,
+    ControlPlaneInfo, DiscoveryState, KubeSpanInfo, MachineType, WirespanInfo,
 };
 
 use super::{merge::raw_id, put, retire_stale};
@@ -27,7 +27,8 @@ use crate::{
     resources::{
         cluster::{
             Affiliate, AffiliateSpec, ClusterIdentity, ControlPlaneSpec, DiscoveryServiceStatus,
-            DiscoveryServiceStatusSpec, KubeSpanAffiliateSpec, CLUSTER, NS, NS_RAW,
+            DiscoveryServiceStatusSpec, KubeSpanAffiliateSpec, WirespanAffiliateSpec, CLUSTER, NS,
+            NS_RAW,
         },
         config::MachineConfig,
         identity::{NodeIdentity, LOCAL},
@@ -172,6 +173,10 @@ pub fn to_wire(spec: &AffiliateSpec) -> (AffiliateInfo, Vec<dclient::Endpoint>) 
         control_plane: spec.control_plane.as_ref().map(|c| ControlPlaneInfo {
             api_server_port: c.api_server_port,
         }),
+        wirespan: spec.wirespan.map(|w| WirespanInfo {
+            version: w.version,
+            persistent_keepalive_secs: w.persistent_keepalive_secs,
+        }),
     };
     let endpoints = kubespan.map(|k| k.endpoints.clone()).unwrap_or_default();
     (info, endpoints)
@@ -198,6 +203,10 @@ pub fn from_wire(affiliate: &dclient::Affiliate) -> AffiliateSpec {
         }),
         control_plane: info.control_plane.map(|c| ControlPlaneSpec {
             api_server_port: c.api_server_port,
+        }),
+        wirespan: info.wirespan.map(|w| WirespanAffiliateSpec {
+            version: w.version,
+            persistent_keepalive_secs: w.persistent_keepalive_secs,
         }),
     }
 }

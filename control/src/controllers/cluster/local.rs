@@ -12,9 +12,11 @@ use ipnet::{IpNet, Ipv6Net};
 use super::{put, retire_stale};
 use crate::{
     config::{cluster::DiscoveryServiceConfig, kubespan::filter_ips},
+    kubespan::rotation::wirespan_keepalive,
     resources::{
         cluster::{
-            Affiliate, AffiliateSpec, DiscoveryServiceStatus, KubeSpanAffiliateSpec, NS, NS_RAW,
+            Affiliate, AffiliateSpec, DiscoveryServiceStatus, KubeSpanAffiliateSpec,
+            WirespanAffiliateSpec, NS, NS_RAW,
         },
         config::MachineConfig,
         identity::{NodeIdentity, LOCAL},
@@ -150,6 +152,15 @@ pub fn local_affiliate(inputs: &LocalInputs<'_>) -> AffiliateSpec {
         }
         _ => None,
     };
+    // Peers that read the extension judge this node by what it sends: tell them how
+    // often it sends at least (`docs/kubespan.md` §8.6).
+    let wirespan = kubespan
+        .as_ref()
+        .and(config)
+        .map(|c| WirespanAffiliateSpec {
+            version: wirespan_discovery::client::extension::WIRESPAN_EXTENSION_VERSION,
+            persistent_keepalive_secs: u32::from(wirespan_keepalive(c.peer_receive_timeout)),
+        });
     AffiliateSpec {
         node_id: inputs.node_id.to_owned(),
         hostname,
@@ -159,6 +170,7 @@ pub fn local_affiliate(inputs: &LocalInputs<'_>) -> AffiliateSpec {
         addresses,
         kubespan,
         control_plane: None,
+        wirespan,
     }
 }
 

@@ -53,7 +53,7 @@ fn replace_nonempty(base: &mut String, other: &str) {
 /// Merges one node's records, given in source order: the first is the base; each
 /// further one appends new list items (order-preserving union), replaces hostname,
 /// nodename, OS, public key and KubeSpan address when non-empty, the machine type when
-/// not `unknown`, and the control-plane part when present.
+/// not `unknown`, and the control-plane part and wirespan extension when present.
 #[must_use]
 pub fn merge_affiliates<'a>(
     records: impl IntoIterator<Item = &'a AffiliateSpec>,
@@ -70,6 +70,9 @@ pub fn merge_affiliates<'a>(
         }
         if other.control_plane.is_some() {
             merged.control_plane.clone_from(&other.control_plane);
+        }
+        if other.wirespan.is_some() {
+            merged.wirespan = other.wirespan;
         }
         if let Some(ks) = &other.kubespan {
             let base = merged

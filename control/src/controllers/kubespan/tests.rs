@@ -1,9 +1,9 @@
 //! Controller tests: the real runtime with fake adapters, links and clock.
 
 use std::{
-    net::SocketAddr,
+    net::{IpAddr, SocketAddr},
     os::unix::fs::PermissionsExt as _,
-    sync::Arc,
+    sync::{Arc, Mutex},
     time::{Duration, SystemTime},
 };
 
@@ -17,14 +17,17 @@ use wirespan_dataplane::{
 use super::{
     fast_path_choice,
     identity::{LinkInfo, LinkSource},
-    manager::{ManagerDeps, MarkingChoice, MarkingFactory, OnStop, WireGuardFactory},
+    manager::{ManagerDeps, MarkingChoice, MarkingFactory, OnStop, Prober, WireGuardFactory},
     register, Classifier, Deps,
 };
 use crate::{
     config::kubespan::FastPath,
     kubespan::clock::{Clock as _, FakeClock},
     resources::{
-        cluster::{AffiliateSpec, ClusterIdentity, ClusterIdentitySpec, KubeSpanAffiliateSpec},
+        cluster::{
+            AffiliateSpec, ClusterIdentity, ClusterIdentitySpec, KubeSpanAffiliateSpec,
+            WirespanAffiliateSpec,
+        },
         config::{MachineConfig, MachineConfigSpec},
         identity::{NodeIdentity, NodeIdentitySpec},
         kubespan::{
@@ -96,7 +99,24 @@ struct Mesh {
     marking: FakeMarking,
     clock: FakeClock,
     sysctl: FakeSysctl,
+    probes: RecordingProber,
     _dir: tempfile::TempDir,
+}
+
+/// Records the mesh addresses probed.
+#[derive(Debug, Clone, Default)]
+struct RecordingProber(Arc<Mutex<Vec<IpAddr>>>);
+
+impl Prober for RecordingProber {
+    fn probe(&self, to: IpAddr) {
+        self.0.lock().unwrap().push(to);
+    }
+}
+
+impl RecordingProber {
+    fn sent(&self) -> Vec<IpAddr> {
+        self.0.lock().unwrap().clone()
+    }
 }
 
 const RP_FILTER: &str = "net.ipv4.conf.kubespan.rp_filter";
@@ -172,6 +192,7 @@ fn start_over(
     let mut runtime = Runtime::new(store.clone());
     // systemd's default for a new link (loose), host-wide filtering off.
     let sysctl = FakeSysctl::new();
+    let probes = RecordingProber::default();
     sysctl.set(RP_FILTER, "2");
     sysctl.set("net.ipv4.conf.all.rp_filter", "0");
     register(
@@ -198,6 +219,7 @@ fn start_over(
                 metrics: None,
                 on_stop: OnStop::Keep,
                 sysctl: Some(Arc::new(sysctl.clone())),
+                prober: Some(Arc::new(probes.clone())),
             },
         },
     )
@@ -234,6 +256,7 @@ fn start_over(
         marking,
         clock,
         sysctl,
+        probes,
         _dir: dir,
     }
 }
@@ -578,6 +601,88 @@ async fn rotation_moves_to_the_second_endpoint_when_the_first_never_handshakes()
             .filter(|e| *e == second)
     })
     .await;
+    m.h.stop().await.unwrap();
+}
+
+/// §8.6: a wirespan peer gets a keepalive of a third of the receive window, is probed
+/// after half a window of silence and is down (and rotated) when the window passes in
+/// silence, though its handshake is recent; a Talos peer beside it keeps 25 s and its
+/// state, and is never probed.
+#[tokio::test]
+async fn a_silent_wirespan_peer_is_probed_then_down_while_a_talos_peer_is_not() {
+    let m = start("peerReceiveTimeout: 30s\n", tempfile::tempdir().unwrap());
+    let store = &m.h.store;
+    let (first, second): (SocketAddr, SocketAddr) = (
+        "192.0.2.1:51820".parse().unwrap(),
+        "198.51.100.1:51820".parse().unwrap(),
+    );
+    let ours = AffiliateSpec {
+        wirespan: Some(WirespanAffiliateSpec {
+            version: 1,
+            persistent_keepalive_secs: 10,
+        }),
+        ..affiliate(1, &["192.0.2.1:51820", "198.51.100.1:51820"])
+    };
+    set_affiliate(store, &ours);
+    set_affiliate(store, &affiliate(2, &["192.0.2.2:51820"]));
+    let (k1, k2) = (
+        PublicKey::from_bytes([1; 32]),
+        PublicKey::from_bytes([2; 32]),
+    );
+    eventually("both peers on the device", || {
+        (device_peers(&m.wg) == 2).then_some(())
+    })
+    .await;
+    // Both handshake after their endpoint was pushed (strictly later, §8.3); the
+    // first-handshake deferral (1 s) is over by then.
+    m.clock.advance(Duration::from_secs(1));
+    let now = m.clock.now();
+    m.wg.handshake(&k1, now, 100, 100);
+    m.wg.handshake(&k2, now, 100, 100);
+    m.clock.advance(Duration::from_secs(1));
+    for n in [1, 2] {
+        assert_resource::<KubeSpanPeerStatus>(store, NS, &key(n), |r| {
+            (r.spec.state == PeerState::Up)
+                .then_some(())
+                .ok_or_else(|| format!("{:?}", r.spec))
+        })
+        .await;
+    }
+    let keepalives = eventually("keepalives 10 s (wirespan) and 25 s (Talos)", || {
+        let d = m.wg.device()?;
+        let of = |k: &PublicKey| {
+            d.peers
+                .iter()
+                .find(|p| p.public_key == *k)
+                .map(|p| p.persistent_keepalive)
+        };
+        let got = (of(&k1)?, of(&k2)?);
+        (got == (10, 25)).then_some(got)
+    })
+    .await;
+    assert_eq!(keepalives, (10, 25));
+    assert!(m.probes.sent().is_empty());
+
+    // Half a window without receiving: peer 1 (and only it) is probed at its mesh address.
+    m.clock.advance(Duration::from_secs(15));
+    let ula1: IpAddr = "fd21:4de:ec13:da02::1".parse().unwrap();
+    eventually("peer 1 probed", || {
+        (m.probes.sent() == [ula1]).then_some(())
+    })
+    .await;
+    // The rest of the window, still nothing (the handshake is 31 s old): down and
+    // rotated to the second endpoint; the Talos peer, just as silent, stays up.
+    m.clock.advance(Duration::from_secs(15));
+    assert_resource::<KubeSpanPeerStatus>(store, NS, &key(1), |r| {
+        (r.spec.last_used_endpoint == Some(second) && r.spec.state == PeerState::Unknown)
+            .then_some(())
+            .ok_or_else(|| format!("{:?}", r.spec))
+    })
+    .await;
+    let talos = peer_status(store, 2).unwrap();
+    assert_eq!(talos.state, PeerState::Up, "{talos:?}");
+    assert_eq!(m.probes.sent(), [ula1]);
+    assert_ne!(first, second);
     m.h.stop().await.unwrap();
 }
 
@@ -1218,6 +1323,7 @@ async fn a_mesh_config_not_derived_yet_is_not_a_disabled_mesh() {
                 metrics: Some(Arc::clone(&metrics)),
                 on_stop: OnStop::Keep,
                 sysctl: None,
+                prober: None,
             },
         ))
         .unwrap();

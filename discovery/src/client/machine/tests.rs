@@ -48,6 +48,7 @@ fn info(id: &str) -> AffiliateInfo {
             exclude_advertised_networks: vec![],
         }),
         control_plane: None,
+        wirespan: None,
     }
 }
 

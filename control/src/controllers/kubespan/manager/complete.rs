@@ -4,8 +4,9 @@
 
 use std::{
     collections::{btree_map::Entry, BTreeSet, HashMap},
+    net::IpAddr,
     sync::Arc,
-    time::SystemTime,
+    time::{Duration, SystemTime},
 };
 
 use ipnet::IpNet;
@@ -25,7 +26,9 @@ use crate::{
     kubespan::{
         peers::routed_prefixes,
         prefixset::PrefixSet,
-        rotation::{next_wake, peer_state, seed, step, Observed, RECONCILE_TICK},
+        rotation::{
+            next_wake, peer_state, rx_window, seed, step, Observed, RxRule, RxTrack, RECONCILE_TICK,
+        },
     },
     resources::{
         cluster::ClusterIdentity,
@@ -125,9 +128,10 @@ impl KubeSpanManagerController {
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
         let mut routed = HashMap::with_capacity(specs.len());
         let mut wake: Option<SystemTime> = None;
+        let mut probes: Vec<IpAddr> = Vec::new();
         for r in &specs {
             let key = &r.metadata.id;
-            let Some(base) = self.peer_of(key, &r.spec, &psk) else {
+            let Some(base) = self.peer_of(key, &r.spec, &psk, s) else {
                 continue;
             };
             // Without a read (or without the peer on the device) the status keeps its
@@ -147,8 +151,30 @@ impl KubeSpanManagerController {
                     e.insert(st)
                 }
             };
-            let step = step(st, &r.spec.endpoints, seen, now);
-            if let Some(w) = next_wake(st, now) {
+            let window = rx_window_of(s, &r.spec);
+            let mut track = match window {
+                Some(_) => Some(
+                    self.rx
+                        .entry(key.clone())
+                        .or_insert_with(|| RxTrack::new(seen.map_or(0, |o| o.rx_bytes), now)),
+                ),
+                None => {
+                    self.rx.remove(key);
+                    None
+                }
+            };
+            let rule = track
+                .as_deref_mut()
+                .zip(window)
+                .map(|(track, window)| RxRule { track, window });
+            let step = step(st, &r.spec.endpoints, seen, now, s.peer_down_interval, rule);
+            if let (Some(t), Some(w)) = (track.as_deref_mut(), window) {
+                if st.state == PeerState::Up && t.take_probe(now, w) {
+                    probes.extend(r.spec.address);
+                }
+            }
+            let rx = track.as_deref().zip(window);
+            if let Some(w) = next_wake(st, now, s.peer_down_interval, rx) {
                 wake = Some(wake.map_or(w, |x: SystemTime| x.min(w)));
             }
             let prefixes = routed_prefixes(force, &base.allowed_ips, st.state == PeerState::Up);
@@ -166,10 +192,17 @@ impl KubeSpanManagerController {
             });
         }
 
+        if let Some(prober) = self.deps.prober.as_ref().filter(|_| !probes.is_empty()) {
+            tracing::debug!(peers = probes.len(), "probing silent wirespan peers");
+            for to in probes {
+                prober.probe(to);
+            }
+        }
+
         self.retain_device_peers(
             observed.as_ref(),
             &psk,
-            force,
+            (force, s.peer_down_interval),
             now,
             &mut wg_peers,
             &mut routed,
@@ -183,9 +216,13 @@ impl KubeSpanManagerController {
 
         // Statuses of peers that went away: every spec has a status now, so there are
         // more statuses than specs exactly when some are stale (no lookups otherwise).
-        if self.statuses.len() > specs.len() || self.peers.len() > specs.len() {
+        if self.statuses.len() > specs.len()
+            || self.peers.len() > specs.len()
+            || self.rx.len() > specs.len()
+        {
             self.statuses.retain(|k, _| self.specs.contains_key(k));
             self.peers.retain(|k, _| self.specs.contains_key(k));
+            self.rx.retain(|k, _| self.specs.contains_key(k));
         }
 
         // Step 6: device, routed set, statuses.
@@ -295,7 +332,7 @@ impl KubeSpanManagerController {
         &mut self,
         observed: Option<&HashMap<String, (Observed, Vec<IpNet>)>>,
         psk: &PresharedKey,
-        force: bool,
+        (force, down_interval): (bool, Duration),
         now: SystemTime,
         wg_peers: &mut Vec<WgPeer>,
         routed: &mut HashMap<String, Vec<IpNet>>,
@@ -346,8 +383,13 @@ impl KubeSpanManagerController {
             }
             kept.subtract(&claimed);
             let allowed_ips = kept.to_prefixes();
-            let up = peer_state(now, r.observed.last_handshake, None, r.observed.endpoint)
-                == PeerState::Up;
+            let up = peer_state(
+                now,
+                r.observed.last_handshake,
+                None,
+                r.observed.endpoint,
+                down_interval,
+            ) == PeerState::Up;
             routed.insert(key.clone(), routed_prefixes(force, &allowed_ips, up));
             wg_peers.push(WgPeer {
                 public_key,
@@ -408,4 +450,17 @@ impl KubeSpanManagerController {
             }
         })
     }
+}
+
+/// The receive window of a peer: `None` for a Talos peer (no wirespan extension).
+pub(super) fn rx_window_of(
+    s: &Settings,
+    spec: &crate::resources::kubespan::KubeSpanPeerSpecSpec,
+) -> Option<Duration> {
+    spec.wirespan.map(|w| {
+        rx_window(
+            s.peer_receive_timeout,
+            Duration::from_secs(u64::from(w.persistent_keepalive_secs)),
+        )
+    })
 }

@@ -14,7 +14,7 @@ use crate::{
     config::kubespan::KubeSpanConfig as Settings,
     kubespan::{
         peers::routed_prefixes,
-        rotation::{next_wake, seed, step, RECONCILE_TICK},
+        rotation::{next_wake, seed, step, RxRule, RxTrack, RECONCILE_TICK},
     },
     resources::{
         cluster::ClusterIdentity,
@@ -39,10 +39,13 @@ impl KubeSpanManagerController {
         let mut wake = self.wake;
         for key in keys {
             let spec = self.specs.get(key).map(|r| r.spec.clone());
-            let peer = spec.as_ref().and_then(|spec| self.peer_of(key, spec, &psk));
+            let peer = spec
+                .as_ref()
+                .and_then(|spec| self.peer_of(key, spec, &psk, s));
             let (Some(spec), Some(peer)) = (spec, peer) else {
                 // Gone (or never a valid peer).
                 self.statuses.remove(key);
+                self.rx.remove(key);
                 if let Some((_, p)) = self.peers.remove(key) {
                     changes.push(PeerChange::Remove(p.public_key));
                 }
@@ -64,8 +67,27 @@ impl KubeSpanManagerController {
                 }
                 st
             });
-            let step = step(st, &spec.endpoints, None, now);
-            if let Some(w) = next_wake(st, now) {
+            // No device read here: the tracking judges by the last read (a passed
+            // wake-up makes the round a complete one with a read).
+            let window = super::complete::rx_window_of(s, &spec);
+            let mut track = match window {
+                Some(_) => Some(
+                    self.rx
+                        .entry(key.clone())
+                        .or_insert_with(|| RxTrack::new(0, now)),
+                ),
+                None => {
+                    self.rx.remove(key);
+                    None
+                }
+            };
+            let rule = track
+                .as_deref_mut()
+                .zip(window)
+                .map(|(track, window)| RxRule { track, window });
+            let step = step(st, &spec.endpoints, None, now, s.peer_down_interval, rule);
+            let rx = track.as_deref().zip(window);
+            if let Some(w) = next_wake(st, now, s.peer_down_interval, rx) {
                 wake = Some(wake.map_or(w, |x| x.min(w)));
             }
             let routed = routed_prefixes(

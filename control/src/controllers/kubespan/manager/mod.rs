@@ -16,11 +16,15 @@
 mod complete;
 mod delta;
 mod outputs;
+mod probe;
 mod teardown;
+
+pub use probe::UdpProber;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     fmt,
+    net::IpAddr,
     sync::Arc,
     time::{Instant, SystemTime},
 };
@@ -39,7 +43,10 @@ use crate::{
     config::kubespan::FastPath,
     kubespan::{
         clock::Clock,
-        rotation::{defers_first_handshake, Observed, PEER_DOWN_INTERVAL, RECONCILE_TICK},
+        rotation::{
+            defers_first_handshake, wirespan_keepalive, Observed, RxTrack, PEER_DOWN_INTERVAL,
+            RECONCILE_TICK,
+        },
     },
     resources::{
         cluster::{self, ClusterIdentity, CLUSTER},
@@ -57,8 +64,16 @@ use crate::{
     },
 };
 
-/// Persistent keepalive of every peer (seconds).
+/// Persistent keepalive of Talos peers (seconds); wirespan peers get a third of
+/// `peerReceiveTimeout` (`docs/kubespan.md` §8.6).
 pub const PERSISTENT_KEEPALIVE: u16 = 25;
+
+/// Sends one datagram through the tunnel to a peer's mesh address, so that a live
+/// peer's WireGuard answers (see [`RxTrack`]). Best effort: failures are only logged.
+pub trait Prober: Send + Sync + fmt::Debug {
+    /// Probes the peer whose mesh address is `to`.
+    fn probe(&self, to: IpAddr);
+}
 
 /// Builds the WireGuard backend for a link.
 pub trait WireGuardFactory: Send + Sync + fmt::Debug {
@@ -115,6 +130,9 @@ pub struct ManagerDeps {
     /// Kernel parameters of the mesh link (reverse-path filtering off while the mesh
     /// runs); `None` leaves them alone.
     pub sysctl: Option<Arc<dyn Sysctl + Send + Sync>>,
+    /// Probes silent wirespan peers; `None`: no probes (a peer on an idle tunnel whose
+    /// keepalives the node's own keep suppressing may then be judged down).
+    pub prober: Option<Arc<dyn Prober>>,
 }
 
 impl fmt::Debug for ManagerDeps {
@@ -166,6 +184,8 @@ pub struct KubeSpanManagerController {
     marking: Option<ActiveMarking>,
     /// Live per-peer state (the rotation cursor), by public key.
     statuses: BTreeMap<String, KubeSpanPeerStatusSpec>,
+    /// Receive tracking of wirespan peers, by public key.
+    rx: HashMap<String, RxTrack>,
     /// What was last written to the store.
     written_statuses: BTreeMap<String, KubeSpanPeerStatusSpec>,
     written_endpoints: BTreeMap<String, KubeSpanEndpointSpec>,
@@ -292,6 +312,7 @@ impl KubeSpanManagerController {
             wg_link: String::new(),
             marking: None,
             statuses: BTreeMap::new(),
+            rx: HashMap::new(),
             written_statuses: BTreeMap::new(),
             written_endpoints: BTreeMap::new(),
             written_specs: BTreeSet::new(),
@@ -352,9 +373,12 @@ impl KubeSpanManagerController {
             cluster: (cluster.metadata.version, cluster.spec.clone()),
         };
         let now = self.deps.clock.now();
+        // A peer wake-up that passed needs a read too (a change can win the race with
+        // the timer): a delta round would judge receive windows on stale counters.
         let read_due = self
             .last_read
-            .is_none_or(|t| now.duration_since(t).unwrap_or_default() >= RECONCILE_TICK);
+            .is_none_or(|t| now.duration_since(t).unwrap_or_default() >= RECONCILE_TICK)
+            || self.wake.is_some_and(|w| now >= w);
         match changed {
             Some(keys)
                 if !timer
@@ -385,9 +409,18 @@ impl KubeSpanManagerController {
         key: &str,
         spec: &KubeSpanPeerSpecSpec,
         psk: &PresharedKey,
+        settings: &crate::config::kubespan::KubeSpanConfig,
     ) -> Option<WgPeer> {
+        let persistent_keepalive = if spec.wirespan.is_some() {
+            wirespan_keepalive(settings.peer_receive_timeout)
+        } else {
+            PERSISTENT_KEEPALIVE
+        };
         if let Some((cached, peer)) = self.peers.get(key) {
-            if cached == spec && peer.preshared_key.as_ref() == Some(psk) {
+            if cached == spec
+                && peer.preshared_key.as_ref() == Some(psk)
+                && peer.persistent_keepalive == persistent_keepalive
+            {
                 return Some(peer.clone());
             }
         }
@@ -398,7 +431,7 @@ impl KubeSpanManagerController {
         let peer = WgPeer {
             public_key,
             preshared_key: Some(psk.clone()),
-            persistent_keepalive: PERSISTENT_KEEPALIVE,
+            persistent_keepalive,
             endpoint: None,
             allowed_ips: spec.allowed_ips.clone(),
         };
