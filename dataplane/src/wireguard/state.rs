@@ -71,6 +71,8 @@ pub struct PeerStatus {
     pub rx_bytes: u64,
     /// Bytes sent.
     pub tx_bytes: u64,
+    /// Persistent keepalive seconds as the device holds them, 0 = off.
+    pub persistent_keepalive: u16,
     /// Allowed IPs as the device holds them (a restart keeps a peer it does not know
     /// yet as it is).
     pub allowed_ips: Vec<IpNet>,
@@ -100,6 +102,7 @@ impl From<&DeviceState> for WgStatus {
                 last_handshake: p.last_handshake,
                 rx_bytes: p.rx_bytes,
                 tx_bytes: p.tx_bytes,
+                persistent_keepalive: p.persistent_keepalive,
                 allowed_ips: p.allowed_ips.clone(),
             })
             .collect();

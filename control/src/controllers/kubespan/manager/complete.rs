@@ -18,7 +18,7 @@ use wirespan_dataplane::{
 
 use super::{
     blocking, keepalive, wg_error, ActiveMarking, KubeSpanManagerController, ManagerError,
-    Retained, PERSISTENT_KEEPALIVE, RETAIN_AFTER_START,
+    Retained, RETAIN_AFTER_START,
 };
 use crate::{
     config::kubespan::{FastPath, KubeSpanConfig as Settings},
@@ -83,7 +83,7 @@ impl KubeSpanManagerController {
         } else {
             None
         };
-        let observed: Option<HashMap<String, (Observed, Vec<IpNet>)>> =
+        let observed: Option<HashMap<String, Retained>> =
             observed.map(|observed| match observed {
                 Ok(st) if st.present => st
                     .peers
@@ -91,15 +91,16 @@ impl KubeSpanManagerController {
                     .map(|p| {
                         (
                             p.public_key.to_base64(),
-                            (
-                                Observed {
+                            Retained {
+                                observed: Observed {
                                     endpoint: p.endpoint,
                                     last_handshake: p.last_handshake,
                                     rx_bytes: p.rx_bytes,
                                     tx_bytes: p.tx_bytes,
                                 },
-                                p.allowed_ips,
-                            ),
+                                allowed_ips: p.allowed_ips,
+                                keepalive: p.persistent_keepalive,
+                            },
                         )
                     })
                     .collect(),
@@ -136,7 +137,10 @@ impl KubeSpanManagerController {
             };
             // Without a read (or without the peer on the device) the status keeps its
             // last observation.
-            let seen = observed.as_ref().and_then(|o| o.get(key)).map(|(o, _)| o);
+            let seen = observed
+                .as_ref()
+                .and_then(|o| o.get(key))
+                .map(|r| &r.observed);
             let st = match self.statuses.entry(key.clone()) {
                 Entry::Occupied(e) => e.into_mut(),
                 Entry::Vacant(e) => {
@@ -330,7 +334,7 @@ impl KubeSpanManagerController {
     /// write).
     fn retain_device_peers(
         &mut self,
-        observed: Option<&HashMap<String, (Observed, Vec<IpNet>)>>,
+        observed: Option<&HashMap<String, Retained>>,
         psk: &PresharedKey,
         (force, down_interval): (bool, Duration),
         now: SystemTime,
@@ -353,15 +357,7 @@ impl KubeSpanManagerController {
                 self.retained = o
                     .iter()
                     .filter(|(k, _)| !self.specs.contains_key(*k))
-                    .map(|(k, (observed, allowed))| {
-                        (
-                            k.clone(),
-                            Retained {
-                                observed: *observed,
-                                allowed_ips: allowed.clone(),
-                            },
-                        )
-                    })
+                    .map(|(k, r)| (k.clone(), r.clone()))
                     .collect();
             }
             None => self.retained.retain(|k, _| !self.specs.contains_key(k)),
@@ -394,7 +390,7 @@ impl KubeSpanManagerController {
             wg_peers.push(WgPeer {
                 public_key,
                 preshared_key: Some(psk.clone()),
-                persistent_keepalive: PERSISTENT_KEEPALIVE,
+                persistent_keepalive: r.keepalive,
                 endpoint: None,
                 allowed_ips,
             });

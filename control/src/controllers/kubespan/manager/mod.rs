@@ -229,6 +229,8 @@ pub struct KubeSpanManagerController {
 struct Retained {
     observed: Observed,
     allowed_ips: Vec<IpNet>,
+    /// As the device has it: an earlier run may have set a wirespan peer's shorter one.
+    keepalive: u16,
 }
 
 /// How long after start a device peer without a spec is kept: as long as a peer that
