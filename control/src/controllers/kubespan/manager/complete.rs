@@ -156,17 +156,13 @@ impl KubeSpanManagerController {
                 }
             };
             let window = rx_window_of(s, &r.spec);
-            let mut track = match window {
-                Some(_) => Some(
-                    self.rx
-                        .entry(key.clone())
-                        .or_insert_with(|| RxTrack::new(seen.map_or(0, |o| o.rx_bytes), now)),
-                ),
-                None => {
-                    self.rx.remove(key);
-                    None
-                }
-            };
+            let mut track = rx_track(
+                &mut self.rx,
+                key,
+                window,
+                seen.map_or(0, |o| o.rx_bytes),
+                now,
+            );
             let rule = track
                 .as_deref_mut()
                 .zip(window)
@@ -445,6 +441,26 @@ impl KubeSpanManagerController {
                 note: c.note,
             }
         })
+    }
+}
+
+/// The receive tracking of a peer with a receive `window` (started at `rx_bytes`), or
+/// none for a Talos peer, whose tracking is dropped.
+pub(super) fn rx_track<'a>(
+    rx: &'a mut HashMap<String, RxTrack>,
+    key: &str,
+    window: Option<Duration>,
+    rx_bytes: u64,
+    now: SystemTime,
+) -> Option<&'a mut RxTrack> {
+    if window.is_some() {
+        Some(
+            rx.entry(key.to_owned())
+                .or_insert_with(|| RxTrack::new(rx_bytes, now)),
+        )
+    } else {
+        rx.remove(key);
+        None
     }
 }
 

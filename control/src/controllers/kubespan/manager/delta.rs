@@ -14,7 +14,7 @@ use crate::{
     config::kubespan::KubeSpanConfig as Settings,
     kubespan::{
         peers::routed_prefixes,
-        rotation::{next_wake, seed, step, RxRule, RxTrack, RECONCILE_TICK},
+        rotation::{next_wake, seed, step, RxRule, RECONCILE_TICK},
     },
     resources::{
         cluster::ClusterIdentity,
@@ -70,17 +70,7 @@ impl KubeSpanManagerController {
             // No device read here: the tracking judges by the last read (a passed
             // wake-up makes the round a complete one with a read).
             let window = super::complete::rx_window_of(s, &spec);
-            let mut track = match window {
-                Some(_) => Some(
-                    self.rx
-                        .entry(key.clone())
-                        .or_insert_with(|| RxTrack::new(0, now)),
-                ),
-                None => {
-                    self.rx.remove(key);
-                    None
-                }
-            };
+            let mut track = super::complete::rx_track(&mut self.rx, key, window, 0, now);
             let rule = track
                 .as_deref_mut()
                 .zip(window)
