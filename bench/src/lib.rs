@@ -38,3 +38,16 @@ pub(crate) fn quick_notice(quick: bool) {
         println!("--quick: small counts to check that the benchmark runs; the figures below are not the benchmark's, and targets are not judged by them");
     }
 }
+
+/// The report's verdict: every target met, or the list of those missed.
+pub(crate) fn write_targets(md: &mut String, missed: &[String]) {
+    use std::fmt::Write as _;
+    if missed.is_empty() {
+        let _ = writeln!(md, "All targets met in this run.");
+    } else {
+        let _ = writeln!(md, "Targets missed in this run:\n");
+        for m in missed {
+            let _ = writeln!(md, "- {m}");
+        }
+    }
+}

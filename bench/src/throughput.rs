@@ -469,14 +469,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         "Target: marking with the eBPF fast path costs < 2 % of the mesh's throughput \
          without marking (TCP, median)."
     );
-    if missed.is_empty() {
-        let _ = writeln!(md, "All targets met in this run.");
-    } else {
-        let _ = writeln!(md, "Targets missed in this run:\n");
-        for m in &missed {
-            let _ = writeln!(md, "- {m}");
-        }
-    }
+    crate::write_targets(&mut md, &missed);
     let _ = writeln!(
         md,
         "\nTotal time: {:.1} s.",

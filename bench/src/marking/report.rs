@@ -152,14 +152,7 @@ pub(super) fn render(
         chart.push((format!("{n} prefixes"), group));
     }
     let _ = writeln!(md, "\nTarget (macro): eBPF overhead at 10,000 prefixes ≤ 1/3 of the upstream interval set's (column \"vs upstream\" ≤ 0.33). Stretch (steering to the mesh link) is not implemented.\n");
-    if missed.is_empty() {
-        let _ = writeln!(md, "All targets met in this run.");
-    } else {
-        let _ = writeln!(md, "Targets missed in this run:\n");
-        for m in &missed {
-            let _ = writeln!(md, "- {m}");
-        }
-    }
+    crate::write_targets(&mut md, &missed);
     let _ = writeln!(md);
     apply_cost_report(&mut md, apply_rows);
     let _ = writeln!(md, "Total time: {:.1} s.", started.elapsed().as_secs_f64());
