@@ -66,6 +66,18 @@ fn peer(st: &Value, from: &str, to: &str) -> (String, String, String) {
     (s("state"), s("endpoint"), s("expected"))
 }
 
+/// How `from` reaches its peer `to`: (path, via).
+fn path(st: &Value, from: &str, to: &str) -> (String, String) {
+    let p = node(st, from)["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["node"] == to)
+        .unwrap_or_else(|| panic!("{from} has no peer {to}: {st}"));
+    let s = |k: &str| p[k].as_str().unwrap_or_default().to_owned();
+    (s("path"), s("via"))
+}
+
 fn wan(st: &Value, name: &str) -> String {
     node(st, name)["router"]["wan"][0]
         .as_str()
@@ -180,11 +192,12 @@ fn cone_nat_nodes_mesh_directly_through_their_routers() {
 }
 
 /// `mixed` with 4 nodes: node1 public, node2 and node3 behind cone NATs, node4 behind
-/// a symmetric NAT. `up` waits for the pairs that can connect directly and reports
-/// node2<->node4 and node3<->node4 as expected unreachable until relays, which stay
-/// not up; node1 reaches node4 at the port the symmetric NAT mapped for node1 alone.
+/// a symmetric NAT. node2<->node4 and node3<->node4 cannot connect directly; node1
+/// reaches both ends of each, so `up` waits until both pairs run through node1 as a
+/// peer relay and every pair pings over the mesh. node1 reaches node4 at the port the
+/// symmetric NAT mapped for node1 alone.
 #[test]
-fn mixed_nat_lab_waits_for_direct_pairs_and_reports_the_rest_unreachable() {
+fn mixed_nat_lab_connects_direct_pairs_directly_and_the_rest_through_a_relay() {
     let lab = Lab::new();
     let o = lab.run(&[
         "up",
@@ -201,7 +214,7 @@ fn mixed_nat_lab_waits_for_direct_pairs_and_reports_the_rest_unreachable() {
     assert!(o.status.success(), "{err}\n{out}");
     assert!(
         err.contains(
-            "expected unreachable until relays: node2<->node4 (symmetric NAT facing a cone NAT), \
+            "through a relay: node2<->node4 (symmetric NAT facing a cone NAT), \
              node3<->node4 (symmetric NAT facing a cone NAT)"
         ),
         "{err}"
@@ -214,7 +227,8 @@ fn mixed_nat_lab_waits_for_direct_pairs_and_reports_the_rest_unreachable() {
         .map(|n| n["nat"].as_str().unwrap())
         .collect();
     assert_eq!(kinds, ["none", "cone", "cone", "symmetric"]);
-    assert_eq!(st["expectedUnreachable"].as_array().unwrap().len(), 2);
+    assert_eq!(st["expectedRelayed"].as_array().unwrap().len(), 2);
+    assert_eq!(st["expectedUnreachable"], serde_json::json!([]));
     assert_eq!(node(&st, "node1")["publicAddress"], "10.99.1.11");
     assert_eq!(
         node(&st, "node4")["observedAddress"].as_str().unwrap(),
@@ -227,21 +241,23 @@ fn mixed_nat_lab_waits_for_direct_pairs_and_reports_the_rest_unreachable() {
         for b in all.iter().filter(|b| **b != a) {
             let needs_relay = relay.contains(&(a, b)) || relay.contains(&(b, a));
             let (state, _, expected) = peer(&st, a, b);
+            let (path, via) = path(&st, a, b);
             if needs_relay {
-                assert_eq!(expected, "relay", "{a}->{b}");
+                assert_eq!(
+                    (expected.as_str(), path.as_str(), via.as_str()),
+                    ("relay", "relay", "node1"),
+                    "{a}->{b}"
+                );
+                // No direct handshake: the pair's own state never reads up.
                 assert_ne!(state, "up", "{a}->{b} reported up");
             } else {
                 assert_eq!(
-                    (state.as_str(), expected.as_str()),
-                    ("up", "direct"),
+                    (state.as_str(), expected.as_str(), path.as_str()),
+                    ("up", "direct", "direct"),
                     "{a}->{b}"
                 );
             }
-            assert_eq!(
-                pings[&(a.to_owned(), (*b).to_owned())],
-                !needs_relay,
-                "{a}->{b}\n{out}"
-            );
+            assert!(pings[&(a.to_owned(), (*b).to_owned())], "{a}->{b}\n{out}");
         }
     }
     // The table says where each node sits.
@@ -269,10 +285,11 @@ fn mixed_nat_lab_waits_for_direct_pairs_and_reports_the_rest_unreachable() {
     );
 }
 
-/// A topology file with a blocked pair: node1 and node2 exchange no UDP, so that pair
-/// stays down (and `up` does not wait for it) while every other pair is up.
+/// A topology file with a blocked pair: node1 and node2 exchange no UDP, so their
+/// direct path stays down; node3 reaches both, and the pair connects through it as a
+/// peer relay while every other pair is up directly.
 #[test]
-fn a_blocked_pair_in_a_topology_file_stays_down_while_the_others_are_up() {
+fn a_blocked_pair_in_a_topology_file_connects_through_the_node_that_reaches_both() {
     let lab = Lab::new();
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("topology.yaml");
@@ -290,17 +307,25 @@ fn a_blocked_pair_in_a_topology_file_stays_down_while_the_others_are_up() {
         "--no-hints",
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
+    let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{err}");
     assert!(
-        err.contains("node1<->node2 (UDP blocked between them)"),
+        err.contains("through a relay: node1<->node2 (UDP blocked between them)"),
         "{err}"
     );
     let st = lab.status();
     assert_eq!(st["blocked"], serde_json::json!([["node1", "node2"]]));
+    let pings = matrix(&out, "ping kubespan");
     for (a, b) in [("node1", "node2"), ("node2", "node1")] {
         let (state, _, expected) = peer(&st, a, b);
         assert_eq!(expected, "relay");
         assert_ne!(state, "up", "{a}->{b} reported up");
+        assert_eq!(
+            path(&st, a, b),
+            ("relay".into(), "node3".into()),
+            "{a}->{b}"
+        );
+        assert!(pings[&(a.to_owned(), b.to_owned())], "{a}->{b}\n{out}");
     }
     for (a, b) in [
         ("node1", "node3"),

@@ -151,6 +151,11 @@ pub struct KubeSpanConfig {
     #[serde(with = "super::duration")]
     #[schemars(with = "super::schema::DurationText")]
     pub peer_receive_timeout: Duration,
+    /// Peer relays between wirespan nodes: traffic to a wirespan peer that cannot be
+    /// reached directly goes through another wirespan node that reaches both, and this
+    /// node forwards for such pairs while its IPv4 and IPv6 forwarding are on. The
+    /// relay decrypts and re-encrypts what it forwards. Talos peers never take part.
+    pub peer_relay: bool,
 }
 
 /// Default of `peerReceiveTimeout`.
@@ -183,6 +188,7 @@ impl Default for KubeSpanConfig {
             identity_link: None,
             peer_down_interval: crate::kubespan::rotation::PEER_DOWN_INTERVAL,
             peer_receive_timeout: PEER_RECEIVE_TIMEOUT,
+            peer_relay: true,
         }
     }
 }

@@ -472,6 +472,6 @@ mod tests {
     fn field_order_is_declaration_order() {
         let fields = field_order::<crate::config::kubespan::KubeSpanConfig>();
         assert_eq!(fields.first(), Some(&"enabled"));
-        assert_eq!(fields.last(), Some(&"peerReceiveTimeout"));
+        assert_eq!(fields.last(), Some(&"peerRelay"));
     }
 }

@@ -1,10 +1,11 @@
 //! Pure logic of the mesh (`docs/kubespan.md`), without I/O: ULA addressing
 //! (§3), prefix-set arithmetic and AllowedIPs with overlap resolution (§5), the routed
-//! set (§7), peer state, endpoint pick and the rotation step (§8), harvest (§9), and
-//! the clock the controllers take time from.
+//! set (§7), peer state, endpoint pick, the rotation step and peer relays (§8), harvest
+//! (§9), and the clock the controllers take time from.
 
 pub mod clock;
 pub mod peers;
 pub mod prefixset;
+pub mod relay;
 pub mod rotation;
 pub mod ula;

@@ -90,14 +90,25 @@ pub struct AffiliateSpec {
 }
 
 /// What a wirespan node advertises beyond the upstream affiliate (`docs/kubespan.md`
-/// §8.6).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// §8.6, §8.7).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct WirespanAffiliateSpec {
     /// Extension format version.
     pub version: u32,
     /// The persistent keepalive the node sets towards wirespan peers, in seconds.
     pub persistent_keepalive_secs: u32,
+    /// The node sends traffic for a peer it cannot reach directly through a relay,
+    /// and accepts a peer's traffic that way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub relay_user: bool,
+    /// The node forwards between two of its peers.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub relay_offered: bool,
+    /// The peers the node cannot reach directly, by key id
+    /// (`crate::kubespan::relay::key_id`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub direct_down: Vec<u64>,
 }
 
 /// Mesh part of an affiliate.

@@ -183,6 +183,8 @@ impl ResourceKind for KubeSpanPeerStatus {
             .column("Label", ".label")
             .column("Endpoint", ".endpoint")
             .column("State", ".state")
+            .column("Path", ".path")
+            .column("Via", ".via")
             .column("Last Handshake", ".lastHandshakeTime")
             .column("Rx", ".receiveBytes")
             .column("Tx", ".transmitBytes")
@@ -209,8 +211,39 @@ pub struct KubeSpanPeerStatusSpec {
     pub receive_bytes: i64,
     /// Bytes sent.
     pub transmit_bytes: i64,
-    /// up, down or unknown.
+    /// up, down or unknown: the state of the direct WireGuard path.
     pub state: PeerState,
+    /// How traffic to the peer goes (`docs/kubespan.md` §8.7).
+    #[serde(default)]
+    pub path: PeerPath,
+    /// The relay for [`PeerPath::Relay`] (its label), else empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub via: String,
+}
+
+/// How traffic reaches a peer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PeerPath {
+    /// Not known to work yet (the peer is not up and has no relay).
+    #[default]
+    None,
+    /// Straight to the peer's endpoint.
+    Direct,
+    /// Through another wirespan node.
+    Relay,
+}
+
+impl PeerPath {
+    /// As shown and exported.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Direct => "direct",
+            Self::Relay => "relay",
+        }
+    }
 }
 
 /// What the mesh manager runs on (`kubespan/KubeSpanManagerStatus kubespan`).
@@ -247,6 +280,15 @@ pub struct KubeSpanManagerStatusSpec {
     pub peers: usize,
     /// Why the configured fast path is not in use, if it is not.
     pub note: String,
+    /// Whether the node forwards for peer relays (§8.7).
+    #[serde(default)]
+    pub relay_offered: bool,
+    /// Why it does not, when relays are configured but not offered.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub relay_note: String,
+    /// Peers whose direct path is down, by relay key id (published to peers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub direct_down: Vec<u64>,
 }
 
 /// `Option<SystemTime>` as RFC 3339 text (`null` when unset).

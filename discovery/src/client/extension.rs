@@ -1,7 +1,8 @@
 //! wirespan's extension of the affiliate data (`docs/discovery-protocol.md` §4.1): an
 //! extra top-level `Affiliate` field that upstream does not use, so a Talos node
 //! decodes the affiliate as before and ignores it, while a wirespan node learns that
-//! the peer is a wirespan node and how often it sends keepalives.
+//! the peer is a wirespan node, how often it sends keepalives, and how it takes part
+//! in peer relays.
 //!
 //! The field is written after the upstream fields and read by a separate pass over
 //! the top-level fields, so a sender that used the number for something else costs
@@ -18,21 +19,30 @@ pub const AFFILIATE_WIRESPAN_FIELD: u32 = 1000;
 pub const WIRESPAN_EXTENSION_VERSION: u32 = 1;
 
 /// What a wirespan node tells others about itself beyond the upstream affiliate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct WirespanInfo {
     /// Extension format version.
     pub version: u32,
     /// The persistent keepalive the node sets towards wirespan peers, in seconds.
     pub persistent_keepalive_secs: u32,
+    /// The node routes traffic for a peer it cannot reach directly through a relay,
+    /// and accepts a peer's traffic that way.
+    pub relay_user: bool,
+    /// The node forwards between two of its peers.
+    pub relay_offered: bool,
+    /// The peers the node cannot reach directly: the first 8 bytes of each public
+    /// key, big-endian.
+    pub direct_down: Vec<u64>,
 }
 
 impl WirespanInfo {
-    /// This build's extension with the given keepalive.
+    /// This build's extension with the given keepalive, taking no part in relays.
     #[must_use]
     pub fn new(persistent_keepalive_secs: u32) -> Self {
         Self {
             version: WIRESPAN_EXTENSION_VERSION,
             persistent_keepalive_secs,
+            ..Self::default()
         }
     }
 }
@@ -44,6 +54,9 @@ pub fn append(info: &WirespanInfo, out: &mut Vec<u8>) {
     let body = pb::Wirespan {
         version: info.version,
         persistent_keepalive_seconds: info.persistent_keepalive_secs,
+        relay_user: info.relay_user,
+        relay_offered: info.relay_offered,
+        direct_down: info.direct_down.clone(),
     }
     .encode_to_vec();
     encode_key(AFFILIATE_WIRESPAN_FIELD, WireType::LengthDelimited, out);
@@ -78,6 +91,9 @@ pub fn find(mut buf: &[u8]) -> Option<WirespanInfo> {
     found.map(|w| WirespanInfo {
         version: w.version,
         persistent_keepalive_secs: w.persistent_keepalive_seconds,
+        relay_user: w.relay_user,
+        relay_offered: w.relay_offered,
+        direct_down: w.direct_down,
     })
 }
 
@@ -105,6 +121,34 @@ mod tests {
             pb::Affiliate::decode(bytes.as_slice()).unwrap().node_id,
             "n"
         );
+    }
+
+    #[test]
+    fn relay_fields_read_back_and_an_upstream_decoder_still_skips_them() {
+        let info = WirespanInfo {
+            relay_user: true,
+            relay_offered: true,
+            direct_down: vec![1, u64::MAX, 0x0123_4567_89ab_cdef],
+            ..WirespanInfo::new(10)
+        };
+        let mut bytes = pb::Affiliate {
+            node_id: "n".into(),
+            hostname: "h".into(),
+            ..pb::Affiliate::default()
+        }
+        .encode_to_vec();
+        append(&info, &mut bytes);
+        assert_eq!(find(&bytes), Some(info));
+        let upstream = pb::Affiliate::decode(bytes.as_slice()).unwrap();
+        assert_eq!(
+            (upstream.node_id.as_str(), upstream.hostname.as_str()),
+            ("n", "h")
+        );
+        // A version-1 extension without relay fields reads as taking no part.
+        let mut old = Vec::new();
+        append(&WirespanInfo::new(10), &mut old);
+        let read = find(&old).unwrap();
+        assert!(!read.relay_user && !read.relay_offered && read.direct_down.is_empty());
     }
 
     #[test]

@@ -30,8 +30,12 @@ pub struct PeerView {
     pub label: String,
     /// Endpoint in use.
     pub endpoint: String,
-    /// `up`, `down` or `unknown`.
+    /// `up`, `down` or `unknown` (the direct path).
     pub state: String,
+    /// How traffic reaches it: `direct`, `relay` or `none`.
+    pub path: String,
+    /// The relay's label, for `relay`.
+    pub via: String,
 }
 
 /// One node's report.
@@ -138,6 +142,8 @@ pub async fn observe(socket: &Path) -> NodeView {
                     label: text(&spec, "label"),
                     endpoint: text(&spec, "endpoint"),
                     state: text(&spec, "state"),
+                    path: text(&spec, "path"),
+                    via: text(&spec, "via"),
                 })
                 .collect();
         }
@@ -153,16 +159,30 @@ pub async fn observe(socket: &Path) -> NodeView {
 /// (`others`: name and key; an empty key means that node has no identity yet).
 #[must_use]
 pub fn not_up(view: &NodeView, others: &[(String, String)]) -> Vec<String> {
-    missing(view, others, true)
+    missing(view, others, Want::Up)
 }
 
 /// Like `not_up`, but a peer only has to be known: configured, in any state.
 #[must_use]
 pub fn not_known(view: &NodeView, others: &[(String, String)]) -> Vec<String> {
-    missing(view, others, false)
+    missing(view, others, Want::Known)
 }
 
-fn missing(view: &NodeView, others: &[(String, String)], up: bool) -> Vec<String> {
+/// Of `others`, those this node does not reach through a relay, each as `name: why`.
+#[must_use]
+pub fn not_relayed(view: &NodeView, others: &[(String, String)]) -> Vec<String> {
+    missing(view, others, Want::Relayed)
+}
+
+/// What [`missing`] asks of each peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    Known,
+    Up,
+    Relayed,
+}
+
+fn missing(view: &NodeView, others: &[(String, String)], want: Want) -> Vec<String> {
     let mut missing = Vec::new();
     for (name, key) in others {
         if key.is_empty() {
@@ -171,7 +191,12 @@ fn missing(view: &NodeView, others: &[(String, String)], up: bool) -> Vec<String
         }
         match view.peers.iter().find(|p| &p.public_key == key) {
             None => missing.push(format!("{name}: not a peer yet")),
-            Some(p) if up && p.state != "up" => missing.push(format!(
+            Some(p) if want == Want::Relayed && p.path != "relay" => missing.push(format!(
+                "{name}: path {} (state {})",
+                if p.path.is_empty() { "?" } else { &p.path },
+                if p.state.is_empty() { "?" } else { &p.state },
+            )),
+            Some(p) if want == Want::Up && p.state != "up" => missing.push(format!(
                 "{name}: state {} (endpoint {})",
                 if p.state.is_empty() { "?" } else { &p.state },
                 if p.endpoint.is_empty() {
@@ -196,6 +221,8 @@ mod tests {
             label: String::new(),
             endpoint: "10.99.1.12:51820".into(),
             state: state.into(),
+            path: if state == "up" { "direct" } else { "none" }.into(),
+            via: String::new(),
         }
     }
 
@@ -221,10 +248,21 @@ mod tests {
             ]
         );
         assert!(not_up(&view, &others[..1]).is_empty());
-        // Known is enough where only a relay could connect.
+        // Known is enough where nothing could connect.
         assert_eq!(
             not_known(&view, &others),
             ["node4: not a peer yet", "node5: no KubeSpan identity yet"]
         );
+        // Where a relay could, the path must be one.
+        assert_eq!(
+            not_relayed(&view, &others[..2]),
+            [
+                "node2: path direct (state up)",
+                "node3: path none (state down)"
+            ]
+        );
+        let mut relayed = view;
+        relayed.peers[1].path = "relay".into();
+        assert_eq!(not_relayed(&relayed, &others[1..2]), Vec::<String>::new());
     }
 }

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use super::{
     host,
     observe::{self, NodeView},
-    plan::{self, LabState, NodeState},
+    plan::{self, LabState},
 };
 
 /// Observes every node of the lab.
@@ -20,36 +20,35 @@ pub async fn observe_all(state: &LabState) -> Vec<NodeView> {
 }
 
 /// Per node, what it still lacks: every peer it can reach directly (by the topology's
-/// rule) `up`, every peer that needs a relay at least known (its identity published
-/// and the peer configured; it is never waited `up`).
+/// rule) `up`; every peer that needs a relay reached through one when some node can
+/// relay the pair, else at least known (its identity published and the peer
+/// configured; it is never waited `up`).
 #[must_use]
 pub fn pending(state: &LabState, views: &[NodeView]) -> Vec<(String, Vec<String>)> {
-    let topology = state.topology();
     state
         .nodes
         .iter()
         .zip(views)
         .enumerate()
         .map(|(i, (node, view))| {
-            let (direct, relay): (Vec<_>, Vec<_>) = state
-                .nodes
-                .iter()
-                .zip(views)
-                .enumerate()
-                .filter(|(j, _)| *j != i)
-                .partition(|(j, _)| topology.direct(i, *j).is_ok());
-            let others = |v: Vec<(usize, (&NodeState, &NodeView))>| -> Vec<(String, String)> {
-                v.into_iter()
-                    .map(|(_, (n, v))| (n.name.clone(), v.public_key.clone()))
-                    .collect()
-            };
-            let (direct, relay) = (others(direct), others(relay));
+            let (mut direct, mut relay, mut none) = (Vec::new(), Vec::new(), Vec::new());
+            for (j, (n, v)) in state.nodes.iter().zip(views).enumerate() {
+                let other = (n.name.clone(), v.public_key.clone());
+                match expected_path(state, i, j) {
+                    _ if j == i => {}
+                    "direct" => direct.push(other),
+                    "relay" => relay.push(other),
+                    _ => none.push(other),
+                }
+            }
             let mut p = observe::not_up(view, &direct);
-            p.extend(observe::not_known(view, &relay));
+            p.extend(observe::not_relayed(view, &relay));
+            p.extend(observe::not_known(view, &none));
             if !view.api {
                 p = direct
                     .iter()
                     .chain(&relay)
+                    .chain(&none)
                     .map(|(n, _)| format!("{n}: the node's API does not answer"))
                     .collect();
             }
@@ -58,13 +57,25 @@ pub fn pending(state: &LabState, views: &[NodeView]) -> Vec<(String, Vec<String>
         .collect()
 }
 
-/// The pairs that need a relay, as `node2<->node4 (why)`.
-#[must_use]
-pub fn expected_unreachable(state: &LabState) -> Vec<String> {
-    state
-        .topology()
+/// How nodes `i` and `j` should reach each other: `direct`, `relay` (no direct path,
+/// but a third node reaches both) or `none`.
+fn expected_path(state: &LabState, i: usize, j: usize) -> &'static str {
+    let topology = state.topology();
+    match topology.direct(i, j) {
+        Ok(()) => "direct",
+        Err(_) if !topology.relays(i, j).is_empty() => "relay",
+        Err(_) => "none",
+    }
+}
+
+/// The pairs that need a relay and have one, or (`relayed` false) have none, as
+/// `node2<->node4 (why)`.
+fn pairs_needing_relay(state: &LabState, relayed: bool) -> Vec<String> {
+    let topology = state.topology();
+    topology
         .unreachable()
         .into_iter()
+        .filter(|(a, b, _)| topology.relays(*a, *b).is_empty() != relayed)
         .map(|(a, b, why)| {
             format!(
                 "{}<->{} ({})",
@@ -76,16 +87,25 @@ pub fn expected_unreachable(state: &LabState) -> Vec<String> {
         .collect()
 }
 
+/// The pairs that connect only through a peer relay.
+#[must_use]
+pub fn expected_relayed(state: &LabState) -> Vec<String> {
+    pairs_needing_relay(state, true)
+}
+
+/// The pairs that cannot connect: no direct path, and no node reaches both.
+#[must_use]
+pub fn expected_unreachable(state: &LabState) -> Vec<String> {
+    pairs_needing_relay(state, false)
+}
+
 /// What the topology expects between node `i` and the node with `public_key`:
-/// `direct`, or `relay` when the pair cannot connect without one.
+/// `direct`, `relay`, or `none` when nothing can connect the pair.
 fn expectation(state: &LabState, views: &[NodeView], i: usize, public_key: &str) -> &'static str {
-    let j = views
+    views
         .iter()
-        .position(|v| !v.public_key.is_empty() && v.public_key == public_key);
-    match j.map(|j| state.topology().direct(i, j)) {
-        Some(Err(_)) => "relay",
-        _ => "direct",
-    }
+        .position(|v| !v.public_key.is_empty() && v.public_key == public_key)
+        .map_or("direct", |j| expected_path(state, i, j))
 }
 
 /// Name of the lab node with `public_key`, if any.
@@ -170,8 +190,11 @@ pub fn render_nodes(state: &LabState, views: &[NodeView]) -> String {
         ]);
     }
     let mut s = table(&rows);
+    for line in expected_relayed(state) {
+        let _ = writeln!(s, "through a relay: {line}");
+    }
     for line in expected_unreachable(state) {
-        let _ = writeln!(s, "expected unreachable until relays: {line}");
+        let _ = writeln!(s, "expected unreachable (no node reaches both): {line}");
     }
     s
 }
@@ -193,6 +216,8 @@ pub fn render_peers(state: &LabState, views: &[NodeView]) -> String {
         "PUBLIC KEY",
         "ENDPOINT",
         "STATE",
+        "PATH",
+        "VIA",
         "EXPECTED",
     ]
     .map(String::from)
@@ -219,6 +244,16 @@ pub fn render_peers(state: &LabState, views: &[NodeView]) -> String {
                     p.endpoint.clone()
                 },
                 p.state.clone(),
+                if p.path.is_empty() {
+                    "-".into()
+                } else {
+                    p.path.clone()
+                },
+                if p.via.is_empty() {
+                    "-".into()
+                } else {
+                    p.via.clone()
+                },
                 expectation(state, views, i, &p.public_key).to_owned(),
             ]);
         }
@@ -250,6 +285,8 @@ pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
                         "node": node_of(state, views, &p.public_key),
                         "endpoint": p.endpoint,
                         "state": p.state,
+                        "path": p.path,
+                        "via": if p.via.is_empty() { Value::Null } else { json!(p.via) },
                         "expected": expectation(state, views, i, &p.public_key),
                     })
                 })
@@ -307,6 +344,7 @@ pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
         "nodes": nodes,
         "topology": state.topology().name,
         "blocked": state.blocked,
+        "expectedRelayed": expected_relayed(state),
         "expectedUnreachable": expected_unreachable(state),
     })
 }
@@ -371,6 +409,8 @@ mod tests {
                     label: String::new(),
                     endpoint: String::new(),
                     state: "up".into(),
+                    path: "direct".into(),
+                    via: String::new(),
                 })
                 .collect(),
             ..NodeView::default()
@@ -399,20 +439,31 @@ mod tests {
         // node2 and node3 do not know each other yet.
         assert_eq!(pending(&state, &views)[1].1, ["node3: not a peer yet"]);
         assert_eq!(pending(&state, &views)[2].1, ["node2: not a peer yet"]);
-        // Known, not up: nothing more is waited for.
+        // Known, not up: node1 reaches both, so the pair waits for its relay.
         for (v, key) in [(1, "k3"), (2, "k2")] {
             views[v].peers.push(PeerView {
                 public_key: key.into(),
                 label: String::new(),
                 endpoint: "10.99.1.13:51820".into(),
                 state: "unknown".into(),
+                path: "none".into(),
+                via: String::new(),
             });
+        }
+        assert_eq!(
+            pending(&state, &views)[1].1,
+            ["node3: path none (state unknown)"]
+        );
+        for v in [1, 2] {
+            views[v].peers[1].path = "relay".into();
+            views[v].peers[1].via = "node1".into();
         }
         assert!(pending(&state, &views).iter().all(|(_, p)| p.is_empty()));
         assert_eq!(
-            expected_unreachable(&state),
+            expected_relayed(&state),
             ["node2<->node3 (symmetric NAT facing a cone NAT)"]
         );
+        assert!(expected_unreachable(&state).is_empty());
         // A pair expected direct is still waited for up.
         views[1].peers[0].state = "down".into();
         assert_eq!(
@@ -420,7 +471,8 @@ mod tests {
             ["node1: state down (endpoint none)"]
         );
 
-        // Blocking a pair by name makes it a relay pair too.
+        // Blocking a pair by name makes it a relay pair too; with node1<->node2
+        // blocked nobody reaches both ends of either pair of node2.
         state.blocked = vec![["node1".into(), "node2".into()]];
         assert!(pending(&state, &views).iter().all(|(_, p)| p.is_empty()));
         views[1].peers.remove(0);
@@ -434,12 +486,17 @@ mod tests {
         assert_eq!(json["nodes"][2]["router"]["namespace"], "wsl-t-router3");
         assert_eq!(json["nodes"][0]["router"], Value::Null);
         assert_eq!(json["nodes"][0]["peers"][1]["expected"], "direct");
-        assert_eq!(json["nodes"][1]["peers"][0]["expected"], "relay");
+        assert_eq!(json["nodes"][1]["peers"][0]["expected"], "none");
+        assert_eq!(json["nodes"][1]["peers"][0]["path"], "relay");
+        assert_eq!(json["nodes"][1]["peers"][0]["via"], "node1");
+        assert_eq!(json["nodes"][0]["peers"][1]["via"], Value::Null);
         let table = render_peers(&state, &views);
         assert!(
-            table
-                .lines()
-                .any(|l| l.starts_with("node2") && l.ends_with("relay")),
+            table.lines().any(|l| l.starts_with("node2")
+                && l.split_whitespace()
+                    .rev()
+                    .take(3)
+                    .eq(["none", "node1", "relay"])),
             "{table}"
         );
         let nodes = render_nodes(&state, &views);
@@ -448,7 +505,7 @@ mod tests {
             "{nodes}"
         );
         assert!(
-            nodes.contains("expected unreachable until relays: node2<->node3"),
+            nodes.contains("expected unreachable (no node reaches both): node2<->node3"),
             "{nodes}"
         );
     }

@@ -220,6 +220,14 @@ impl Topology {
         }
     }
 
+    /// The nodes that reach both `a` and `b` directly: the pair's possible peer relays.
+    #[must_use]
+    pub fn relays(&self, a: usize, b: usize) -> Vec<usize> {
+        (0..self.nodes.len())
+            .filter(|&c| c != a && c != b && self.direct(a, c).is_ok() && self.direct(b, c).is_ok())
+            .collect()
+    }
+
     /// Every unordered pair that needs a relay, with the reason.
     #[must_use]
     pub fn unreachable(&self) -> Vec<(usize, usize, NeedsRelay)> {

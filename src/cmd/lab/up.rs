@@ -86,20 +86,27 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
         super::block_on(status::observe_all(&state))
     } else {
         let views = super::block_on(wait_for_peers(name, &state, opts.timeout))?;
+        let relayed = status::expected_relayed(&state);
         let unreachable = status::expected_unreachable(&state);
-        if unreachable.is_empty() {
-            eprintln!(
-                "lab {name}: every peer up {:.1}s after start",
-                started.elapsed().as_secs_f64()
-            );
-        } else {
-            eprintln!(
-                "lab {name}: every pair that can connect directly is up {:.1}s after start; \
-                 expected unreachable until relays: {}",
-                started.elapsed().as_secs_f64(),
-                unreachable.join(", ")
-            );
+        let mut line = format!(
+            "lab {name}: every peer {} {:.1}s after start",
+            if relayed.is_empty() && unreachable.is_empty() {
+                "up"
+            } else {
+                "as expected"
+            },
+            started.elapsed().as_secs_f64()
+        );
+        if !relayed.is_empty() {
+            line.push_str(&format!("; through a relay: {}", relayed.join(", ")));
         }
+        if !unreachable.is_empty() {
+            line.push_str(&format!(
+                "; expected unreachable (no node reaches both): {}",
+                unreachable.join(", ")
+            ));
+        }
+        eprintln!("{line}");
         views
     };
     print!("{}", status::render_nodes(&state, &views));
@@ -398,6 +405,10 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
                 "-qw",
                 "net.ipv4.conf.default.rp_filter=2",
                 "net.ipv4.conf.all.rp_filter=0",
+                // Forwarding on, as on a Kubernetes node: it makes the node a relay
+                // for pairs that cannot connect directly.
+                "net.ipv4.ip_forward=1",
+                "net.ipv6.conf.all.forwarding=1",
             ],
         )?;
         let node_dir = plan::node_dir(&dir, &node);
@@ -682,7 +693,7 @@ async fn wait_for_peers(
                 }
             }
             anyhow::bail!(
-                "not every peer expected direct is up after {}; the lab is left up for inspection \
+                "not every peer is reached as the topology expects after {}; the lab is left up for inspection \
                  (`wirespan lab status --name {name}`, logs in {}/node*/node.log); \
                  remove it with `wirespan lab down --name {name}`",
                 humantime::format_duration(timeout),

@@ -173,9 +173,12 @@ pub fn to_wire(spec: &AffiliateSpec) -> (AffiliateInfo, Vec<dclient::Endpoint>) 
         control_plane: spec.control_plane.as_ref().map(|c| ControlPlaneInfo {
             api_server_port: c.api_server_port,
         }),
-        wirespan: spec.wirespan.map(|w| WirespanInfo {
+        wirespan: spec.wirespan.as_ref().map(|w| WirespanInfo {
             version: w.version,
             persistent_keepalive_secs: w.persistent_keepalive_secs,
+            relay_user: w.relay_user,
+            relay_offered: w.relay_offered,
+            direct_down: w.direct_down.clone(),
         }),
     };
     let endpoints = kubespan.map(|k| k.endpoints.clone()).unwrap_or_default();
@@ -204,9 +207,12 @@ pub fn from_wire(affiliate: &dclient::Affiliate) -> AffiliateSpec {
         control_plane: info.control_plane.map(|c| ControlPlaneSpec {
             api_server_port: c.api_server_port,
         }),
-        wirespan: info.wirespan.map(|w| WirespanAffiliateSpec {
+        wirespan: info.wirespan.as_ref().map(|w| WirespanAffiliateSpec {
             version: w.version,
             persistent_keepalive_secs: w.persistent_keepalive_secs,
+            relay_user: w.relay_user,
+            relay_offered: w.relay_offered,
+            direct_down: w.direct_down.clone(),
         }),
     }
 }

@@ -21,7 +21,8 @@ use crate::{
         config::MachineConfig,
         identity::{NodeIdentity, LOCAL},
         kubespan::{
-            KubeSpanConfig, KubeSpanConfigSpec, KubeSpanIdentity, KubeSpanIdentitySpec, KUBESPAN,
+            KubeSpanConfig, KubeSpanConfigSpec, KubeSpanIdentity, KubeSpanIdentitySpec,
+            KubeSpanManagerStatus, KubeSpanManagerStatusSpec, KUBESPAN,
         },
         network::{node_address, HostnameStatus, HostnameStatusSpec, NodeAddress},
     },
@@ -65,6 +66,8 @@ pub struct LocalInputs<'a> {
     pub kubespan_config: Option<&'a KubeSpanConfigSpec>,
     /// Public IP reported by the first configured discovery service that reported one.
     pub public_ip: Option<IpAddr>,
+    /// The mesh manager's status (what the node publishes about relays).
+    pub kubespan_status: Option<&'a KubeSpanManagerStatusSpec>,
 }
 
 /// `nets` minus `excluded`, as a CIDR cover (order kept; split halves in address
@@ -153,13 +156,21 @@ pub fn local_affiliate(inputs: &LocalInputs<'_>) -> AffiliateSpec {
         _ => None,
     };
     // Peers that read the extension judge this node by what it sends: tell them how
-    // often it sends at least (`docs/kubespan.md` §8.6).
+    // often it sends at least (`docs/kubespan.md` §8.6), and how it takes part in
+    // relays (§8.7).
+    let status = inputs.kubespan_status;
     let wirespan = kubespan
         .as_ref()
         .and(config)
         .map(|c| WirespanAffiliateSpec {
             version: wirespan_discovery::client::extension::WIRESPAN_EXTENSION_VERSION,
             persistent_keepalive_secs: u32::from(wirespan_keepalive(c.peer_receive_timeout)),
+            relay_user: c.peer_relay,
+            relay_offered: c.peer_relay && status.is_some_and(|st| st.relay_offered),
+            direct_down: status
+                .filter(|st| c.peer_relay && st.relay_offered)
+                .map(|st| st.direct_down.clone())
+                .unwrap_or_default(),
         });
     AffiliateSpec {
         node_id: inputs.node_id.to_owned(),
@@ -238,6 +249,11 @@ impl Controller for LocalAffiliateController {
                 InputKind::Weak,
             ),
             Input::of::<DiscoveryServiceStatus>(NS, InputKind::Weak),
+            Input::id_of::<KubeSpanManagerStatus>(
+                KubeSpanManagerStatus::DEFAULT_NAMESPACE,
+                KUBESPAN,
+                InputKind::Weak,
+            ),
             Input::of::<Affiliate>(NS_RAW, InputKind::DestroyReady),
         ]
     }
@@ -286,6 +302,8 @@ fn desired(
     let ks_identity =
         rt.get_opt::<KubeSpanIdentity>(KubeSpanIdentity::DEFAULT_NAMESPACE, KUBESPAN)?;
     let ks_config = rt.get_opt::<KubeSpanConfig>(KubeSpanConfig::DEFAULT_NAMESPACE, KUBESPAN)?;
+    let ks_status =
+        rt.get_opt::<KubeSpanManagerStatus>(KubeSpanManagerStatus::DEFAULT_NAMESPACE, KUBESPAN)?;
     // Deterministic: the first configured service that reported an address.
     let statuses = rt.list::<DiscoveryServiceStatus>(NS)?;
     let public_ip = services.iter().find_map(|s| {
@@ -304,6 +322,7 @@ fn desired(
         kubespan_identity: ks_identity.as_ref().map(|i| &i.spec),
         kubespan_config: ks_config.as_ref().map(|c| &c.spec),
         public_ip,
+        kubespan_status: ks_status.as_ref().map(|s| &s.spec),
     })))
 }
 
@@ -364,6 +383,7 @@ mod tests {
             kubespan_identity: Some(&id),
             kubespan_config: Some(&ks),
             public_ip: Some("198.51.100.4".parse().unwrap()),
+            kubespan_status: None,
         };
         let spec = local_affiliate(&inputs);
         assert_eq!(
@@ -398,6 +418,7 @@ mod tests {
         let spec = local_affiliate(&LocalInputs {
             kubespan_config: Some(&ks),
             public_ip: None,
+            kubespan_status: None,
             ..inputs
         });
         assert_eq!(eps(&spec), ["10.5.0.1:51821", "[2001:123:4567::1]:51821"]);
@@ -426,6 +447,7 @@ mod tests {
             kubespan_identity: Some(&id),
             kubespan_config: Some(&ks),
             public_ip: None,
+            kubespan_status: None,
         };
         assert!(local_affiliate(&inputs).kubespan.is_none(), "disabled");
         let on = KubeSpanConfigSpec {
@@ -481,6 +503,7 @@ mod tests {
             kubespan_identity: Some(&id),
             kubespan_config: Some(&on),
             public_ip: None,
+            kubespan_status: None,
         });
         let addrs: Vec<String> = spec.addresses.iter().map(ToString::to_string).collect();
         assert_eq!(addrs, ["10.5.0.1", "fd00:1::5"]);

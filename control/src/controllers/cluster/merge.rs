@@ -72,7 +72,7 @@ pub fn merge_affiliates<'a>(
             merged.control_plane.clone_from(&other.control_plane);
         }
         if other.wirespan.is_some() {
-            merged.wirespan = other.wirespan;
+            merged.wirespan.clone_from(&other.wirespan);
         }
         if let Some(ks) = &other.kubespan {
             let base = merged

@@ -46,6 +46,8 @@ pub struct MeshMetrics {
     registry: Registry,
     peers: Family<Labels, Gauge>,
     peer_up: Family<Labels, Gauge>,
+    peer_path: Family<Labels, Gauge>,
+    peer_path_changes: Family<Labels, Counter>,
     fast_path: Family<Labels, Gauge>,
     fast_path_fallback: Gauge,
     fast_path_packets: Family<Labels, Counter>,
@@ -89,6 +91,8 @@ pub struct PeerFigures {
     pub rx: i64,
     /// Bytes sent.
     pub tx: i64,
+    /// How traffic reaches it: direct, relay or none.
+    pub path: &'static str,
 }
 
 impl MeshMetrics {
@@ -99,6 +103,8 @@ impl MeshMetrics {
         let m = Self {
             peers: Family::default(),
             peer_up: Family::default(),
+            peer_path: Family::default(),
+            peer_path_changes: Family::default(),
             fast_path: Family::default(),
             fast_path_fallback: Gauge::default(),
             fast_path_packets: Family::default(),
@@ -124,6 +130,16 @@ impl MeshMetrics {
             "wirespan_kubespan_peer_up",
             "1 when the peer is up, 0 when down or unknown",
             m.peer_up.clone(),
+        );
+        registry.register(
+            "wirespan_kubespan_peer_path",
+            "How traffic reaches the peer: 1 for the path in use (direct, relay, none)",
+            m.peer_path.clone(),
+        );
+        registry.register(
+            "wirespan_kubespan_peer_path_changes",
+            "Times the path to the peer changed (direct, relay, none)",
+            m.peer_path_changes.clone(),
         );
         registry.register(
             "wirespan_kubespan_fast_path",
@@ -217,6 +233,7 @@ impl MeshMetrics {
         self.rx.clear();
         self.tx.clear();
         self.peer_up.clear();
+        self.peer_path.clear();
         let mut counts = [("up", 0i64), ("down", 0), ("unknown", 0)];
         for p in peers {
             let l: Labels = vec![("peer", p.public_key.clone()), ("label", p.label.clone())];
@@ -228,6 +245,9 @@ impl MeshMetrics {
                 .set(i64::from(p.state == "up"));
             self.rx.get_or_create(&l).set(p.rx);
             self.tx.get_or_create(&l).set(p.tx);
+            let mut with_path = l.clone();
+            with_path.push(("path", p.path.to_owned()));
+            self.peer_path.get_or_create(&with_path).set(1);
             if let Some(c) = counts.iter_mut().find(|(s, _)| *s == p.state) {
                 c.1 += 1;
             }
@@ -237,6 +257,16 @@ impl MeshMetrics {
                 .get_or_create(&vec![("state", state.to_owned())])
                 .set(n);
         }
+    }
+
+    /// Counts a change of the path to a peer.
+    pub fn path_changed(&self, public_key: &str, label: &str) {
+        self.peer_path_changes
+            .get_or_create(&vec![
+                ("peer", public_key.to_owned()),
+                ("label", label.to_owned()),
+            ])
+            .inc();
     }
 
     /// Sets the marking figures: the fast path in use (`nftables`/`ebpf`), whether it
@@ -406,7 +436,9 @@ mod tests {
             handshake_age: Some(3.0),
             rx: 10,
             tx: 20,
+            path: "relay",
         }]);
+        m.path_changed("k", "n1");
         m.controller_restarted("KubeSpanManager");
         m.observe_reconcile("KubeSpanManager", Duration::from_millis(2));
         m.observe_reconcile("Other", Duration::from_millis(2));
@@ -433,6 +465,14 @@ mod tests {
         );
         assert!(
             text.contains("wirespan_kubespan_peer_up{peer=\"k\",label=\"n1\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("wirespan_kubespan_peer_path{peer=\"k\",label=\"n1\",path=\"relay\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("wirespan_kubespan_peer_path_changes_total{peer=\"k\",label=\"n1\"} 1"),
             "{text}"
         );
     }

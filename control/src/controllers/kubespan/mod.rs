@@ -133,13 +133,16 @@ pub struct KernelMarking {
 }
 
 impl MarkingFactory for KernelMarking {
-    fn create(&self, fast_path: FastPath, link: &str) -> MarkingChoice {
+    fn create(&self, fast_path: FastPath, _link: &str) -> MarkingChoice {
         let nft = NftMarking::new(self.netns.clone());
         fast_path_choice(fast_path, nft, || {
             let fp = fastpath::FastPath::attach(
                 &self.netns,
                 FastPathConfig {
-                    interfaces: Interfaces::all_except([link]),
+                    // The mesh link too: a relay (§8.7) forwards what arrives on it to
+                    // another peer, which takes the mark, as nftables' prerouting
+                    // chain gives it on every interface.
+                    interfaces: Interfaces::all_except(Vec::<String>::new()),
                     ..FastPathConfig::default()
                 },
             )?;

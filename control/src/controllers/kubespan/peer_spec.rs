@@ -95,7 +95,7 @@ fn peer_spec(
         endpoints: ks
             .map(|k| filter_endpoints(&k.endpoints, peer_endpoint_filters))
             .unwrap_or_default(),
-        wirespan: a.wirespan,
+        wirespan: a.wirespan.clone(),
     }
 }
 

@@ -32,7 +32,7 @@ use crate::{
         identity::{NodeIdentity, NodeIdentitySpec},
         kubespan::{
             KubeSpanConfig, KubeSpanIdentity, KubeSpanManagerStatus, KubeSpanPeerSpec,
-            KubeSpanPeerStatus, PeerState, KUBESPAN, NS,
+            KubeSpanPeerStatus, PeerPath, PeerState, KUBESPAN, NS,
         },
         network::{LinkSpec, RouteSpec, RoutingRuleSpec, NS_CONFIG},
     },
@@ -620,6 +620,7 @@ async fn a_silent_wirespan_peer_is_probed_then_down_while_a_talos_peer_is_not() 
         wirespan: Some(WirespanAffiliateSpec {
             version: 1,
             persistent_keepalive_secs: 10,
+            ..WirespanAffiliateSpec::default()
         }),
         ..affiliate(1, &["192.0.2.1:51820", "198.51.100.1:51820"])
     };
@@ -1356,4 +1357,146 @@ async fn a_mesh_config_not_derived_yet_is_not_a_disabled_mesh() {
     })
     .await;
     h.stop().await.unwrap();
+}
+
+/// The allowed IPs the device holds for `key`, as text.
+fn device_allowed(wg: &FakeWireGuard, key: &PublicKey) -> Vec<String> {
+    wg.device()
+        .and_then(|d| d.peers.into_iter().find(|p| p.public_key == *key))
+        .map(|p| p.allowed_ips.iter().map(ToString::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// §8.7: peer 1's direct path never comes up; once the receive window has passed,
+/// its traffic goes through peer 2 (a wirespan node offering to relay, up here, and
+/// reaching peer 1): peer 1's prefixes move onto peer 2 on the device, the status says
+/// `relay via n2`, this node publishes peer 1 as not directly reachable, and each
+/// endpoint push holds peer 1's keepalive at 0 for a moment and turns it on again so
+/// WireGuard retries the direct handshake. When that handshake succeeds the prefixes
+/// move back and the path is direct again.
+#[tokio::test]
+async fn a_peer_without_a_direct_path_goes_through_a_relay_and_comes_back_direct() {
+    let m = start("peerReceiveTimeout: 30s\n", tempfile::tempdir().unwrap());
+    m.sysctl.set("net.ipv4.ip_forward", "1");
+    m.sysctl.set("net.ipv6.conf.all.forwarding", "1");
+    let store = &m.h.store;
+    let ext = |offered: bool| WirespanAffiliateSpec {
+        version: 1,
+        persistent_keepalive_secs: 10,
+        relay_user: true,
+        relay_offered: offered,
+        ..WirespanAffiliateSpec::default()
+    };
+    set_affiliate(
+        store,
+        &AffiliateSpec {
+            wirespan: Some(ext(false)),
+            ..affiliate(1, &["192.0.2.1:51820"])
+        },
+    );
+    set_affiliate(
+        store,
+        &AffiliateSpec {
+            wirespan: Some(ext(true)),
+            ..affiliate(2, &["192.0.2.2:51820"])
+        },
+    );
+    let (k1, k2) = (
+        PublicKey::from_bytes([1; 32]),
+        PublicKey::from_bytes([2; 32]),
+    );
+    eventually("both peers on the device", || {
+        (device_peers(&m.wg) == 2).then_some(())
+    })
+    .await;
+    let own1 = ["10.244.1.0/24", "fd21:4de:ec13:da02::1/128"];
+    assert!(own1
+        .iter()
+        .all(|p| device_allowed(&m.wg, &k1).contains(&(*p).to_owned())));
+    // Peer 2 answers all along; peer 1 never does.
+    let mut rx = 100;
+    for _ in 0..4 {
+        m.clock.advance(Duration::from_secs(9));
+        rx += 100;
+        m.wg.handshake(&k2, m.clock.now(), rx, rx);
+        assert_resource::<KubeSpanPeerStatus>(store, NS, &key(2), |r| {
+            (r.spec.state == PeerState::Up)
+                .then_some(())
+                .ok_or_else(|| format!("{:?}", r.spec))
+        })
+        .await;
+    }
+    assert_resource::<KubeSpanPeerStatus>(store, NS, &key(1), |r| {
+        (r.spec.path == PeerPath::Relay && r.spec.via == "n2" && r.spec.state != PeerState::Up)
+            .then_some(())
+            .ok_or_else(|| format!("{:?}", r.spec))
+    })
+    .await;
+    let relayed = eventually("peer 1's prefixes on peer 2", || {
+        let on2 = device_allowed(&m.wg, &k2);
+        (own1.iter().all(|p| on2.contains(&(*p).to_owned()))
+            && device_allowed(&m.wg, &k1).is_empty())
+        .then_some(on2)
+    })
+    .await;
+    assert!(
+        relayed.contains(&"fd21:4de:ec13:da02::2/128".to_owned()),
+        "{relayed:?}"
+    );
+    assert_resource::<KubeSpanManagerStatus>(store, NS, KUBESPAN, |r| {
+        (r.spec.relay_offered && r.spec.direct_down == [0x0101_0101_0101_0101])
+            .then_some(())
+            .ok_or_else(|| format!("{:?}", r.spec))
+    })
+    .await;
+    // The direct path keeps being retried: each cycle (15 s from the last endpoint
+    // push) starts with the keepalive off, then on again (the write that makes
+    // WireGuard initiate).
+    let keepalives = || -> Vec<u16> {
+        m.wg.updates()
+            .iter()
+            .flat_map(|u| &u.peers)
+            .filter(|p| p.public_key == k1)
+            .filter_map(|p| p.persistent_keepalive)
+            .collect()
+    };
+    let before = keepalives().len();
+    m.clock.advance(Duration::from_secs(9)); // 45 s: the fourth cycle starts
+    m.wg.handshake(&k2, m.clock.now(), rx + 100, rx + 100);
+    eventually("keepalive held at 0 after the push", || {
+        keepalives()[before..].contains(&0).then_some(())
+    })
+    .await;
+    m.clock.advance(Duration::from_secs(1));
+    eventually("keepalive on again", || {
+        keepalives()[before..].ends_with(&[0, 10]).then_some(())
+    })
+    .await;
+    // The direct handshake succeeds: back to direct, prefixes back on peer 1.
+    m.wg.handshake(&k1, m.clock.now(), 50, 50);
+    m.clock.advance(Duration::from_secs(1));
+    assert_resource::<KubeSpanPeerStatus>(store, NS, &key(1), |r| {
+        (r.spec.path == PeerPath::Direct && r.spec.via.is_empty() && r.spec.state == PeerState::Up)
+            .then_some(())
+            .ok_or_else(|| format!("{:?}", r.spec))
+    })
+    .await;
+    eventually("peer 1's prefixes back on peer 1", || {
+        let on1 = device_allowed(&m.wg, &k1);
+        let on2 = device_allowed(&m.wg, &k2);
+        (own1
+            .iter()
+            .all(|p| on1.contains(&(*p).to_owned()) && !on2.contains(&(*p).to_owned())))
+        .then_some(())
+    })
+    .await;
+    assert_resource::<KubeSpanManagerStatus>(store, NS, KUBESPAN, |r| {
+        r.spec
+            .direct_down
+            .is_empty()
+            .then_some(())
+            .ok_or_else(|| format!("{:?}", r.spec))
+    })
+    .await;
+    m.h.stop().await.unwrap();
 }

@@ -17,8 +17,9 @@ use wirespan_dataplane::{
 };
 
 use super::{
-    blocking, keepalive, wg_error, ActiveMarking, KubeSpanManagerController, ManagerError,
-    Retained, RETAIN_AFTER_START,
+    blocking, keepalive,
+    relay::{relay_user, relayed_keepalive, relayed_wake, set_path},
+    wg_error, ActiveMarking, KubeSpanManagerController, ManagerError, Retained, RETAIN_AFTER_START,
 };
 use crate::{
     config::kubespan::{FastPath, KubeSpanConfig as Settings},
@@ -32,7 +33,9 @@ use crate::{
     },
     resources::{
         cluster::ClusterIdentity,
-        kubespan::{KubeSpanIdentity, KubeSpanPeerSpec, KubeSpanPeerStatusSpec, PeerState},
+        kubespan::{
+            KubeSpanIdentity, KubeSpanPeerSpec, KubeSpanPeerStatusSpec, PeerPath, PeerState,
+        },
     },
     runtime::{ControllerError, ControllerRuntime, Resource},
 };
@@ -125,10 +128,8 @@ impl KubeSpanManagerController {
         let psk = PresharedKey::from_bytes(*cluster.spec.secret.bytes());
         let specs: Vec<Arc<Resource<KubeSpanPeerSpec>>> = self.specs.values().cloned().collect();
         let force = !s.allow_down_peer_bypass;
-        let mut wg_peers = Vec::with_capacity(specs.len());
-        let (mut v4, mut v6) = (Vec::new(), Vec::new());
-        let mut routed = HashMap::with_capacity(specs.len());
-        let mut wake: Option<SystemTime> = None;
+        let mut stepped: Vec<(String, WgPeer, Option<std::net::SocketAddr>)> =
+            Vec::with_capacity(specs.len());
         let mut probes: Vec<IpAddr> = Vec::new();
         for r in &specs {
             let key = &r.metadata.id;
@@ -168,16 +169,60 @@ impl KubeSpanManagerController {
                 .zip(window)
                 .map(|(track, window)| RxRule { track, window });
             let step = step(st, &r.spec.endpoints, seen, now, s.peer_down_interval, rule);
-            if let (Some(t), Some(w)) = (track.as_deref_mut(), window) {
+            if let (Some(t), Some(w)) = (track, window) {
                 if st.state == PeerState::Up && t.take_probe(now, w) {
                     probes.extend(r.spec.address);
                 }
             }
-            let rx = track.as_deref().zip(window);
-            if let Some(w) = next_wake(st, now, s.peer_down_interval, rx) {
+            if relay_user(s, &r.spec) {
+                self.direct
+                    .entry(key.clone())
+                    .or_default()
+                    .observe(st.state, now);
+            } else {
+                self.direct.remove(key);
+            }
+            stepped.push((key.clone(), base, step.desired_endpoint));
+        }
+
+        // §8.7: peers not reachable directly go through a relay both ends choose alike.
+        let relays = self.choose_relays(s, now);
+        let mut wg_peers = Vec::with_capacity(stepped.len());
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        let mut routed = HashMap::with_capacity(stepped.len());
+        let mut wake: Option<SystemTime> = None;
+        let mut at: HashMap<&str, usize> = HashMap::with_capacity(stepped.len());
+        for (key, base, desired_endpoint) in &stepped {
+            let relay = relays.get(key);
+            let via = relay
+                .and_then(|r| self.statuses.get(r))
+                .map(|r| r.label.clone());
+            let Some(st) = self.statuses.get_mut(key) else {
+                continue;
+            };
+            let path = match (st.state, relay) {
+                (_, Some(_)) => PeerPath::Relay,
+                (PeerState::Up, None) => PeerPath::Direct,
+                _ => PeerPath::None,
+            };
+            set_path(self.deps.metrics.as_deref(), key, st, path);
+            st.via = via.unwrap_or_default();
+            let window = self.specs.get(key).and_then(|r| rx_window_of(s, &r.spec));
+            let rx = self.rx.get(key).zip(window);
+            let next = if relay.is_some() {
+                relayed_wake(st, now)
+            } else {
+                next_wake(st, now, s.peer_down_interval, rx)
+            };
+            let down_at = self
+                .direct
+                .get(key)
+                .and_then(|d| d.down_at(now, s.peer_receive_timeout));
+            for w in next.into_iter().chain(down_at) {
                 wake = Some(wake.map_or(w, |x: SystemTime| x.min(w)));
             }
-            let prefixes = routed_prefixes(force, &base.allowed_ips, st.state == PeerState::Up);
+            let reachable = st.state == PeerState::Up || relay.is_some();
+            let prefixes = routed_prefixes(force, &base.allowed_ips, reachable);
             for p in &prefixes {
                 match p {
                     IpNet::V4(_) => v4.push(*p),
@@ -185,12 +230,28 @@ impl KubeSpanManagerController {
                 }
             }
             routed.insert(key.clone(), prefixes);
+            let persistent_keepalive = if relay.is_some() {
+                relayed_keepalive(base.persistent_keepalive, st, now)
+            } else {
+                keepalive(self.own_key.as_ref(), base, st, now)
+            };
+            at.insert(key, wg_peers.len());
             wg_peers.push(WgPeer {
-                endpoint: step.desired_endpoint,
-                persistent_keepalive: keepalive(self.own_key.as_ref(), &base, st, now),
-                ..base
+                endpoint: *desired_endpoint,
+                persistent_keepalive,
+                ..base.clone()
             });
         }
+        // A relayed peer's prefixes move to its relay's WireGuard peer; the peer keeps
+        // its endpoint and keepalive, which retry the direct path.
+        for (peer, relay) in &relays {
+            let (Some(&p), Some(&r)) = (at.get(peer.as_str()), at.get(relay.as_str())) else {
+                continue;
+            };
+            let moved = std::mem::take(&mut wg_peers[p].allowed_ips);
+            wg_peers[r].allowed_ips.extend(moved);
+        }
+        self.note_relays(relays, now, s.peer_receive_timeout);
 
         if let Some(prober) = self.deps.prober.as_ref().filter(|_| !probes.is_empty()) {
             tracing::debug!(peers = probes.len(), "probing silent wirespan peers");
@@ -219,10 +280,12 @@ impl KubeSpanManagerController {
         if self.statuses.len() > specs.len()
             || self.peers.len() > specs.len()
             || self.rx.len() > specs.len()
+            || self.direct.len() > specs.len()
         {
             self.statuses.retain(|k, _| self.specs.contains_key(k));
             self.peers.retain(|k, _| self.specs.contains_key(k));
             self.rx.retain(|k, _| self.specs.contains_key(k));
+            self.direct.retain(|k, _| self.specs.contains_key(k));
         }
 
         // Step 6: device, routed set, statuses.
@@ -314,6 +377,7 @@ impl KubeSpanManagerController {
                         .map(|d| d.as_secs_f64()),
                     rx: st.receive_bytes,
                     tx: st.transmit_bytes,
+                    path: st.path.as_str(),
                 })
                 .collect();
             metrics.set_peers(&figures);
@@ -469,7 +533,7 @@ pub(super) fn rx_window_of(
     s: &Settings,
     spec: &crate::resources::kubespan::KubeSpanPeerSpecSpec,
 ) -> Option<Duration> {
-    spec.wirespan.map(|w| {
+    spec.wirespan.as_ref().map(|w| {
         rx_window(
             s.peer_receive_timeout,
             Duration::from_secs(u64::from(w.persistent_keepalive_secs)),

@@ -18,7 +18,7 @@ use crate::{
     },
     resources::{
         cluster::ClusterIdentity,
-        kubespan::{KubeSpanPeerStatusSpec, PeerState},
+        kubespan::{KubeSpanPeerStatusSpec, PeerPath, PeerState},
     },
     runtime::{ControllerError, ControllerRuntime, Resource},
 };
@@ -76,6 +76,14 @@ impl KubeSpanManagerController {
                 .zip(window)
                 .map(|(track, window)| RxRule { track, window });
             let step = step(st, &spec.endpoints, None, now, s.peer_down_interval, rule);
+            // No relay is in use in a delta round (see `relay_active`).
+            let path = if st.state == PeerState::Up {
+                PeerPath::Direct
+            } else {
+                PeerPath::None
+            };
+            super::relay::set_path(self.deps.metrics.as_deref(), key, st, path);
+            st.via.clear();
             let rx = track.as_deref().zip(window);
             if let Some(w) = next_wake(st, now, s.peer_down_interval, rx) {
                 wake = Some(wake.map_or(w, |x| x.min(w)));

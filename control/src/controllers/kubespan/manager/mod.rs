@@ -17,6 +17,7 @@ mod complete;
 mod delta;
 mod outputs;
 mod probe;
+mod relay;
 mod teardown;
 
 pub use probe::UdpProber;
@@ -43,6 +44,7 @@ use crate::{
     config::kubespan::FastPath,
     kubespan::{
         clock::Clock,
+        relay::DirectPath,
         rotation::{
             defers_first_handshake, wirespan_keepalive, Observed, RxTrack, PEER_DOWN_INTERVAL,
             RECONCILE_TICK,
@@ -97,8 +99,8 @@ pub struct MarkingChoice {
 /// Builds the marking adapter for a configured fast path (the eBPF fast path plugs in
 /// here; without it the factory falls back to nftables and says so).
 pub trait MarkingFactory: Send + Sync + fmt::Debug {
-    /// The marking for `fast_path`; `link` is the mesh link (the eBPF classifier goes
-    /// on every other interface).
+    /// The marking for `fast_path`; `link` is the mesh link (the kernel's eBPF
+    /// classifier goes on every interface, the mesh link too, for relays).
     fn create(&self, fast_path: FastPath, link: &str) -> MarkingChoice;
 }
 
@@ -218,6 +220,15 @@ pub struct KubeSpanManagerController {
     retained: BTreeMap<String, Retained>,
     /// Reverse-path filtering off on the mesh link, with the value it replaced.
     rp_filter: Option<MeshRpFilter>,
+    /// The direct path of each peer that takes part in relays, by public key.
+    direct: HashMap<String, DirectPath>,
+    /// Relayed peers as last applied: peer → relay, by public key.
+    relayed: BTreeMap<String, String>,
+    /// Relays are in use or needed: rounds stay complete (a delta round would write a
+    /// relay's or a relayed peer's AllowedIPs without the move).
+    relay_active: bool,
+    /// Key ids of the peers not reachable directly (`None`: too many to publish).
+    direct_down: Option<Vec<u64>>,
 }
 
 /// A peer the device held at start (kernel state kept by an earlier run) that has no
@@ -331,6 +342,10 @@ impl KubeSpanManagerController {
             retain_until: None,
             retained: BTreeMap::new(),
             rp_filter: None,
+            direct: HashMap::new(),
+            relayed: BTreeMap::new(),
+            relay_active: false,
+            direct_down: Some(Vec::new()),
         }
     }
 
@@ -387,6 +402,7 @@ impl KubeSpanManagerController {
                     && !read_due
                     && self.wg.is_some()
                     && keys.len() <= DELTA_MAX
+                    && !self.relay_active
                     && self.basis.as_ref() == Some(&basis) =>
             {
                 self.delta_round(rt, &cfg.spec.config, &cluster, &keys, now)

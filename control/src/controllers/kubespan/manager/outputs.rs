@@ -215,6 +215,8 @@ impl KubeSpanManagerController {
             .marking
             .as_ref()
             .map_or((s.fast_path, ""), |m| (m.in_use, m.note.as_str()));
+        let (relay_offered, relay_note) = self.relay_offer(s);
+        let direct_down = self.direct_down.clone().unwrap_or_default();
         rt.modify::<KubeSpanManagerStatus>(NS, KUBESPAN, |r| {
             r.spec.link_name.clone_from(&s.link_name);
             r.spec.wireguard = self.wg.as_ref().map_or("", |w| w.backend()).to_owned();
@@ -224,6 +226,9 @@ impl KubeSpanManagerController {
             };
             r.spec.peers = self.peers.len();
             note.clone_into(&mut r.spec.note);
+            r.spec.relay_offered = relay_offered;
+            r.spec.relay_note.clone_from(&relay_note);
+            r.spec.direct_down.clone_from(&direct_down);
         })?;
         Ok(())
     }

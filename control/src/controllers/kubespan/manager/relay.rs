@@ -1,0 +1,212 @@
+//! Peer relays in the manager (`docs/kubespan.md` §8.7): which peers go through which
+//! relay this round, what the node publishes for others to choose by, and the
+//! keepalive that keeps retrying a relayed peer's direct path.
+
+use std::{
+    collections::BTreeMap,
+    time::{Duration, SystemTime},
+};
+
+use super::KubeSpanManagerController;
+use crate::controllers::kubespan::metrics::MeshMetrics;
+use crate::{
+    config::kubespan::KubeSpanConfig as Settings,
+    kubespan::{
+        relay::{choose, key_id, published_down, Candidate, DIRECT_DOWN_MAX},
+        rotation::ENDPOINT_CONNECTION_TIMEOUT,
+    },
+    resources::kubespan::{KubeSpanPeerSpecSpec, KubeSpanPeerStatusSpec, PeerPath, PeerState},
+};
+
+/// How long a relayed peer's keepalive is held at 0 at the start of each retry cycle:
+/// the write that turns it on again makes WireGuard initiate a handshake on the direct
+/// path at once (a peer without AllowedIPs has nothing else to send, and WireGuard
+/// gives up retrying a handshake nothing asks for), and WireGuard retries it every 5 s
+/// within the cycle.
+pub(super) const DIRECT_RETRY_REARM: Duration = Duration::from_secs(1);
+
+/// How often a relayed peer's direct path is tried again: one endpoint's try, so a
+/// peer with several endpoints rotates through them at the same pace as before.
+const DIRECT_RETRY_CYCLE: Duration = ENDPOINT_CONNECTION_TIMEOUT;
+
+/// Sets the path of a peer's status, counting a change in the metrics.
+pub(super) fn set_path(
+    metrics: Option<&MeshMetrics>,
+    key: &str,
+    st: &mut KubeSpanPeerStatusSpec,
+    path: PeerPath,
+) {
+    if path != st.path {
+        if let Some(m) = metrics {
+            m.path_changed(key, &st.label);
+        }
+        st.path = path;
+    }
+}
+
+/// Whether this node and the peer route through relays for each other.
+pub(super) fn relay_user(s: &Settings, spec: &KubeSpanPeerSpecSpec) -> bool {
+    s.peer_relay && spec.wirespan.as_ref().is_some_and(|w| w.relay_user)
+}
+
+/// Where `now` falls in the relayed peer's retry cycles, which start at its last
+/// endpoint push: the time since the current cycle began.
+fn retry_phase(st: &KubeSpanPeerStatusSpec, now: SystemTime) -> Option<(SystemTime, Duration)> {
+    let t = st.last_endpoint_change?;
+    let since = now.duration_since(t).unwrap_or_default();
+    let cycle = DIRECT_RETRY_CYCLE.as_nanos();
+    let phase = Duration::from_nanos(u64::try_from(since.as_nanos() % cycle).unwrap_or(0));
+    Some((now - phase, phase))
+}
+
+/// The keepalive of a relayed peer (see [`DIRECT_RETRY_REARM`]).
+pub(super) fn relayed_keepalive(
+    keepalive: u16,
+    st: &KubeSpanPeerStatusSpec,
+    now: SystemTime,
+) -> u16 {
+    match retry_phase(st, now) {
+        Some((_, phase)) if phase < DIRECT_RETRY_REARM => 0,
+        _ => keepalive,
+    }
+}
+
+/// When to look at a relayed peer again: to turn its keepalive back on, a second
+/// later to see whether that handshake came through, then at the start of the next
+/// retry cycle (no per-second handshake poll: its traffic flows through the relay).
+pub(super) fn relayed_wake(st: &KubeSpanPeerStatusSpec, now: SystemTime) -> Option<SystemTime> {
+    let (start, _) = retry_phase(st, now)?;
+    [
+        start + DIRECT_RETRY_REARM,
+        start + 2 * DIRECT_RETRY_REARM,
+        start + DIRECT_RETRY_CYCLE,
+    ]
+    .into_iter()
+    .find(|w| *w > now)
+    .filter(|_| st.state != PeerState::Up)
+}
+
+impl KubeSpanManagerController {
+    /// The relay of each peer whose direct path is down and that has one, both by
+    /// public key (base64).
+    pub(super) fn choose_relays(&self, s: &Settings, now: SystemTime) -> BTreeMap<String, String> {
+        let mut out = BTreeMap::new();
+        let Some(own) = self.own_key.as_ref().map(|k| *k.as_bytes()) else {
+            return out;
+        };
+        if !s.peer_relay {
+            return out;
+        }
+        let down: Vec<(&String, [u8; 32])> = self
+            .direct
+            .iter()
+            .filter(|(_, d)| d.down(now, s.peer_receive_timeout))
+            .filter_map(|(k, _)| {
+                self.peers
+                    .get(k)
+                    .map(|(_, p)| (k, *p.public_key.as_bytes()))
+            })
+            .collect();
+        if down.is_empty() {
+            return out;
+        }
+        let candidates: Vec<(&String, [u8; 32], &[u64], bool)> = self
+            .specs
+            .iter()
+            .filter_map(|(k, r)| {
+                let w = r.spec.wirespan.as_ref().filter(|w| w.relay_offered)?;
+                let (_, p) = self.peers.get(k)?;
+                let up = self
+                    .statuses
+                    .get(k)
+                    .is_some_and(|st| st.state == PeerState::Up);
+                Some((k, *p.public_key.as_bytes(), w.direct_down.as_slice(), up))
+            })
+            .collect();
+        for (peer, peer_key) in down {
+            let chosen = choose(
+                &own,
+                &peer_key,
+                candidates
+                    .iter()
+                    .map(|(_, key, direct_down, up)| Candidate {
+                        key,
+                        offered: true,
+                        direct_down,
+                        up: *up,
+                    }),
+            );
+            if let Some(relay) = chosen
+                .and_then(|c| candidates.iter().find(|(_, key, ..)| key == c))
+                .map(|(k, ..)| (*k).clone())
+            {
+                out.insert(peer.clone(), relay);
+            }
+        }
+        out
+    }
+
+    /// Records this round's relays: logs the changes, and whether relays keep the
+    /// next rounds complete.
+    pub(super) fn note_relays(
+        &mut self,
+        relays: BTreeMap<String, String>,
+        now: SystemTime,
+        patience: Duration,
+    ) {
+        let label = |k: &String| {
+            self.statuses
+                .get(k)
+                .map_or_else(|| k.clone(), |st| st.label.clone())
+        };
+        for (peer, relay) in &relays {
+            if self.relayed.get(peer) != Some(relay) {
+                tracing::info!(peer = %label(peer), relay = %label(relay), "peer not reachable directly: traffic goes through a relay");
+            }
+        }
+        for peer in self.relayed.keys().filter(|k| !relays.contains_key(*k)) {
+            let direct = self
+                .statuses
+                .get(peer)
+                .is_some_and(|st| st.state == PeerState::Up);
+            tracing::info!(peer = %label(peer), direct, "peer no longer relayed");
+        }
+        let down: Vec<u64> = self
+            .direct
+            .iter()
+            .filter(|(_, d)| d.down(now, patience))
+            .filter_map(|(k, _)| self.peers.get(k))
+            .map(|(_, p)| key_id(p.public_key.as_bytes()))
+            .collect();
+        self.relay_active = !relays.is_empty() || !down.is_empty();
+        self.direct_down = published_down(down);
+        self.relayed = relays;
+    }
+
+    /// Whether this node forwards for others, and why not when relays are on but it
+    /// does not.
+    pub(super) fn relay_offer(&self, s: &Settings) -> (bool, String) {
+        if !s.peer_relay {
+            return (false, String::new());
+        }
+        if self.direct_down.is_none() {
+            return (
+                false,
+                format!("more than {DIRECT_DOWN_MAX} peers are not reachable directly"),
+            );
+        }
+        let Some(sysctl) = &self.deps.sysctl else {
+            return (true, String::new());
+        };
+        let on = |path: &[&str]| sysctl.read(path).is_ok_and(|v| v == "1");
+        if on(&["net", "ipv4", "ip_forward"]) && on(&["net", "ipv6", "conf", "all", "forwarding"]) {
+            (true, String::new())
+        } else {
+            (
+                false,
+                "IP forwarding is off (net.ipv4.ip_forward, net.ipv6.conf.all.forwarding)"
+                    .to_owned(),
+            )
+        }
+    }
+}
