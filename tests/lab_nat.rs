@@ -408,3 +408,127 @@ fn a_bad_topology_is_refused_naming_the_field_and_makes_nothing() {
     assert!(lab.namespaces().is_empty(), "{:?}", lab.namespaces());
     assert!(!lab.dir().exists());
 }
+
+/// Polls `f` every 200 ms until it holds, failing after `secs` with what it last saw.
+fn within(secs: u64, what: &str, mut f: impl FnMut() -> Result<(), String>) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    loop {
+        match f() {
+            Ok(()) => return,
+            Err(seen) if std::time::Instant::now() >= deadline => {
+                panic!("timed out after {secs}s waiting for {what}; last seen: {seen}")
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(200)),
+        }
+    }
+}
+
+/// Both ends' (path, via) for the pair `a`, `b`, from `lab status`.
+fn pair_paths(lab: &Lab, a: &str, b: &str) -> [(String, String); 2] {
+    let st = lab.status();
+    [path(&st, a, b), path(&st, b, a)]
+}
+
+/// A direct path that fails while the mesh runs: three nodes up directly, then the
+/// underlay drops UDP between node1 and node2. Once node1's receive window passes, both
+/// ends move the pair to node3, the node that reaches both, and ping over the mesh
+/// again; when the drop is lifted, the direct handshake the relayed peers keep retrying
+/// succeeds and the pair is direct again.
+#[test]
+fn a_direct_path_that_fails_moves_to_a_relay_and_back_when_it_heals() {
+    let lab = Lab::new();
+    lab.ok(&["up", "--nodes", "3", "--timeout", "60s", "--no-hints"]);
+    let st = lab.status();
+    let underlay = |n: &str| -> Vec<String> {
+        node(&st, n)["addresses"]["underlay"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let ula2 = node(&st, "node2")["addresses"]["kubespan"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let ns = st["underlayNamespace"].as_str().unwrap().to_owned();
+    let nft = |script: &str| {
+        let mut c = Command::new("ip")
+            .args(["netns", "exec", &ns, "nft", "-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        use std::io::Write as _;
+        c.stdin
+            .take()
+            .unwrap()
+            .write_all(script.as_bytes())
+            .unwrap();
+        assert!(c.wait().unwrap().success(), "nft -f: {script}");
+    };
+    let ping = |from: &str| {
+        lab.exec_ok(
+            from,
+            &[
+                "ping", "-n", "-q", "-c", "3", "-i", "0.2", "-w", "20", &ula2,
+            ],
+        );
+    };
+    ping("node1");
+    assert_eq!(
+        pair_paths(&lab, "node1", "node2"),
+        [
+            ("direct".into(), String::new()),
+            ("direct".into(), String::new())
+        ]
+    );
+
+    // The cut, in the lab's own underlay namespace (removed with the lab).
+    let mut rules = String::new();
+    for (x, y) in [
+        (underlay("node1"), underlay("node2")),
+        (underlay("node2"), underlay("node1")),
+    ] {
+        for s in &x {
+            for d in y.iter().filter(|d| d.contains(':') == s.contains(':')) {
+                let fam = if s.contains(':') { "ip6" } else { "ip" };
+                rules.push_str(&format!(
+                    "{fam} saddr {s} {fam} daddr {d} meta l4proto udp drop\n"
+                ));
+            }
+        }
+    }
+    nft(&format!(
+        "table bridge wirespan_test_cut {{ chain forward {{ type filter hook forward priority filter; policy accept;\n{rules}}}\n}}\n"
+    ));
+    let cut = std::time::Instant::now();
+    let relayed = [
+        ("relay".to_owned(), "node3".to_owned()),
+        ("relay".to_owned(), "node3".to_owned()),
+    ];
+    within(90, "node1<->node2 through node3", || {
+        let got = pair_paths(&lab, "node1", "node2");
+        (got == relayed).then_some(()).ok_or(format!("{got:?}"))
+    });
+    ping("node1");
+    eprintln!(
+        "relayed and pinging {:.1}s after the cut",
+        cut.elapsed().as_secs_f64()
+    );
+
+    nft("delete table bridge wirespan_test_cut\n");
+    let healed = std::time::Instant::now();
+    let direct = [
+        ("direct".to_owned(), String::new()),
+        ("direct".to_owned(), String::new()),
+    ];
+    within(60, "node1<->node2 direct again", || {
+        let got = pair_paths(&lab, "node1", "node2");
+        (got == direct).then_some(()).ok_or(format!("{got:?}"))
+    });
+    ping("node1");
+    eprintln!(
+        "direct again {:.1}s after the repair",
+        healed.elapsed().as_secs_f64()
+    );
+}

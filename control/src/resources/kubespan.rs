@@ -260,6 +260,7 @@ impl ResourceKind for KubeSpanManagerStatus {
             .column("WireGuard", ".wireguard")
             .column("Fast Path", ".fastPath")
             .column("Peers", ".peers")
+            .column("Relay", ".relayOffered")
             .column("Note", ".note")
     }
 }
