@@ -6,6 +6,7 @@ const PROTOS: &[&str] = &[
     "proto/sidero/discovery/client/affiliate.proto",
     "proto/sidero/discovery/storage/storage.proto",
     "proto/grpc/health/v1/health.proto",
+    "proto/wirespan/relay/v1/relay.proto",
 ];
 
 include!("src/client/presumed.rs");

@@ -3,10 +3,12 @@
 //!
 //! - [`proto`]: generated message and service types of the three protobuf packages.
 //! - [`server`]: the discovery server.
+//! - [`relay`]: the server relay (wirespan's own service beside the discovery API).
 //! - [`client`]: the client library: blob crypto, typed affiliates, run loop.
 
 pub mod client;
 pub mod proto;
+pub mod relay;
 pub mod server;
 
 /// Helpers of the unit tests.

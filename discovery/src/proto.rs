@@ -25,6 +25,12 @@ pub mod health {
     tonic::include_proto!("grpc.health.v1");
 }
 
+/// `wirespan.relay.v1`: the server relay's allocation service (wirespan's own).
+#[allow(clippy::all, clippy::pedantic, missing_docs, rust_2018_idioms)]
+pub mod relay {
+    tonic::include_proto!("wirespan.relay.v1");
+}
+
 #[cfg(test)]
 mod tests {
     //! The protocol's test vectors (d): deterministic encodings of transport messages.

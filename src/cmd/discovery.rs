@@ -4,7 +4,10 @@
 use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
-use wirespan_discovery::server::{self, ServerConfig, TlsFiles};
+use wirespan_discovery::{
+    relay::{table::RelayLimits, RelayConfig},
+    server::{self, ServerConfig, TlsFiles},
+};
 
 /// Options of `wirespan discovery`.
 #[derive(Debug, clap::Args)]
@@ -49,6 +52,25 @@ pub struct Args {
     /// Ignore `X-Forwarded-For` (trusted by default, like upstream).
     #[arg(long)]
     no_trust_x_forwarded_for: bool,
+    /// Offer the server relay (`wirespan.relay.v1`): a blind UDP relay for WireGuard
+    /// packets of node pairs that reach each other by no other path. Each pair gets two
+    /// UDP ports on --relay-bind; allow UDP to them in the firewall.
+    #[arg(long)]
+    relay: bool,
+    /// Address the relay's UDP ports bind to (default: the --listen address).
+    #[arg(long, value_name = "IP", requires = "relay")]
+    relay_bind: Option<std::net::IpAddr>,
+    /// Address nodes are told to send relayed packets to, when it is not the one they
+    /// reach the server at (a server behind a load balancer).
+    #[arg(long, value_name = "IP", requires = "relay")]
+    relay_address: Option<std::net::IpAddr>,
+    /// Most relay allocations (node pairs) at once; more get RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "N", default_value_t = RelayLimits::default().max_allocations)]
+    relay_max_allocations: usize,
+    /// KiB per second one pair may send through the relay (both directions); more
+    /// is dropped.
+    #[arg(long, value_name = "KIB", default_value_t = RelayLimits::default().rate >> 10)]
+    relay_rate_kib: u64,
     /// TLS certificate chain (PEM); needs --tls-key.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -78,7 +100,25 @@ impl Args {
                 usize::MAX >> 20
             );
         };
+        if self.relay_max_allocations == 0 {
+            anyhow::bail!("--relay-max-allocations must be positive");
+        }
+        let Some(rate) = self.relay_rate_kib.checked_mul(1024).filter(|r| *r > 0) else {
+            anyhow::bail!("--relay-rate-kib must be between 1 and {}", u64::MAX >> 10);
+        };
+        let relay = self.relay.then(|| RelayConfig {
+            bind: self.relay_bind.unwrap_or(self.listen.ip()),
+            address: self.relay_address,
+            limits: RelayLimits {
+                max_allocations: self.relay_max_allocations,
+                rate,
+                // A quarter of a second at the rate, at least a few full-size packets.
+                burst: (rate / 4).max(64 << 10),
+                ..RelayLimits::default()
+            },
+        });
         Ok(ServerConfig {
+            relay,
             gc_interval: self.gc_interval,
             rate_limit: !self.no_rate_limit,
             redirect_endpoint: self.redirect_endpoint,

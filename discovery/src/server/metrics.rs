@@ -38,6 +38,8 @@ pub struct Metrics {
     watch_catch_ups: Counter,
     watch_bytes: Gauge,
     watch_budget_aborts: Counter,
+    /// The server relay's series (at zero while it is off).
+    pub relay: crate::relay::RelayMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -73,8 +75,10 @@ impl Metrics {
             watch_catch_ups: Counter::default(),
             watch_bytes: Gauge::default(),
             watch_budget_aborts: Counter::default(),
+            relay: crate::relay::RelayMetrics::default(),
             registry: Registry::default(),
         };
+        m.relay.register(&mut registry);
         registry.register(
             "discovery_state_clusters",
             "Number of clusters",

@@ -84,6 +84,8 @@ pub struct ServerConfig {
     pub max_affiliates: usize,
     /// Serve TLS (ALPN `h2`) instead of plaintext h2c.
     pub tls: Option<TlsFiles>,
+    /// The server relay (`wirespan.relay.v1`); off when `None`.
+    pub relay: Option<crate::relay::RelayConfig>,
 }
 
 impl Default for ServerConfig {
@@ -102,6 +104,7 @@ impl Default for ServerConfig {
             watch_budget: state::WATCH_BUDGET,
             max_affiliates: state::MAX_AFFILIATES,
             tls: None,
+            relay: None,
         }
     }
 }
@@ -378,6 +381,14 @@ pub async fn spawn_with_metrics(
         cluster: ClusterServer::new(service.clone()),
         service,
     };
+    // Without the relay its service is absent: clients get UNIMPLEMENTED.
+    let relay = shared.config.relay.map(|config| {
+        let relay = crate::relay::Relay::start(config, shared.metrics.relay.clone(), token.clone());
+        crate::proto::relay::relay_server::RelayServer::new(crate::relay::RelayService {
+            relay,
+            shared: Arc::clone(&shared),
+        })
+    });
     // GC at start (before serving, so it cannot race the first requests), then every
     // interval.
     run_gc(&shared);
@@ -389,6 +400,7 @@ pub async fn spawn_with_metrics(
         builder
             .layer(panic::CatchPanicLayer)
             .add_service(svc)
+            .add_optional_service(relay)
             .add_service(crate::proto::health::health_server::HealthServer::new(
                 health::HealthService {
                     shutdown: token.clone(),
@@ -406,6 +418,7 @@ pub async fn spawn_with_metrics(
         addr = %local_addr,
         metrics = ?metrics_addr,
         tls = shared.config.tls.is_some(),
+        relay = ?shared.config.relay.map(|r| r.bind),
         "discovery server listening"
     );
     Ok(RunningServer {

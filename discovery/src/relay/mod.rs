@@ -1,0 +1,408 @@
+//! The server relay (`docs/discovery-protocol.md` §7.14): a blind UDP relay for WireGuard
+//! packets between the two nodes of a pair that reach each other by no other path.
+//! It never holds a key: it forwards datagrams between two UDP sockets per pair, each
+//! accepting only its node's observed address.
+//!
+//! - [`table`]: allocations, limits and forwarding decisions, without I/O.
+//! - [`Relay`]: the sockets and their forwarding tasks; `RelayService`: the
+//!   `wirespan.relay.v1.Relay` gRPC service the nodes allocate through.
+
+use std::{
+    collections::HashMap,
+    net::{IpAddr, SocketAddr},
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::{Duration, Instant},
+};
+
+use prometheus_client::{
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+use tokio::net::UdpSocket;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+pub mod table;
+
+use crate::proto::relay as pb;
+use crate::server::{client_address, service::Shared};
+use table::{AllocationId, Dropped, Grant, PairRequest, RelayLimits, Table};
+
+/// Largest datagram forwarded (a jumbo-frame WireGuard packet fits).
+const DATAGRAM_MAX: usize = 9216;
+
+/// How often idle allocations are looked for.
+const EXPIRE_EVERY: Duration = Duration::from_secs(10);
+
+/// Why an allocation was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RelayError {
+    /// A request field is invalid.
+    #[error("{0} {1}")]
+    InvalidField(&'static str, String),
+    /// A limit is reached.
+    #[error("{0}")]
+    Exhausted(String),
+    /// The server could not make the pair's sockets.
+    #[error("binding a relay socket: {0}")]
+    Bind(String),
+    /// The caller's address is unknown (it is what the allocation binds to).
+    #[error("the client's address is unknown")]
+    NoAddress,
+}
+
+impl From<RelayError> for Status {
+    fn from(e: RelayError) -> Self {
+        let code = match e {
+            RelayError::InvalidField(..) => tonic::Code::InvalidArgument,
+            RelayError::Exhausted(_) => tonic::Code::ResourceExhausted,
+            RelayError::Bind(_) => tonic::Code::Unavailable,
+            RelayError::NoAddress => tonic::Code::FailedPrecondition,
+        };
+        Status::new(code, e.to_string())
+    }
+}
+
+/// Options of the relay.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelayConfig {
+    /// Address the pair sockets bind to.
+    pub bind: IpAddr,
+    /// Address nodes are told to send to; `None`: the address they reached the server at.
+    pub address: Option<IpAddr>,
+    /// Limits.
+    pub limits: RelayLimits,
+}
+
+/// The relay's metrics, registered with the server's.
+#[derive(Debug, Clone, Default)]
+pub struct RelayMetrics {
+    allocations: Gauge,
+    allocated: Family<Vec<(&'static str, String)>, Counter>,
+    datagrams: Family<Vec<(&'static str, String)>, Counter>,
+    bytes: Counter,
+}
+
+impl RelayMetrics {
+    /// Registers every series.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "discovery_relay_allocations",
+            "Server relay allocations (node pairs) in use",
+            self.allocations.clone(),
+        );
+        registry.register(
+            "discovery_relay_allocate_requests",
+            "Relay allocate calls by result (created, refreshed, refused)",
+            self.allocated.clone(),
+        );
+        registry.register(
+            "discovery_relay_datagrams",
+            "Datagrams the relay received, by result (forwarded, or why dropped)",
+            self.datagrams.clone(),
+        );
+        registry.register(
+            "discovery_relay_forwarded_bytes",
+            "Bytes the relay forwarded",
+            self.bytes.clone(),
+        );
+    }
+
+    fn datagram(&self, result: &'static str) {
+        self.datagrams
+            .get_or_create(&vec![("result", result.to_owned())])
+            .inc();
+    }
+
+    fn allocate(&self, result: &'static str) {
+        self.allocated
+            .get_or_create(&vec![("result", result.to_owned())])
+            .inc();
+    }
+}
+
+struct RelayInner {
+    config: RelayConfig,
+    table: Mutex<Table>,
+    tasks: Mutex<HashMap<AllocationId, CancellationToken>>,
+    metrics: RelayMetrics,
+    stop: CancellationToken,
+}
+
+impl RelayInner {
+    fn table(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn tasks(&self) -> MutexGuard<'_, HashMap<AllocationId, CancellationToken>> {
+        self.tasks.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A running relay: its allocations and their forwarding tasks.
+#[derive(Clone)]
+pub struct Relay {
+    inner: Arc<RelayInner>,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Relay")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Relay {
+    /// A relay with no allocations; its expiry task runs until `stop`. Must be called
+    /// on a tokio runtime.
+    #[must_use]
+    pub fn start(config: RelayConfig, metrics: RelayMetrics, stop: CancellationToken) -> Self {
+        let relay = Self {
+            inner: Arc::new(RelayInner {
+                config,
+                table: Mutex::new(Table::new(config.limits)),
+                tasks: Mutex::new(HashMap::new()),
+                metrics,
+                stop,
+            }),
+        };
+        tokio::spawn(expire_loop(Arc::clone(&relay.inner)));
+        relay
+    }
+
+    /// Number of allocations.
+    #[must_use]
+    pub fn allocations(&self) -> usize {
+        self.inner.table().len()
+    }
+
+    /// Creates or refreshes a pair's allocation for a caller observed at `observed`.
+    ///
+    /// # Errors
+    /// Over a limit, or the sockets could not be bound.
+    pub fn allocate(&self, req: &PairRequest, observed: IpAddr) -> Result<Grant, RelayError> {
+        let inner = &self.inner;
+        let mut sockets = None;
+        let grant = inner.table().allocate(req, observed, Instant::now(), || {
+            let bind = || {
+                let s = std::net::UdpSocket::bind(SocketAddr::new(inner.config.bind, 0))
+                    .map_err(|e| RelayError::Bind(e.to_string()))?;
+                s.set_nonblocking(true)
+                    .map_err(|e| RelayError::Bind(e.to_string()))?;
+                let port = s
+                    .local_addr()
+                    .map_err(|e| RelayError::Bind(e.to_string()))?
+                    .port();
+                Ok::<_, RelayError>((s, port))
+            };
+            let (a, pa) = bind()?;
+            let (b, pb) = bind()?;
+            sockets = Some([a, b]);
+            Ok([pa, pb])
+        });
+        let grant = match grant {
+            Ok(g) => g,
+            Err(e) => {
+                inner.metrics.allocate("refused");
+                return Err(e);
+            }
+        };
+        if let (true, Some([a, b])) = (grant.created, sockets) {
+            let to_tokio = |s| {
+                UdpSocket::from_std(s).map_err(|e: std::io::Error| RelayError::Bind(e.to_string()))
+            };
+            let socks = [Arc::new(to_tokio(a)?), Arc::new(to_tokio(b)?)];
+            let stop = inner.stop.child_token();
+            inner.tasks().insert(grant.id, stop.clone());
+            tokio::spawn(forward(Arc::clone(inner), grant.id, socks, stop));
+            inner.metrics.allocations.set(gauge(inner.table().len()));
+            inner.metrics.allocate("created");
+            tracing::info!(
+                allocation = grant.id,
+                cluster = %req.cluster_id,
+                observed = %observed,
+                port = grant.port,
+                "relay allocation created"
+            );
+        } else {
+            inner.metrics.allocate("refreshed");
+        }
+        Ok(grant)
+    }
+}
+
+fn gauge(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Forwards one allocation's datagrams until it expires or the server stops.
+async fn forward(
+    inner: Arc<RelayInner>,
+    id: AllocationId,
+    socks: [Arc<UdpSocket>; 2],
+    stop: CancellationToken,
+) {
+    let mut bufs = [vec![0u8; DATAGRAM_MAX], vec![0u8; DATAGRAM_MAX]];
+    loop {
+        let [b0, b1] = &mut bufs;
+        let (side, received) = tokio::select! {
+            () = stop.cancelled() => return,
+            r = socks[0].recv_from(b0) => (0, r),
+            r = socks[1].recv_from(b1) => (1, r),
+        };
+        let (len, src) = match received {
+            Ok(r) => r,
+            Err(e) => {
+                // ICMP errors surface here (a peer's port closed); the socket stays usable.
+                tracing::debug!(allocation = id, side, error = %e, "relay receive failed");
+                continue;
+            }
+        };
+        let verdict = inner.table().datagram(id, side, src, len, Instant::now());
+        match verdict {
+            Ok(to) => match socks[1 - side].send_to(&bufs[side][..len], to).await {
+                Ok(_) => {
+                    inner.metrics.datagram("forwarded");
+                    inner.metrics.bytes.inc_by(len as u64);
+                }
+                Err(e) => {
+                    inner.metrics.datagram("send_error");
+                    tracing::debug!(allocation = id, error = %e, "relay send failed");
+                }
+            },
+            Err(why) => inner.metrics.datagram(why.as_str()),
+        }
+        if matches!(verdict, Err(Dropped::Unknown)) {
+            return;
+        }
+    }
+}
+
+async fn expire_loop(inner: Arc<RelayInner>) {
+    let mut tick = tokio::time::interval(EXPIRE_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            () = inner.stop.cancelled() => return,
+            _ = tick.tick() => {}
+        }
+        let gone = inner.table().expire(Instant::now());
+        if gone.is_empty() {
+            continue;
+        }
+        let mut tasks = inner.tasks();
+        for id in &gone {
+            if let Some(t) = tasks.remove(id) {
+                t.cancel();
+            }
+        }
+        drop(tasks);
+        inner.metrics.allocations.set(gauge(inner.table().len()));
+        tracing::info!(allocations = gone.len(), "idle relay allocations ended");
+    }
+}
+
+/// The `wirespan.relay.v1.Relay` service.
+#[derive(Clone)]
+pub struct RelayService {
+    pub(crate) relay: Relay,
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl RelayService {
+    async fn allocate_inner(
+        &self,
+        req: Request<pb::AllocateRequest>,
+    ) -> Result<Response<pb::AllocateResponse>, Status> {
+        let c = &self.shared.config;
+        let observed = client_address(
+            req.metadata(),
+            req.remote_addr(),
+            c.trust_x_real_ip,
+            c.trust_x_forwarded_for,
+        )
+        .ok_or(RelayError::NoAddress)?;
+        if c.rate_limit {
+            let wait = self
+                .shared
+                .limiter
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .acquire(
+                    observed,
+                    Instant::now(),
+                    crate::server::grpc_timeout(req.metadata()),
+                )?;
+            if !wait.is_zero() {
+                tokio::time::sleep(wait).await;
+            }
+        }
+        let r = req.into_inner();
+        let pair = PairRequest::new(
+            r.cluster_id,
+            r.affiliate_id,
+            r.peer_affiliate_id,
+            &r.pair_token,
+        )?;
+        let grant = self.relay.allocate(&pair, observed)?;
+        let config = &self.relay.inner.config;
+        Ok(Response::new(pb::AllocateResponse {
+            port: u32::from(grant.port),
+            address: config.address.map(|a| a.to_string()).unwrap_or_default(),
+            ttl_seconds: u32::try_from(config.limits.idle.as_secs()).unwrap_or(u32::MAX),
+            observed_address: observed.to_string(),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::relay_server::Relay for RelayService {
+    async fn allocate(
+        &self,
+        req: Request<pb::AllocateRequest>,
+    ) -> Result<Response<pb::AllocateResponse>, Status> {
+        let start = Instant::now();
+        let result = self.allocate_inner(req).await;
+        let code = result
+            .as_ref()
+            .map_or_else(Status::code, |_| tonic::Code::Ok);
+        self.shared.metrics.rpc("Allocate", code, start.elapsed());
+        result
+    }
+}
+
+/// The pair token both nodes of a pair present to the server relay: only holders of
+/// the cluster secret can compute it, and it is the same whichever node asks.
+#[must_use]
+pub fn pair_token(secret: &[u8; 32], cluster_id: &str, a: &str, b: &str) -> [u8; table::TOKEN_LEN] {
+    use sha2::{Digest as _, Sha256};
+    let (lo, hi) = if a < b { (a, b) } else { (b, a) };
+    let mut h = Sha256::new();
+    h.update(b"wirespan relay pair v1\0");
+    h.update(secret);
+    h.update(cluster_id.as_bytes());
+    h.update([0]);
+    h.update(lo.as_bytes());
+    h.update([0]);
+    h.update(hi.as_bytes());
+    h.finalize().into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pair_token;
+
+    #[test]
+    fn the_pair_token_is_symmetric_and_keyed_by_the_secret() {
+        let t = pair_token(&[1; 32], "c", "node-a", "node-b");
+        assert_eq!(t, pair_token(&[1; 32], "c", "node-b", "node-a"));
+        assert_ne!(t, pair_token(&[2; 32], "c", "node-a", "node-b"));
+        assert_ne!(t, pair_token(&[1; 32], "c", "node-a", "node-c"));
+        // Ids cannot slide into each other.
+        assert_ne!(
+            pair_token(&[1; 32], "c", "ab", "c"),
+            pair_token(&[1; 32], "c", "a", "bc")
+        );
+    }
+}

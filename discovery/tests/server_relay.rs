@@ -1,0 +1,221 @@
+//! The server relay through real sockets on loopback: two nodes of a pair allocate
+//! through gRPC and exchange datagrams through their ports; strangers, bad requests and
+//! limits are refused; a server without the relay answers UNIMPLEMENTED.
+
+mod server_common;
+
+use std::{net::SocketAddr, time::Duration};
+
+use tokio::net::UdpSocket;
+use tonic::{
+    metadata::MetadataValue,
+    transport::{Channel, Endpoint},
+    Code, Request,
+};
+use wirespan_discovery::{
+    proto::relay::{relay_client::RelayClient, AllocateRequest, AllocateResponse},
+    relay::{table::RelayLimits, RelayConfig},
+    server::{RunningServer, ServerConfig},
+};
+
+fn relay_config(limits: RelayLimits) -> ServerConfig {
+    ServerConfig {
+        relay: Some(RelayConfig {
+            bind: "127.0.0.1".parse().unwrap(),
+            address: None,
+            limits,
+        }),
+        ..ServerConfig::default()
+    }
+}
+
+async fn client(server: &RunningServer) -> RelayClient<Channel> {
+    let channel = Endpoint::from_shared(format!("http://{}", server.local_addr()))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    RelayClient::new(channel)
+}
+
+fn request(me: &str, peer: &str, token: &[u8], real_ip: &str) -> Request<AllocateRequest> {
+    let mut r = Request::new(AllocateRequest {
+        cluster_id: "cluster".into(),
+        affiliate_id: me.into(),
+        peer_affiliate_id: peer.into(),
+        pair_token: token.to_vec(),
+    });
+    // The server trusts X-Real-IP by default: the second node is another address.
+    r.metadata_mut()
+        .insert("x-real-ip", MetadataValue::try_from(real_ip).unwrap());
+    r
+}
+
+async fn allocate(
+    c: &mut RelayClient<Channel>,
+    me: &str,
+    peer: &str,
+    ip: &str,
+) -> Result<AllocateResponse, tonic::Status> {
+    c.allocate(request(me, peer, &[7; 32], ip))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// The value of the first series of `metrics` starting with `prefix`.
+fn metric(server: &RunningServer, prefix: &str) -> f64 {
+    server
+        .metrics_text()
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+async fn recv(sock: &UdpSocket) -> (Vec<u8>, SocketAddr) {
+    let mut buf = [0u8; 2048];
+    let (n, from) = tokio::time::timeout(Duration::from_secs(10), sock.recv_from(&mut buf))
+        .await
+        .expect("a datagram within 10 s")
+        .unwrap();
+    (buf[..n].to_vec(), from)
+}
+
+/// Polls the metrics until `prefix` reaches `want`.
+async fn metric_reaches(server: &RunningServer, prefix: &str, want: f64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while metric(server, prefix) < want {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{prefix} stayed below {want}:\n{}",
+            server.metrics_text()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_pair_exchanges_datagrams_through_its_ports_and_strangers_are_dropped() {
+    let server = server_common::start(relay_config(RelayLimits::default())).await;
+    let mut c = client(&server).await;
+    let a = allocate(&mut c, "node-a", "node-b", "127.0.0.1")
+        .await
+        .unwrap();
+    let b = allocate(&mut c, "node-b", "node-a", "127.0.0.2")
+        .await
+        .unwrap();
+    assert_ne!(a.port, b.port);
+    assert_eq!((a.address.as_str(), a.ttl_seconds), ("", 300));
+    assert_eq!(
+        (a.observed_address.as_str(), b.observed_address.as_str()),
+        ("127.0.0.1", "127.0.0.2")
+    );
+    // A refresh returns the same port.
+    let again = allocate(&mut c, "node-a", "node-b", "127.0.0.1")
+        .await
+        .unwrap();
+    assert_eq!(again.port, a.port);
+    assert_eq!(metric(&server, "discovery_relay_allocations "), 1.0);
+
+    let port_a: SocketAddr = format!("127.0.0.1:{}", a.port).parse().unwrap();
+    let port_b: SocketAddr = format!("127.0.0.1:{}", b.port).parse().unwrap();
+    let sock_a = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let sock_b = UdpSocket::bind("127.0.0.2:0").await.unwrap();
+    let stranger = UdpSocket::bind("127.0.0.3:0").await.unwrap();
+
+    // a first: b's address is not known yet, so it is dropped.
+    sock_a.send_to(b"a1", port_a).await.unwrap();
+    metric_reaches(
+        &server,
+        "discovery_relay_datagrams_total{result=\"peer_unknown\"}",
+        1.0,
+    )
+    .await;
+    // b's datagram goes to where a was heard from, out of a's port.
+    sock_b.send_to(b"b1", port_b).await.unwrap();
+    assert_eq!(recv(&sock_a).await, (b"b1".to_vec(), port_a));
+    sock_a.send_to(b"a2", port_a).await.unwrap();
+    assert_eq!(recv(&sock_b).await, (b"a2".to_vec(), port_b));
+    // A stranger on either port is dropped; the pair's next datagram is what arrives.
+    stranger.send_to(b"evil", port_a).await.unwrap();
+    stranger.send_to(b"evil", port_b).await.unwrap();
+    metric_reaches(
+        &server,
+        "discovery_relay_datagrams_total{result=\"source\"}",
+        2.0,
+    )
+    .await;
+    sock_a.send_to(b"a3", port_a).await.unwrap();
+    assert_eq!(recv(&sock_b).await.0, b"a3");
+    assert_eq!(
+        metric(
+            &server,
+            "discovery_relay_datagrams_total{result=\"forwarded\"}"
+        ),
+        3.0
+    );
+    assert_eq!(
+        metric(&server, "discovery_relay_forwarded_bytes_total"),
+        6.0
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_requests_name_the_field_and_allocate_nothing() {
+    let server = server_common::start(relay_config(RelayLimits::default())).await;
+    let mut c = client(&server).await;
+    let status = c
+        .allocate(request("a", "b", &[1; 31], "127.0.0.1"))
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(status.message(), "pair_token is 31 bytes, not 32");
+    let status = allocate(&mut c, "a", "a", "127.0.0.1").await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(
+        status.message().starts_with("peer_affiliate_id"),
+        "{status:?}"
+    );
+    let status = allocate(&mut c, "", "b", "127.0.0.1").await.unwrap_err();
+    assert_eq!(status.message(), "affiliate_id is empty");
+    assert_eq!(metric(&server, "discovery_relay_allocations "), 0.0);
+    assert_eq!(
+        metric(
+            &server,
+            "grpc_server_handled_total{grpc_method=\"Allocate\",grpc_code=\"InvalidArgument\"}"
+        ),
+        3.0
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn limits_refuse_new_pairs_with_resource_exhausted() {
+    let limits = RelayLimits {
+        max_allocations: 1,
+        ..RelayLimits::default()
+    };
+    let server = server_common::start(relay_config(limits)).await;
+    let mut c = client(&server).await;
+    allocate(&mut c, "a", "b", "127.0.0.1").await.unwrap();
+    let status = allocate(&mut c, "a", "c", "127.0.0.1").await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(
+        status.message().contains("maximum of 1 allocations"),
+        "{status:?}"
+    );
+    // The pair that has one still refreshes it.
+    allocate(&mut c, "b", "a", "127.0.0.2").await.unwrap();
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_server_without_the_relay_answers_unimplemented() {
+    let server = server_common::start(ServerConfig::default()).await;
+    let mut c = client(&server).await;
+    let status = allocate(&mut c, "a", "b", "127.0.0.1").await.unwrap_err();
+    assert_eq!(status.code(), Code::Unimplemented);
+    server.shutdown().await.unwrap();
+}
