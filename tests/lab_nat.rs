@@ -141,7 +141,7 @@ fn cone_nat_nodes_mesh_directly_through_their_routers() {
     ]);
     let st = lab.status();
     assert_eq!(st["topology"], "cone");
-    assert_eq!(st["expectedUnreachable"], serde_json::json!([]));
+    assert_eq!(st["expectedServerRelayed"], serde_json::json!([]));
     let names = ["node1", "node2", "node3"];
     for n in names {
         let v = node(&st, n);
@@ -228,7 +228,7 @@ fn mixed_nat_lab_connects_direct_pairs_directly_and_the_rest_through_a_relay() {
         .collect();
     assert_eq!(kinds, ["none", "cone", "cone", "symmetric"]);
     assert_eq!(st["expectedRelayed"].as_array().unwrap().len(), 2);
-    assert_eq!(st["expectedUnreachable"], serde_json::json!([]));
+    assert_eq!(st["expectedServerRelayed"], serde_json::json!([]));
     assert_eq!(node(&st, "node1")["publicAddress"], "10.99.1.11");
     assert_eq!(
         node(&st, "node4")["observedAddress"].as_str().unwrap(),
@@ -360,6 +360,58 @@ fn a_blocked_pair_in_a_topology_file_connects_through_the_node_that_reaches_both
         .filter(|l| l.contains("ip saddr 10.99.1.11 ip daddr 10.99.1.12"))
         .any(|l| !l.contains("packets 0 "));
     assert!(dropped, "{rules}");
+}
+
+/// Two nodes, both behind symmetric NATs: no direct path, and no third node to relay.
+/// Both ask the lab's discovery server for a relay allocation (it runs with
+/// `--relay`), send to their side's port, and ping each other through it; each
+/// reports the path as `server` via the relay's address.
+#[test]
+fn two_nodes_behind_symmetric_nats_connect_through_the_server_relay() {
+    let lab = Lab::new();
+    let o = lab.run(&[
+        "up",
+        "--topology",
+        "symmetric",
+        "--nodes",
+        "2",
+        "--timeout",
+        "90s",
+        "--no-hints",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{err}\n{out}");
+    assert!(
+        err.contains("through the server relay: node1<->node2 (symmetric NAT on both sides)"),
+        "{err}"
+    );
+    let st = lab.status();
+    let relay_ip = st["discovery"]["address"]
+        .as_str()
+        .unwrap()
+        .rsplit_once(':')
+        .unwrap()
+        .0
+        .to_owned();
+    for (a, b) in [("node1", "node2"), ("node2", "node1")] {
+        let (state, endpoint, expected) = peer(&st, a, b);
+        let (path, via) = path(&st, a, b);
+        assert_eq!(
+            (state.as_str(), expected.as_str(), path.as_str()),
+            ("up", "server", "server"),
+            "{a}->{b}"
+        );
+        // WireGuard sends to the relay, at this node's side of the allocation.
+        assert_eq!(via, endpoint, "{a}->{b}");
+        assert!(via.starts_with(&format!("{relay_ip}:")), "{a}->{b}: {via}");
+    }
+    let (_, e1, _) = peer(&st, "node1", "node2");
+    let (_, e2, _) = peer(&st, "node2", "node1");
+    assert_ne!(e1, e2, "each side has its own port");
+    let pings = matrix(&out, "ping kubespan");
+    assert!(pings[&("node1".into(), "node2".into())], "{out}");
+    assert!(pings[&("node2".into(), "node1".into())], "{out}");
 }
 
 /// A bad topology is refused before anything is made, the message naming the field

@@ -102,6 +102,46 @@ pub struct KubeSpanEndpointSpec {
     pub endpoint: Option<SocketAddr>,
 }
 
+/// The server relay's allocation for one peer (`docs/kubespan.md` §8.8; id = the
+/// peer's public key): where this node's WireGuard sends the peer's packets while no
+/// other path works.
+#[derive(Debug)]
+pub struct KubeSpanRelayEndpoint;
+
+impl ResourceKind for KubeSpanRelayEndpoint {
+    const TYPE: &'static str = "KubeSpanRelayEndpoints.kubespan.wirespan.dev";
+    const DEFAULT_NAMESPACE: &'static str = NS;
+    type Spec = KubeSpanRelayEndpointSpec;
+    fn definition() -> Definition {
+        Definition::new(Self::TYPE, "KubeSpanRelayEndpoint", Self::DEFAULT_NAMESPACE)
+            .column("Endpoint", ".endpoint")
+            .column("Service", ".service")
+            .column("Affiliate ID", ".affiliateId")
+    }
+}
+
+/// Spec of [`KubeSpanRelayEndpoint`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeSpanRelayEndpointSpec {
+    /// Node ID of the peer.
+    pub affiliate_id: String,
+    /// The relay's UDP endpoint for this node's side of the pair.
+    pub endpoint: Option<SocketAddr>,
+    /// The discovery service that granted it.
+    pub service: String,
+}
+
+/// A peer that needs the server relay (no direct path, no peer relay).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ServerRelayWant {
+    /// The peer's public key.
+    pub public_key: String,
+    /// Its node ID (affiliate id).
+    pub affiliate_id: String,
+}
+
 /// Peer state (`docs/kubespan.md` §8.1), shown lowercase.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -232,6 +272,8 @@ pub enum PeerPath {
     Direct,
     /// Through another wirespan node.
     Relay,
+    /// Through the discovery server's relay.
+    Server,
 }
 
 impl PeerPath {
@@ -242,6 +284,7 @@ impl PeerPath {
             Self::None => "none",
             Self::Direct => "direct",
             Self::Relay => "relay",
+            Self::Server => "server",
         }
     }
 }
@@ -290,6 +333,10 @@ pub struct KubeSpanManagerStatusSpec {
     /// Peers whose direct path is down, by relay key id (published to peers).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub direct_down: Vec<u64>,
+    /// Peers reachable by neither a direct path nor a peer relay: the server relay is
+    /// asked for them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub server_relay_wanted: Vec<ServerRelayWant>,
 }
 
 /// `Option<SystemTime>` as RFC 3339 text (`null` when unset).

@@ -40,6 +40,7 @@ pub fn definitions() -> Vec<Definition> {
         kubespan::KubeSpanIdentity::definition(),
         kubespan::KubeSpanConfig::definition(),
         kubespan::KubeSpanEndpoint::definition(),
+        kubespan::KubeSpanRelayEndpoint::definition(),
         kubespan::KubeSpanPeerStatus::definition(),
         kubespan::KubeSpanPeerSpec::definition(),
         kubespan::KubeSpanManagerStatus::definition(),

@@ -75,7 +75,7 @@ fn system_roots() -> Result<Certificate, ChannelError> {
 
 /// Builds a lazily connecting channel; TLS roots are read anew every time, so a
 /// reconnect picks up a rotated CA bundle.
-fn build_channel(
+pub(crate) fn build_channel(
     address: &ServerAddress,
     ttl: Duration,
     client_version: &str,

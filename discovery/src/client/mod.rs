@@ -44,7 +44,7 @@
 pub mod address;
 pub mod backoff;
 pub mod crypto;
-mod driver;
+pub(crate) mod driver;
 pub mod extension;
 pub mod machine;
 pub mod model;

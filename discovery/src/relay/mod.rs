@@ -22,6 +22,7 @@ use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+pub mod client;
 pub mod table;
 
 use crate::proto::relay as pb;
@@ -244,6 +245,8 @@ async fn forward(
     stop: CancellationToken,
 ) {
     let mut bufs = [vec![0u8; DATAGRAM_MAX], vec![0u8; DATAGRAM_MAX]];
+    // A socket bound to `::` serves IPv4 too, addressed as IPv4-mapped IPv6.
+    let v6 = socks[0].local_addr().is_ok_and(|a| a.is_ipv6());
     loop {
         let [b0, b1] = &mut bufs;
         let (side, received) = tokio::select! {
@@ -261,7 +264,10 @@ async fn forward(
         };
         let verdict = inner.table().datagram(id, side, src, len, Instant::now());
         match verdict {
-            Ok(to) => match socks[1 - side].send_to(&bufs[side][..len], to).await {
+            Ok(to) => match socks[1 - side]
+                .send_to(&bufs[side][..len], on_socket(to, v6))
+                .await
+            {
                 Ok(_) => {
                     inner.metrics.datagram("forwarded");
                     inner.metrics.bytes.inc_by(len as u64);
@@ -276,6 +282,14 @@ async fn forward(
         if matches!(verdict, Err(Dropped::Unknown)) {
             return;
         }
+    }
+}
+
+/// `to` as a socket of the given family addresses it.
+fn on_socket(to: SocketAddr, v6: bool) -> SocketAddr {
+    match to {
+        SocketAddr::V4(a) if v6 => SocketAddr::new(IpAddr::V6(a.ip().to_ipv6_mapped()), a.port()),
+        _ => to,
     }
 }
 

@@ -162,24 +162,26 @@ pub fn not_up(view: &NodeView, others: &[(String, String)]) -> Vec<String> {
     missing(view, others, Want::Up)
 }
 
-/// Like `not_up`, but a peer only has to be known: configured, in any state.
-#[must_use]
-pub fn not_known(view: &NodeView, others: &[(String, String)]) -> Vec<String> {
-    missing(view, others, Want::Known)
-}
-
-/// Of `others`, those this node does not reach through a relay, each as `name: why`.
+/// Of `others`, those this node does not reach through a peer relay, each as
+/// `name: why`.
 #[must_use]
 pub fn not_relayed(view: &NodeView, others: &[(String, String)]) -> Vec<String> {
     missing(view, others, Want::Relayed)
 }
 
+/// Of `others`, those this node does not reach, up, through the server relay, each as
+/// `name: why`.
+#[must_use]
+pub fn not_server_relayed(view: &NodeView, others: &[(String, String)]) -> Vec<String> {
+    missing(view, others, Want::ServerRelayed)
+}
+
 /// What [`missing`] asks of each peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Want {
-    Known,
     Up,
     Relayed,
+    ServerRelayed,
 }
 
 fn missing(view: &NodeView, others: &[(String, String)], want: Want) -> Vec<String> {
@@ -191,11 +193,16 @@ fn missing(view: &NodeView, others: &[(String, String)], want: Want) -> Vec<Stri
         }
         match view.peers.iter().find(|p| &p.public_key == key) {
             None => missing.push(format!("{name}: not a peer yet")),
-            Some(p) if want == Want::Relayed && p.path != "relay" => missing.push(format!(
-                "{name}: path {} (state {})",
-                if p.path.is_empty() { "?" } else { &p.path },
-                if p.state.is_empty() { "?" } else { &p.state },
-            )),
+            Some(p)
+                if (want == Want::Relayed && p.path != "relay")
+                    || (want == Want::ServerRelayed && (p.path != "server" || p.state != "up")) =>
+            {
+                missing.push(format!(
+                    "{name}: path {} (state {})",
+                    if p.path.is_empty() { "?" } else { &p.path },
+                    if p.state.is_empty() { "?" } else { &p.state },
+                ));
+            }
             Some(p) if want == Want::Up && p.state != "up" => missing.push(format!(
                 "{name}: state {} (endpoint {})",
                 if p.state.is_empty() { "?" } else { &p.state },
@@ -248,10 +255,13 @@ mod tests {
             ]
         );
         assert!(not_up(&view, &others[..1]).is_empty());
-        // Known is enough where nothing could connect.
+        // Through the server relay: that path, and up.
         assert_eq!(
-            not_known(&view, &others),
-            ["node4: not a peer yet", "node5: no KubeSpan identity yet"]
+            not_server_relayed(&view, &others[..2]),
+            [
+                "node2: path direct (state up)",
+                "node3: path none (state down)"
+            ]
         );
         // Where a relay could, the path must be one.
         assert_eq!(
@@ -264,5 +274,15 @@ mod tests {
         let mut relayed = view;
         relayed.peers[1].path = "relay".into();
         assert_eq!(not_relayed(&relayed, &others[1..2]), Vec::<String>::new());
+        relayed.peers[1].path = "server".into();
+        assert_eq!(
+            not_server_relayed(&relayed, &others[1..2]),
+            ["node3: path server (state down)"]
+        );
+        relayed.peers[1].state = "up".into();
+        assert_eq!(
+            not_server_relayed(&relayed, &others[1..2]),
+            Vec::<String>::new()
+        );
     }
 }

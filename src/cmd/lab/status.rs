@@ -31,24 +31,24 @@ pub fn pending(state: &LabState, views: &[NodeView]) -> Vec<(String, Vec<String>
         .zip(views)
         .enumerate()
         .map(|(i, (node, view))| {
-            let (mut direct, mut relay, mut none) = (Vec::new(), Vec::new(), Vec::new());
+            let (mut direct, mut relay, mut server) = (Vec::new(), Vec::new(), Vec::new());
             for (j, (n, v)) in state.nodes.iter().zip(views).enumerate() {
                 let other = (n.name.clone(), v.public_key.clone());
                 match expected_path(state, i, j) {
                     _ if j == i => {}
                     "direct" => direct.push(other),
                     "relay" => relay.push(other),
-                    _ => none.push(other),
+                    _ => server.push(other),
                 }
             }
             let mut p = observe::not_up(view, &direct);
             p.extend(observe::not_relayed(view, &relay));
-            p.extend(observe::not_known(view, &none));
+            p.extend(observe::not_server_relayed(view, &server));
             if !view.api {
                 p = direct
                     .iter()
                     .chain(&relay)
-                    .chain(&none)
+                    .chain(&server)
                     .map(|(n, _)| format!("{n}: the node's API does not answer"))
                     .collect();
             }
@@ -58,18 +58,18 @@ pub fn pending(state: &LabState, views: &[NodeView]) -> Vec<(String, Vec<String>
 }
 
 /// How nodes `i` and `j` should reach each other: `direct`, `relay` (no direct path,
-/// but a third node reaches both) or `none`.
+/// but a third node reaches both) or `server` (the lab's discovery server relays).
 fn expected_path(state: &LabState, i: usize, j: usize) -> &'static str {
     let topology = state.topology();
     match topology.direct(i, j) {
         Ok(()) => "direct",
         Err(_) if !topology.relays(i, j).is_empty() => "relay",
-        Err(_) => "none",
+        Err(_) => "server",
     }
 }
 
-/// The pairs that need a relay and have one, or (`relayed` false) have none, as
-/// `node2<->node4 (why)`.
+/// The pairs that need a relay and have a node for it, or (`relayed` false) have
+/// none, as `node2<->node4 (why)`.
 fn pairs_needing_relay(state: &LabState, relayed: bool) -> Vec<String> {
     let topology = state.topology();
     topology
@@ -93,14 +93,15 @@ pub fn expected_relayed(state: &LabState) -> Vec<String> {
     pairs_needing_relay(state, true)
 }
 
-/// The pairs that cannot connect: no direct path, and no node reaches both.
+/// The pairs that connect only through the server relay: no direct path, and no
+/// node reaches both.
 #[must_use]
-pub fn expected_unreachable(state: &LabState) -> Vec<String> {
+pub fn expected_server_relayed(state: &LabState) -> Vec<String> {
     pairs_needing_relay(state, false)
 }
 
 /// What the topology expects between node `i` and the node with `public_key`:
-/// `direct`, `relay`, or `none` when nothing can connect the pair.
+/// `direct`, `relay` or `server`.
 fn expectation(state: &LabState, views: &[NodeView], i: usize, public_key: &str) -> &'static str {
     views
         .iter()
@@ -193,8 +194,8 @@ pub fn render_nodes(state: &LabState, views: &[NodeView]) -> String {
     for line in expected_relayed(state) {
         let _ = writeln!(s, "through a relay: {line}");
     }
-    for line in expected_unreachable(state) {
-        let _ = writeln!(s, "expected unreachable (no node reaches both): {line}");
+    for line in expected_server_relayed(state) {
+        let _ = writeln!(s, "through the server relay: {line}");
     }
     s
 }
@@ -345,7 +346,7 @@ pub fn to_json(state: &LabState, views: &[NodeView]) -> Value {
         "topology": state.topology().name,
         "blocked": state.blocked,
         "expectedRelayed": expected_relayed(state),
-        "expectedUnreachable": expected_unreachable(state),
+        "expectedServerRelayed": expected_server_relayed(state),
     })
 }
 
@@ -463,7 +464,7 @@ mod tests {
             expected_relayed(&state),
             ["node2<->node3 (symmetric NAT facing a cone NAT)"]
         );
-        assert!(expected_unreachable(&state).is_empty());
+        assert!(expected_server_relayed(&state).is_empty());
         // A pair expected direct is still waited for up.
         views[1].peers[0].state = "down".into();
         assert_eq!(
@@ -472,23 +473,47 @@ mod tests {
         );
 
         // Blocking a pair by name makes it a relay pair too; with node1<->node2
-        // blocked nobody reaches both ends of either pair of node2.
+        // blocked nobody reaches both ends of either pair of node2: both wait for the
+        // server relay, up.
         state.blocked = vec![["node1".into(), "node2".into()]];
+        assert_eq!(
+            pending(&state, &views)[1].1,
+            [
+                "node1: path direct (state down)",
+                "node3: path relay (state unknown)"
+            ]
+        );
+        for p in &mut views[1].peers {
+            p.path = "server".into();
+            p.state = "up".into();
+            p.via = "10.99.0.2:40000".into();
+        }
+        assert_eq!(
+            pending(&state, &views)[2].1,
+            ["node2: path relay (state unknown)"]
+        );
+        assert_eq!(
+            pending(&state, &views)[0].1,
+            ["node2: path direct (state up)"]
+        );
+        views[2].peers[1].path = "server".into();
+        views[2].peers[1].state = "up".into();
+        views[0].peers[0].path = "server".into();
         assert!(pending(&state, &views).iter().all(|(_, p)| p.is_empty()));
         views[1].peers.remove(0);
         let json = to_json(&state, &views);
         assert_eq!(json["topology"], "mixed");
         assert_eq!(json["blocked"], json!([["node1", "node2"]]));
-        assert_eq!(json["expectedUnreachable"].as_array().unwrap().len(), 2);
+        assert_eq!(json["expectedServerRelayed"].as_array().unwrap().len(), 2);
         assert_eq!(json["nodes"][2]["nat"], "symmetric");
         assert_eq!(json["nodes"][2]["publicAddress"], "10.99.1.13");
         assert_eq!(json["nodes"][2]["observedAddress"], "10.99.1.13");
         assert_eq!(json["nodes"][2]["router"]["namespace"], "wsl-t-router3");
         assert_eq!(json["nodes"][0]["router"], Value::Null);
         assert_eq!(json["nodes"][0]["peers"][1]["expected"], "direct");
-        assert_eq!(json["nodes"][1]["peers"][0]["expected"], "none");
-        assert_eq!(json["nodes"][1]["peers"][0]["path"], "relay");
-        assert_eq!(json["nodes"][1]["peers"][0]["via"], "node1");
+        assert_eq!(json["nodes"][1]["peers"][0]["expected"], "server");
+        assert_eq!(json["nodes"][1]["peers"][0]["path"], "server");
+        assert_eq!(json["nodes"][1]["peers"][0]["via"], "10.99.0.2:40000");
         assert_eq!(json["nodes"][0]["peers"][1]["via"], Value::Null);
         let table = render_peers(&state, &views);
         assert!(
@@ -496,7 +521,7 @@ mod tests {
                 && l.split_whitespace()
                     .rev()
                     .take(3)
-                    .eq(["none", "node1", "relay"])),
+                    .eq(["server", "10.99.0.2:40000", "server"])),
             "{table}"
         );
         let nodes = render_nodes(&state, &views);
@@ -505,7 +530,7 @@ mod tests {
             "{nodes}"
         );
         assert!(
-            nodes.contains("expected unreachable (no node reaches both): node2<->node3"),
+            nodes.contains("through the server relay: node2<->node3"),
             "{nodes}"
         );
     }

@@ -133,12 +133,12 @@ impl MeshMetrics {
         );
         registry.register(
             "wirespan_kubespan_peer_path",
-            "How traffic reaches the peer: 1 for the path in use (direct, relay, none)",
+            "How traffic reaches the peer: 1 for the path in use (direct, relay, server, none)",
             m.peer_path.clone(),
         );
         registry.register(
             "wirespan_kubespan_peer_path_changes",
-            "Times the path to the peer changed (direct, relay, none)",
+            "Times the path to the peer changed (direct, relay, server, none)",
             m.peer_path_changes.clone(),
         );
         registry.register(

@@ -7,6 +7,7 @@ pub mod identity;
 pub mod manager;
 pub mod metrics;
 pub mod peer_spec;
+pub mod server_relay;
 
 use std::{path::PathBuf, sync::Arc};
 
@@ -44,7 +45,7 @@ pub struct Deps {
     pub manager: ManagerDeps,
 }
 
-/// Registers the four KubeSpan controllers.
+/// Registers the five KubeSpan controllers.
 ///
 /// # Errors
 /// Output conflicts with other controllers.
@@ -53,6 +54,9 @@ pub fn register(runtime: &mut Runtime, deps: Deps) -> Result<(), RegistrationErr
     runtime.register(KubeSpanIdentityController::new(deps.state_dir, deps.links))?;
     runtime.register(KubeSpanPeerSpecController::new())?;
     runtime.register(KubeSpanManagerController::new(deps.manager))?;
+    runtime.register(server_relay::ServerRelayController::new(Arc::new(
+        server_relay::GrpcRelayAllocator,
+    )))?;
     Ok(())
 }
 

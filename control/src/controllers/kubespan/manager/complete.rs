@@ -34,7 +34,8 @@ use crate::{
     resources::{
         cluster::ClusterIdentity,
         kubespan::{
-            KubeSpanIdentity, KubeSpanPeerSpec, KubeSpanPeerStatusSpec, PeerPath, PeerState,
+            KubeSpanIdentity, KubeSpanPeerSpec, KubeSpanPeerStatusSpec, KubeSpanRelayEndpoint,
+            PeerPath, PeerState, NS,
         },
     },
     runtime::{ControllerError, ControllerRuntime, Resource},
@@ -175,18 +176,29 @@ impl KubeSpanManagerController {
                 }
             }
             if relay_user(s, &r.spec) {
-                self.direct
-                    .entry(key.clone())
-                    .or_default()
-                    .observe(st.state, now);
+                // Up through the server relay says nothing of the direct path.
+                let state = st.state;
+                if !(self.on_server_relay(key, &r.spec.endpoints) && state == PeerState::Up) {
+                    self.direct
+                        .entry(key.clone())
+                        .or_default()
+                        .observe(state, now);
+                }
             } else {
                 self.direct.remove(key);
             }
             stepped.push((key.clone(), base, step.desired_endpoint));
         }
 
-        // §8.7: peers not reachable directly go through a relay both ends choose alike.
+        // §8.7: peers not reachable directly go through a relay both ends choose alike;
+        // §8.8: those without one through the server relay, where it granted one.
         let relays = self.choose_relays(s, now);
+        let allocations: HashMap<String, std::net::SocketAddr> = rt
+            .list::<KubeSpanRelayEndpoint>(NS)?
+            .iter()
+            .filter_map(|r| Some((r.metadata.id.clone(), r.spec.endpoint?)))
+            .collect();
+        self.server_relays(&allocations, &relays, s.peer_receive_timeout, now);
         let mut wg_peers = Vec::with_capacity(stepped.len());
         let (mut v4, mut v6) = (Vec::new(), Vec::new());
         let mut routed = HashMap::with_capacity(stepped.len());
@@ -194,15 +206,18 @@ impl KubeSpanManagerController {
         let mut at: HashMap<&str, usize> = HashMap::with_capacity(stepped.len());
         for (key, base, desired_endpoint) in &stepped {
             let relay = relays.get(key);
+            let server = self.server_relayed.get(key);
             let via = relay
                 .and_then(|r| self.statuses.get(r))
-                .map(|r| r.label.clone());
+                .map(|r| r.label.clone())
+                .or_else(|| server.map(|r| r.endpoint.to_string()));
             let Some(st) = self.statuses.get_mut(key) else {
                 continue;
             };
-            let path = match (st.state, relay) {
-                (_, Some(_)) => PeerPath::Relay,
-                (PeerState::Up, None) => PeerPath::Direct,
+            let path = match (st.state, relay, server) {
+                (_, Some(_), _) => PeerPath::Relay,
+                (_, None, Some(_)) => PeerPath::Server,
+                (PeerState::Up, None, None) => PeerPath::Direct,
                 _ => PeerPath::None,
             };
             set_path(self.deps.metrics.as_deref(), key, st, path);
@@ -211,6 +226,11 @@ impl KubeSpanManagerController {
             let rx = self.rx.get(key).zip(window);
             let next = if relay.is_some() {
                 relayed_wake(st, now)
+            } else if let Some(r) = server {
+                r.wake(now)
+                    .into_iter()
+                    .chain(next_wake(st, now, s.peer_down_interval, rx))
+                    .min()
             } else {
                 next_wake(st, now, s.peer_down_interval, rx)
             };
@@ -221,7 +241,7 @@ impl KubeSpanManagerController {
             for w in next.into_iter().chain(down_at) {
                 wake = Some(wake.map_or(w, |x: SystemTime| x.min(w)));
             }
-            let reachable = st.state == PeerState::Up || relay.is_some();
+            let reachable = st.state == PeerState::Up || relay.is_some() || server.is_some();
             let prefixes = routed_prefixes(force, &base.allowed_ips, reachable);
             for p in &prefixes {
                 match p {
@@ -232,12 +252,14 @@ impl KubeSpanManagerController {
             routed.insert(key.clone(), prefixes);
             let persistent_keepalive = if relay.is_some() {
                 relayed_keepalive(base.persistent_keepalive, st, now)
+            } else if let Some(r) = server {
+                r.keepalive(base.persistent_keepalive, now)
             } else {
                 keepalive(self.own_key.as_ref(), base, st, now)
             };
             at.insert(key, wg_peers.len());
             wg_peers.push(WgPeer {
-                endpoint: *desired_endpoint,
+                endpoint: server.map(|r| r.endpoint).or(*desired_endpoint),
                 persistent_keepalive,
                 ..base.clone()
             });

@@ -56,7 +56,7 @@ use crate::{
         kubespan::{
             KubeSpanConfig, KubeSpanEndpoint, KubeSpanEndpointSpec, KubeSpanIdentity,
             KubeSpanManagerStatus, KubeSpanPeerSpec, KubeSpanPeerSpecSpec, KubeSpanPeerStatus,
-            KubeSpanPeerStatusSpec, KUBESPAN, NS,
+            KubeSpanPeerStatusSpec, KubeSpanRelayEndpoint, ServerRelayWant, KUBESPAN, NS,
         },
         network::{AddressSpec, LinkSpec, RouteSpec, RoutingRuleSpec},
     },
@@ -229,6 +229,10 @@ pub struct KubeSpanManagerController {
     relay_active: bool,
     /// Key ids of the peers not reachable directly (`None`: too many to publish).
     direct_down: Option<Vec<u64>>,
+    /// Peers with neither a direct path nor a peer relay (asked of the server relay).
+    server_wanted: Vec<ServerRelayWant>,
+    /// Peers sent through the server relay, by public key.
+    server_relayed: HashMap<String, relay::ServerRelayed>,
 }
 
 /// A peer the device held at start (kernel state kept by an earlier run) that has no
@@ -346,6 +350,8 @@ impl KubeSpanManagerController {
             relayed: BTreeMap::new(),
             relay_active: false,
             direct_down: Some(Vec::new()),
+            server_wanted: Vec::new(),
+            server_relayed: HashMap::new(),
         }
     }
 
@@ -471,6 +477,7 @@ impl Controller for KubeSpanManagerController {
             Input::id_of::<KubeSpanIdentity>(NS, KUBESPAN, InputKind::Weak),
             Input::id_of::<ClusterIdentity>(cluster::NS, CLUSTER, InputKind::Weak),
             Input::of::<KubeSpanPeerSpec>(NS, InputKind::Weak),
+            Input::of::<KubeSpanRelayEndpoint>(NS, InputKind::Weak),
         ]
     }
 

@@ -229,6 +229,7 @@ impl KubeSpanManagerController {
             r.spec.relay_offered = relay_offered;
             r.spec.relay_note.clone_from(&relay_note);
             r.spec.direct_down.clone_from(&direct_down);
+            r.spec.server_relay_wanted.clone_from(&self.server_wanted);
         })?;
         Ok(())
     }

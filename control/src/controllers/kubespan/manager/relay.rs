@@ -3,7 +3,8 @@
 //! keepalive that keeps retrying a relayed peer's direct path.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
+    net::SocketAddr,
     time::{Duration, SystemTime},
 };
 
@@ -12,10 +13,12 @@ use crate::controllers::kubespan::metrics::MeshMetrics;
 use crate::{
     config::kubespan::KubeSpanConfig as Settings,
     kubespan::{
-        relay::{choose, key_id, published_down, Candidate, DIRECT_DOWN_MAX},
+        relay::{choose, key_id, published_down, Candidate, DirectPath, DIRECT_DOWN_MAX},
         rotation::ENDPOINT_CONNECTION_TIMEOUT,
     },
-    resources::kubespan::{KubeSpanPeerSpecSpec, KubeSpanPeerStatusSpec, PeerPath, PeerState},
+    resources::kubespan::{
+        KubeSpanPeerSpecSpec, KubeSpanPeerStatusSpec, PeerPath, PeerState, ServerRelayWant,
+    },
 };
 
 /// How long a relayed peer's keepalive is held at 0 at the start of each retry cycle:
@@ -86,7 +89,101 @@ pub(super) fn relayed_wake(st: &KubeSpanPeerStatusSpec, now: SystemTime) -> Opti
     .filter(|_| st.state != PeerState::Up)
 }
 
+/// A peer sent through the server relay.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(in crate::controllers::kubespan) struct ServerRelayed {
+    /// The relay's endpoint for this node's side.
+    pub endpoint: SocketAddr,
+    /// Since when (its keepalive is held at 0 for [`DIRECT_RETRY_REARM`] after it, so
+    /// the write that turns it on starts a handshake through the relay).
+    pub since: SystemTime,
+    /// The peer's own endpoints then: when they change, the direct path is tried again.
+    pub endpoints: Vec<SocketAddr>,
+}
+
+impl ServerRelayed {
+    /// The keepalive while relayed through the server.
+    pub fn keepalive(&self, keepalive: u16, now: SystemTime) -> u16 {
+        if now.duration_since(self.since).unwrap_or_default() < DIRECT_RETRY_REARM {
+            0
+        } else {
+            keepalive
+        }
+    }
+
+    /// When to turn the keepalive on.
+    pub fn wake(&self, now: SystemTime) -> Option<SystemTime> {
+        Some(self.since + DIRECT_RETRY_REARM).filter(|w| *w > now)
+    }
+}
+
 impl KubeSpanManagerController {
+    /// Whether the peer is on the server relay and its endpoints are still those it
+    /// had when it went there. A peer whose endpoints changed (a new address, a new
+    /// NAT mapping published) leaves the server relay and its direct path is tried
+    /// again from the start.
+    pub(super) fn on_server_relay(&mut self, key: &str, endpoints: &[SocketAddr]) -> bool {
+        match self.server_relayed.get(key) {
+            Some(r) if r.endpoints == endpoints => true,
+            Some(_) => {
+                tracing::info!(peer = %key, "peer published new endpoints: trying its direct path again");
+                self.server_relayed.remove(key);
+                self.direct.insert(key.to_owned(), DirectPath::default());
+                false
+            }
+            None => false,
+        }
+    }
+
+    /// The peers that need the server relay (direct path down, no peer relay), and
+    /// which of them have an allocation: those go through it from this round on.
+    pub(super) fn server_relays(
+        &mut self,
+        allocations: &HashMap<String, SocketAddr>,
+        relays: &BTreeMap<String, String>,
+        patience: Duration,
+        now: SystemTime,
+    ) {
+        let mut wanted = Vec::new();
+        let mut using = HashMap::new();
+        for (key, d) in &self.direct {
+            if !d.down(now, patience) || relays.contains_key(key) {
+                continue;
+            }
+            let Some(spec) = self.specs.get(key) else {
+                continue;
+            };
+            wanted.push(ServerRelayWant {
+                public_key: key.clone(),
+                affiliate_id: spec.spec.node_id.clone(),
+            });
+            if let Some(endpoint) = allocations.get(key) {
+                let r = match self.server_relayed.remove(key) {
+                    Some(r) if r.endpoint == *endpoint => r,
+                    _ => {
+                        tracing::info!(peer = %spec.spec.label, relay = %endpoint, "no direct path and no peer relay: traffic goes through the server relay");
+                        ServerRelayed {
+                            endpoint: *endpoint,
+                            since: now,
+                            endpoints: spec.spec.endpoints.clone(),
+                        }
+                    }
+                };
+                using.insert(key.clone(), r);
+            }
+        }
+        for key in self
+            .server_relayed
+            .keys()
+            .filter(|k| !using.contains_key(*k))
+        {
+            tracing::info!(peer = %key, "peer no longer on the server relay");
+        }
+        wanted.sort_by(|a, b| a.public_key.cmp(&b.public_key));
+        self.server_wanted = wanted;
+        self.server_relayed = using;
+    }
+
     /// The relay of each peer whose direct path is down and that has one, both by
     /// public key (base64).
     pub(super) fn choose_relays(&self, s: &Settings, now: SystemTime) -> BTreeMap<String, String> {
