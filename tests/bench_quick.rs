@@ -87,3 +87,21 @@ fn bench_throughput_quick_measures_every_path() {
         "{chart}"
     );
 }
+
+#[test]
+fn bench_failover_quick_fails_over_to_each_relay_and_back() {
+    // Root only: labs of three and two nodes, their direct path cut on the lab bridge.
+    let dir = tempfile::tempdir().unwrap();
+    let out = bench(&["failover", "--out", dir.path().to_str().unwrap()]);
+    for needle in [
+        "peer relay: cut → traffic flows again",
+        "peer relay: repair → both ends direct",
+        "server relay: cut → traffic flows again",
+        "Talos KubeSpan (upstream rule): cut → peer down | 275 s",
+        "peer relay via [\"node3\"]",
+        "report:",
+    ] {
+        assert!(out.contains(needle), "missing {needle:?}:\n{out}");
+    }
+    assert!(dir.path().join("report.md").exists());
+}

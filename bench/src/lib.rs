@@ -15,6 +15,8 @@
 mod chart;
 pub mod dataplane;
 pub mod discovery;
+pub mod failover;
+mod lab;
 pub mod marking;
 pub mod reconcile;
 pub mod runtime;

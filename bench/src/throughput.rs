@@ -16,16 +16,18 @@ use std::{
     fmt::Write as _,
     net::IpAddr,
     path::{Path, PathBuf},
-    process::{Child, Command, Output, Stdio},
+    process::{Child, Command, Stdio},
     time::{Duration, Instant},
 };
-
-use std::os::unix::process::CommandExt as _;
 
 use anyhow::{bail, Context as _};
 use serde_json::Value;
 
-use crate::{bar, chart, quick_notice};
+use crate::{
+    bar, chart,
+    lab::{run_ok, Lab},
+    quick_notice,
+};
 
 /// Options of `wirespan bench throughput`.
 #[derive(Debug, Clone, clap::Args)]
@@ -141,80 +143,20 @@ fn spread(v: &[f64]) -> (f64, f64, f64) {
     (s[s.len() / 2], s[0], s[s.len() - 1])
 }
 
-fn run_ok(cmd: &mut Command, what: &str) -> anyhow::Result<Output> {
-    let out = cmd
-        .stdin(Stdio::null())
-        .output()
-        .with_context(|| format!("running {what}"))?;
-    if !out.status.success() {
-        bail!(
-            "{what}: {}\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(out)
-}
-
-/// A lab of two nodes, removed on drop; a watchdog removes it if this process dies.
-struct Lab {
-    exe: PathBuf,
-    name: String,
-    status: Value,
-}
-
 impl Lab {
-    fn up(exe: &Path, name: &str, fast_path: &str, wireguard: &str) -> anyhow::Result<Self> {
-        // Its own process group, never waited for: it outlives this process by design.
-        #[allow(clippy::zombie_processes)]
-        Command::new(exe)
-            .args(["lab", "down", "--name", name, "--after-exit"])
-            .arg(std::process::id().to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .process_group(0)
-            .spawn()
-            .context("starting the lab's watchdog")?;
-        let mut lab = Self {
-            exe: exe.to_owned(),
-            name: name.to_owned(),
-            status: Value::Null,
-        };
-        run_ok(
-            lab.cmd(&["up", "--nodes", "2", "--timeout", "60s", "--no-hints"])
-                .args(["--fast-path", fast_path, "--wireguard", wireguard]),
-            "wirespan lab up",
-        )?;
-        let out = run_ok(
-            &mut lab.cmd(&["status", "-o", "json"]),
-            "wirespan lab status",
-        )?;
-        lab.status = serde_json::from_slice(&out.stdout).context("lab status JSON")?;
-        Ok(lab)
-    }
-
-    fn cmd(&self, args: &[&str]) -> Command {
-        let mut c = Command::new(&self.exe);
-        c.args(["--log", "warn", "lab"])
-            .arg(args[0])
-            .args(["--name", &self.name])
-            .args(&args[1..]);
-        c
-    }
-
-    fn node(&self, name: &str) -> anyhow::Result<&Value> {
-        self.status["nodes"]
-            .as_array()
-            .and_then(|n| n.iter().find(|n| n["name"] == name))
-            .with_context(|| format!("lab {} has no {name}", self.name))
-    }
-
-    fn namespace(&self, node: &str) -> anyhow::Result<String> {
-        Ok(self.node(node)?["namespace"]
-            .as_str()
-            .context("node without namespace")?
-            .to_owned())
+    fn up_pair(exe: &Path, name: &str, fast_path: &str, wireguard: &str) -> anyhow::Result<Self> {
+        Self::up(
+            exe,
+            name,
+            &[
+                "--nodes",
+                "2",
+                "--fast-path",
+                fast_path,
+                "--wireguard",
+                wireguard,
+            ],
+        )
     }
 
     /// The WireGuard implementation that runs node1's device.
@@ -278,17 +220,6 @@ impl Lab {
                 Ok((v6.parse()?, self.namespace("node2")?))
             }
         }
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = self
-            .cmd(&["down"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status();
     }
 }
 
@@ -414,8 +345,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut missed = Vec::new();
     for (bi, backend) in backends.iter().enumerate() {
         let pid = std::process::id();
-        let nft = Lab::up(&exe, &format!("bt{pid}n{bi}"), "nftables", backend)?;
-        let ebpf = Lab::up(&exe, &format!("bt{pid}e{bi}"), "ebpf", backend)?;
+        let nft = Lab::up_pair(&exe, &format!("bt{pid}n{bi}"), "nftables", backend)?;
+        let ebpf = Lab::up_pair(&exe, &format!("bt{pid}e{bi}"), "ebpf", backend)?;
         let ran = nft.backend();
         let mut samples: Vec<PathSamples> = vec![PathSamples::default(); PATHS.len()];
         let pb = bar(rounds * PATHS.len() * 2, &format!("{ran} WireGuard"));

@@ -18,6 +18,9 @@ pub enum Bench {
     /// TCP and UDP throughput between two lab nodes: underlay, mesh, and mesh with
     /// each marking path, per WireGuard backend (needs root and iperf3).
     Throughput(wirespan_bench::throughput::Args),
+    /// Time to fail over to a peer relay or the server relay when a direct path dies,
+    /// and back to direct when it heals, against the upstream rule (needs root).
+    Failover(wirespan_bench::failover::Args),
 }
 
 pub fn run(bench: &Bench) -> anyhow::Result<()> {
@@ -28,5 +31,6 @@ pub fn run(bench: &Bench) -> anyhow::Result<()> {
         Bench::Reconcile(a) => wirespan_bench::reconcile::run(a),
         Bench::Marking(a) => wirespan_bench::marking::run(a),
         Bench::Throughput(a) => wirespan_bench::throughput::run(a),
+        Bench::Failover(a) => wirespan_bench::failover::run(a),
     }
 }

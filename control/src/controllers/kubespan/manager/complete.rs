@@ -178,7 +178,9 @@ impl KubeSpanManagerController {
             if relay_user(s, &r.spec) {
                 // Up through the server relay says nothing of the direct path.
                 let state = st.state;
-                if !(self.on_server_relay(key, &r.spec.endpoints) && state == PeerState::Up) {
+                let device_endpoint = seen.and_then(|o| o.endpoint);
+                let on_server = self.on_server_relay(key, &r.spec.endpoints, device_endpoint);
+                if !(on_server && state == PeerState::Up) {
                     self.direct
                         .entry(key.clone())
                         .or_default()
@@ -241,7 +243,9 @@ impl KubeSpanManagerController {
             for w in next.into_iter().chain(down_at) {
                 wake = Some(wake.map_or(w, |x: SystemTime| x.min(w)));
             }
-            let reachable = st.state == PeerState::Up || relay.is_some() || server.is_some();
+            // Through the server relay only once handshakes through it work: a relay
+            // allocation says nothing of whether the peer is alive.
+            let reachable = st.state == PeerState::Up || relay.is_some();
             let prefixes = routed_prefixes(force, &base.allowed_ips, reachable);
             for p in &prefixes {
                 match p {

@@ -118,21 +118,30 @@ impl ServerRelayed {
 }
 
 impl KubeSpanManagerController {
-    /// Whether the peer is on the server relay and its endpoints are still those it
-    /// had when it went there. A peer whose endpoints changed (a new address, a new
-    /// NAT mapping published) leaves the server relay and its direct path is tried
-    /// again from the start.
-    pub(super) fn on_server_relay(&mut self, key: &str, endpoints: &[SocketAddr]) -> bool {
-        match self.server_relayed.get(key) {
-            Some(r) if r.endpoints == endpoints => true,
-            Some(_) => {
-                tracing::info!(peer = %key, "peer published new endpoints: trying its direct path again");
-                self.server_relayed.remove(key);
-                self.direct.insert(key.to_owned(), DirectPath::default());
-                false
-            }
-            None => false,
-        }
+    /// Whether the peer stays on the server relay. It leaves when its endpoints
+    /// changed (a new address, a new NAT mapping published) or when its packets arrive
+    /// straight from it (the device roamed away from the relay's endpoint: the peer
+    /// reached this node directly); its direct path is then tried again from the start.
+    pub(super) fn on_server_relay(
+        &mut self,
+        key: &str,
+        endpoints: &[SocketAddr],
+        device_endpoint: Option<SocketAddr>,
+    ) -> bool {
+        let Some(r) = self.server_relayed.get(key) else {
+            return false;
+        };
+        let why = if r.endpoints != endpoints {
+            "peer published new endpoints"
+        } else if device_endpoint.is_some_and(|e| e != r.endpoint) {
+            "peer reached this node directly"
+        } else {
+            return true;
+        };
+        tracing::info!(peer = %key, why, "trying the direct path again");
+        self.server_relayed.remove(key);
+        self.direct.insert(key.to_owned(), DirectPath::default());
+        false
     }
 
     /// The peers that need the server relay (direct path down, no peer relay), and
