@@ -46,7 +46,8 @@ pub const WATCH_QUEUE: usize = 32;
 /// aborts the slowest of them (see [`State::set_watch_budget`]).
 pub const WATCH_BUDGET: usize = 256 << 20;
 
-/// One encoded Watch message, shared by every watcher of the cluster.
+/// One encoded Watch message with its gRPC prefix, shared by every watcher of the
+/// cluster.
 pub type Event = Bytes;
 
 pub(crate) use self::record::{Affiliate, Endpoint};
@@ -121,8 +122,9 @@ impl Cluster {
         if self.subscribers.is_empty() {
             return;
         }
-        let mut buf = BytesMut::with_capacity(watch::affiliate_entry_len(id, affiliate));
+        let mut buf = watch::framed(watch::affiliate_entry_len(id, affiliate));
         watch::put_affiliate(&mut buf, id, affiliate);
+        watch::seal(&mut buf);
         self.notify(seq, &buf.freeze(), now);
     }
 
@@ -133,9 +135,10 @@ impl Cluster {
             return;
         }
         let seq = self.seq;
-        let mut buf = BytesMut::with_capacity(id.len() + 8);
+        let mut buf = watch::framed(id.len() + 8);
         watch::put_deleted(&mut buf, id);
         watch::put_deleted_flag(&mut buf);
+        watch::seal(&mut buf);
         self.notify(seq, &buf.freeze(), now);
         self.tombstones.push_back((seq, id.into()));
         if self.tombstones.len() >= self.trim_at.max(TOMBSTONE_TRIM) {
@@ -182,18 +185,25 @@ impl Cluster {
                 .map(|(seq, id)| (*seq, Item::Delete(id))),
         );
         items.sort_unstable_by_key(|(seq, _)| *seq);
+        let finish = |mut buf: BytesMut, deleted: bool| {
+            if deleted {
+                watch::put_deleted_flag(&mut buf);
+            }
+            watch::seal(&mut buf);
+            watch::counted(buf, meter)
+        };
         let mut out = Vec::new();
-        let mut buf = BytesMut::new();
+        let mut buf = watch::framed(0);
         let mut deleted = false;
         let mut last = since;
         for (seq, item) in &items {
             let is_delete = matches!(item, Item::Delete(_));
             // One message holds either upserts or deletes (the flag covers all).
-            if !buf.is_empty() && (is_delete != deleted || buf.len() >= watch::CATCH_UP_BATCH) {
-                if deleted {
-                    watch::put_deleted_flag(&mut buf);
-                }
-                out.push((last, watch::counted(buf.split(), meter)));
+            if buf.len() > watch::PREFIX
+                && (is_delete != deleted || buf.len() >= watch::CATCH_UP_BATCH)
+            {
+                let full = std::mem::replace(&mut buf, watch::framed(0));
+                out.push((last, finish(full, deleted)));
             }
             deleted = is_delete;
             match item {
@@ -202,11 +212,8 @@ impl Cluster {
             }
             last = *seq;
         }
-        if !buf.is_empty() {
-            if deleted {
-                watch::put_deleted_flag(&mut buf);
-            }
-            out.push((self.seq, watch::counted(buf, meter)));
+        if buf.len() > watch::PREFIX {
+            out.push((self.seq, finish(buf, deleted)));
         } else if let Some(end) = out.last_mut() {
             end.0 = self.seq;
         }
@@ -234,10 +241,11 @@ impl Cluster {
             .iter()
             .map(|(id, a)| watch::affiliate_entry_len(id, a))
             .sum();
-        let mut buf = BytesMut::with_capacity(len);
+        let mut buf = watch::framed(len);
         for (id, a) in &self.affiliates {
             watch::put_affiliate(&mut buf, id, a);
         }
+        watch::seal(&mut buf);
         buf
     }
 }
@@ -249,8 +257,8 @@ pub struct Subscription {
     pub cluster_id: String,
     /// Handle for [`State::unsubscribe`] and [`State::catch_up`].
     pub id: u64,
-    /// Every affiliate at registration time as an encoded `WatchResponse` (sent first,
-    /// even when empty).
+    /// Every affiliate at registration time as an encoded `WatchResponse` with its gRPC
+    /// prefix (sent first, even when empty).
     pub snapshot: Bytes,
     /// Live events.
     pub queue: Arc<WatchQueue>,

@@ -104,7 +104,7 @@ fn endpoint_expires_before_affiliate_and_gc_sends_upsert_then_delete() {
     s.update(t0, &req("a", None, &[b"e1"], 60)).unwrap();
     let mut w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
     assert_eq!(
-        decode(&w.snapshot).affiliates[0].endpoints,
+        decode(&w.snapshot[watch::PREFIX..]).affiliates[0].endpoints,
         vec![b"e1".to_vec()]
     );
 
@@ -271,7 +271,7 @@ fn reading_watcher_that_falls_behind_catches_up() {
     }
     let mut w = s.watch(t0, "c", 4).unwrap();
     let mut fast = s.watch(t0, "c", 1000).unwrap();
-    assert_eq!(decode(&w.snapshot).affiliates.len(), 3);
+    assert_eq!(decode(&w.snapshot[watch::PREFIX..]).affiliates.len(), 3);
     // It takes one event, then a burst overflows its queue.
     s.update(t0, &req("a", Some(b"1"), &[], 60)).unwrap();
     assert_eq!(drain_at(&mut s, &mut w, t0).len(), 1);
@@ -333,8 +333,8 @@ fn watch_snapshot_and_registration_are_atomic() {
     let mut s = State::new();
     s.update(t0, &req("a", Some(b"d"), &[], 60)).unwrap();
     let mut w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
-    assert_eq!(decode(&w.snapshot).affiliates.len(), 1);
-    assert!(!decode(&w.snapshot).deleted);
+    assert_eq!(decode(&w.snapshot[watch::PREFIX..]).affiliates.len(), 1);
+    assert!(!decode(&w.snapshot[watch::PREFIX..]).deleted);
     s.delete(t0, "c", "a").unwrap();
     s.delete(t0, "c", "a").unwrap(); // absent: no event
     let ev = drain(&mut w);
@@ -426,6 +426,77 @@ fn frames_carry_grpc_framed_messages_in_bounded_pieces() {
     // Sent in full: nothing is held for the watcher any more.
     assert_eq!(w.queue.holds(), 0);
     assert_eq!(s.watch_bytes(), 0);
+}
+
+/// Several watchers on the transport's path: each gets the snapshot, then every event
+/// in event order, and an event is handed to every watcher's transport as the one
+/// shared buffer rather than a copy per watcher.
+#[test]
+fn framed_events_reach_every_watcher_in_order_as_one_shared_buffer() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    s.update(t0, &req("old", Some(b"d"), &[], 60)).unwrap();
+    let watchers: Vec<_> = (0..4)
+        .map(|_| watch_queued(&mut s, "c", WATCH_QUEUE, t0))
+        .collect();
+    for i in 0..5u8 {
+        s.update(t0, &req(&format!("a{i}"), Some(&[i]), &[], 60))
+            .unwrap();
+    }
+    s.delete(t0, "c", "a1").unwrap();
+    s.update(t0, &req("a0", Some(b"again"), &[], 60)).unwrap();
+    let per_watcher: Vec<Vec<Bytes>> = watchers.iter().map(|w| frames(w, t0)).collect();
+    for frames in &per_watcher {
+        let messages = grpc_messages(&frames.concat());
+        let seen: Vec<(bool, String, Vec<u8>)> = messages
+            .iter()
+            .map(|m| {
+                let a = &m.affiliates[0];
+                (m.deleted, a.id.clone(), a.data.clone())
+            })
+            .collect();
+        let mut expected = vec![(false, "old".to_owned(), b"d".to_vec())];
+        expected.extend((0..5u8).map(|i| (false, format!("a{i}"), vec![i])));
+        expected.push((true, "a1".to_owned(), vec![]));
+        expected.push((false, "a0".to_owned(), b"again".to_vec()));
+        assert_eq!(seen, expected);
+    }
+    // Event frames (all but the snapshot) are the same memory for every watcher.
+    for i in 1..per_watcher[0].len() {
+        let first = per_watcher[0][i].as_ptr();
+        assert!(
+            per_watcher.iter().all(|f| f[i].as_ptr() == first),
+            "event {i} was copied per watcher"
+        );
+    }
+    assert_eq!(s.counts().subscriptions, 4);
+}
+
+/// On the transport's path too, a watcher that took nothing for the stall timeout
+/// while its queue was full is aborted (its stream ends with ABORTED after what was
+/// already queued) and the watchers that read lose nothing.
+#[test]
+fn framed_path_still_aborts_a_stalled_watcher() {
+    let t0 = Instant::now();
+    let later = t0 + WATCH_STALL + Duration::from_secs(1);
+    let mut s = State::new();
+    let live = watch_queued(&mut s, "c", WATCH_QUEUE, t0);
+    let stalled = watch_queued(&mut s, "c", 2, t0);
+    // Both take their snapshot; then the stalled one stops reading.
+    assert!(matches!(live.queue.next_frame(t0), Next::Send(_)));
+    assert!(matches!(stalled.queue.next_frame(t0), Next::Send(_)));
+    for i in 0..2 {
+        s.update(t0, &req(&format!("a{i}"), Some(b"d"), &[], 60))
+            .unwrap();
+    }
+    s.update(later, &req("a2", Some(b"d"), &[], 60)).unwrap();
+    assert!(stalled.queue.is_lost());
+    assert_eq!(s.counts().subscriptions, 1);
+    assert_eq!(grpc_messages(&frames(&stalled, later).concat()).len(), 2);
+    assert!(matches!(stalled.queue.next_frame(later), Next::Lost));
+    let seen = grpc_messages(&frames(&live, later).concat());
+    assert_eq!(seen.len(), 3);
+    assert!(!live.queue.is_lost());
 }
 
 #[test]

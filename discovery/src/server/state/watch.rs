@@ -41,8 +41,24 @@ pub const WATCH_STALL: Duration = Duration::from_secs(2);
 /// transport's buffers; the rest stays in its queue, where an abort can free it.
 pub const FRAME: usize = 16 * 1024;
 
-/// Length of the gRPC message prefix (compression flag, big-endian length).
-const PREFIX: usize = 5;
+/// Length of the gRPC message prefix (compression flag, big-endian length). Every
+/// message is encoded with it in front, so an event that fits one body frame goes to
+/// each watcher's transport as the very bytes every other watcher gets.
+pub(crate) const PREFIX: usize = 5;
+
+/// Starts a gRPC-framed message: room for the prefix, filled in by [`seal`].
+pub(crate) fn framed(capacity: usize) -> BytesMut {
+    let mut buf = BytesMut::with_capacity(PREFIX + capacity);
+    buf.put_bytes(0, PREFIX);
+    buf
+}
+
+/// Fills in the prefix of a message begun with [`framed`] (uncompressed, its length).
+pub(crate) fn seal(buf: &mut BytesMut) {
+    // Messages are far below 4 GiB (a maximal cluster encodes to ~4.5 MiB).
+    let len = u32::try_from(buf.len() - PREFIX).unwrap_or(u32::MAX);
+    buf[1..PREFIX].copy_from_slice(&len.to_be_bytes());
+}
 
 /// Bytes of encoded Watch messages made for one watcher alone (snapshots, catch-up
 /// batches) that are still alive, whoever holds them. Shared events are not counted:
@@ -143,7 +159,8 @@ struct Sending {
 struct Inner {
     /// The snapshot, sent before anything else.
     first: Option<Bytes>,
-    /// Encoded messages with the sequence number of the last event each covers, and
+    /// Encoded messages (gRPC-framed) with the sequence number of the last event each
+    /// covers, and
     /// whether the message was made for this watcher alone (catch-up).
     events: VecDeque<(u64, Bytes, bool)>,
     sending: Option<Sending>,
@@ -197,15 +214,15 @@ impl Inner {
         Some(piece)
     }
 
-    /// Starts handing out `msg`: its first body frame (the gRPC prefix and as much
-    /// of the message as fits).
+    /// Starts handing out the framed `msg`: its first body frame. A shared event that
+    /// fits one frame goes out as it is (no copy per watcher); anything else is copied
+    /// out piece by piece, so a peer that stops reading pins at most one piece.
     fn start(&mut self, msg: Bytes, own: bool) -> Bytes {
-        let head = msg.len().min(FRAME - PREFIX);
-        let mut frame = BytesMut::with_capacity(PREFIX + head);
-        frame.put_u8(0);
-        // Messages are far below 4 GiB (a maximal cluster encodes to ~4.5 MiB).
-        frame.put_u32(u32::try_from(msg.len()).unwrap_or(u32::MAX));
-        frame.put_slice(&msg[..head]);
+        if !own && msg.len() <= FRAME {
+            return msg;
+        }
+        let head = msg.len().min(FRAME);
+        let frame = Bytes::copy_from_slice(&msg[..head]);
         if head < msg.len() {
             self.sending = Some(Sending {
                 msg,
@@ -215,7 +232,7 @@ impl Inner {
         } else if own {
             self.holds -= msg.len();
         }
-        frame.freeze()
+        frame
     }
 }
 
@@ -371,13 +388,14 @@ impl WatchQueue {
         self.notify.notify_one();
     }
 
-    /// Takes the next thing to do, whole messages (the snapshot first); never blocks.
+    /// Takes the next thing to do, whole messages without the gRPC prefix (the
+    /// snapshot first); never blocks.
     pub fn next(&self, now: Instant) -> Next {
         let mut q = self.lock();
         if let Some(first) = q.first.take() {
             q.holds -= first.len();
             q.last_take = now;
-            return Next::Send(first);
+            return Next::Send(first.slice(PREFIX..));
         }
         if let Some((seq, event, own)) = q.events.pop_front() {
             if own {
@@ -385,7 +403,7 @@ impl WatchQueue {
             }
             q.delivered = seq;
             q.last_take = now;
-            return Next::Send(event);
+            return Next::Send(event.slice(PREFIX..));
         }
         Self::idle(&mut q, now)
     }
