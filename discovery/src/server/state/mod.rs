@@ -23,8 +23,8 @@ use bytes::{Bytes, BytesMut};
 pub use self::validate::{
     offset, ttl_nanos, validate_affiliate_id, validate_cluster_id, validate_update,
 };
-use self::watch::{Counted, SharedCounted};
-pub use self::watch::{Next, WatchBytes, WatchQueue, WATCH_STALL};
+use self::watch::SnapshotParts;
+pub use self::watch::{Next, Snapshot, WatchBytes, WatchQueue, WATCH_STALL};
 use super::error::RequestError;
 use crate::proto::server as pb;
 
@@ -90,7 +90,7 @@ pub(crate) struct Cluster {
     /// The last snapshot made and the event it was made after: watchers that
     /// register before the next event share it. Weak, so it lives only as long as a
     /// watcher still holds it.
-    snapshot: Option<(u64, Weak<Counted>)>,
+    snapshot: Option<(u64, Weak<SnapshotParts>)>,
 }
 
 /// Tombstones kept before the first trim is tried.
@@ -122,10 +122,9 @@ impl Cluster {
         if self.subscribers.is_empty() {
             return;
         }
-        let mut buf = watch::framed(watch::affiliate_entry_len(id, affiliate));
-        watch::put_affiliate(&mut buf, id, affiliate);
-        watch::seal(&mut buf);
-        self.notify(seq, &buf.freeze(), now);
+        let event = watch::encode_event(id, affiliate);
+        affiliate.set_entry(Arc::new(event.clone()));
+        self.notify(seq, &event, now);
     }
 
     fn notify_delete(&mut self, id: &str, now: Instant) {
@@ -221,32 +220,32 @@ impl Cluster {
     }
 
     /// Every affiliate as one encoded `WatchResponse` (the snapshot), shared with the
-    /// watchers that registered since the last event and still hold it.
-    fn snapshot(&mut self, meter: &Arc<WatchBytes>) -> Bytes {
+    /// watchers that registered since the last event and still hold it. It is made of
+    /// the affiliates' kept entries; those missing (changed while nobody watched) are
+    /// encoded now and kept for the next snapshot.
+    fn snapshot(&mut self, meter: &Arc<WatchBytes>) -> Snapshot {
         if let Some((seq, weak)) = &self.snapshot {
             if *seq == self.seq {
-                if let Some(shared) = SharedCounted::upgrade(weak) {
-                    return shared.bytes();
+                if let Some(shared) = Snapshot::upgrade(weak) {
+                    return shared;
                 }
             }
         }
-        let shared = SharedCounted::new(self.encode_all(), meter);
-        self.snapshot = Some((self.seq, shared.downgrade()));
-        shared.bytes()
-    }
-
-    fn encode_all(&self) -> BytesMut {
-        let len = self
+        let entries = self
             .affiliates
-            .iter()
-            .map(|(id, a)| watch::affiliate_entry_len(id, a))
-            .sum();
-        let mut buf = watch::framed(len);
-        for (id, a) in &self.affiliates {
-            watch::put_affiliate(&mut buf, id, a);
-        }
-        watch::seal(&mut buf);
-        buf
+            .iter_mut()
+            .map(|(id, a)| {
+                if let Some(entry) = a.entry() {
+                    return Arc::clone(entry);
+                }
+                let entry = Arc::new(watch::encode_event(id, a));
+                a.set_entry(Arc::clone(&entry));
+                entry
+            })
+            .collect();
+        let shared = Snapshot::new(entries, meter);
+        self.snapshot = Some((self.seq, shared.downgrade()));
+        shared
     }
 }
 
@@ -257,9 +256,9 @@ pub struct Subscription {
     pub cluster_id: String,
     /// Handle for [`State::unsubscribe`] and [`State::catch_up`].
     pub id: u64,
-    /// Every affiliate at registration time as an encoded `WatchResponse` with its gRPC
-    /// prefix (sent first, even when empty).
-    pub snapshot: Bytes,
+    /// Every affiliate at registration time as an encoded `WatchResponse` (sent first,
+    /// even when empty).
+    pub snapshot: Snapshot,
     /// Live events.
     pub queue: Arc<WatchQueue>,
 }

@@ -104,7 +104,7 @@ fn endpoint_expires_before_affiliate_and_gc_sends_upsert_then_delete() {
     s.update(t0, &req("a", None, &[b"e1"], 60)).unwrap();
     let mut w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
     assert_eq!(
-        decode(&w.snapshot[watch::PREFIX..]).affiliates[0].endpoints,
+        decode(&w.snapshot.to_bytes()[watch::PREFIX..]).affiliates[0].endpoints,
         vec![b"e1".to_vec()]
     );
 
@@ -271,7 +271,12 @@ fn reading_watcher_that_falls_behind_catches_up() {
     }
     let mut w = s.watch(t0, "c", 4).unwrap();
     let mut fast = s.watch(t0, "c", 1000).unwrap();
-    assert_eq!(decode(&w.snapshot[watch::PREFIX..]).affiliates.len(), 3);
+    assert_eq!(
+        decode(&w.snapshot.to_bytes()[watch::PREFIX..])
+            .affiliates
+            .len(),
+        3
+    );
     // It takes one event, then a burst overflows its queue.
     s.update(t0, &req("a", Some(b"1"), &[], 60)).unwrap();
     assert_eq!(drain_at(&mut s, &mut w, t0).len(), 1);
@@ -333,8 +338,13 @@ fn watch_snapshot_and_registration_are_atomic() {
     let mut s = State::new();
     s.update(t0, &req("a", Some(b"d"), &[], 60)).unwrap();
     let mut w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
-    assert_eq!(decode(&w.snapshot[watch::PREFIX..]).affiliates.len(), 1);
-    assert!(!decode(&w.snapshot[watch::PREFIX..]).deleted);
+    assert_eq!(
+        decode(&w.snapshot.to_bytes()[watch::PREFIX..])
+            .affiliates
+            .len(),
+        1
+    );
+    assert!(!decode(&w.snapshot.to_bytes()[watch::PREFIX..]).deleted);
     s.delete(t0, "c", "a").unwrap();
     s.delete(t0, "c", "a").unwrap(); // absent: no event
     let ev = drain(&mut w);
@@ -497,6 +507,75 @@ fn framed_path_still_aborts_a_stalled_watcher() {
     let seen = grpc_messages(&frames(&live, later).concat());
     assert_eq!(seen.len(), 3);
     assert!(!live.queue.is_lost());
+}
+
+/// A joining watcher's snapshot is made of the entries kept for the affiliates, not
+/// a copy of them: snapshots taken on either side of an event share every entry but
+/// the changed affiliate's, and each shows the state at its registration.
+#[test]
+fn snapshots_share_the_affiliates_entries_instead_of_copying_them() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    big_cluster(&mut s, "c", 40, t0);
+    let a = watch_queued(&mut s, "c", WATCH_QUEUE, t0);
+    s.update(t0, &req("a7", Some(b"new"), &[], 60)).unwrap();
+    let b = watch_queued(&mut s, "c", WATCH_QUEUE, t0);
+    let snapshot = |w: &Subscription| {
+        let body: Vec<u8> = frames(w, t0).concat();
+        let mut m = grpc_messages(&body).remove(0);
+        m.affiliates.sort_by(|x, y| x.id.cmp(&y.id));
+        m
+    };
+    let (ptrs_a, ptrs_b) = {
+        let q = |w: &Subscription| w.queue.first_snapshot().unwrap().entry_ptrs();
+        (q(&a), q(&b))
+    };
+    let shared = ptrs_b.iter().filter(|p| ptrs_a.contains(p)).count();
+    assert_eq!(shared, 39, "all but the changed affiliate are shared");
+    let (sa, sb) = (snapshot(&a), snapshot(&b));
+    assert_eq!(sa.affiliates.len(), 40);
+    assert_eq!(sb.affiliates.len(), 40);
+    let data = |m: &pb::WatchResponse| {
+        m.affiliates
+            .iter()
+            .find(|x| x.id == "a7")
+            .unwrap()
+            .data
+            .clone()
+    };
+    assert_eq!(data(&sa), vec![7u8; MAX_DATA_LEN]);
+    assert_eq!(data(&sb), b"new");
+}
+
+/// The kept entries never go stale: changes made while nobody watches (new data, a
+/// new endpoint) and endpoints dropped by GC show in the next joiner's snapshot.
+#[test]
+fn snapshot_entries_follow_every_change() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    let first = s.watch(t0, "c", WATCH_QUEUE).unwrap();
+    s.update(t0, &req("a", Some(b"d1"), &[b"e1"], 600)).unwrap();
+    s.unsubscribe("c", first.id);
+    drop(first);
+    // Nobody watches: these changes are not encoded as events.
+    s.update(t0, &req("a", Some(b"d2"), &[], 600)).unwrap();
+    s.update(t0, &req("a", None, &[b"e2"], 60)).unwrap();
+    let snap = |s: &mut State| {
+        let w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
+        let m = decode(&w.snapshot.to_bytes()[watch::PREFIX..]);
+        (
+            m.affiliates[0].data.clone(),
+            m.affiliates[0].endpoints.clone(),
+            w,
+        )
+    };
+    let (data, endpoints, _w) = snap(&mut s);
+    assert_eq!(data, b"d2");
+    assert_eq!(endpoints, [b"e1".to_vec(), b"e2".to_vec()]);
+    // e2 expires first; GC drops it while a watcher is registered.
+    s.gc(t0 + Duration::from_secs(120));
+    let (_, endpoints, _w2) = snap(&mut s);
+    assert_eq!(endpoints, [b"e1".to_vec()]);
 }
 
 #[test]

@@ -16,7 +16,7 @@ use std::{
     collections::VecDeque,
     sync::{
         atomic::{AtomicUsize, Ordering},
-        Arc, Mutex, MutexGuard,
+        Arc, Mutex, MutexGuard, Weak,
     },
     time::{Duration, Instant},
 };
@@ -75,7 +75,7 @@ impl WatchBytes {
 }
 
 /// The owner of one counted message: the count drops when its last `Bytes` does.
-pub(crate) struct Counted {
+struct Counted {
     buf: BytesMut,
     meter: Arc<WatchBytes>,
 }
@@ -92,43 +92,115 @@ impl Drop for Counted {
     }
 }
 
-/// Lets several watchers' `Bytes` share one counted message (a snapshot several
-/// watchers registered for at the same point).
-#[derive(Clone)]
-pub(crate) struct SharedCounted(Arc<Counted>);
+/// Counts `buf` in `meter` for as long as the returned bytes live.
+pub(crate) fn counted(buf: BytesMut, meter: &Arc<WatchBytes>) -> Bytes {
+    meter.0.fetch_add(buf.len(), Ordering::Relaxed);
+    Bytes::from_owner(Counted {
+        buf,
+        meter: Arc::clone(meter),
+    })
+}
 
-impl AsRef<[u8]> for SharedCounted {
-    fn as_ref(&self) -> &[u8] {
-        &self.0.buf
+/// A snapshot: one gRPC-framed `WatchResponse` holding every affiliate, made of the
+/// affiliates' shared encoded entries rather than a copy of them, so a joining
+/// watcher costs a pointer per affiliate. Watchers that register between the same two
+/// events share one. Counted in [`WatchBytes`] at its full encoded length while
+/// alive: it keeps those entries alive even after the affiliates change.
+#[derive(Clone)]
+pub struct Snapshot(Arc<SnapshotParts>);
+
+pub(crate) struct SnapshotParts {
+    prefix: [u8; PREFIX],
+    /// Each affiliate's framed single-entry event; its entry follows the prefix.
+    entries: Vec<Arc<Bytes>>,
+    len: usize,
+    meter: Arc<WatchBytes>,
+}
+
+impl Drop for SnapshotParts {
+    fn drop(&mut self) {
+        self.meter.0.fetch_sub(self.len, Ordering::Relaxed);
     }
 }
 
-impl SharedCounted {
-    /// Counts `buf` in `meter` until it is dropped.
-    pub(crate) fn new(buf: BytesMut, meter: &Arc<WatchBytes>) -> Self {
-        meter.0.fetch_add(buf.len(), Ordering::Relaxed);
-        Self(Arc::new(Counted {
-            buf,
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Snapshot")
+            .field("affiliates", &self.0.entries.len())
+            .field("len", &self.0.len)
+            .finish()
+    }
+}
+
+impl Default for Snapshot {
+    /// An empty snapshot counted nowhere (a placeholder).
+    fn default() -> Self {
+        Self::new(Vec::new(), &Arc::default())
+    }
+}
+
+impl Snapshot {
+    /// A snapshot of `entries` (framed single-entry events), counted in `meter`.
+    pub(crate) fn new(entries: Vec<Arc<Bytes>>, meter: &Arc<WatchBytes>) -> Self {
+        let body: usize = entries.iter().map(|e| e.len() - PREFIX).sum();
+        let mut prefix = [0; PREFIX];
+        // Messages are far below 4 GiB (a maximal cluster encodes to ~4.5 MiB).
+        prefix[1..].copy_from_slice(&u32::try_from(body).unwrap_or(u32::MAX).to_be_bytes());
+        let len = PREFIX + body;
+        meter.0.fetch_add(len, Ordering::Relaxed);
+        Self(Arc::new(SnapshotParts {
+            prefix,
+            entries,
+            len,
             meter: Arc::clone(meter),
         }))
     }
 
-    pub(crate) fn downgrade(&self) -> std::sync::Weak<Counted> {
+    pub(crate) fn downgrade(&self) -> Weak<SnapshotParts> {
         Arc::downgrade(&self.0)
     }
 
-    pub(crate) fn upgrade(weak: &std::sync::Weak<Counted>) -> Option<Self> {
+    pub(crate) fn upgrade(weak: &Weak<SnapshotParts>) -> Option<Self> {
         weak.upgrade().map(Self)
     }
 
-    pub(crate) fn bytes(self) -> Bytes {
-        Bytes::from_owner(self)
+    /// Encoded length, the gRPC prefix included.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len
     }
-}
 
-/// Counts `buf` in `meter` for as long as the returned bytes live.
-pub(crate) fn counted(buf: BytesMut, meter: &Arc<WatchBytes>) -> Bytes {
-    SharedCounted::new(buf, meter).bytes()
+    /// Whether the snapshot has no affiliates.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.entries.is_empty()
+    }
+
+    /// Part `i` of the framed message: the prefix, then each entry.
+    fn part(&self, i: usize) -> Option<&[u8]> {
+        if i == 0 {
+            return Some(&self.0.prefix);
+        }
+        self.0.entries.get(i - 1).map(|e| &e[PREFIX..])
+    }
+
+    /// Where each affiliate's entry lives (tests check sharing).
+    #[cfg(test)]
+    pub(crate) fn entry_ptrs(&self) -> Vec<*const u8> {
+        self.0.entries.iter().map(|e| e.as_ptr()).collect()
+    }
+
+    /// The whole framed message in one buffer (a copy).
+    #[must_use]
+    pub fn to_bytes(&self) -> Bytes {
+        let mut buf = BytesMut::with_capacity(self.len());
+        let mut i = 0;
+        while let Some(part) = self.part(i) {
+            buf.put_slice(part);
+            i += 1;
+        }
+        buf.freeze()
+    }
 }
 
 /// What the stream of one watcher should do next.
@@ -146,10 +218,36 @@ pub enum Next {
     Closed,
 }
 
-/// A message longer than [`FRAME`] part-way through being handed out.
+/// A message handed out piece by piece: one buffer, or a snapshot's parts.
+#[derive(Debug)]
+enum Message {
+    Flat(Bytes),
+    Parts(Snapshot),
+}
+
+impl Message {
+    fn len(&self) -> usize {
+        match self {
+            Self::Flat(b) => b.len(),
+            Self::Parts(s) => s.len(),
+        }
+    }
+
+    fn part(&self, i: usize) -> Option<&[u8]> {
+        match self {
+            Self::Flat(b) => (i == 0).then_some(&b[..]),
+            Self::Parts(s) => s.part(i),
+        }
+    }
+}
+
+/// A message part-way through being handed out.
 #[derive(Debug)]
 struct Sending {
-    msg: Bytes,
+    msg: Message,
+    /// Current part and offset in it.
+    part: usize,
+    off: usize,
     /// Bytes of the message already handed out.
     done: usize,
     own: bool,
@@ -158,7 +256,7 @@ struct Sending {
 #[derive(Debug)]
 struct Inner {
     /// The snapshot, sent before anything else.
-    first: Option<Bytes>,
+    first: Option<Snapshot>,
     /// Encoded messages (gRPC-framed) with the sequence number of the last event each
     /// covers, and
     /// whether the message was made for this watcher alone (catch-up).
@@ -199,40 +297,51 @@ impl Inner {
         }
     }
 
-    /// The next body frame of the message being sent.
+    /// The next body frame of the message being sent: a copy of its next (at most)
+    /// [`FRAME`] bytes.
     fn next_piece(&mut self) -> Option<Bytes> {
         let s = self.sending.as_mut()?;
-        let end = (s.done + FRAME).min(s.msg.len());
-        let piece = Bytes::copy_from_slice(&s.msg[s.done..end]);
-        s.done = end;
-        if end == s.msg.len() {
+        let len = s.msg.len();
+        let mut piece = BytesMut::with_capacity(FRAME.min(len - s.done));
+        while piece.len() < FRAME {
+            let Some(part) = s.msg.part(s.part) else {
+                break;
+            };
+            let take = (part.len() - s.off).min(FRAME - piece.len());
+            piece.put_slice(&part[s.off..s.off + take]);
+            s.off += take;
+            if s.off == part.len() {
+                s.part += 1;
+                s.off = 0;
+            }
+        }
+        s.done += piece.len();
+        if s.done == len {
             if s.own {
-                self.holds -= s.msg.len();
+                self.holds -= len;
             }
             self.sending = None;
         }
-        Some(piece)
+        Some(piece.freeze())
     }
 
     /// Starts handing out the framed `msg`: its first body frame. A shared event that
     /// fits one frame goes out as it is (no copy per watcher); anything else is copied
     /// out piece by piece, so a peer that stops reading pins at most one piece.
-    fn start(&mut self, msg: Bytes, own: bool) -> Bytes {
-        if !own && msg.len() <= FRAME {
-            return msg;
+    fn start(&mut self, msg: Message, own: bool) -> Bytes {
+        match msg {
+            Message::Flat(msg) if !own && msg.len() <= FRAME => msg,
+            msg => {
+                self.sending = Some(Sending {
+                    msg,
+                    part: 0,
+                    off: 0,
+                    done: 0,
+                    own,
+                });
+                self.next_piece().unwrap_or_default()
+            }
         }
-        let head = msg.len().min(FRAME);
-        let frame = Bytes::copy_from_slice(&msg[..head]);
-        if head < msg.len() {
-            self.sending = Some(Sending {
-                msg,
-                done: head,
-                own,
-            });
-        } else if own {
-            self.holds -= msg.len();
-        }
-        frame
     }
 }
 
@@ -328,10 +437,16 @@ impl WatchQueue {
     }
 
     /// Queues the snapshot, sent before any event. Counted in [`Self::holds`].
-    pub(crate) fn send_first(&self, snapshot: Bytes) {
+    pub(crate) fn send_first(&self, snapshot: Snapshot) {
         let mut q = self.lock();
         q.holds += snapshot.len();
         q.first = Some(snapshot);
+    }
+
+    /// The snapshot not yet started (tests check its sharing).
+    #[cfg(test)]
+    pub(crate) fn first_snapshot(&self) -> Option<Snapshot> {
+        self.lock().first.clone()
     }
 
     /// Bytes of messages made for this watcher alone (its snapshot, catch-up) that
@@ -395,7 +510,7 @@ impl WatchQueue {
         if let Some(first) = q.first.take() {
             q.holds -= first.len();
             q.last_take = now;
-            return Next::Send(first.slice(PREFIX..));
+            return Next::Send(first.to_bytes().slice(PREFIX..));
         }
         if let Some((seq, event, own)) = q.events.pop_front() {
             if own {
@@ -418,12 +533,12 @@ impl WatchQueue {
         }
         if let Some(first) = q.first.take() {
             q.last_take = now;
-            return Next::Send(q.start(first, true));
+            return Next::Send(q.start(Message::Parts(first), true));
         }
         if let Some((seq, event, own)) = q.events.pop_front() {
             q.delivered = seq;
             q.last_take = now;
-            return Next::Send(q.start(event, own));
+            return Next::Send(q.start(Message::Flat(event), own));
         }
         Self::idle(&mut q, now)
     }
@@ -486,6 +601,14 @@ pub(crate) fn put_affiliate(buf: &mut BytesMut, id: &str, a: &Affiliate) {
     for e in a.endpoints() {
         put_field(buf, 0x1a, e.data);
     }
+}
+
+/// One affiliate's upsert event: a framed `WatchResponse` with its entry alone.
+pub(crate) fn encode_event(id: &str, a: &Affiliate) -> Bytes {
+    let mut buf = framed(affiliate_entry_len(id, a));
+    put_affiliate(&mut buf, id, a);
+    seal(&mut buf);
+    buf.freeze()
 }
 
 /// Bytes [`put_affiliate`] appends.
