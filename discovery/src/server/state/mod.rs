@@ -23,8 +23,8 @@ use bytes::{Bytes, BytesMut};
 pub use self::validate::{
     offset, ttl_nanos, validate_affiliate_id, validate_cluster_id, validate_update,
 };
-use self::watch::SnapshotParts;
-pub use self::watch::{Next, Snapshot, WatchBytes, WatchQueue, WATCH_STALL};
+pub use self::watch::{Batch, Next, WatchBytes, WatchQueue, WATCH_STALL};
+use self::watch::{BatchParts, Message};
 use super::error::RequestError;
 use crate::proto::server as pb;
 
@@ -90,7 +90,7 @@ pub(crate) struct Cluster {
     /// The last snapshot made and the event it was made after: watchers that
     /// register before the next event share it. Weak, so it lives only as long as a
     /// watcher still holds it.
-    snapshot: Option<(u64, Weak<SnapshotParts>)>,
+    snapshot: Option<(u64, Weak<BatchParts>)>,
 }
 
 /// Tombstones kept before the first trim is tried.
@@ -165,17 +165,18 @@ impl Cluster {
 
     /// The catch-up of a watcher that took every event up to `since`: the current
     /// state of each affiliate changed after it and a delete for each affiliate
-    /// removed after it, in event order, several affiliates per message.
-    fn catch_up(&self, since: u64, meter: &Arc<WatchBytes>) -> Vec<(u64, Bytes)> {
+    /// removed after it, in event order, several affiliates per message. Upserts are
+    /// batches of the affiliates' kept entries, not copies.
+    fn catch_up(&mut self, since: u64, meter: &Arc<WatchBytes>) -> Vec<(u64, Message)> {
         enum Item<'a> {
-            Upsert(&'a str, &'a Affiliate),
+            Upsert(Arc<Bytes>),
             Delete(&'a str),
         }
         let mut items: Vec<(u64, Item<'_>)> = self
             .affiliates
-            .iter()
+            .iter_mut()
             .filter(|(_, a)| a.changed > since)
-            .map(|(id, a)| (a.changed, Item::Upsert(id, a)))
+            .map(|(id, a)| (a.changed, Item::Upsert(entry(id, a))))
             .collect();
         items.extend(
             self.tombstones
@@ -184,36 +185,50 @@ impl Cluster {
                 .map(|(seq, id)| (*seq, Item::Delete(id))),
         );
         items.sort_unstable_by_key(|(seq, _)| *seq);
-        let finish = |mut buf: BytesMut, deleted: bool| {
-            if deleted {
-                watch::put_deleted_flag(&mut buf);
-            }
-            watch::seal(&mut buf);
-            watch::counted(buf, meter)
-        };
         let mut out = Vec::new();
-        let mut buf = watch::framed(0);
-        let mut deleted = false;
+        // The message being gathered: entries (upserts) or a buffer (deletes).
+        let mut entries: Vec<Arc<Bytes>> = Vec::new();
+        let mut deletes = watch::framed(0);
+        let mut size = 0;
         let mut last = since;
-        for (seq, item) in &items {
+        let mut flush = |entries: &mut Vec<Arc<Bytes>>, deletes: &mut BytesMut, at: u64| {
+            if !entries.is_empty() {
+                let batch = watch::Batch::new(std::mem::take(entries), meter);
+                out.push((at, Message::Parts(batch)));
+            } else if deletes.len() > watch::PREFIX {
+                let mut buf = std::mem::replace(deletes, watch::framed(0));
+                watch::put_deleted_flag(&mut buf);
+                watch::seal(&mut buf);
+                out.push((at, Message::Flat(watch::counted(buf, meter))));
+            }
+        };
+        for (seq, item) in items {
             let is_delete = matches!(item, Item::Delete(_));
             // One message holds either upserts or deletes (the flag covers all).
-            if buf.len() > watch::PREFIX
-                && (is_delete != deleted || buf.len() >= watch::CATCH_UP_BATCH)
-            {
-                let full = std::mem::replace(&mut buf, watch::framed(0));
-                out.push((last, finish(full, deleted)));
+            let kind_changes = if is_delete {
+                !entries.is_empty()
+            } else {
+                deletes.len() > watch::PREFIX
+            };
+            if kind_changes || size >= watch::CATCH_UP_BATCH {
+                flush(&mut entries, &mut deletes, last);
+                size = 0;
             }
-            deleted = is_delete;
             match item {
-                Item::Upsert(id, a) => watch::put_affiliate(&mut buf, id, a),
-                Item::Delete(id) => watch::put_deleted(&mut buf, id),
+                Item::Upsert(entry) => {
+                    size += entry.len() - watch::PREFIX;
+                    entries.push(entry);
+                }
+                Item::Delete(id) => {
+                    let before = deletes.len();
+                    watch::put_deleted(&mut deletes, id);
+                    size += deletes.len() - before;
+                }
             }
-            last = *seq;
+            last = seq;
         }
-        if buf.len() > watch::PREFIX {
-            out.push((self.seq, finish(buf, deleted)));
-        } else if let Some(end) = out.last_mut() {
+        flush(&mut entries, &mut deletes, self.seq);
+        if let Some(end) = out.last_mut() {
             end.0 = self.seq;
         }
         out
@@ -223,10 +238,10 @@ impl Cluster {
     /// watchers that registered since the last event and still hold it. It is made of
     /// the affiliates' kept entries; those missing (changed while nobody watched) are
     /// encoded now and kept for the next snapshot.
-    fn snapshot(&mut self, meter: &Arc<WatchBytes>) -> Snapshot {
+    fn snapshot(&mut self, meter: &Arc<WatchBytes>) -> Batch {
         if let Some((seq, weak)) = &self.snapshot {
             if *seq == self.seq {
-                if let Some(shared) = Snapshot::upgrade(weak) {
+                if let Some(shared) = Batch::upgrade(weak) {
                     return shared;
                 }
             }
@@ -234,19 +249,23 @@ impl Cluster {
         let entries = self
             .affiliates
             .iter_mut()
-            .map(|(id, a)| {
-                if let Some(entry) = a.entry() {
-                    return Arc::clone(entry);
-                }
-                let entry = Arc::new(watch::encode_event(id, a));
-                a.set_entry(Arc::clone(&entry));
-                entry
-            })
+            .map(|(id, a)| entry(id, a))
             .collect();
-        let shared = Snapshot::new(entries, meter);
+        let shared = Batch::new(entries, meter);
         self.snapshot = Some((self.seq, shared.downgrade()));
         shared
     }
+}
+
+/// The affiliate's kept entry; encoded and kept now if it changed while nobody
+/// watched.
+fn entry(id: &str, a: &mut Affiliate) -> Arc<Bytes> {
+    if let Some(entry) = a.entry() {
+        return Arc::clone(entry);
+    }
+    let entry = Arc::new(watch::encode_event(id, a));
+    a.set_entry(Arc::clone(&entry));
+    entry
 }
 
 /// A registered watcher: the snapshot to send first, then the live events.
@@ -258,7 +277,7 @@ pub struct Subscription {
     pub id: u64,
     /// Every affiliate at registration time as an encoded `WatchResponse` (sent first,
     /// even when empty).
-    pub snapshot: Snapshot,
+    pub snapshot: Batch,
     /// Live events.
     pub queue: Arc<WatchQueue>,
 }
@@ -488,17 +507,17 @@ impl State {
     /// the state lock, so no event falls between the catch-up and the next event.
     /// False if the watcher is no longer registered.
     pub fn catch_up(&mut self, now: Instant, cluster_id: &str, id: u64) -> bool {
-        let Some(cluster) = self.clusters.get(cluster_id) else {
+        let Some(cluster) = self.clusters.get_mut(cluster_id) else {
             return false;
         };
         let Some(sub) = cluster.subscribers.iter().find(|s| s.id == id) else {
             return false;
         };
-        let Some(since) = sub.queue.lagging_since() else {
+        let queue = Arc::clone(&sub.queue);
+        let Some(since) = queue.lagging_since() else {
             return true;
         };
-        sub.queue
-            .fill_catch_up(cluster.catch_up(since, &self.watch_bytes), now);
+        queue.fill_catch_up(cluster.catch_up(since, &self.watch_bytes), now);
         self.enforce_budget(now);
         true
     }

@@ -527,7 +527,7 @@ fn snapshots_share_the_affiliates_entries_instead_of_copying_them() {
         m
     };
     let (ptrs_a, ptrs_b) = {
-        let q = |w: &Subscription| w.queue.first_snapshot().unwrap().entry_ptrs();
+        let q = |w: &Subscription| w.queue.first_batch().unwrap().entry_ptrs();
         (q(&a), q(&b))
     };
     let shared = ptrs_b.iter().filter(|p| ptrs_a.contains(p)).count();

@@ -101,15 +101,15 @@ pub(crate) fn counted(buf: BytesMut, meter: &Arc<WatchBytes>) -> Bytes {
     })
 }
 
-/// A snapshot: one gRPC-framed `WatchResponse` holding every affiliate, made of the
-/// affiliates' shared encoded entries rather than a copy of them, so a joining
-/// watcher costs a pointer per affiliate. Watchers that register between the same two
-/// events share one. Counted in [`WatchBytes`] at its full encoded length while
-/// alive: it keeps those entries alive even after the affiliates change.
+/// One gRPC-framed `WatchResponse` of upserts (a snapshot, a catch-up batch) made of
+/// the affiliates' shared encoded entries rather than a copy of them, so it costs a
+/// pointer per affiliate. Watchers that register between the same two events share
+/// one snapshot. Counted in [`WatchBytes`] at its full encoded length while alive: it
+/// keeps those entries alive even after the affiliates change.
 #[derive(Clone)]
-pub struct Snapshot(Arc<SnapshotParts>);
+pub struct Batch(Arc<BatchParts>);
 
-pub(crate) struct SnapshotParts {
+pub(crate) struct BatchParts {
     prefix: [u8; PREFIX],
     /// Each affiliate's framed single-entry event; its entry follows the prefix.
     entries: Vec<Arc<Bytes>>,
@@ -117,29 +117,29 @@ pub(crate) struct SnapshotParts {
     meter: Arc<WatchBytes>,
 }
 
-impl Drop for SnapshotParts {
+impl Drop for BatchParts {
     fn drop(&mut self) {
         self.meter.0.fetch_sub(self.len, Ordering::Relaxed);
     }
 }
 
-impl std::fmt::Debug for Snapshot {
+impl std::fmt::Debug for Batch {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Snapshot")
+        f.debug_struct("Batch")
             .field("affiliates", &self.0.entries.len())
             .field("len", &self.0.len)
             .finish()
     }
 }
 
-impl Default for Snapshot {
+impl Default for Batch {
     /// An empty snapshot counted nowhere (a placeholder).
     fn default() -> Self {
         Self::new(Vec::new(), &Arc::default())
     }
 }
 
-impl Snapshot {
+impl Batch {
     /// A snapshot of `entries` (framed single-entry events), counted in `meter`.
     pub(crate) fn new(entries: Vec<Arc<Bytes>>, meter: &Arc<WatchBytes>) -> Self {
         let body: usize = entries.iter().map(|e| e.len() - PREFIX).sum();
@@ -148,7 +148,7 @@ impl Snapshot {
         prefix[1..].copy_from_slice(&u32::try_from(body).unwrap_or(u32::MAX).to_be_bytes());
         let len = PREFIX + body;
         meter.0.fetch_add(len, Ordering::Relaxed);
-        Self(Arc::new(SnapshotParts {
+        Self(Arc::new(BatchParts {
             prefix,
             entries,
             len,
@@ -156,11 +156,11 @@ impl Snapshot {
         }))
     }
 
-    pub(crate) fn downgrade(&self) -> Weak<SnapshotParts> {
+    pub(crate) fn downgrade(&self) -> Weak<BatchParts> {
         Arc::downgrade(&self.0)
     }
 
-    pub(crate) fn upgrade(weak: &Weak<SnapshotParts>) -> Option<Self> {
+    pub(crate) fn upgrade(weak: &Weak<BatchParts>) -> Option<Self> {
         weak.upgrade().map(Self)
     }
 
@@ -170,7 +170,7 @@ impl Snapshot {
         self.0.len
     }
 
-    /// Whether the snapshot has no affiliates.
+    /// Whether the batch has no affiliates.
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.0.entries.is_empty()
@@ -218,14 +218,22 @@ pub enum Next {
     Closed,
 }
 
-/// A message handed out piece by piece: one buffer, or a snapshot's parts.
+/// One framed message in a watcher's queue: one buffer, or a batch of entries.
 #[derive(Debug)]
-enum Message {
+pub(crate) enum Message {
     Flat(Bytes),
-    Parts(Snapshot),
+    Parts(Batch),
 }
 
 impl Message {
+    /// The message without its gRPC prefix (a copy for a batch).
+    fn unframed(&self) -> Bytes {
+        match self {
+            Self::Flat(b) => b.slice(PREFIX..),
+            Self::Parts(s) => s.to_bytes().slice(PREFIX..),
+        }
+    }
+
     fn len(&self) -> usize {
         match self {
             Self::Flat(b) => b.len(),
@@ -256,11 +264,11 @@ struct Sending {
 #[derive(Debug)]
 struct Inner {
     /// The snapshot, sent before anything else.
-    first: Option<Snapshot>,
+    first: Option<Batch>,
     /// Encoded messages (gRPC-framed) with the sequence number of the last event each
     /// covers, and
     /// whether the message was made for this watcher alone (catch-up).
-    events: VecDeque<(u64, Bytes, bool)>,
+    events: VecDeque<(u64, Message, bool)>,
     sending: Option<Sending>,
     /// Bytes of messages made for this watcher alone that it still holds.
     holds: usize,
@@ -401,7 +409,8 @@ impl WatchQueue {
             if q.events.is_empty() {
                 q.pending_since = now;
             }
-            q.events.push_back((seq, event.clone(), false));
+            q.events
+                .push_back((seq, Message::Flat(event.clone()), false));
         }
         drop(q);
         self.notify.notify_one();
@@ -437,7 +446,7 @@ impl WatchQueue {
     }
 
     /// Queues the snapshot, sent before any event. Counted in [`Self::holds`].
-    pub(crate) fn send_first(&self, snapshot: Snapshot) {
+    pub(crate) fn send_first(&self, snapshot: Batch) {
         let mut q = self.lock();
         q.holds += snapshot.len();
         q.first = Some(snapshot);
@@ -445,7 +454,7 @@ impl WatchQueue {
 
     /// The snapshot not yet started (tests check its sharing).
     #[cfg(test)]
-    pub(crate) fn first_snapshot(&self) -> Option<Snapshot> {
+    pub(crate) fn first_batch(&self) -> Option<Batch> {
         self.lock().first.clone()
     }
 
@@ -491,7 +500,7 @@ impl WatchQueue {
     }
 
     /// Replaces the dropped queue with the catch-up messages.
-    pub(crate) fn fill_catch_up(&self, messages: Vec<(u64, Bytes)>, now: Instant) {
+    pub(crate) fn fill_catch_up(&self, messages: Vec<(u64, Message)>, now: Instant) {
         let mut q = self.lock();
         q.lagging = false;
         q.pending_since = now;
@@ -510,7 +519,7 @@ impl WatchQueue {
         if let Some(first) = q.first.take() {
             q.holds -= first.len();
             q.last_take = now;
-            return Next::Send(first.to_bytes().slice(PREFIX..));
+            return Next::Send(Message::Parts(first).unframed());
         }
         if let Some((seq, event, own)) = q.events.pop_front() {
             if own {
@@ -518,7 +527,7 @@ impl WatchQueue {
             }
             q.delivered = seq;
             q.last_take = now;
-            return Next::Send(event.slice(PREFIX..));
+            return Next::Send(event.unframed());
         }
         Self::idle(&mut q, now)
     }
@@ -538,7 +547,7 @@ impl WatchQueue {
         if let Some((seq, event, own)) = q.events.pop_front() {
             q.delivered = seq;
             q.last_take = now;
-            return Next::Send(q.start(Message::Flat(event), own));
+            return Next::Send(q.start(event, own));
         }
         Self::idle(&mut q, now)
     }
