@@ -547,7 +547,10 @@ async fn fanout(addr: SocketAddr, watchers: usize, events: usize) -> anyhow::Res
             };
             // A watcher that ended does not hold up the publisher.
             received.add(events.saturating_sub(lat.len()) as u64);
-            (lat, aborted)
+            // The stream (and with it the connection) is handed back, not dropped:
+            // 10,000 connections closing while others still wait for the last update
+            // would be measured as that update's latency.
+            (lat, aborted, s)
         }));
     }
     let mut publisher = connect(addr).await?;
@@ -574,13 +577,17 @@ async fn fanout(addr: SocketAddr, watchers: usize, events: usize) -> anyhow::Res
     pb.finish_and_clear();
     let mut all = Vec::with_capacity(watchers * events);
     let mut aborted = 0;
+    let mut streams = Vec::with_capacity(watchers);
     for t in tasks {
-        let (lat, was_aborted) = tokio::time::timeout(Duration::from_secs(30), t)
-            .await
-            .context("watchers did not receive every update within 30 s")??;
+        let (lat, was_aborted, stream) =
+            tokio::time::timeout(Duration::from_secs(30), t)
+                .await
+                .context("watchers did not receive every update within 30 s")??;
         aborted += usize::from(was_aborted);
         all.extend(lat);
+        streams.push(stream);
     }
+    drop(streams);
     if all.is_empty() {
         bail!("no fan-out samples");
     }
