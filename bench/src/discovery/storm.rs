@@ -31,10 +31,15 @@ use crate::bar;
 /// How long the join storm may take before it is reported as not converged.
 const STORM_LIMIT: Duration = Duration::from_secs(120);
 
-/// HTTP/2 window of each node's connection: unread Watch data beyond it stays on the
+/// HTTP/2 window of each node's Watch stream: unread Watch data beyond it stays on the
 /// server (64 KiB is the protocol's default; the client library's own is 2 MiB, which
 /// times 10,240 nodes would let the load generator buffer 20 GiB).
 const NODE_WINDOW: u32 = 128 * 1024;
+
+/// The connection's window must exceed the stream's: a node reads its Watch only
+/// after its AffiliateUpdate returns, and Watch data filling the whole connection
+/// window would hold back that response for good.
+const NODE_CONNECTION_WINDOW: u32 = 4 * NODE_WINDOW;
 
 /// Longest affiliate entry (or other field) a reader holds while it is incomplete.
 /// The server's largest is ~4.5 KiB (2 KiB data, 64 endpoints).
@@ -326,7 +331,7 @@ async fn connect_node(addr: SocketAddr) -> anyhow::Result<Channel> {
     tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
         .tcp_nodelay(true)
         .initial_stream_window_size(NODE_WINDOW)
-        .initial_connection_window_size(NODE_WINDOW)
+        .initial_connection_window_size(NODE_CONNECTION_WINDOW)
         .connect()
         .await
         .with_context(|| format!("connecting to {addr}"))
