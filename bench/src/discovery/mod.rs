@@ -9,6 +9,7 @@
 
 mod hostile;
 mod process;
+mod storm;
 
 use std::{
     net::SocketAddr,
@@ -227,9 +228,11 @@ async fn throughput_section(server: &ServerProcess, args: &Args) -> anyhow::Resu
 async fn fanout_section(server: &ServerProcess, args: &Args) -> anyhow::Result<()> {
     println!();
     println!(
-        "Watch fan-out latency: one cluster, {} updates 20 ms apart, measured from sending \
-         AffiliateUpdate to receipt by each watcher",
-        args.fanout_events
+        "Watch fan-out latency: one cluster, {} updates, each sent {} ms after every watcher \
+         received the previous one (the latency of one fan-out, not of a backlog of them), \
+         measured from sending AffiliateUpdate to receipt by each watcher",
+        args.fanout_events,
+        FANOUT_GAP.as_millis()
     );
     println!(
         "{:>8}  {:>9}  {:>9}  {:>9}  {:>8}  target",
@@ -287,7 +290,7 @@ async fn storm_section(exe: &std::path::Path, args: &Args) -> anyhow::Result<()>
     // Fresh server, its per-cluster cap raised to fit the storm.
     let nodes = args.storm_nodes.max(2);
     let server = ServerProcess::start_with(exe, &max_affiliates_args(nodes))?;
-    let s = storm(server.addr, nodes).await?;
+    let s = storm::storm(server.addr, nodes).await?;
     println!();
     println!(
         "Join storm: {} nodes at once, each Hello + Watch + AffiliateUpdate ({DATA_LEN} B), \
@@ -430,49 +433,128 @@ struct Fanout {
     aborted: usize,
 }
 
-/// Watchers of one cluster; a publisher sends updates carrying their send time; every
-/// watcher records receive time − send time.
+/// Pause between one update reaching every watcher and the next update.
+const FANOUT_GAP: Duration = Duration::from_millis(20);
+
+/// The Watch messages as a fan-out watcher reads them: the data blobs only, without a
+/// copy (the load generator shares the machine's cores with the server).
+#[derive(Clone, PartialEq, prost::Message)]
+struct WatchStamps {
+    #[prost(message, repeated, tag = "1")]
+    affiliates: Vec<AffiliateStamp>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct AffiliateStamp {
+    #[prost(bytes = "bytes", tag = "2")]
+    data: bytes::Bytes,
+}
+
+/// Opens a Watch whose messages are decoded as [`WatchStamps`].
+async fn watch_stamps(
+    channel: Channel,
+    cluster: &str,
+) -> Result<tonic::Streaming<WatchStamps>, tonic::Status> {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready()
+        .await
+        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+    let path = http::uri::PathAndQuery::from_static("/sidero.discovery.server.Cluster/Watch");
+    let codec = tonic_prost::ProstCodec::<WatchRequest, WatchStamps>::default();
+    Ok(grpc
+        .server_streaming(
+            tonic::Request::new(WatchRequest {
+                cluster_id: cluster.to_owned(),
+            }),
+            path,
+            codec,
+        )
+        .await?
+        .into_inner())
+}
+
+/// Updates received by all watchers together; wakes the publisher each time the count
+/// reaches a multiple of the watcher count (an update reached everyone).
+struct Received {
+    count: AtomicU64,
+    watchers: u64,
+    all: tokio::sync::Notify,
+}
+
+impl Received {
+    fn add(&self, n: u64) {
+        let before = self.count.fetch_add(n, Ordering::Relaxed);
+        if (before + n) / self.watchers > before / self.watchers {
+            self.all.notify_one();
+        }
+    }
+
+    /// Waits until `target` receipts were counted.
+    async fn reach(&self, target: u64, deadline: tokio::time::Instant) -> anyhow::Result<()> {
+        while self.count.load(Ordering::Relaxed) < target {
+            tokio::time::timeout_at(deadline, self.all.notified())
+                .await
+                .context("watchers did not receive an update within 30 s")?;
+        }
+        Ok(())
+    }
+}
+
+/// Watchers of one cluster; a publisher sends updates carrying their send time, each
+/// once every watcher has the previous one; every watcher records receive time − send
+/// time.
 async fn fanout(addr: SocketAddr, watchers: usize, events: usize) -> anyhow::Result<Fanout> {
     let cluster = format!("fanout-{watchers}");
-    let conns = connect_many(addr, watchers, &format!("{watchers} watchers")).await?;
+    let conns = connect_channels(addr, watchers, &format!("{watchers} watchers")).await?;
     let epoch = Instant::now();
     let mut streams = Vec::with_capacity(watchers);
-    for mut c in conns {
-        let mut s = c
-            .watch(WatchRequest {
-                cluster_id: cluster.clone(),
-            })
-            .await?
-            .into_inner();
+    for channel in conns {
+        let mut s = watch_stamps(channel, &cluster).await?;
         s.message().await?.context("no snapshot")?;
-        streams.push((c, s));
+        streams.push(s);
     }
     let pb = bar(events, &format!("fan-out to {watchers}"));
+    let received = Arc::new(Received {
+        count: AtomicU64::new(0),
+        watchers: watchers as u64,
+        all: tokio::sync::Notify::new(),
+    });
     let mut tasks = Vec::new();
-    for (c, mut s) in streams {
+    for mut s in streams {
+        let received = Arc::clone(&received);
         tasks.push(tokio::spawn(async move {
-            let _keep = c;
             let mut lat = Vec::with_capacity(events);
-            while lat.len() < events {
+            let aborted = loop {
+                if lat.len() >= events {
+                    break false;
+                }
                 match s.message().await {
                     Ok(Some(msg)) => {
                         let now = epoch.elapsed();
-                        for a in msg.affiliates {
-                            let sent =
-                                u64::from_be_bytes(a.data[..8].try_into().unwrap_or_default());
+                        for a in &msg.affiliates {
+                            let sent = a
+                                .data
+                                .get(..8)
+                                .and_then(|b| b.try_into().ok())
+                                .map_or(0, u64::from_be_bytes);
                             lat.push(now.saturating_sub(Duration::from_nanos(sent)));
                         }
+                        received.add(msg.affiliates.len() as u64);
                     }
-                    Ok(None) => return (lat, false),
-                    Err(status) if status.code() == Code::Aborted => return (lat, true),
-                    Err(_) => return (lat, false),
+                    Ok(None) => break false,
+                    Err(status) => break status.code() == Code::Aborted,
                 }
-            }
-            (lat, false)
+            };
+            // A watcher that ended does not hold up the publisher.
+            received.add(events.saturating_sub(lat.len()) as u64);
+            // The stream (and with it the connection) is handed back, not dropped:
+            // 10,000 connections closing while others still wait for the last update
+            // would be measured as that update's latency.
+            (lat, aborted, s)
         }));
     }
     let mut publisher = connect(addr).await?;
-    for _ in 0..events {
+    for k in 0..events {
         let mut data = vec![0u8; DATA_LEN];
         let sent = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
         data[..8].copy_from_slice(&sent.to_be_bytes());
@@ -485,19 +567,27 @@ async fn fanout(addr: SocketAddr, watchers: usize, events: usize) -> anyhow::Res
                 ttl: ttl(),
             })
             .await?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        received
+            .reach((k as u64 + 1) * watchers as u64, deadline)
+            .await?;
         pb.inc(1);
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(FANOUT_GAP).await;
     }
     pb.finish_and_clear();
     let mut all = Vec::with_capacity(watchers * events);
     let mut aborted = 0;
+    let mut streams = Vec::with_capacity(watchers);
     for t in tasks {
-        let (lat, was_aborted) = tokio::time::timeout(Duration::from_secs(30), t)
-            .await
-            .context("watchers did not receive every update within 30 s")??;
+        let (lat, was_aborted, stream) =
+            tokio::time::timeout(Duration::from_secs(30), t)
+                .await
+                .context("watchers did not receive every update within 30 s")??;
         aborted += usize::from(was_aborted);
         all.extend(lat);
+        streams.push(stream);
     }
+    drop(streams);
     if all.is_empty() {
         bail!("no fan-out samples");
     }
@@ -585,151 +675,4 @@ fn cluster_id(i: usize) -> String {
 
 fn affiliate_id(i: usize) -> String {
     format!("node{i:0>40}")
-}
-
-struct Storm {
-    nodes: usize,
-    converged: usize,
-    elapsed: Duration,
-    aborted: usize,
-}
-
-/// How long the join storm may take before it is reported as not converged.
-const STORM_LIMIT: Duration = Duration::from_secs(120);
-
-/// The Watch messages as a storm node reads them: IDs only. The data and endpoints are
-/// skipped by the decoder (unknown fields), so the load generator, which shares the
-/// machine's cores with the server, does not spend them copying blobs it never reads.
-#[derive(Clone, PartialEq, prost::Message)]
-struct WatchIds {
-    #[prost(message, repeated, tag = "1")]
-    affiliates: Vec<AffiliateIdOnly>,
-    #[prost(bool, tag = "2")]
-    deleted: bool,
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct AffiliateIdOnly {
-    #[prost(string, tag = "1")]
-    id: String,
-}
-
-/// Opens a Watch whose messages are decoded as [`WatchIds`].
-async fn watch_ids(
-    channel: Channel,
-    cluster: &str,
-) -> Result<tonic::Streaming<WatchIds>, tonic::Status> {
-    let mut grpc = tonic::client::Grpc::new(channel).max_decoding_message_size(16 << 20);
-    grpc.ready()
-        .await
-        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    let path = http::uri::PathAndQuery::from_static("/sidero.discovery.server.Cluster/Watch");
-    let codec = tonic_prost::ProstCodec::<WatchRequest, WatchIds>::default();
-    Ok(grpc
-        .server_streaming(
-            tonic::Request::new(WatchRequest {
-                cluster_id: cluster.to_owned(),
-            }),
-            path,
-            codec,
-        )
-        .await?
-        .into_inner())
-}
-
-/// The storm's node index from its affiliate ID (`node` + 40 digits).
-fn node_index(id: &str) -> Option<usize> {
-    id.strip_prefix("node")?.parse().ok()
-}
-
-/// `n` nodes join one cluster at once; each waits until its watch holds all `n`.
-/// A watch aborted as slow is re-established (Hello + Watch, fresh snapshot) as a
-/// real client does. Every node reads its stream as fast as it can.
-async fn storm(addr: SocketAddr, n: usize) -> anyhow::Result<Storm> {
-    let conns = connect_channels(addr, n, "connecting nodes").await?;
-    let pb = bar(n, "join storm: converged");
-    let barrier = Arc::new(tokio::sync::Barrier::new(n + 1));
-    let aborted = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for (i, channel) in conns.into_iter().enumerate() {
-        let (barrier, pb, aborted) = (Arc::clone(&barrier), pb.clone(), Arc::clone(&aborted));
-        tasks.push(tokio::spawn(async move {
-            let mut c = ClusterClient::new(channel.clone());
-            let cluster = "storm".to_owned();
-            barrier.wait().await;
-            let deadline = tokio::time::Instant::now() + STORM_LIMIT;
-            let run = async {
-                let mut updated = false;
-                loop {
-                    c.hello(HelloRequest {
-                        cluster_id: cluster.clone(),
-                        client_version: "v1.8.3".into(),
-                    })
-                    .await?;
-                    let mut s = watch_ids(channel.clone(), &cluster).await?;
-                    if !updated {
-                        c.affiliate_update(AffiliateUpdateRequest {
-                            cluster_id: cluster.clone(),
-                            affiliate_id: affiliate_id(i),
-                            affiliate_data: Some(vec![0x42; DATA_LEN]),
-                            affiliate_endpoints: vec![vec![i as u8; 16]],
-                            ttl: ttl(),
-                        })
-                        .await?;
-                        updated = true;
-                    }
-                    // One bit per node: a set of IDs per node would be n² strings.
-                    let mut held = vec![false; n];
-                    let mut count = 0usize;
-                    loop {
-                        match s.message().await {
-                            Ok(Some(msg)) => {
-                                for a in msg.affiliates {
-                                    let Some(k) = node_index(&a.id).filter(|&k| k < n) else {
-                                        continue;
-                                    };
-                                    if held[k] == msg.deleted {
-                                        held[k] = !msg.deleted;
-                                        if msg.deleted {
-                                            count -= 1;
-                                        } else {
-                                            count += 1;
-                                        }
-                                    }
-                                }
-                                if count == n {
-                                    pb.inc(1);
-                                    return Ok::<_, tonic::Status>(());
-                                }
-                            }
-                            Err(status) if status.code() == Code::Aborted => {
-                                aborted.fetch_add(1, Ordering::Relaxed);
-                                break;
-                            }
-                            Err(status) => return Err(status),
-                            Ok(None) => return Err(tonic::Status::unavailable("watch ended")),
-                        }
-                    }
-                }
-            };
-            match tokio::time::timeout_at(deadline, run).await {
-                Ok(r) => r.map(|()| true),
-                Err(_) => Ok(false),
-            }
-        }));
-    }
-    barrier.wait().await;
-    let start = Instant::now();
-    let mut converged = 0;
-    for t in tasks {
-        converged += usize::from(t.await??);
-    }
-    let elapsed = start.elapsed();
-    pb.finish_and_clear();
-    Ok(Storm {
-        nodes: n,
-        converged,
-        elapsed,
-        aborted: usize::try_from(aborted.load(Ordering::Relaxed)).unwrap_or(usize::MAX),
-    })
 }

@@ -23,8 +23,8 @@ use bytes::{Bytes, BytesMut};
 pub use self::validate::{
     offset, ttl_nanos, validate_affiliate_id, validate_cluster_id, validate_update,
 };
-use self::watch::{Counted, SharedCounted};
-pub use self::watch::{Next, WatchBytes, WatchQueue, WATCH_STALL};
+pub use self::watch::{Batch, Next, WatchBytes, WatchQueue, WATCH_STALL};
+use self::watch::{BatchParts, Message};
 use super::error::RequestError;
 use crate::proto::server as pb;
 
@@ -46,7 +46,8 @@ pub const WATCH_QUEUE: usize = 32;
 /// aborts the slowest of them (see [`State::set_watch_budget`]).
 pub const WATCH_BUDGET: usize = 256 << 20;
 
-/// One encoded Watch message, shared by every watcher of the cluster.
+/// One encoded Watch message with its gRPC prefix, shared by every watcher of the
+/// cluster.
 pub type Event = Bytes;
 
 pub(crate) use self::record::{Affiliate, Endpoint};
@@ -89,7 +90,7 @@ pub(crate) struct Cluster {
     /// The last snapshot made and the event it was made after: watchers that
     /// register before the next event share it. Weak, so it lives only as long as a
     /// watcher still holds it.
-    snapshot: Option<(u64, Weak<Counted>)>,
+    snapshot: Option<(u64, Weak<BatchParts>)>,
 }
 
 /// Tombstones kept before the first trim is tried.
@@ -121,9 +122,9 @@ impl Cluster {
         if self.subscribers.is_empty() {
             return;
         }
-        let mut buf = BytesMut::with_capacity(watch::affiliate_entry_len(id, affiliate));
-        watch::put_affiliate(&mut buf, id, affiliate);
-        self.notify(seq, &buf.freeze(), now);
+        let event = watch::encode_event(id, affiliate);
+        affiliate.set_entry(Arc::new(event.clone()));
+        self.notify(seq, &event, now);
     }
 
     fn notify_delete(&mut self, id: &str, now: Instant) {
@@ -133,9 +134,10 @@ impl Cluster {
             return;
         }
         let seq = self.seq;
-        let mut buf = BytesMut::with_capacity(id.len() + 8);
+        let mut buf = watch::framed(id.len() + 8);
         watch::put_deleted(&mut buf, id);
         watch::put_deleted_flag(&mut buf);
+        watch::seal(&mut buf);
         self.notify(seq, &buf.freeze(), now);
         self.tombstones.push_back((seq, id.into()));
         if self.tombstones.len() >= self.trim_at.max(TOMBSTONE_TRIM) {
@@ -163,17 +165,18 @@ impl Cluster {
 
     /// The catch-up of a watcher that took every event up to `since`: the current
     /// state of each affiliate changed after it and a delete for each affiliate
-    /// removed after it, in event order, several affiliates per message.
-    fn catch_up(&self, since: u64, meter: &Arc<WatchBytes>) -> Vec<(u64, Bytes)> {
+    /// removed after it, in event order, several affiliates per message. Upserts are
+    /// batches of the affiliates' kept entries, not copies.
+    fn catch_up(&mut self, since: u64, meter: &Arc<WatchBytes>) -> Vec<(u64, Message)> {
         enum Item<'a> {
-            Upsert(&'a str, &'a Affiliate),
+            Upsert(Arc<Bytes>),
             Delete(&'a str),
         }
         let mut items: Vec<(u64, Item<'_>)> = self
             .affiliates
-            .iter()
+            .iter_mut()
             .filter(|(_, a)| a.changed > since)
-            .map(|(id, a)| (a.changed, Item::Upsert(id, a)))
+            .map(|(id, a)| (a.changed, Item::Upsert(entry(id, a))))
             .collect();
         items.extend(
             self.tombstones
@@ -183,63 +186,86 @@ impl Cluster {
         );
         items.sort_unstable_by_key(|(seq, _)| *seq);
         let mut out = Vec::new();
-        let mut buf = BytesMut::new();
-        let mut deleted = false;
+        // The message being gathered: entries (upserts) or a buffer (deletes).
+        let mut entries: Vec<Arc<Bytes>> = Vec::new();
+        let mut deletes = watch::framed(0);
+        let mut size = 0;
         let mut last = since;
-        for (seq, item) in &items {
+        let mut flush = |entries: &mut Vec<Arc<Bytes>>, deletes: &mut BytesMut, at: u64| {
+            if !entries.is_empty() {
+                let batch = watch::Batch::new(std::mem::take(entries), meter);
+                out.push((at, Message::Parts(batch)));
+            } else if deletes.len() > watch::PREFIX {
+                let mut buf = std::mem::replace(deletes, watch::framed(0));
+                watch::put_deleted_flag(&mut buf);
+                watch::seal(&mut buf);
+                out.push((at, Message::Flat(watch::counted(buf, meter))));
+            }
+        };
+        for (seq, item) in items {
             let is_delete = matches!(item, Item::Delete(_));
             // One message holds either upserts or deletes (the flag covers all).
-            if !buf.is_empty() && (is_delete != deleted || buf.len() >= watch::CATCH_UP_BATCH) {
-                if deleted {
-                    watch::put_deleted_flag(&mut buf);
-                }
-                out.push((last, watch::counted(buf.split(), meter)));
+            let kind_changes = if is_delete {
+                !entries.is_empty()
+            } else {
+                deletes.len() > watch::PREFIX
+            };
+            if kind_changes || size >= watch::CATCH_UP_BATCH {
+                flush(&mut entries, &mut deletes, last);
+                size = 0;
             }
-            deleted = is_delete;
             match item {
-                Item::Upsert(id, a) => watch::put_affiliate(&mut buf, id, a),
-                Item::Delete(id) => watch::put_deleted(&mut buf, id),
+                Item::Upsert(entry) => {
+                    size += entry.len() - watch::PREFIX;
+                    entries.push(entry);
+                }
+                Item::Delete(id) => {
+                    let before = deletes.len();
+                    watch::put_deleted(&mut deletes, id);
+                    size += deletes.len() - before;
+                }
             }
-            last = *seq;
+            last = seq;
         }
-        if !buf.is_empty() {
-            if deleted {
-                watch::put_deleted_flag(&mut buf);
-            }
-            out.push((self.seq, watch::counted(buf, meter)));
-        } else if let Some(end) = out.last_mut() {
+        flush(&mut entries, &mut deletes, self.seq);
+        if let Some(end) = out.last_mut() {
             end.0 = self.seq;
         }
         out
     }
 
     /// Every affiliate as one encoded `WatchResponse` (the snapshot), shared with the
-    /// watchers that registered since the last event and still hold it.
-    fn snapshot(&mut self, meter: &Arc<WatchBytes>) -> Bytes {
+    /// watchers that registered since the last event and still hold it. It is made of
+    /// the affiliates' kept entries; those missing (changed while nobody watched) are
+    /// encoded now and kept for the next snapshot.
+    fn snapshot(&mut self, meter: &Arc<WatchBytes>) -> Batch {
         if let Some((seq, weak)) = &self.snapshot {
             if *seq == self.seq {
-                if let Some(shared) = SharedCounted::upgrade(weak) {
-                    return shared.bytes();
+                if let Some(shared) = Batch::upgrade(weak) {
+                    return shared;
                 }
             }
         }
-        let shared = SharedCounted::new(self.encode_all(), meter);
-        self.snapshot = Some((self.seq, shared.downgrade()));
-        shared.bytes()
-    }
-
-    fn encode_all(&self) -> BytesMut {
-        let len = self
+        let entries = self
             .affiliates
-            .iter()
-            .map(|(id, a)| watch::affiliate_entry_len(id, a))
-            .sum();
-        let mut buf = BytesMut::with_capacity(len);
-        for (id, a) in &self.affiliates {
-            watch::put_affiliate(&mut buf, id, a);
-        }
-        buf
+            .iter_mut()
+            .map(|(id, a)| entry(id, a))
+            .collect();
+        let shared = Batch::new(entries, meter);
+        self.snapshot = Some((self.seq, shared.downgrade()));
+        shared
     }
+}
+
+/// The affiliate's kept entry; encoded and kept now if it changed while nobody
+/// watched.
+fn entry(id: &str, a: &mut Affiliate) -> Arc<Bytes> {
+    if let Some(entry) = a.entry() {
+        return Arc::clone(entry);
+    }
+    let entry = Arc::new(watch::encode_event(id, a));
+    a.set_entry(Arc::clone(&entry));
+    entry
 }
 
 /// A registered watcher: the snapshot to send first, then the live events.
@@ -251,7 +277,7 @@ pub struct Subscription {
     pub id: u64,
     /// Every affiliate at registration time as an encoded `WatchResponse` (sent first,
     /// even when empty).
-    pub snapshot: Bytes,
+    pub snapshot: Batch,
     /// Live events.
     pub queue: Arc<WatchQueue>,
 }
@@ -481,17 +507,17 @@ impl State {
     /// the state lock, so no event falls between the catch-up and the next event.
     /// False if the watcher is no longer registered.
     pub fn catch_up(&mut self, now: Instant, cluster_id: &str, id: u64) -> bool {
-        let Some(cluster) = self.clusters.get(cluster_id) else {
+        let Some(cluster) = self.clusters.get_mut(cluster_id) else {
             return false;
         };
         let Some(sub) = cluster.subscribers.iter().find(|s| s.id == id) else {
             return false;
         };
-        let Some(since) = sub.queue.lagging_since() else {
+        let queue = Arc::clone(&sub.queue);
+        let Some(since) = queue.lagging_since() else {
             return true;
         };
-        sub.queue
-            .fill_catch_up(cluster.catch_up(since, &self.watch_bytes), now);
+        queue.fill_catch_up(cluster.catch_up(since, &self.watch_bytes), now);
         self.enforce_budget(now);
         true
     }

@@ -8,9 +8,11 @@
 //! saturates at ±292 years, beyond what `offset` yields).
 
 use std::{
-    sync::OnceLock,
+    sync::{Arc, OnceLock},
     time::{Duration, Instant},
 };
+
+use bytes::Bytes;
 
 /// One stored affiliate: opaque blobs, each expiring on its own.
 #[derive(Debug, Clone)]
@@ -19,6 +21,10 @@ pub(crate) struct Affiliate {
     /// Sequence number of the cluster event that last carried this affiliate.
     pub(crate) changed: u64,
     block: Box<[u8]>,
+    /// The affiliate's current Watch event (gRPC-framed, one entry), kept while its
+    /// cluster has watchers: snapshots are made of these shared entries instead of a
+    /// copy of every affiliate per joining watcher. Any change clears it.
+    entry: Option<Arc<Bytes>>,
 }
 
 /// One stored endpoint, borrowed from its affiliate.
@@ -80,6 +86,7 @@ impl Affiliate {
             expiration,
             changed: 0,
             block: block.into_boxed_slice(),
+            entry: None,
         }
     }
 
@@ -112,10 +119,21 @@ impl Affiliate {
         self.endpoints().count()
     }
 
+    /// The encoded entry, if one was kept since the last change.
+    pub(crate) fn entry(&self) -> Option<&Arc<Bytes>> {
+        self.entry.as_ref()
+    }
+
+    /// Keeps `entry` (this affiliate's current encoding) for snapshots.
+    pub(crate) fn set_entry(&mut self, entry: Arc<Bytes>) {
+        self.entry = Some(entry);
+    }
+
     /// Replaces the data blob, keeping the endpoints.
     pub(crate) fn set_data(&mut self, data: &[u8]) {
         let rebuilt = Self::new(self.expiration, data, self.endpoints());
         self.block = rebuilt.block;
+        self.entry = None;
     }
 
     /// Extends a known endpoint's expiration to at least `expiration`; false if the
@@ -141,6 +159,7 @@ impl Affiliate {
         block.extend_from_slice(&self.block);
         put_endpoint(&mut block, expiration, data);
         self.block = block.into_boxed_slice();
+        self.entry = None;
     }
 
     /// Drops endpoints `keep` refuses; returns how many.
@@ -151,6 +170,7 @@ impl Affiliate {
         if removed > 0 {
             let rebuilt = Self::new(self.expiration, self.data(), kept);
             self.block = rebuilt.block;
+            self.entry = None;
         }
         removed
     }

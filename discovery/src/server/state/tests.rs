@@ -104,7 +104,7 @@ fn endpoint_expires_before_affiliate_and_gc_sends_upsert_then_delete() {
     s.update(t0, &req("a", None, &[b"e1"], 60)).unwrap();
     let mut w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
     assert_eq!(
-        decode(&w.snapshot).affiliates[0].endpoints,
+        decode(&w.snapshot.to_bytes()[watch::PREFIX..]).affiliates[0].endpoints,
         vec![b"e1".to_vec()]
     );
 
@@ -271,7 +271,12 @@ fn reading_watcher_that_falls_behind_catches_up() {
     }
     let mut w = s.watch(t0, "c", 4).unwrap();
     let mut fast = s.watch(t0, "c", 1000).unwrap();
-    assert_eq!(decode(&w.snapshot).affiliates.len(), 3);
+    assert_eq!(
+        decode(&w.snapshot.to_bytes()[watch::PREFIX..])
+            .affiliates
+            .len(),
+        3
+    );
     // It takes one event, then a burst overflows its queue.
     s.update(t0, &req("a", Some(b"1"), &[], 60)).unwrap();
     assert_eq!(drain_at(&mut s, &mut w, t0).len(), 1);
@@ -333,8 +338,13 @@ fn watch_snapshot_and_registration_are_atomic() {
     let mut s = State::new();
     s.update(t0, &req("a", Some(b"d"), &[], 60)).unwrap();
     let mut w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
-    assert_eq!(decode(&w.snapshot).affiliates.len(), 1);
-    assert!(!decode(&w.snapshot).deleted);
+    assert_eq!(
+        decode(&w.snapshot.to_bytes()[watch::PREFIX..])
+            .affiliates
+            .len(),
+        1
+    );
+    assert!(!decode(&w.snapshot.to_bytes()[watch::PREFIX..]).deleted);
     s.delete(t0, "c", "a").unwrap();
     s.delete(t0, "c", "a").unwrap(); // absent: no event
     let ev = drain(&mut w);
@@ -426,6 +436,146 @@ fn frames_carry_grpc_framed_messages_in_bounded_pieces() {
     // Sent in full: nothing is held for the watcher any more.
     assert_eq!(w.queue.holds(), 0);
     assert_eq!(s.watch_bytes(), 0);
+}
+
+/// Several watchers on the transport's path: each gets the snapshot, then every event
+/// in event order, and an event is handed to every watcher's transport as the one
+/// shared buffer rather than a copy per watcher.
+#[test]
+fn framed_events_reach_every_watcher_in_order_as_one_shared_buffer() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    s.update(t0, &req("old", Some(b"d"), &[], 60)).unwrap();
+    let watchers: Vec<_> = (0..4)
+        .map(|_| watch_queued(&mut s, "c", WATCH_QUEUE, t0))
+        .collect();
+    for i in 0..5u8 {
+        s.update(t0, &req(&format!("a{i}"), Some(&[i]), &[], 60))
+            .unwrap();
+    }
+    s.delete(t0, "c", "a1").unwrap();
+    s.update(t0, &req("a0", Some(b"again"), &[], 60)).unwrap();
+    let per_watcher: Vec<Vec<Bytes>> = watchers.iter().map(|w| frames(w, t0)).collect();
+    for frames in &per_watcher {
+        let messages = grpc_messages(&frames.concat());
+        let seen: Vec<(bool, String, Vec<u8>)> = messages
+            .iter()
+            .map(|m| {
+                let a = &m.affiliates[0];
+                (m.deleted, a.id.clone(), a.data.clone())
+            })
+            .collect();
+        let mut expected = vec![(false, "old".to_owned(), b"d".to_vec())];
+        expected.extend((0..5u8).map(|i| (false, format!("a{i}"), vec![i])));
+        expected.push((true, "a1".to_owned(), vec![]));
+        expected.push((false, "a0".to_owned(), b"again".to_vec()));
+        assert_eq!(seen, expected);
+    }
+    // Event frames (all but the snapshot) are the same memory for every watcher.
+    for i in 1..per_watcher[0].len() {
+        let first = per_watcher[0][i].as_ptr();
+        assert!(
+            per_watcher.iter().all(|f| f[i].as_ptr() == first),
+            "event {i} was copied per watcher"
+        );
+    }
+    assert_eq!(s.counts().subscriptions, 4);
+}
+
+/// On the transport's path too, a watcher that took nothing for the stall timeout
+/// while its queue was full is aborted (its stream ends with ABORTED after what was
+/// already queued) and the watchers that read lose nothing.
+#[test]
+fn framed_path_still_aborts_a_stalled_watcher() {
+    let t0 = Instant::now();
+    let later = t0 + WATCH_STALL + Duration::from_secs(1);
+    let mut s = State::new();
+    let live = watch_queued(&mut s, "c", WATCH_QUEUE, t0);
+    let stalled = watch_queued(&mut s, "c", 2, t0);
+    // Both take their snapshot; then the stalled one stops reading.
+    assert!(matches!(live.queue.next_frame(t0), Next::Send(_)));
+    assert!(matches!(stalled.queue.next_frame(t0), Next::Send(_)));
+    for i in 0..2 {
+        s.update(t0, &req(&format!("a{i}"), Some(b"d"), &[], 60))
+            .unwrap();
+    }
+    s.update(later, &req("a2", Some(b"d"), &[], 60)).unwrap();
+    assert!(stalled.queue.is_lost());
+    assert_eq!(s.counts().subscriptions, 1);
+    assert_eq!(grpc_messages(&frames(&stalled, later).concat()).len(), 2);
+    assert!(matches!(stalled.queue.next_frame(later), Next::Lost));
+    let seen = grpc_messages(&frames(&live, later).concat());
+    assert_eq!(seen.len(), 3);
+    assert!(!live.queue.is_lost());
+}
+
+/// A joining watcher's snapshot is made of the entries kept for the affiliates, not
+/// a copy of them: snapshots taken on either side of an event share every entry but
+/// the changed affiliate's, and each shows the state at its registration.
+#[test]
+fn snapshots_share_the_affiliates_entries_instead_of_copying_them() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    big_cluster(&mut s, "c", 40, t0);
+    let a = watch_queued(&mut s, "c", WATCH_QUEUE, t0);
+    s.update(t0, &req("a7", Some(b"new"), &[], 60)).unwrap();
+    let b = watch_queued(&mut s, "c", WATCH_QUEUE, t0);
+    let snapshot = |w: &Subscription| {
+        let body: Vec<u8> = frames(w, t0).concat();
+        let mut m = grpc_messages(&body).remove(0);
+        m.affiliates.sort_by(|x, y| x.id.cmp(&y.id));
+        m
+    };
+    let (ptrs_a, ptrs_b) = {
+        let q = |w: &Subscription| w.queue.first_batch().unwrap().entry_ptrs();
+        (q(&a), q(&b))
+    };
+    let shared = ptrs_b.iter().filter(|p| ptrs_a.contains(p)).count();
+    assert_eq!(shared, 39, "all but the changed affiliate are shared");
+    let (sa, sb) = (snapshot(&a), snapshot(&b));
+    assert_eq!(sa.affiliates.len(), 40);
+    assert_eq!(sb.affiliates.len(), 40);
+    let data = |m: &pb::WatchResponse| {
+        m.affiliates
+            .iter()
+            .find(|x| x.id == "a7")
+            .unwrap()
+            .data
+            .clone()
+    };
+    assert_eq!(data(&sa), vec![7u8; MAX_DATA_LEN]);
+    assert_eq!(data(&sb), b"new");
+}
+
+/// The kept entries never go stale: changes made while nobody watches (new data, a
+/// new endpoint) and endpoints dropped by GC show in the next joiner's snapshot.
+#[test]
+fn snapshot_entries_follow_every_change() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    let first = s.watch(t0, "c", WATCH_QUEUE).unwrap();
+    s.update(t0, &req("a", Some(b"d1"), &[b"e1"], 600)).unwrap();
+    s.unsubscribe("c", first.id);
+    drop(first);
+    // Nobody watches: these changes are not encoded as events.
+    s.update(t0, &req("a", Some(b"d2"), &[], 600)).unwrap();
+    s.update(t0, &req("a", None, &[b"e2"], 60)).unwrap();
+    let snap = |s: &mut State| {
+        let w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
+        let m = decode(&w.snapshot.to_bytes()[watch::PREFIX..]);
+        (
+            m.affiliates[0].data.clone(),
+            m.affiliates[0].endpoints.clone(),
+            w,
+        )
+    };
+    let (data, endpoints, _w) = snap(&mut s);
+    assert_eq!(data, b"d2");
+    assert_eq!(endpoints, [b"e1".to_vec(), b"e2".to_vec()]);
+    // e2 expires first; GC drops it while a watcher is registered.
+    s.gc(t0 + Duration::from_secs(120));
+    let (_, endpoints, _w2) = snap(&mut s);
+    assert_eq!(endpoints, [b"e1".to_vec()]);
 }
 
 #[test]

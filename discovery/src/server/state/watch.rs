@@ -16,7 +16,7 @@ use std::{
     collections::VecDeque,
     sync::{
         atomic::{AtomicUsize, Ordering},
-        Arc, Mutex, MutexGuard,
+        Arc, Mutex, MutexGuard, Weak,
     },
     time::{Duration, Instant},
 };
@@ -41,8 +41,24 @@ pub const WATCH_STALL: Duration = Duration::from_secs(2);
 /// transport's buffers; the rest stays in its queue, where an abort can free it.
 pub const FRAME: usize = 16 * 1024;
 
-/// Length of the gRPC message prefix (compression flag, big-endian length).
-const PREFIX: usize = 5;
+/// Length of the gRPC message prefix (compression flag, big-endian length). Every
+/// message is encoded with it in front, so an event that fits one body frame goes to
+/// each watcher's transport as the very bytes every other watcher gets.
+pub(crate) const PREFIX: usize = 5;
+
+/// Starts a gRPC-framed message: room for the prefix, filled in by [`seal`].
+pub(crate) fn framed(capacity: usize) -> BytesMut {
+    let mut buf = BytesMut::with_capacity(PREFIX + capacity);
+    buf.put_bytes(0, PREFIX);
+    buf
+}
+
+/// Fills in the prefix of a message begun with [`framed`] (uncompressed, its length).
+pub(crate) fn seal(buf: &mut BytesMut) {
+    // Messages are far below 4 GiB (a maximal cluster encodes to ~4.5 MiB).
+    let len = u32::try_from(buf.len() - PREFIX).unwrap_or(u32::MAX);
+    buf[1..PREFIX].copy_from_slice(&len.to_be_bytes());
+}
 
 /// Bytes of encoded Watch messages made for one watcher alone (snapshots, catch-up
 /// batches) that are still alive, whoever holds them. Shared events are not counted:
@@ -59,7 +75,7 @@ impl WatchBytes {
 }
 
 /// The owner of one counted message: the count drops when its last `Bytes` does.
-pub(crate) struct Counted {
+struct Counted {
     buf: BytesMut,
     meter: Arc<WatchBytes>,
 }
@@ -76,43 +92,115 @@ impl Drop for Counted {
     }
 }
 
-/// Lets several watchers' `Bytes` share one counted message (a snapshot several
-/// watchers registered for at the same point).
-#[derive(Clone)]
-pub(crate) struct SharedCounted(Arc<Counted>);
+/// Counts `buf` in `meter` for as long as the returned bytes live.
+pub(crate) fn counted(buf: BytesMut, meter: &Arc<WatchBytes>) -> Bytes {
+    meter.0.fetch_add(buf.len(), Ordering::Relaxed);
+    Bytes::from_owner(Counted {
+        buf,
+        meter: Arc::clone(meter),
+    })
+}
 
-impl AsRef<[u8]> for SharedCounted {
-    fn as_ref(&self) -> &[u8] {
-        &self.0.buf
+/// One gRPC-framed `WatchResponse` of upserts (a snapshot, a catch-up batch) made of
+/// the affiliates' shared encoded entries rather than a copy of them, so it costs a
+/// pointer per affiliate. Watchers that register between the same two events share
+/// one snapshot. Counted in [`WatchBytes`] at its full encoded length while alive: it
+/// keeps those entries alive even after the affiliates change.
+#[derive(Clone)]
+pub struct Batch(Arc<BatchParts>);
+
+pub(crate) struct BatchParts {
+    prefix: [u8; PREFIX],
+    /// Each affiliate's framed single-entry event; its entry follows the prefix.
+    entries: Vec<Arc<Bytes>>,
+    len: usize,
+    meter: Arc<WatchBytes>,
+}
+
+impl Drop for BatchParts {
+    fn drop(&mut self) {
+        self.meter.0.fetch_sub(self.len, Ordering::Relaxed);
     }
 }
 
-impl SharedCounted {
-    /// Counts `buf` in `meter` until it is dropped.
-    pub(crate) fn new(buf: BytesMut, meter: &Arc<WatchBytes>) -> Self {
-        meter.0.fetch_add(buf.len(), Ordering::Relaxed);
-        Self(Arc::new(Counted {
-            buf,
+impl std::fmt::Debug for Batch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Batch")
+            .field("affiliates", &self.0.entries.len())
+            .field("len", &self.0.len)
+            .finish()
+    }
+}
+
+impl Default for Batch {
+    /// An empty snapshot counted nowhere (a placeholder).
+    fn default() -> Self {
+        Self::new(Vec::new(), &Arc::default())
+    }
+}
+
+impl Batch {
+    /// A snapshot of `entries` (framed single-entry events), counted in `meter`.
+    pub(crate) fn new(entries: Vec<Arc<Bytes>>, meter: &Arc<WatchBytes>) -> Self {
+        let body: usize = entries.iter().map(|e| e.len() - PREFIX).sum();
+        let mut prefix = [0; PREFIX];
+        // Messages are far below 4 GiB (a maximal cluster encodes to ~4.5 MiB).
+        prefix[1..].copy_from_slice(&u32::try_from(body).unwrap_or(u32::MAX).to_be_bytes());
+        let len = PREFIX + body;
+        meter.0.fetch_add(len, Ordering::Relaxed);
+        Self(Arc::new(BatchParts {
+            prefix,
+            entries,
+            len,
             meter: Arc::clone(meter),
         }))
     }
 
-    pub(crate) fn downgrade(&self) -> std::sync::Weak<Counted> {
+    pub(crate) fn downgrade(&self) -> Weak<BatchParts> {
         Arc::downgrade(&self.0)
     }
 
-    pub(crate) fn upgrade(weak: &std::sync::Weak<Counted>) -> Option<Self> {
+    pub(crate) fn upgrade(weak: &Weak<BatchParts>) -> Option<Self> {
         weak.upgrade().map(Self)
     }
 
-    pub(crate) fn bytes(self) -> Bytes {
-        Bytes::from_owner(self)
+    /// Encoded length, the gRPC prefix included.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len
     }
-}
 
-/// Counts `buf` in `meter` for as long as the returned bytes live.
-pub(crate) fn counted(buf: BytesMut, meter: &Arc<WatchBytes>) -> Bytes {
-    SharedCounted::new(buf, meter).bytes()
+    /// Whether the batch has no affiliates.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.entries.is_empty()
+    }
+
+    /// Part `i` of the framed message: the prefix, then each entry.
+    fn part(&self, i: usize) -> Option<&[u8]> {
+        if i == 0 {
+            return Some(&self.0.prefix);
+        }
+        self.0.entries.get(i - 1).map(|e| &e[PREFIX..])
+    }
+
+    /// Where each affiliate's entry lives (tests check sharing).
+    #[cfg(test)]
+    pub(crate) fn entry_ptrs(&self) -> Vec<*const u8> {
+        self.0.entries.iter().map(|e| e.as_ptr()).collect()
+    }
+
+    /// The whole framed message in one buffer (a copy).
+    #[must_use]
+    pub fn to_bytes(&self) -> Bytes {
+        let mut buf = BytesMut::with_capacity(self.len());
+        let mut i = 0;
+        while let Some(part) = self.part(i) {
+            buf.put_slice(part);
+            i += 1;
+        }
+        buf.freeze()
+    }
 }
 
 /// What the stream of one watcher should do next.
@@ -130,10 +218,44 @@ pub enum Next {
     Closed,
 }
 
-/// A message longer than [`FRAME`] part-way through being handed out.
+/// One framed message in a watcher's queue: one buffer, or a batch of entries.
+#[derive(Debug)]
+pub(crate) enum Message {
+    Flat(Bytes),
+    Parts(Batch),
+}
+
+impl Message {
+    /// The message without its gRPC prefix (a copy for a batch).
+    fn unframed(&self) -> Bytes {
+        match self {
+            Self::Flat(b) => b.slice(PREFIX..),
+            Self::Parts(s) => s.to_bytes().slice(PREFIX..),
+        }
+    }
+
+    fn len(&self) -> usize {
+        match self {
+            Self::Flat(b) => b.len(),
+            Self::Parts(s) => s.len(),
+        }
+    }
+
+    fn part(&self, i: usize) -> Option<&[u8]> {
+        match self {
+            Self::Flat(b) => (i == 0).then_some(&b[..]),
+            Self::Parts(s) => s.part(i),
+        }
+    }
+}
+
+/// A message part-way through being handed out.
 #[derive(Debug)]
 struct Sending {
-    msg: Bytes,
+    msg: Message,
+    /// Current part and offset in it.
+    part: usize,
+    off: usize,
     /// Bytes of the message already handed out.
     done: usize,
     own: bool,
@@ -142,10 +264,11 @@ struct Sending {
 #[derive(Debug)]
 struct Inner {
     /// The snapshot, sent before anything else.
-    first: Option<Bytes>,
-    /// Encoded messages with the sequence number of the last event each covers, and
+    first: Option<Batch>,
+    /// Encoded messages (gRPC-framed) with the sequence number of the last event each
+    /// covers, and
     /// whether the message was made for this watcher alone (catch-up).
-    events: VecDeque<(u64, Bytes, bool)>,
+    events: VecDeque<(u64, Message, bool)>,
     sending: Option<Sending>,
     /// Bytes of messages made for this watcher alone that it still holds.
     holds: usize,
@@ -182,40 +305,51 @@ impl Inner {
         }
     }
 
-    /// The next body frame of the message being sent.
+    /// The next body frame of the message being sent: a copy of its next (at most)
+    /// [`FRAME`] bytes.
     fn next_piece(&mut self) -> Option<Bytes> {
         let s = self.sending.as_mut()?;
-        let end = (s.done + FRAME).min(s.msg.len());
-        let piece = Bytes::copy_from_slice(&s.msg[s.done..end]);
-        s.done = end;
-        if end == s.msg.len() {
+        let len = s.msg.len();
+        let mut piece = BytesMut::with_capacity(FRAME.min(len - s.done));
+        while piece.len() < FRAME {
+            let Some(part) = s.msg.part(s.part) else {
+                break;
+            };
+            let take = (part.len() - s.off).min(FRAME - piece.len());
+            piece.put_slice(&part[s.off..s.off + take]);
+            s.off += take;
+            if s.off == part.len() {
+                s.part += 1;
+                s.off = 0;
+            }
+        }
+        s.done += piece.len();
+        if s.done == len {
             if s.own {
-                self.holds -= s.msg.len();
+                self.holds -= len;
             }
             self.sending = None;
         }
-        Some(piece)
+        Some(piece.freeze())
     }
 
-    /// Starts handing out `msg`: its first body frame (the gRPC prefix and as much
-    /// of the message as fits).
-    fn start(&mut self, msg: Bytes, own: bool) -> Bytes {
-        let head = msg.len().min(FRAME - PREFIX);
-        let mut frame = BytesMut::with_capacity(PREFIX + head);
-        frame.put_u8(0);
-        // Messages are far below 4 GiB (a maximal cluster encodes to ~4.5 MiB).
-        frame.put_u32(u32::try_from(msg.len()).unwrap_or(u32::MAX));
-        frame.put_slice(&msg[..head]);
-        if head < msg.len() {
-            self.sending = Some(Sending {
-                msg,
-                done: head,
-                own,
-            });
-        } else if own {
-            self.holds -= msg.len();
+    /// Starts handing out the framed `msg`: its first body frame. A shared event that
+    /// fits one frame goes out as it is (no copy per watcher); anything else is copied
+    /// out piece by piece, so a peer that stops reading pins at most one piece.
+    fn start(&mut self, msg: Message, own: bool) -> Bytes {
+        match msg {
+            Message::Flat(msg) if !own && msg.len() <= FRAME => msg,
+            msg => {
+                self.sending = Some(Sending {
+                    msg,
+                    part: 0,
+                    off: 0,
+                    done: 0,
+                    own,
+                });
+                self.next_piece().unwrap_or_default()
+            }
         }
-        frame.freeze()
     }
 }
 
@@ -275,7 +409,8 @@ impl WatchQueue {
             if q.events.is_empty() {
                 q.pending_since = now;
             }
-            q.events.push_back((seq, event.clone(), false));
+            q.events
+                .push_back((seq, Message::Flat(event.clone()), false));
         }
         drop(q);
         self.notify.notify_one();
@@ -311,10 +446,16 @@ impl WatchQueue {
     }
 
     /// Queues the snapshot, sent before any event. Counted in [`Self::holds`].
-    pub(crate) fn send_first(&self, snapshot: Bytes) {
+    pub(crate) fn send_first(&self, snapshot: Batch) {
         let mut q = self.lock();
         q.holds += snapshot.len();
         q.first = Some(snapshot);
+    }
+
+    /// The snapshot not yet started (tests check its sharing).
+    #[cfg(test)]
+    pub(crate) fn first_batch(&self) -> Option<Batch> {
+        self.lock().first.clone()
     }
 
     /// Bytes of messages made for this watcher alone (its snapshot, catch-up) that
@@ -359,7 +500,7 @@ impl WatchQueue {
     }
 
     /// Replaces the dropped queue with the catch-up messages.
-    pub(crate) fn fill_catch_up(&self, messages: Vec<(u64, Bytes)>, now: Instant) {
+    pub(crate) fn fill_catch_up(&self, messages: Vec<(u64, Message)>, now: Instant) {
         let mut q = self.lock();
         q.lagging = false;
         q.pending_since = now;
@@ -371,13 +512,14 @@ impl WatchQueue {
         self.notify.notify_one();
     }
 
-    /// Takes the next thing to do, whole messages (the snapshot first); never blocks.
+    /// Takes the next thing to do, whole messages without the gRPC prefix (the
+    /// snapshot first); never blocks.
     pub fn next(&self, now: Instant) -> Next {
         let mut q = self.lock();
         if let Some(first) = q.first.take() {
             q.holds -= first.len();
             q.last_take = now;
-            return Next::Send(first);
+            return Next::Send(Message::Parts(first).unframed());
         }
         if let Some((seq, event, own)) = q.events.pop_front() {
             if own {
@@ -385,7 +527,7 @@ impl WatchQueue {
             }
             q.delivered = seq;
             q.last_take = now;
-            return Next::Send(event);
+            return Next::Send(event.unframed());
         }
         Self::idle(&mut q, now)
     }
@@ -400,7 +542,7 @@ impl WatchQueue {
         }
         if let Some(first) = q.first.take() {
             q.last_take = now;
-            return Next::Send(q.start(first, true));
+            return Next::Send(q.start(Message::Parts(first), true));
         }
         if let Some((seq, event, own)) = q.events.pop_front() {
             q.delivered = seq;
@@ -468,6 +610,14 @@ pub(crate) fn put_affiliate(buf: &mut BytesMut, id: &str, a: &Affiliate) {
     for e in a.endpoints() {
         put_field(buf, 0x1a, e.data);
     }
+}
+
+/// One affiliate's upsert event: a framed `WatchResponse` with its entry alone.
+pub(crate) fn encode_event(id: &str, a: &Affiliate) -> Bytes {
+    let mut buf = framed(affiliate_entry_len(id, a));
+    put_affiliate(&mut buf, id, a);
+    seal(&mut buf);
+    buf.freeze()
 }
 
 /// Bytes [`put_affiliate`] appends.

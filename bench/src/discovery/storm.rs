@@ -1,0 +1,540 @@
+//! The join storm: `n` nodes join one cluster at once and each waits until its Watch
+//! holds all `n`.
+//!
+//! One process plays every node, so what a node keeps must not grow with what it
+//! receives: each of the `n` streams carries about `n` affiliates (≈ 3.4 GB per
+//! stream-set at 10,240 nodes). A node therefore reads its Watch body as raw HTTP/2
+//! frames and parses the gRPC messages as they arrive, keeping only a bit per node
+//! (which affiliates it holds) and at most one affiliate entry of unparsed bytes; a
+//! tonic stream would buffer each whole message (a snapshot of the cluster) per node
+//! first. Each connection also gets a small HTTP/2 window, so data a node has not
+//! read yet waits on the server, as it does for a real slow client.
+
+use std::{
+    net::SocketAddr,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc,
+    },
+    time::{Duration, Instant},
+};
+
+use bytes::{Buf as _, BufMut as _, BytesMut};
+use http_body_util::BodyExt as _;
+use prost::Message as _;
+use tonic::{codegen::Service as _, transport::Channel, Code};
+use wirespan_discovery::proto::server::{cluster_client::ClusterClient, *};
+
+use super::{affiliate_id, ttl, DATA_LEN};
+use crate::bar;
+
+/// How long the join storm may take before it is reported as not converged.
+const STORM_LIMIT: Duration = Duration::from_secs(120);
+
+/// HTTP/2 window of each node's Watch stream: unread Watch data beyond it stays on the
+/// server (the client library's default of 2 MiB times 10,240 nodes would let the
+/// load generator buffer 20 GiB). Small, so the generator visits every stream often:
+/// the server hands a stream data only when its window has room, and a stream it
+/// could hand nothing for 2 s counts as stalled.
+const NODE_WINDOW: u32 = 32 * 1024;
+
+/// The connection's window must exceed the stream's: a node reads its Watch only
+/// after its AffiliateUpdate returns, and Watch data filling the whole connection
+/// window would hold back that response for good.
+const NODE_CONNECTION_WINDOW: u32 = 4 * NODE_WINDOW;
+
+/// Longest affiliate entry (or other field) a reader holds while it is incomplete.
+/// The server's largest is ~4.5 KiB (2 KiB data, 64 endpoints).
+const MAX_FIELD: usize = 1 << 20;
+
+pub(super) struct Storm {
+    pub(super) nodes: usize,
+    pub(super) converged: usize,
+    pub(super) elapsed: Duration,
+    pub(super) aborted: usize,
+}
+
+/// Why a Watch body could not be read.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub(super) enum ReadError {
+    #[error("compressed Watch message (flag {0})")]
+    Compressed(u8),
+    #[error("malformed varint in a Watch message")]
+    Varint,
+    #[error("Watch message field of {0} bytes (limit {MAX_FIELD})")]
+    FieldTooLong(u64),
+    #[error("Watch message field crosses the message end")]
+    Overrun,
+    #[error("unsupported wire type {0} in a Watch message")]
+    WireType(u64),
+}
+
+/// Reads a varint from the front of `buf`: `Ok(None)` if it is incomplete.
+fn varint(buf: &[u8]) -> Result<Option<(u64, usize)>, ReadError> {
+    let mut value = 0u64;
+    for (i, b) in buf.iter().enumerate().take(10) {
+        value |= u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return Ok(Some((value, i + 1)));
+        }
+    }
+    if buf.len() >= 10 {
+        Err(ReadError::Varint)
+    } else {
+        Ok(None)
+    }
+}
+
+/// The `id` (field 1) of an encoded `Affiliate`.
+fn affiliate_id_of(mut entry: &[u8]) -> Result<Option<&[u8]>, ReadError> {
+    while !entry.is_empty() {
+        let (key, n) = varint(entry)?.ok_or(ReadError::Overrun)?;
+        entry = &entry[n..];
+        match key & 7 {
+            0 => {
+                let (_, n) = varint(entry)?.ok_or(ReadError::Overrun)?;
+                entry = &entry[n..];
+            }
+            2 => {
+                let (len, n) = varint(entry)?.ok_or(ReadError::Overrun)?;
+                let end = usize::try_from(len)
+                    .ok()
+                    .and_then(|l| l.checked_add(n))
+                    .filter(|&e| e <= entry.len())
+                    .ok_or(ReadError::Overrun)?;
+                if key >> 3 == 1 {
+                    return Ok(Some(&entry[n..end]));
+                }
+                entry = &entry[end..];
+            }
+            t => return Err(ReadError::WireType(t)),
+        }
+    }
+    Ok(None)
+}
+
+/// Parses a Watch response body (gRPC-framed `WatchResponse`s) as it arrives, keeping
+/// only the current message's affiliate indices and the bytes of one incomplete
+/// field.
+#[derive(Debug, Default)]
+pub(super) struct WatchReader {
+    buf: BytesMut,
+    /// Bytes of the current message not parsed yet; `None` between messages.
+    left: Option<usize>,
+    /// Indices of the current message's affiliates (IDs that `index` knows).
+    indices: Vec<usize>,
+    deleted: bool,
+}
+
+impl WatchReader {
+    /// Feeds the next body bytes; calls `message(indices, deleted)` for each message
+    /// they complete. `index` maps an affiliate ID to a node index.
+    pub(super) fn feed(
+        &mut self,
+        chunk: &[u8],
+        index: impl Fn(&[u8]) -> Option<usize>,
+        mut message: impl FnMut(&[usize], bool),
+    ) -> Result<(), ReadError> {
+        self.buf.put_slice(chunk);
+        loop {
+            let Some(left) = self.left else {
+                if self.buf.len() < 5 {
+                    return Ok(());
+                }
+                if self.buf[0] != 0 {
+                    return Err(ReadError::Compressed(self.buf[0]));
+                }
+                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]);
+                self.buf.advance(5);
+                self.left = Some(len as usize);
+                self.indices.clear();
+                self.deleted = false;
+                continue;
+            };
+            if left == 0 {
+                message(&self.indices, self.deleted);
+                self.left = None;
+                continue;
+            }
+            // One whole field of the message, or wait for more bytes.
+            let avail = &self.buf[..self.buf.len().min(left)];
+            let Some((key, k)) = varint(avail)? else {
+                return Ok(());
+            };
+            let (body, used) = match key & 7 {
+                0 => {
+                    let Some((value, n)) = varint(&avail[k..])? else {
+                        return Ok(());
+                    };
+                    if key >> 3 == 2 {
+                        self.deleted = value != 0;
+                    }
+                    (None, k + n)
+                }
+                2 => {
+                    let Some((len, n)) = varint(&avail[k..])? else {
+                        return Ok(());
+                    };
+                    let len_usize = usize::try_from(len)
+                        .ok()
+                        .filter(|&l| l <= MAX_FIELD)
+                        .ok_or(ReadError::FieldTooLong(len))?;
+                    let used = k + n + len_usize;
+                    if used > left {
+                        return Err(ReadError::Overrun);
+                    }
+                    if avail.len() < used {
+                        return Ok(());
+                    }
+                    (Some(k + n..used), used)
+                }
+                t => return Err(ReadError::WireType(t)),
+            };
+            if let Some(range) = body {
+                if key >> 3 == 1 {
+                    if let Some(i) = affiliate_id_of(&self.buf[range])?.and_then(&index) {
+                        self.indices.push(i);
+                    }
+                }
+            }
+            self.buf.advance(used);
+            self.left = Some(left - used);
+        }
+    }
+}
+
+/// Which nodes one node holds, a bit each.
+struct Held {
+    bits: Vec<u64>,
+    count: usize,
+}
+
+impl Held {
+    fn new(n: usize) -> Self {
+        Self {
+            bits: vec![0; n.div_ceil(64)],
+            count: 0,
+        }
+    }
+
+    fn apply(&mut self, indices: &[usize], deleted: bool) {
+        for &k in indices {
+            let (word, bit) = (k / 64, 1u64 << (k % 64));
+            let held = self.bits[word] & bit != 0;
+            if held == deleted {
+                self.bits[word] ^= bit;
+                if deleted {
+                    self.count -= 1;
+                } else {
+                    self.count += 1;
+                }
+            }
+        }
+    }
+}
+
+/// The storm's node index from its affiliate ID (`node` + 40 digits). Runs for every
+/// affiliate every node receives (10⁸ times at 10,240 nodes), hence no `str::parse`.
+fn node_index(id: &[u8]) -> Option<usize> {
+    let digits = id.strip_prefix(b"node").filter(|d| !d.is_empty())?;
+    digits.iter().try_fold(0usize, |v, &b| {
+        let digit = b.checked_sub(b'0').filter(|d| *d < 10)?;
+        v.checked_mul(10)?.checked_add(usize::from(digit))
+    })
+}
+
+/// How a node's Watch ended.
+enum WatchEnd {
+    /// It held all `n` nodes.
+    Converged,
+    /// `ABORTED`: the server dropped it as slow.
+    Aborted,
+}
+
+/// Opens a Watch on `channel`: its body once the server registered it, or how it
+/// ended at once.
+async fn open_watch(
+    channel: &mut Channel,
+    cluster: &str,
+) -> Result<Result<tonic::body::Body, WatchEnd>, tonic::Status> {
+    let msg = WatchRequest {
+        cluster_id: cluster.to_owned(),
+    }
+    .encode_to_vec();
+    let mut body = BytesMut::with_capacity(5 + msg.len());
+    body.put_u8(0);
+    body.put_u32(u32::try_from(msg.len()).unwrap_or(u32::MAX));
+    body.put_slice(&msg);
+    let req = http::Request::builder()
+        .method(http::Method::POST)
+        .uri("/sidero.discovery.server.Cluster/Watch")
+        .header(http::header::CONTENT_TYPE, "application/grpc")
+        .header(http::header::TE, "trailers")
+        .body(tonic::body::Body::new(http_body_util::Full::new(
+            body.freeze(),
+        )))
+        .map_err(|e| tonic::Status::internal(e.to_string()))?;
+    let unavailable = |e: tonic::transport::Error| tonic::Status::unavailable(e.to_string());
+    futures::future::poll_fn(|cx| channel.poll_ready(cx))
+        .await
+        .map_err(unavailable)?;
+    let response = channel.call(req).await.map_err(unavailable)?;
+    // A trailers-only response carries its status in the headers.
+    if let Some(status) = tonic::Status::from_header_map(response.headers()) {
+        return end(status).map(Err);
+    }
+    Ok(Ok(response.into_body()))
+}
+
+/// Reads a Watch body until the node holds all `n` nodes.
+async fn read_until_converged(
+    mut body: tonic::body::Body,
+    n: usize,
+) -> Result<WatchEnd, tonic::Status> {
+    let mut reader = WatchReader::default();
+    let mut held = Held::new(n);
+    while let Some(frame) = body.frame().await {
+        let frame = frame?;
+        match frame.into_data() {
+            Ok(data) => {
+                reader
+                    .feed(
+                        &data,
+                        |id| node_index(id).filter(|&k| k < n),
+                        |indices, deleted| held.apply(indices, deleted),
+                    )
+                    .map_err(|e| tonic::Status::internal(e.to_string()))?;
+                if held.count == n {
+                    return Ok(WatchEnd::Converged);
+                }
+            }
+            Err(frame) => {
+                if let Some(status) = frame
+                    .into_trailers()
+                    .ok()
+                    .and_then(|t| tonic::Status::from_header_map(&t))
+                {
+                    return end(status);
+                }
+            }
+        }
+    }
+    Err(tonic::Status::unavailable("watch ended without a status"))
+}
+
+fn end(status: tonic::Status) -> Result<WatchEnd, tonic::Status> {
+    match status.code() {
+        Code::Aborted => Ok(WatchEnd::Aborted),
+        Code::Ok => Err(tonic::Status::unavailable("watch ended")),
+        _ => Err(status),
+    }
+}
+
+async fn connect_node(addr: SocketAddr) -> anyhow::Result<Channel> {
+    use anyhow::Context as _;
+    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+        .tcp_nodelay(true)
+        .initial_stream_window_size(NODE_WINDOW)
+        .initial_connection_window_size(NODE_CONNECTION_WINDOW)
+        .connect()
+        .await
+        .with_context(|| format!("connecting to {addr}"))
+}
+
+/// `n` nodes join one cluster at once; each waits until its watch holds all `n`.
+/// A watch aborted as slow is re-established (Hello + Watch, fresh snapshot) as a
+/// real client does. Every node reads its stream as fast as it can.
+pub(super) async fn storm(addr: SocketAddr, n: usize) -> anyhow::Result<Storm> {
+    let pb = bar(n, "connecting nodes");
+    let mut conns = Vec::with_capacity(n);
+    // Chunks keep the accept backlog small.
+    for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
+        for c in futures::future::join_all(chunk.iter().map(|_| connect_node(addr))).await {
+            conns.push(c?);
+            pb.inc(1);
+        }
+    }
+    pb.finish_and_clear();
+    let pb = bar(n, "join storm: converged");
+    let barrier = Arc::new(tokio::sync::Barrier::new(n + 1));
+    let aborted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for (i, channel) in conns.into_iter().enumerate() {
+        let (barrier, pb, aborted) = (Arc::clone(&barrier), pb.clone(), Arc::clone(&aborted));
+        tasks.push(tokio::spawn(async move {
+            let mut c = ClusterClient::new(channel.clone());
+            let mut watch_channel = channel;
+            let cluster = "storm".to_owned();
+            barrier.wait().await;
+            let deadline = tokio::time::Instant::now() + STORM_LIMIT;
+            let run = async {
+                let mut updated = false;
+                loop {
+                    c.hello(HelloRequest {
+                        cluster_id: cluster.clone(),
+                        client_version: "v1.8.3".into(),
+                    })
+                    .await?;
+                    let watch = match open_watch(&mut watch_channel, &cluster).await? {
+                        Ok(body) => {
+                            if !updated {
+                                c.affiliate_update(AffiliateUpdateRequest {
+                                    cluster_id: cluster.clone(),
+                                    affiliate_id: affiliate_id(i),
+                                    affiliate_data: Some(vec![0x42; DATA_LEN]),
+                                    affiliate_endpoints: vec![vec![i as u8; 16]],
+                                    ttl: ttl(),
+                                })
+                                .await?;
+                                updated = true;
+                            }
+                            read_until_converged(body, n).await?
+                        }
+                        Err(end) => end,
+                    };
+                    match watch {
+                        WatchEnd::Converged => {
+                            pb.inc(1);
+                            return Ok::<_, tonic::Status>(());
+                        }
+                        WatchEnd::Aborted => {
+                            aborted.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+            };
+            match tokio::time::timeout_at(deadline, run).await {
+                Ok(r) => r.map(|()| true),
+                Err(_) => Ok(false),
+            }
+        }));
+    }
+    barrier.wait().await;
+    let start = Instant::now();
+    let mut converged = 0;
+    for t in tasks {
+        converged += usize::from(t.await??);
+    }
+    let elapsed = start.elapsed();
+    pb.finish_and_clear();
+    Ok(Storm {
+        nodes: n,
+        converged,
+        elapsed,
+        aborted: usize::try_from(aborted.load(Ordering::Relaxed)).unwrap_or(usize::MAX),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn framed(m: &WatchResponse) -> Vec<u8> {
+        let body = m.encode_to_vec();
+        let mut out = vec![0];
+        out.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    fn affiliate(i: usize) -> Affiliate {
+        Affiliate {
+            id: affiliate_id(i),
+            data: vec![0x42; 300],
+            endpoints: vec![vec![1; 16], vec![2; 32]],
+        }
+    }
+
+    /// Every split of a body into chunks (down to one byte at a time) yields the same
+    /// messages, and the reader never holds more than one field's bytes.
+    #[test]
+    fn reader_parses_messages_split_anywhere() {
+        let snapshot = WatchResponse {
+            affiliates: (0..5).map(affiliate).collect(),
+            deleted: false,
+        };
+        let delete = WatchResponse {
+            affiliates: vec![Affiliate {
+                id: affiliate_id(3),
+                ..Affiliate::default()
+            }],
+            deleted: true,
+        };
+        let foreign = WatchResponse {
+            affiliates: vec![Affiliate {
+                id: "someone-else".into(),
+                ..Affiliate::default()
+            }],
+            deleted: false,
+        };
+        let empty = WatchResponse::default();
+        let body = [
+            framed(&empty),
+            framed(&snapshot),
+            framed(&delete),
+            framed(&foreign),
+        ]
+        .concat();
+        for step in [1, 2, 3, 7, 64, 333, body.len()] {
+            let mut reader = WatchReader::default();
+            let mut seen = Vec::new();
+            let mut most = 0;
+            for chunk in body.chunks(step) {
+                reader
+                    .feed(chunk, node_index, |ids, deleted| {
+                        seen.push((ids.to_vec(), deleted));
+                    })
+                    .unwrap();
+                most = most.max(reader.buf.len());
+            }
+            assert_eq!(
+                seen,
+                [
+                    (vec![], false),
+                    (vec![0, 1, 2, 3, 4], false),
+                    (vec![3], true),
+                    (vec![], false),
+                ],
+                "chunks of {step}"
+            );
+            // One affiliate entry is ~410 bytes.
+            assert!(most < 420 + step, "held {most} bytes with chunks of {step}");
+        }
+    }
+
+    #[test]
+    fn reader_rejects_what_it_cannot_read() {
+        let mut reader = WatchReader::default();
+        assert_eq!(
+            reader.feed(&[1, 0, 0, 0, 1, 0], node_index, |_, _| {}),
+            Err(ReadError::Compressed(1))
+        );
+        // A field longer than the message.
+        let mut reader = WatchReader::default();
+        assert_eq!(
+            reader.feed(&[0, 0, 0, 0, 3, 0x0a, 0x05, 0], node_index, |_, _| {}),
+            Err(ReadError::Overrun)
+        );
+    }
+
+    #[test]
+    fn node_index_reads_storm_ids_only() {
+        assert_eq!(node_index(affiliate_id(10_239).as_bytes()), Some(10_239));
+        assert_eq!(node_index(b"node0"), Some(0));
+        assert_eq!(node_index(b"node12x"), None);
+        assert_eq!(node_index(b"node"), None);
+        assert_eq!(node_index(b"other"), None);
+        assert_eq!(node_index(b"node99999999999999999999999999"), None);
+    }
+
+    #[test]
+    fn held_counts_each_node_once() {
+        let mut held = Held::new(130);
+        held.apply(&[0, 129, 0, 64], false);
+        assert_eq!(held.count, 3);
+        held.apply(&[129, 5], true);
+        assert_eq!(held.count, 2);
+        held.apply(&[129], false);
+        assert_eq!(held.count, 3);
+    }
+}
