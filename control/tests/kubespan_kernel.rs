@@ -284,3 +284,91 @@ async fn peers_return_at_once_after_wireguard_go_is_killed() {
     .await;
     h.stop().await.unwrap();
 }
+
+/// The production prober against a real peer kernel: two namespaces joined by a veth.
+/// An echo request it sends is answered and reported as the peer's; a reply to
+/// someone else's ping is not, and a peer whose firewall drops echo requests is never
+/// reported.
+#[test]
+fn the_tunnel_prober_reports_the_echo_replies_of_a_real_peer_kernel() {
+    use std::{
+        net::IpAddr,
+        time::{Duration, Instant},
+    };
+    use wirespan_control::controllers::kubespan::manager::{Prober as _, TunnelProber};
+    use wirespan_dataplane::netns::NetnsThread;
+
+    let (a, b) = (
+        NetnsGuard::new("wspa").unwrap(),
+        NetnsGuard::new("wspb").unwrap(),
+    );
+    let ok = |out: std::io::Result<std::process::Output>| {
+        let out = out.unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    ok(a.run(
+        "ip",
+        &[
+            "link",
+            "add",
+            "p0",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "p1",
+            "netns",
+            b.name(),
+        ],
+    ));
+    for (ns, dev, addr) in [(&a, "p0", "fd00:5eed::1/64"), (&b, "p1", "fd00:5eed::2/64")] {
+        ok(ns.run("ip", &["addr", "add", addr, "dev", dev, "nodad"]));
+        ok(ns.run("ip", &["link", "set", dev, "up"]));
+    }
+    let peer: IpAddr = "fd00:5eed::2".parse().unwrap();
+    let prober = Arc::new(TunnelProber::new());
+    let on_a = NetnsThread::spawn(a.netns()).unwrap();
+    let replies_within = |d: Duration| {
+        let deadline = Instant::now() + d;
+        loop {
+            let got = prober.echo_replies();
+            if !got.is_empty() || Instant::now() > deadline {
+                return got;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+
+    // The probe's sockets open on first use, in the namespace of the thread using it.
+    let p = Arc::clone(&prober);
+    on_a.run(move || p.probe(peer)).unwrap();
+    let got = replies_within(Duration::from_secs(5));
+    assert_eq!(got, [peer].into_iter().collect(), "the peer answered");
+
+    // Someone else's ping: its reply is on the socket too, but not ours.
+    ok(a.run("ping", &["-6", "-c", "1", "-W", "2", "fd00:5eed::2"]));
+    assert!(prober.echo_replies().is_empty());
+
+    // A peer that drops echo requests.
+    ok(b.run(
+        "nft",
+        &[
+            "add table inet t; add chain inet t in { type filter hook input priority 0; }; \
+             add rule inet t in icmpv6 type echo-request counter drop",
+        ],
+    ));
+    let p = Arc::clone(&prober);
+    on_a.run(move || p.probe(peer)).unwrap();
+    assert!(replies_within(Duration::from_secs(1)).is_empty());
+    let counted = b
+        .run_stdout("nft", &["list", "chain", "inet", "t", "in"])
+        .unwrap();
+    assert!(
+        counted.contains("packets 1 "),
+        "the probe reached the peer: {counted}"
+    );
+}

@@ -147,7 +147,9 @@ pub struct KubeSpanConfig {
     /// however recent its handshake. This node sets its keepalive towards wirespan
     /// peers to a third of it, and probes a peer silent for half of it.
     ///
-    /// Valid: 24s–5m (a probe needs up to 12 s to be answered).
+    /// Valid: 6s–5m. A peer whose kernel answers the probe's ICMPv6 echo is down
+    /// within it of its last packet; one that drops echo requests is given 12 s to
+    /// answer the probe, so below 24 s it is down later than that.
     #[serde(with = "super::duration")]
     #[schemars(with = "super::schema::DurationText")]
     pub peer_receive_timeout: Duration,
@@ -165,7 +167,7 @@ const PEER_DOWN_INTERVAL_RANGE: (Duration, Duration) =
     (Duration::from_secs(150), Duration::from_secs(3600));
 /// Bounds of `peerReceiveTimeout`.
 const PEER_RECEIVE_TIMEOUT_RANGE: (Duration, Duration) =
-    (Duration::from_secs(24), Duration::from_secs(300));
+    (Duration::from_secs(6), Duration::from_secs(300));
 
 impl Default for KubeSpanConfig {
     fn default() -> Self {
@@ -439,16 +441,16 @@ mod tests {
 
     #[test]
     fn detection_timings_parse_and_bad_ones_are_named() {
-        let cfg = parse("apiVersion: v1alpha1\nkind: KubeSpanConfig\npeerDownInterval: 3m\npeerReceiveTimeout: 24s\n")
+        let cfg = parse("apiVersion: v1alpha1\nkind: KubeSpanConfig\npeerDownInterval: 3m\npeerReceiveTimeout: 6s\n")
             .unwrap();
         let k = cfg.singleton::<KubeSpanConfig>().unwrap();
         assert_eq!(k.peer_down_interval, Duration::from_secs(180));
-        assert_eq!(k.peer_receive_timeout, Duration::from_secs(24));
+        assert_eq!(k.peer_receive_timeout, Duration::from_secs(6));
         for (text, field) in [
             ("peerDownInterval: 2m", "peerDownInterval"),
             ("peerDownInterval: 2h", "peerDownInterval"),
             ("peerDownInterval: soon", "peerDownInterval"),
-            ("peerReceiveTimeout: 23s", "peerReceiveTimeout"),
+            ("peerReceiveTimeout: 5s", "peerReceiveTimeout"),
             ("peerReceiveTimeout: -5s", "peerReceiveTimeout"),
         ] {
             let err = parse(&format!(
@@ -468,7 +470,7 @@ mod tests {
             rule_priority: 32766,
             routing_table: 254,
             peer_down_interval: Duration::from_secs(60),
-            peer_receive_timeout: Duration::from_secs(10),
+            peer_receive_timeout: Duration::from_secs(5),
             filters: KubeSpanFilters {
                 endpoints: Some(vec!["10.0.0.0/8".into(), "!nope".into()]),
                 peer_endpoints: Some(vec!["::/0".into(), "!10.0.0.0/33".into()]),

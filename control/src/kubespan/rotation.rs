@@ -17,6 +17,9 @@ pub const PEER_DOWN_INTERVAL: Duration = Duration::from_secs(275);
 /// keepalive at the latest 10 s after it received data without sending any
 /// (`KEEPALIVE_TIMEOUT`, kernel and wireguard-go alike), plus a margin for latency.
 pub const PROBE_GRACE: Duration = Duration::from_secs(12);
+/// How long a peer known to answer the probe's ICMPv6 echo request has to answer: its
+/// kernel replies at once, through the tunnel; the rest is a margin for a loaded host.
+pub const ECHO_PROBE_GRACE: Duration = Duration::from_secs(2);
 /// The reconcile tick.
 pub const RECONCILE_TICK: Duration = Duration::from_secs(30);
 
@@ -124,15 +127,31 @@ pub struct Step {
     pub pushed: bool,
 }
 
+/// Whether a peer's kernel answers the probe's ICMPv6 echo request (learned, per
+/// peer): one that does is given [`ECHO_PROBE_GRACE`] to answer a probe, any other
+/// [`PROBE_GRACE`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum EchoAnswer {
+    /// Not known yet: the next read probes the peer to learn it.
+    #[default]
+    Unknown,
+    /// An echo reply came back for a probe.
+    Answers,
+    /// The peer sent data after a probe, but no echo reply (a firewall drops them).
+    Ignores,
+}
+
 /// The receive rule of a wirespan peer (`docs/kubespan.md` §8.6): when its received-byte
 /// counter last moved, and whether it was sent a probe since.
 ///
 /// WireGuard's persistent keepalive is reset by packets in either direction, so on an
 /// idle tunnel one side may send every keepalive and the other none: silence alone
 /// does not prove a dead peer. After half the window of silence the node therefore
-/// sends the peer a probe (one datagram through the tunnel), which a live peer's
-/// WireGuard answers within [`PROBE_GRACE`]; the peer is silent, and down, only when
-/// the window has passed and the probe had its time to be answered.
+/// sends the peer a probe through the tunnel (an ICMPv6 echo request, which a live
+/// peer's kernel answers at once, and a UDP datagram, which its WireGuard answers with
+/// a keepalive within 10 s); the peer is silent, and down, only when the window has
+/// passed and the probe had its grace to be answered ([`ECHO_PROBE_GRACE`] for a peer
+/// known to answer echoes, else [`PROBE_GRACE`]).
 ///
 /// The counter is read at wake-ups, so the last packet is known only to lie between
 /// the read before the counter last moved (`moved_after`) and the read that saw it
@@ -153,6 +172,13 @@ pub struct RxTrack {
     pub last_read: SystemTime,
     /// When a probe was sent during this silence.
     pub probed: Option<SystemTime>,
+    /// Whether the peer answers echo requests; kept across windows.
+    pub echo: EchoAnswer,
+    /// The last probe since the counter moved, and whether an echo reply came for it.
+    pub echo_probe: Option<(SystemTime, bool)>,
+    /// The counter moved since tracking began or the window restarted (the last
+    /// endpoint push).
+    pub moved: bool,
 }
 
 impl RxTrack {
@@ -165,23 +191,57 @@ impl RxTrack {
             moved_after: now,
             last_read: now,
             probed: None,
+            echo: EchoAnswer::Unknown,
+            echo_probe: None,
+            moved: false,
         }
     }
 
-    /// A device read: any change of the counter (a reset too) ends the silence.
+    /// A device read: any change of the counter (a reset too) ends the silence. Data
+    /// that came after a probe whose echo went unanswered shows a peer that ignores
+    /// echo requests.
     pub fn observe(&mut self, rx_bytes: u64, now: SystemTime) {
         if rx_bytes != self.rx_bytes {
             let before = self.last_read.min(now);
+            let mut echo = self.echo;
+            if let Some((sent, false)) = self.echo_probe {
+                if since(now, Some(sent)) >= ECHO_PROBE_GRACE {
+                    echo = EchoAnswer::Ignores;
+                }
+            }
             *self = Self::new(rx_bytes, now);
             self.moved_after = before;
+            self.echo = echo;
+            self.moved = true;
         } else {
             self.last_read = self.last_read.max(now);
         }
     }
 
+    /// Whether an echo reply from the peer arrived since the last read; call before
+    /// [`RxTrack::observe`] with the same read.
+    pub fn note_echo(&mut self, answered: bool) {
+        if let (true, Some((_, got))) = (answered, self.echo_probe.as_mut()) {
+            *got = true;
+            self.echo = EchoAnswer::Answers;
+        }
+    }
+
     /// Starts a new window (a new endpoint was pushed).
     pub fn restart(&mut self, now: SystemTime) {
+        let echo = self.echo;
         *self = Self::new(self.rx_bytes, now);
+        self.echo = echo;
+    }
+
+    /// How long a probe has to be answered.
+    #[must_use]
+    pub fn grace(&self) -> Duration {
+        if self.echo == EchoAnswer::Answers {
+            ECHO_PROBE_GRACE
+        } else {
+            PROBE_GRACE
+        }
     }
 
     /// Nothing received for `window`, and a probe went unanswered.
@@ -190,28 +250,35 @@ impl RxTrack {
         since(now, Some(self.moved_after)) >= window
             && self
                 .probed
-                .is_some_and(|p| since(now, Some(p)) >= PROBE_GRACE)
+                .is_some_and(|p| since(now, Some(p)) >= self.grace())
     }
 
-    /// Whether to probe the peer now (half the window silent, not yet probed); marks
-    /// it probed when so.
+    /// Whether to probe the peer now: half the window silent and not yet probed, or
+    /// whether it answers echoes not known yet. Marks it probed when so.
     pub fn take_probe(&mut self, now: SystemTime, window: Duration) -> bool {
-        let due = self.probed.is_none()
+        let silence = self.probed.is_none()
             && now > self.since
             && since(now, Some(self.moved_after)) >= window / 2;
-        if due {
+        let learn = self.echo == EchoAnswer::Unknown && self.echo_probe.is_none();
+        if silence {
             self.probed = Some(now);
         }
-        due
+        if silence || learn {
+            self.echo_probe = Some((now, false));
+        }
+        silence || learn
     }
 
     /// When to read the device next for this peer: to see whether the counter still
-    /// moves, to probe it, or to judge it.
+    /// moves (every quarter window), to probe it, or to judge it.
     #[must_use]
     pub fn next_wake(&self, window: Duration) -> SystemTime {
         match self.probed {
             None => (self.since + window / 4).max(self.moved_after + window / 2),
-            Some(p) => (self.moved_after + window).max(p + PROBE_GRACE),
+            // Judged then, unless a read every quarter window sees the counter move.
+            Some(p) => (self.moved_after + window)
+                .max(p + self.grace())
+                .min(self.last_read + window / 4),
         }
     }
 }
@@ -246,7 +313,8 @@ pub fn wirespan_keepalive(window: Duration) -> u16 {
 /// (`None` when the device or the peer is absent), compute the state, rotate when the
 /// peer is down or was never pushed, then re-assert or keep a roamed endpoint. For a
 /// wirespan peer (`rx` given) an up peer whose receive window passed in silence is
-/// down (§8.6), whatever its last handshake.
+/// down (§8.6), whatever its last handshake, and an unknown one whose counter moved
+/// since the push is up.
 pub fn step(
     status: &mut KubeSpanPeerStatusSpec,
     endpoints: &[SocketAddr],
@@ -271,6 +339,13 @@ pub fn step(
         status.last_used_endpoint,
         down_interval,
     );
+    if status.state != PeerState::Up && rx.as_ref().is_some_and(|r| r.track.moved) {
+        // The peer's packets arrive since the push: the path works, even on a session
+        // that predates the push and so needs no new handshake (a relayed pair whose
+        // direct path healed before its session expired would otherwise wait for the
+        // rekey, up to two minutes).
+        status.state = PeerState::Up;
+    }
     if status.state == PeerState::Up && rx.as_ref().is_some_and(|r| r.track.silent(now, r.window)) {
         status.state = PeerState::Down;
     }
@@ -765,10 +840,12 @@ mod tests {
     /// wake-ups (at least every tick). The peer handshakes every 120 s while alive, sends
     /// a keepalive every `keepalive` (none: it is the side whose keepalive timer the
     /// node's own keepalives keep resetting) and answers a probe 10 s later (WireGuard's
-    /// passive keepalive, the latest it comes). Returns (read time, state, pushed).
+    /// passive keepalive, the latest it comes), and within a second too when it
+    /// `echoes`. Returns (read time, state, pushed).
     fn simulate(
         window: Option<Duration>,
         keepalive: Option<u64>,
+        echoes: bool,
         dies_at: Option<u64>,
         until: u64,
     ) -> Vec<(u64, PeerState, bool)> {
@@ -778,10 +855,14 @@ mod tests {
         step(&mut s, &[a, b], None, t(0), PEER_DOWN_INTERVAL, None);
         let mut track = RxTrack::new(0, t(0));
         let mut replies: Vec<u64> = Vec::new();
+        let mut echo_replies: Vec<u64> = Vec::new();
         let mut out = Vec::new();
-        let mut now = 1;
+        let (mut last, mut now) = (0, 1);
         while now <= until {
-            let mut rx = replies.iter().filter(|r| **r <= now).count() as u64;
+            // What the peer sends, it sends only while alive.
+            let sent = |r: &&u64| **r <= now && alive(**r);
+            let mut rx = replies.iter().filter(sent).count() as u64;
+            rx += echo_replies.iter().filter(sent).count() as u64;
             if let Some(k) = keepalive {
                 rx += (1..=now).filter(|i| i % k == 0 && alive(*i)).count() as u64;
             }
@@ -792,6 +873,13 @@ mod tests {
                 rx_bytes: rx * 32,
                 tx_bytes: 0,
             };
+            if window.is_some() {
+                track.note_echo(
+                    echo_replies
+                        .iter()
+                        .any(|r| *r > last && *r <= now && alive(*r)),
+                );
+            }
             let rule = window.map(|w| RxRule {
                 track: &mut track,
                 window: w,
@@ -808,30 +896,48 @@ mod tests {
             if let Some(w) = window {
                 if s.state == PeerState::Up && track.take_probe(t(now), w) && alive(now) {
                     replies.push(now + 10);
+                    if echoes {
+                        echo_replies.push(now + 1);
+                    }
                 }
             }
             let rx_wake = window.map(|w| (&track, w));
             let wake = next_wake(&s, t(now), PEER_DOWN_INTERVAL, rx_wake)
                 .map_or(t(now) + RECONCILE_TICK, |w| w.min(t(now) + RECONCILE_TICK));
             let secs = wake.duration_since(t(0)).unwrap().as_secs();
+            last = now;
             now = secs.max(now + 1);
         }
         out
     }
 
+    /// The windows and peers the failure detector is simulated with: the default and
+    /// the minimum window, a peer whose kernel answers echo requests and one that
+    /// ignores them, keepalives a third of the window or none.
+    fn detector_cases() -> Vec<(Duration, bool, Option<u64>)> {
+        let mut cases = Vec::new();
+        for w in [30, 6] {
+            for echoes in [true, false] {
+                for keepalive in [Some(w / 3), None] {
+                    cases.push((Duration::from_secs(w), echoes, keepalive));
+                }
+            }
+        }
+        cases
+    }
+
     #[test]
     fn an_idle_healthy_wirespan_peer_never_flaps_even_when_it_sends_no_keepalive() {
-        let w = Duration::from_secs(30);
-        for keepalive in [Some(10), None] {
-            let reads = simulate(Some(w), keepalive, None, 6 * 3600);
-            assert!(reads.len() > 1000, "{}", reads.len());
+        for (w, echoes, keepalive) in detector_cases() {
+            let reads = simulate(Some(w), keepalive, echoes, None, 6 * 3600);
+            assert!(reads.len() > 700, "{}", reads.len());
             let bad: Vec<_> = reads
                 .iter()
                 .filter(|(at, st, pushed)| *at > 2 && (*st != PeerState::Up || *pushed))
                 .collect();
             assert!(
                 bad.is_empty(),
-                "keepalive {keepalive:?}: {:?}",
+                "{w:?} echoes {echoes} keepalive {keepalive:?}: {:?}",
                 &bad[..bad.len().min(5)]
             );
         }
@@ -839,28 +945,98 @@ mod tests {
 
     #[test]
     fn a_dead_wirespan_peer_is_down_within_the_window_and_rotated() {
-        let w = Duration::from_secs(30);
-        for keepalive in [Some(10), None] {
+        for (w, echoes, keepalive) in detector_cases() {
             for death in 1000..1010 {
-                let reads = simulate(Some(w), keepalive, Some(death), 1200);
+                let reads = simulate(Some(w), keepalive, echoes, Some(death), 1200);
                 let (down_at, _, pushed) = *reads
                     .iter()
                     .find(|(at, st, _)| *at > death && *st != PeerState::Up)
                     .expect("declared down");
-                // Within the window of its last packet, wherever it falls between reads.
+                // Within the window of its last packet, wherever it falls between
+                // reads; a peer that ignores echoes when its probe's grace is over.
+                let limit = if echoes {
+                    w
+                } else {
+                    w.max(w / 2 + PROBE_GRACE)
+                };
                 assert!(
-                    down_at <= death + w.as_secs(),
-                    "{keepalive:?} {death}: {down_at}"
+                    down_at <= death + limit.as_secs(),
+                    "{w:?} echoes {echoes} keepalive {keepalive:?} {death}: {down_at}"
                 );
                 // Rotation moved on to the next endpoint in the same step.
-                assert!(pushed, "keepalive {keepalive:?}");
+                assert!(pushed, "{w:?} echoes {echoes} keepalive {keepalive:?}");
             }
         }
     }
 
     #[test]
+    fn a_wirespan_peer_whose_packets_arrive_after_a_push_is_up_without_a_new_handshake() {
+        let (a, b) = (ep("10.0.0.1:51820"), ep("10.0.0.2:51820"));
+        let w = Duration::from_secs(6);
+        let mut s = status();
+        let mut track = RxTrack::new(0, t(0));
+        let mut read = |s: &mut KubeSpanPeerStatusSpec, at: u64, rx: u64| {
+            let obs = Observed {
+                endpoint: Some(a),
+                // A session from before the push, still valid: no new handshake.
+                last_handshake: Some(t(1)),
+                rx_bytes: rx,
+                tx_bytes: 0,
+            };
+            let rule = RxRule {
+                track: &mut track,
+                window: w,
+            };
+            step(s, &[a, b], Some(&obs), t(at), PEER_DOWN_INTERVAL, Some(rule));
+            s.state
+        };
+        // Pushed at 2; nothing arrives: unknown, then down at the deadline.
+        assert_eq!(read(&mut s, 2, 100), PeerState::Unknown);
+        assert_eq!(read(&mut s, 3, 100), PeerState::Unknown);
+        assert_eq!(read(&mut s, 18, 100), PeerState::Unknown, "pushed the next");
+        assert_eq!(s.last_used_endpoint, Some(b));
+        // Keepalives arrive on the old session: up at once, and it stays up past the
+        // endpoint's deadline while they keep coming.
+        assert_eq!(read(&mut s, 19, 132), PeerState::Up);
+        assert_eq!(read(&mut s, 35, 164), PeerState::Up);
+        assert_eq!(s.last_used_endpoint, Some(b));
+    }
+
+    #[test]
+    fn whether_a_peer_answers_echoes_is_learned_from_its_replies_and_kept() {
+        let w = Duration::from_secs(6);
+        let mut track = RxTrack::new(0, t(0));
+        assert_eq!(track.grace(), PROBE_GRACE);
+        // Not known: the first read probes to learn it, without a silence.
+        assert!(track.take_probe(t(1), w));
+        assert_eq!(track.probed, None);
+        assert!(!track.take_probe(t(1), w), "one learning probe at a time");
+        track.note_echo(true);
+        track.observe(32, t(2));
+        assert_eq!(track.echo, EchoAnswer::Answers);
+        assert_eq!(track.grace(), ECHO_PROBE_GRACE);
+        // A reply that came without a probe says nothing.
+        let mut fresh = RxTrack::new(0, t(0));
+        fresh.note_echo(true);
+        assert_eq!(fresh.echo, EchoAnswer::Unknown);
+        // A firewall starts dropping echoes: data after an unanswered probe.
+        assert!(track.take_probe(t(5), w), "half the window silent");
+        track.note_echo(false);
+        track.observe(64, t(15));
+        assert_eq!(track.echo, EchoAnswer::Ignores);
+        assert_eq!(track.grace(), PROBE_GRACE);
+        // Kept across a pushed endpoint; a later answered probe learns it again.
+        track.restart(t(16));
+        assert_eq!(track.echo, EchoAnswer::Ignores);
+        assert!(!track.take_probe(t(17), w), "known, not silent");
+        assert!(track.take_probe(t(19), w));
+        track.note_echo(true);
+        assert_eq!(track.echo, EchoAnswer::Answers);
+    }
+
+    #[test]
     fn a_talos_peer_is_judged_by_its_handshake_alone() {
-        let reads = simulate(None, Some(25), Some(1000), 1400);
+        let reads = simulate(None, Some(25), false, Some(1000), 1400);
         let down_at = reads
             .iter()
             .find(|(at, st, _)| *at > 1000 && *st != PeerState::Up)

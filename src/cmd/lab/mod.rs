@@ -91,6 +91,10 @@ enum Lab {
         /// `ip netns exec wsl-NAME-underlay nft list ruleset`.
         #[arg(long, value_name = "FILE")]
         underlay_nft: Option<PathBuf>,
+        /// The nodes' `peerReceiveTimeout` (how long a wirespan peer may send nothing
+        /// before it is down; 6s–5m, default 30s).
+        #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+        peer_receive_timeout: Option<Duration>,
     },
     /// Every node's peers with their state.
     Status {
@@ -154,6 +158,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             no_wait,
             no_hints,
             underlay_nft,
+            peer_receive_timeout,
         } => up::run(
             &name,
             &up::Options {
@@ -167,6 +172,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 no_wait: *no_wait,
                 no_hints: *no_hints,
                 underlay_nft: underlay_nft.clone(),
+                peer_receive_timeout: *peer_receive_timeout,
             },
         ),
         Lab::Status { output } => {

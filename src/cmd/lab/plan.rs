@@ -178,15 +178,22 @@ pub fn cluster_config(secrets: &ClusterSecrets, discovery_endpoint: &str) -> Str
     s
 }
 
-/// A node's config file: the cluster documents plus its KubeSpanConfig.
+/// A node's config file: the cluster documents plus its KubeSpanConfig
+/// (`peer_receive_timeout`: `None` keeps the default).
 ///
 /// # Errors
 /// The KubeSpanConfig could not be serialized.
-pub fn node_config(cluster: &str, fast_path: FastPath) -> Result<String, serde_yaml_ng::Error> {
+pub fn node_config(
+    cluster: &str,
+    fast_path: FastPath,
+    peer_receive_timeout: Option<std::time::Duration>,
+) -> Result<String, serde_yaml_ng::Error> {
+    let defaults = KubeSpanConfig::default();
     let kubespan = KubeSpanConfig {
         enabled: true,
         fast_path,
-        ..KubeSpanConfig::default()
+        peer_receive_timeout: peer_receive_timeout.unwrap_or(defaults.peer_receive_timeout),
+        ..defaults
     };
     let body = serde_yaml_ng::to_string(&kubespan)?;
     Ok(format!(
@@ -391,11 +398,17 @@ mod tests {
         let cc = c.singleton::<config::cluster::ClusterConfig>().unwrap();
         assert_eq!(cc.id, secrets.id);
         assert_eq!(cc.secret.expose(), secrets.secret);
-        let node = node_config(&cluster, FastPath::Ebpf).unwrap();
+        let node = node_config(
+            &cluster,
+            FastPath::Ebpf,
+            Some(std::time::Duration::from_secs(6)),
+        )
+        .unwrap();
         let n = validate(&node).unwrap();
         let ks = n.singleton::<KubeSpanConfig>().unwrap();
         assert!(ks.enabled);
         assert_eq!(ks.fast_path, FastPath::Ebpf);
+        assert_eq!(ks.peer_receive_timeout, std::time::Duration::from_secs(6));
         let ds: Vec<_> = n
             .documents_of::<config::cluster::DiscoveryServiceConfig>()
             .collect();

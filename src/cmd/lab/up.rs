@@ -11,7 +11,13 @@ use std::{
 };
 
 use anyhow::Context as _;
-use wirespan_control::{config::kubespan::FastPath, resources::identity::write_atomic};
+use wirespan_control::{
+    config::{
+        kubespan::{FastPath, KubeSpanConfig},
+        ConfigDocument as _,
+    },
+    resources::identity::write_atomic,
+};
 use wirespan_dataplane::{netns::Netns, wireguard::PresharedKey};
 
 use super::super::node::{WireGuardArg, KERNEL_WIREGUARD_MISSING};
@@ -39,6 +45,8 @@ pub struct Options {
     pub no_hints: bool,
     /// nftables ruleset loaded into the underlay namespace before the daemons start.
     pub underlay_nft: Option<PathBuf>,
+    /// The nodes' `peerReceiveTimeout` (`None`: the default).
+    pub peer_receive_timeout: Option<Duration>,
 }
 
 /// How long a process may take to start answering.
@@ -62,6 +70,17 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
     if let Some(f) = &opts.underlay_nft {
         // Checked before anything is made: a typo must not leave a half-built lab.
         fs::metadata(f).with_context(|| format!("--underlay-nft {}", f.display()))?;
+    }
+    if let Some(t) = opts.peer_receive_timeout {
+        // The node's own check, before anything is made.
+        let kubespan = KubeSpanConfig {
+            peer_receive_timeout: t,
+            ..KubeSpanConfig::default()
+        };
+        let errors = kubespan.validate();
+        if let Some(e) = errors.iter().find(|e| e.field == "peerReceiveTimeout") {
+            anyhow::bail!("--peer-receive-timeout: {}", e.message);
+        }
     }
     // Forced kernel WireGuard where the kernel has none: every daemon would refuse to
     // start; say so before anything is made.
@@ -417,7 +436,10 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
         let node_dir = plan::node_dir(&dir, &node);
         mkdir_private(&node_dir)?;
         let config = node_dir.join("config.yaml");
-        write_config(&config, &plan::node_config(&cluster_text, opts.fast_path)?)?;
+        write_config(
+            &config,
+            &plan::node_config(&cluster_text, opts.fast_path, opts.peer_receive_timeout)?,
+        )?;
         // Its own mount namespace (a private /run/wireguard: the UAPI sockets) and UTS
         // namespace (hostname = node name), kept alive by bind mounts in the lab dir.
         let mnt = ns_dir.join(format!("{node}.mnt"));

@@ -103,13 +103,17 @@ struct Mesh {
     _dir: tempfile::TempDir,
 }
 
-/// Records the mesh addresses probed.
+/// Records the mesh addresses probed; nobody answers echo requests.
 #[derive(Debug, Clone, Default)]
 struct RecordingProber(Arc<Mutex<Vec<IpAddr>>>);
 
 impl Prober for RecordingProber {
     fn probe(&self, to: IpAddr) {
         self.0.lock().unwrap().push(to);
+    }
+
+    fn echo_replies(&self) -> std::collections::HashSet<IpAddr> {
+        std::collections::HashSet::new()
     }
 }
 
@@ -662,13 +666,18 @@ async fn a_silent_wirespan_peer_is_probed_then_down_while_a_talos_peer_is_not() 
     })
     .await;
     assert_eq!(keepalives, (10, 25));
-    assert!(m.probes.sent().is_empty());
-
-    // Half a window without receiving: peer 1 (and only it) is probed at its mesh address.
-    m.clock.advance(Duration::from_secs(15));
+    // Up: peer 1 (and only it) is probed once at its mesh address, to learn whether
+    // it answers echo requests.
     let ula1: IpAddr = "fd21:4de:ec13:da02::1".parse().unwrap();
-    eventually("peer 1 probed", || {
+    eventually("peer 1 probed to learn", || {
         (m.probes.sent() == [ula1]).then_some(())
+    })
+    .await;
+
+    // Half a window without receiving: probed again.
+    m.clock.advance(Duration::from_secs(15));
+    eventually("peer 1 probed", || {
+        (m.probes.sent() == [ula1, ula1]).then_some(())
     })
     .await;
     // The rest of the window, still nothing (the handshake is 31 s old): down and
@@ -682,7 +691,7 @@ async fn a_silent_wirespan_peer_is_probed_then_down_while_a_talos_peer_is_not() 
     .await;
     let talos = peer_status(store, 2).unwrap();
     assert_eq!(talos.state, PeerState::Up, "{talos:?}");
-    assert_eq!(m.probes.sent(), [ula1]);
+    assert_eq!(m.probes.sent(), [ula1, ula1]);
     assert_ne!(first, second);
     m.h.stop().await.unwrap();
 }

@@ -3,7 +3,7 @@
 //! written, and the marking adapter chosen for the configured fast path.
 
 use std::{
-    collections::{btree_map::Entry, BTreeSet, HashMap},
+    collections::{btree_map::Entry, BTreeSet, HashMap, HashSet},
     net::IpAddr,
     sync::Arc,
     time::{Duration, SystemTime},
@@ -73,6 +73,12 @@ impl KubeSpanManagerController {
         }
         let now = self.deps.clock.now();
         let read = read || self.last_read.is_none();
+        // Echo replies are taken before the device is read: a reply the counter shows
+        // is then known to be one (§8.6).
+        let echoed = match self.deps.prober.as_ref() {
+            Some(p) if read => p.echo_replies(),
+            _ => HashSet::new(),
+        };
 
         // §8.2 step 2: what the device reports.
         let observed = if read {
@@ -165,6 +171,9 @@ impl KubeSpanManagerController {
                 seen.map_or(0, |o| o.rx_bytes),
                 now,
             );
+            if let (Some(t), Some(addr)) = (track.as_deref_mut(), r.spec.address) {
+                t.note_echo(echoed.contains(&addr));
+            }
             let rule = track
                 .as_deref_mut()
                 .zip(window)
@@ -280,7 +289,7 @@ impl KubeSpanManagerController {
         self.note_relays(relays, now, s.peer_receive_timeout);
 
         if let Some(prober) = self.deps.prober.as_ref().filter(|_| !probes.is_empty()) {
-            tracing::debug!(peers = probes.len(), "probing silent wirespan peers");
+            tracing::debug!(peers = probes.len(), "probing wirespan peers");
             for to in probes {
                 prober.probe(to);
             }

@@ -20,10 +20,10 @@ mod probe;
 mod relay;
 mod teardown;
 
-pub use probe::UdpProber;
+pub use probe::TunnelProber;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     fmt,
     net::IpAddr,
     sync::Arc,
@@ -70,11 +70,14 @@ use crate::{
 /// `peerReceiveTimeout` (`docs/kubespan.md` §8.6).
 pub const PERSISTENT_KEEPALIVE: u16 = 25;
 
-/// Sends one datagram through the tunnel to a peer's mesh address, so that a live
-/// peer's WireGuard answers (see [`RxTrack`]). Best effort: failures are only logged.
+/// Sends a probe through the tunnel to a peer's mesh address, so that a live peer
+/// answers (see [`RxTrack`]): an echo request its kernel answers at once and a
+/// datagram its WireGuard answers within 10 s. Best effort: failures are only logged.
 pub trait Prober: Send + Sync + fmt::Debug {
     /// Probes the peer whose mesh address is `to`.
     fn probe(&self, to: IpAddr);
+    /// The mesh addresses whose echo replies arrived since the last call.
+    fn echo_replies(&self) -> HashSet<IpAddr>;
 }
 
 /// Builds the WireGuard backend for a link.
