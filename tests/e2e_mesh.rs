@@ -13,7 +13,11 @@ use std::{
     time::{Duration, Instant},
 };
 
-use common::{lab::Lab, BIN};
+use common::{
+    lab::Lab,
+    talos::{self, TalosPeer},
+    BIN,
+};
 use serde_json::Value;
 
 /// Brings a lab of `nodes` up and waits (inside `lab up`) until every peer is up.
@@ -543,20 +547,10 @@ fn get_one(lab: &Lab, node: &str, ty: &str, id: &str) -> Option<Value> {
 /// `(endpoint, allowed IPs)` of WireGuard peer `public_key` on `node`'s mesh link, as
 /// `wg show kubespan dump` lists them; `None` when the peer is not on the device.
 fn wg_peer(lab: &Lab, node: &str, public_key: &str) -> Option<(String, Vec<String>)> {
-    let dump = lab.exec_ok(node, &["wg", "show", "kubespan", "dump"]);
-    dump.lines()
-        .skip(1)
-        .map(|l| l.split('\t').collect::<Vec<_>>())
-        .find(|f| f.first() == Some(&public_key))
-        .map(|f| {
-            let mut allowed: Vec<String> = f[3]
-                .split(',')
-                .filter(|a| !a.is_empty() && *a != "(none)")
-                .map(str::to_owned)
-                .collect();
-            allowed.sort();
-            (f[2].to_owned(), allowed)
-        })
+    common::wg_dump(&lab.exec_ok(node, &["wg", "show", "kubespan", "dump"]))
+        .into_iter()
+        .find(|p| p.public_key == public_key)
+        .map(|p| (p.endpoint, p.allowed_ips))
 }
 
 /// `(label, state, endpoint)` of every peer status of `node`, for failure messages.
@@ -851,116 +845,24 @@ fn our_affiliate_extension_is_invisible_to_upstream_and_absent_from_talos_affili
     assert_eq!(decoded.wirespan, None);
 }
 
-/// The lab's cluster ID and the key of its blobs (the cluster secret), from the
-/// cluster config file. Never printed.
-fn cluster_identity(status: &Value) -> (String, [u8; 32]) {
-    use base64::Engine as _;
-    let path = status["clusterConfig"].as_str().unwrap();
-    let text = std::fs::read_to_string(path).unwrap();
-    for doc in serde_yaml_ng::Deserializer::from_str(&text) {
-        let v = <serde_yaml_ng::Value as serde::Deserialize>::deserialize(doc).unwrap();
-        if v["kind"].as_str() == Some("ClusterConfig") {
-            let id = v["id"].as_str().unwrap().to_owned();
-            let secret = base64::engine::general_purpose::STANDARD
-                .decode(v["secret"].as_str().unwrap())
-                .ok()
-                .and_then(|k| <[u8; 32]>::try_from(k).ok())
-                .expect("the lab's cluster secret is 32 bytes of base64");
-            return (id, secret);
-        }
-    }
-    panic!("no ClusterConfig in {path}");
-}
-
-/// The KubeSpan ULA of interface id `iid` in the cluster's prefix (`docs/kubespan.md` §3.1).
-fn kubespan_ula(cluster_id: &str, iid: [u8; 8]) -> std::net::Ipv6Addr {
-    use sha2::Digest as _;
-    let h = sha2::Sha256::digest(cluster_id.as_bytes());
-    let mut a = [0u8; 16];
-    a[..8].copy_from_slice(&h[16..24]);
-    a[0] = 0xfd;
-    a[7] = 0x02;
-    a[8..].copy_from_slice(&iid);
-    std::net::Ipv6Addr::from(a)
-}
-
-/// A WireGuard peer that is not a wirespan node: its own network namespace on the lab's
-/// underlay with a stock `wireguard-go`, configured with `wg` as an upstream Talos node
-/// would be. Drop stops wireguard-go (so it removes its socket), then the namespace goes.
-struct ForeignPeer {
-    link: String,
-    wireguard_go: Option<std::process::Child>,
-    /// Declared last: dropped after wireguard-go is stopped.
-    netns: wirespan_dataplane::netns::NetnsGuard,
-}
-
-impl ForeignPeer {
-    fn run(&self, args: &[&str]) -> String {
-        let out = self.netns.run(args[0], &args[1..]).unwrap();
-        String::from_utf8(out.stdout).unwrap()
-    }
-}
-
-impl Drop for ForeignPeer {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.wireguard_go.take() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap()),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            let deadline = Instant::now() + Duration::from_secs(3);
-            while child.try_wait().ok().flatten().is_none() && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-        let _ = std::fs::remove_file(format!("/var/run/wireguard/{}.sock", self.link));
-    }
-}
-
-/// A fresh WireGuard key pair `(private, public)` from `wg genkey | wg pubkey`.
-fn wg_keypair() -> (String, String) {
-    let private = Command::new("wg").arg("genkey").output().unwrap();
-    assert!(private.status.success());
-    let mut pubkey = Command::new("wg")
-        .arg("pubkey")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::io::Write::write_all(pubkey.stdin.as_mut().unwrap(), &private.stdout).unwrap();
-    let public = pubkey.wait_with_output().unwrap();
-    assert!(public.status.success());
-    (
-        String::from_utf8(private.stdout).unwrap().trim().to_owned(),
-        String::from_utf8(public.stdout).unwrap().trim().to_owned(),
-    )
-}
-
 #[test]
 fn a_peer_publishing_in_the_upstream_format_becomes_a_wireguard_peer() {
-    use common::upstream::{ip_bytes, publish, Affiliate, ControlPlane, IpPrefix, KubeSpan};
-
     let lab = mesh(2);
     let st = lab.status();
-    let (cluster_id, key) = cluster_identity(&st);
-    let disco: std::net::SocketAddr = st["discovery"]["address"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
 
-    // The foreign node: 10.99.1.99 on the underlay (lab nodes are .11 up), its node
-    // address and endpoint; a pod CIDR; a ULA in the cluster's KubeSpan prefix.
-    let node_ip: std::net::IpAddr = "10.99.1.99".parse().unwrap();
-    let endpoint = std::net::SocketAddr::new(node_ip, 51820);
-    // It asks peers not to route the upper half of its pod CIDR (Talos's
-    // `excludeAdvertisedNetworks`, sent in the affiliate): AllowedIPs keep the lower half.
-    let pod_cidr = "10.244.99.0/25";
-    let ula = kubespan_ula(&cluster_id, [0, 0, 0, 0xff, 0xfe, 0, 0, 0x99]);
+    // The foreign node (tests/common/talos.rs): 10.99.1.99 on the underlay, its node
+    // address and endpoint; a pod CIDR whose upper half it asks peers not to route
+    // (Talos's `excludeAdvertisedNetworks`, sent in the affiliate); a ULA in the
+    // cluster's KubeSpan prefix. Its device has both nodes as peers, as Talos sets
+    // them up.
+    let talos = TalosPeer::builder(&st).start();
+    let (node_ip, endpoint, public) = (
+        talos.address(),
+        talos.endpoint(),
+        talos.public_key().to_owned(),
+    );
     for n in st["nodes"].as_array().unwrap() {
-        // The lab's own nodes are in the same prefix: the test derives it as they do.
+        // The lab's own nodes are in the same prefix: the helper derives it as they do.
         let theirs: std::net::Ipv6Addr = n["addresses"]["kubespan"]
             .as_str()
             .unwrap()
@@ -969,180 +871,20 @@ fn a_peer_publishing_in_the_upstream_format_becomes_a_wireguard_peer() {
             .unwrap()
             .parse()
             .unwrap();
-        assert_eq!(theirs.segments()[..4], ula.segments()[..4], "{n}");
-    }
-    let (private, public) = wg_keypair();
-
-    let netns = wirespan_dataplane::netns::NetnsGuard::new("wse2e").unwrap();
-    let underlay = st["underlayNamespace"].as_str().unwrap();
-    // A veth from the underlay bridge into the foreign namespace (made inside the
-    // underlay, so nothing appears in the host's namespace).
-    let ip = |args: &[&str]| {
-        let out = Command::new("ip").args(args).output().unwrap();
-        assert!(
-            out.status.success(),
-            "ip {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    ip(&[
-        "-n",
-        underlay,
-        "link",
-        "add",
-        "foreign",
-        "type",
-        "veth",
-        "peer",
-        "name",
-        "eth0",
-        "netns",
-        netns.name(),
-    ]);
-    ip(&[
-        "-n", underlay, "link", "set", "foreign", "master", "br0", "up",
-    ]);
-    ip(&[
-        "-n",
-        netns.name(),
-        "addr",
-        "add",
-        "10.99.1.99/24",
-        "dev",
-        "eth0",
-    ]);
-    ip(&["-n", netns.name(), "link", "set", "eth0", "up"]);
-
-    let link = format!("wsf{}", std::process::id());
-    let child = netns
-        .netns()
-        .command("wireguard-go")
-        .args(["-f", &link])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let peer = ForeignPeer {
-        link: link.clone(),
-        wireguard_go: Some(child),
-        netns,
-    };
-    common::wait_for_path(std::path::Path::new(&format!(
-        "/var/run/wireguard/{link}.sock"
-    )));
-
-    // WireGuard as Talos sets it up: key, port 51820, PSK = cluster secret, keepalive
-    // 25 s, AllowedIPs = each node's address and ULA. Its own UDP carries a mark; all
-    // else to the nodes is routed into the link (as KubeSpan's fwmark rule does).
-    let dir = tempfile::tempdir().unwrap();
-    let (key_file, psk_file) = (dir.path().join("private"), dir.path().join("psk"));
-    std::fs::write(&key_file, &private).unwrap();
-    std::fs::write(&psk_file, {
-        use base64::Engine as _;
-        base64::engine::general_purpose::STANDARD.encode(key)
-    })
-    .unwrap();
-    let mut wg = vec![
-        "wg".to_owned(),
-        "set".into(),
-        link.clone(),
-        "private-key".into(),
-        key_file.to_str().unwrap().into(),
-        "listen-port".into(),
-        "51820".into(),
-        "fwmark".into(),
-        "0x5ca1".into(),
-    ];
-    let mut node_ips = Vec::new();
-    for n in st["nodes"].as_array().unwrap() {
-        let addr = n["addresses"]["underlay"][0].as_str().unwrap().to_owned();
-        let their_ula = n["addresses"]["kubespan"]
-            .as_str()
-            .unwrap()
-            .split('/')
-            .next()
-            .unwrap()
-            .to_owned();
-        wg.extend([
-            "peer".into(),
-            n["publicKey"].as_str().unwrap().into(),
-            "preshared-key".into(),
-            psk_file.to_str().unwrap().into(),
-            "endpoint".into(),
-            format!("{addr}:51820"),
-            "persistent-keepalive".into(),
-            "25".into(),
-            "allowed-ips".into(),
-            format!("{addr}/32,{their_ula}/128"),
-        ]);
-        node_ips.push(addr);
-    }
-    let wg: Vec<&str> = wg.iter().map(String::as_str).collect();
-    peer.run(&wg);
-    let ula_cidr = format!("{ula}/64");
-    peer.run(&["ip", "addr", "add", &ula_cidr, "dev", &link]);
-    peer.run(&["ip", "link", "set", &link, "up"]);
-    peer.run(&[
-        "ip", "rule", "add", "not", "fwmark", "0x5ca1", "table", "51820", "priority", "100",
-    ]);
-    for a in &node_ips {
-        peer.run(&[
-            "ip",
-            "route",
-            "add",
-            &format!("{a}/32"),
-            "dev",
-            &link,
-            "table",
-            "51820",
-        ]);
+        assert_eq!(theirs.segments()[..4], talos.ula().segments()[..4], "{n}");
+        talos.peer_with(n);
     }
 
     // Publish the affiliate, from inside the foreign namespace.
-    let affiliate = Affiliate {
-        node_id: "7x1SuC8Ege5BGXdAfTEff5iQnlWZLfv9h1LGMxA2pYkC".into(),
-        addresses: vec![ip_bytes(node_ip)],
-        hostname: "talos-foreign.example".into(),
-        nodename: "talos-foreign".into(),
-        machine_type: "controlplane".into(),
-        operating_system: "Talos (v1.12.0)".into(),
-        kubespan: Some(KubeSpan {
-            public_key: public.clone(),
-            address: ula.octets().to_vec(),
-            additional_addresses: vec![IpPrefix {
-                ip: vec![10, 244, 99, 0],
-                bits: 24,
-            }],
-            exclude_advertised_addresses: vec![IpPrefix {
-                ip: vec![10, 244, 99, 128],
-                bits: 25,
-            }],
-        }),
-        control_plane: Some(ControlPlane {
-            api_server_port: 6443,
-        }),
-    };
-    let client_ip = peer
-        .netns
-        .netns()
-        .block_on(move || async move {
-            publish(disco, &cluster_id, &key, &affiliate, &[endpoint]).await
-        })
-        .unwrap()
-        .unwrap_or_else(|e| panic!("publishing the foreign affiliate: {e}"));
+    let client_ip = talos.publish();
     assert_eq!(
         client_ip,
-        ip_bytes(node_ip),
+        common::upstream::ip_bytes(node_ip),
         "the server saw us from elsewhere"
     );
 
-    let mut want_allowed = vec![
-        pod_cidr.to_owned(),
-        format!("{node_ip}/32"),
-        format!("{ula}/128"),
-    ];
-    want_allowed.sort();
+    // AllowedIPs keep the lower half of the pod CIDR.
+    let want_allowed = talos.allowed_ips();
     for n in ["node1", "node2"] {
         // The peer spec, as `wirespan get kubespanpeerspecs` shows it.
         let spec = eventually("the foreign peer's spec", || {
@@ -1156,7 +898,7 @@ fn a_peer_publishing_in_the_upstream_format_becomes_a_wireguard_peer() {
             .collect();
         allowed.sort();
         assert_eq!(allowed, want_allowed, "{n}: {spec}");
-        assert_eq!(spec["spec"]["label"], "talos-foreign", "{n}: {spec}");
+        assert_eq!(spec["spec"]["label"], talos::NODENAME, "{n}: {spec}");
         assert_eq!(
             spec["spec"]["endpoints"],
             serde_json::json!([endpoint.to_string()]),
@@ -1178,7 +920,7 @@ fn a_peer_publishing_in_the_upstream_format_becomes_a_wireguard_peer() {
         // Traffic to its node address and its ULA goes through the tunnel both ways.
         let (rx0, tx0) = wg_bytes(&lab, n, &public);
         ping(&lab, n, &node_ip.to_string(), "1000");
-        ping(&lab, n, &ula.to_string(), "1000");
+        ping(&lab, n, &talos.ula().to_string(), "1000");
         let (rx1, tx1) = wg_bytes(&lab, n, &public);
         assert!(
             tx1 - tx0 >= 10 * 1000,
@@ -1192,15 +934,8 @@ fn a_peer_publishing_in_the_upstream_format_becomes_a_wireguard_peer() {
         );
     }
     // The foreign side saw the same: both nodes are live peers of its device.
-    let dump = peer.run(&["wg", "show", &link, "dump"]);
     for n in st["nodes"].as_array().unwrap() {
-        let key = n["publicKey"].as_str().unwrap();
-        let line = dump
-            .lines()
-            .skip(1)
-            .find(|l| l.starts_with(key))
-            .unwrap_or_else(|| panic!("foreign device lacks {key}"));
-        let rx: u64 = line.split('\t').nth(5).unwrap().parse().unwrap();
+        let rx = talos.peer(n["publicKey"].as_str().unwrap()).rx;
         assert!(
             rx >= 10 * 1000,
             "foreign peer received {rx} from {}",

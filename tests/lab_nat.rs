@@ -10,7 +10,10 @@ mod common;
 
 use std::{collections::BTreeMap, process::Command};
 
-use common::lab::Lab;
+use common::{
+    lab::Lab,
+    talos::{self, TalosPeer},
+};
 use serde_json::Value;
 
 /// The cells of one ping matrix of `lab up`'s output: (from, to) → reply seen.
@@ -122,6 +125,22 @@ fn udp_flows(router_ns: &str) -> Vec<([String; 4], [String; 4])> {
         .collect()
 }
 
+/// Where NATed node `name`'s WireGuard packets to `dst` (port 51820) come from: its
+/// router's WAN address and the port the router mapped the flow to (the reply
+/// direction's destination port of the flow in the router's conntrack table).
+fn mapped_endpoint(st: &Value, name: &str, dst: &str) -> String {
+    let lan = node(st, name)["addresses"]["underlay"][0]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let flows = udp_flows(node(st, name)["router"]["namespace"].as_str().unwrap());
+    flows
+        .iter()
+        .find(|(o, _)| o[0] == lan && o[1] == dst && o[2] == "51820" && o[3] == "51820")
+        .map(|(_, r)| format!("{}:{}", wan(st, name), r[3]))
+        .unwrap_or_else(|| panic!("no flow {name} -> {dst} in {flows:?}"))
+}
+
 /// Three nodes, each behind a port-preserving NAT: the discovery server sees each at
 /// its router's WAN address, the node publishes that address, and every pair comes
 /// up directly by simultaneous open (both sides send to the other's WAN address and
@@ -191,6 +210,18 @@ fn cone_nat_nodes_mesh_directly_through_their_routers() {
     lab.assert_gone(&pids);
 }
 
+/// `lab up` of the `mixed` topology with 4 nodes, waiting up to 90 s.
+const MIXED4: [&str; 8] = [
+    "up",
+    "--topology",
+    "mixed",
+    "--nodes",
+    "4",
+    "--timeout",
+    "90s",
+    "--no-hints",
+];
+
 /// `mixed` with 4 nodes: node1 public, node2 and node3 behind cone NATs, node4 behind
 /// a symmetric NAT. node2<->node4 and node3<->node4 cannot connect directly; node1
 /// reaches both ends of each, so `up` waits until both pairs run through node1 as a
@@ -199,16 +230,7 @@ fn cone_nat_nodes_mesh_directly_through_their_routers() {
 #[test]
 fn mixed_nat_lab_connects_direct_pairs_directly_and_the_rest_through_a_relay() {
     let lab = Lab::new();
-    let o = lab.run(&[
-        "up",
-        "--topology",
-        "mixed",
-        "--nodes",
-        "4",
-        "--timeout",
-        "90s",
-        "--no-hints",
-    ]);
+    let o = lab.run(&MIXED4);
     let err = String::from_utf8_lossy(&o.stderr);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{err}\n{out}");
@@ -266,23 +288,8 @@ fn mixed_nat_lab_connects_direct_pairs_directly_and_the_rest_through_a_relay() {
     assert!(row4.contains("symmetric"), "{table}");
     // node1 learnt node4's endpoint from node4's handshakes (roaming): the port
     // node4's router mapped for node1, which is not the port it mapped elsewhere.
-    let lan4 = node(&st, "node4")["addresses"]["underlay"][0]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let flows = udp_flows(node(&st, "node4")["router"]["namespace"].as_str().unwrap());
-    let mapped = |dst: &str| {
-        flows
-            .iter()
-            .find(|(o, _)| o[0] == lan4 && o[1] == dst && o[2] == "51820" && o[3] == "51820")
-            .map(|(_, r)| r[3].clone())
-            .unwrap_or_else(|| panic!("no flow node4 -> {dst} in {flows:?}"))
-    };
     let (_, endpoint, _) = peer(&st, "node1", "node4");
-    assert_eq!(
-        endpoint,
-        format!("{}:{}", wan(&st, "node4"), mapped("10.99.1.11"))
-    );
+    assert_eq!(endpoint, mapped_endpoint(&st, "node4", "10.99.1.11"));
 }
 
 /// A topology file with a blocked pair: node1 and node2 exchange no UDP, so their
@@ -459,6 +466,216 @@ fn a_bad_topology_is_refused_naming_the_field_and_makes_nothing() {
     );
     assert!(lab.namespaces().is_empty(), "{:?}", lab.namespaces());
     assert!(!lab.dir().exists());
+}
+
+/// Pings from a namespace: five echo replies of 1000 bytes within a 20 s deadline (a
+/// packet lost to a busy machine is resent, not a failure); the target follows.
+const PING: [&str; 11] = [
+    "ping", "-n", "-q", "-c", "5", "-i", "0.2", "-s", "1000", "-w", "20",
+];
+
+/// `from`'s peer status of the peer with `key` (a peer that is not a lab node has no
+/// `node`).
+fn peer_by_key<'a>(st: &'a Value, from: &str, key: &str) -> Option<&'a Value> {
+    node(st, from)["peers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["publicKey"] == key)
+}
+
+/// A Talos node (tests/common/talos.rs: stock wireguard-go set up with `wg` as Talos
+/// sets up its device, its affiliate published in the upstream format) on the public
+/// segment of a `mixed` lab: node1 public, node2 and node3 behind cone NATs, node4
+/// behind a symmetric NAT. Being public, it has a direct path to every node: the
+/// NATed nodes open their routers towards it by sending first (they learn its endpoint
+/// from its affiliate), and its WireGuard answers at the address each handshake came
+/// from. Shown from both sides' devices and from real traffic: each node has it `up`
+/// and `direct` at its published endpoint, its device has a recent handshake with
+/// every node at the node's router's mapping (node4's symmetric NAT: the port it
+/// mapped for the Talos node, which only roaming can learn), and pings cross the
+/// tunnel both ways. It never takes part in relaying: the pairs that need a relay still go
+/// through node1, no peer is reached via the Talos node, and its WireGuard peer on
+/// every node holds its own prefixes only.
+#[test]
+fn a_talos_node_on_the_public_segment_meshes_directly_with_nodes_behind_nat() {
+    let lab = Lab::new();
+    lab.ok(&MIXED4);
+    let st = lab.status();
+    let all = ["node1", "node2", "node3", "node4"];
+    let kinds: Vec<&str> = all
+        .iter()
+        .map(|n| node(&st, n)["nat"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["none", "cone", "cone", "symmetric"]);
+    let key = |n: &str| node(&st, n)["publicKey"].as_str().unwrap().to_owned();
+
+    let talos = TalosPeer::builder(&st).start();
+    let talos_endpoint = talos.endpoint().to_string();
+    for n in all {
+        let v = node(&st, n);
+        // The discovery server saw each node where the lab put it (behind NAT: its
+        // router's WAN address), and the node published that address as an endpoint:
+        // what a Talos node reads from discovery, and the endpoint it is given.
+        assert_eq!(v["observedAddress"], v["publicAddress"], "{v}");
+        let observed = format!("{}:51820", v["observedAddress"].as_str().unwrap());
+        let other = if n == "node1" { "node2" } else { "node1" };
+        let spec: Value = serde_json::from_str(&lab.exec_ok(
+            other,
+            &[
+                "wirespan",
+                "get",
+                "kubespanpeerspecs",
+                &key(n),
+                "-o",
+                "json",
+            ],
+        ))
+        .unwrap();
+        assert!(
+            spec["spec"]["endpoints"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| *e == observed.as_str()),
+            "{n} did not publish {observed}: {spec}"
+        );
+        talos.peer_with(v);
+    }
+    assert_eq!(
+        talos.publish(),
+        common::upstream::ip_bytes(talos.address()),
+        "the discovery server saw the Talos node elsewhere"
+    );
+    let published = std::time::Instant::now();
+
+    // Every node has it up, directly, at its published endpoint (NATed ones too: they
+    // reach the public segment through their routers).
+    within(
+        60,
+        "every node to have the Talos node up and direct",
+        || {
+            let st = lab.status();
+            let not_yet: Vec<String> = all
+                .iter()
+                .filter_map(|n| {
+                    let p = peer_by_key(&st, n, talos.public_key());
+                    let ok = p.is_some_and(|p| {
+                        p["state"] == "up"
+                            && p["path"] == "direct"
+                            && p["endpoint"] == talos_endpoint.as_str()
+                    });
+                    (!ok).then(|| format!("{n}: {}", p.unwrap_or(&Value::Null)))
+                })
+                .collect();
+            not_yet
+                .is_empty()
+                .then_some(())
+                .ok_or_else(|| not_yet.join("; "))
+        },
+    );
+
+    // Its device has a recent handshake with every node, at the address and port the
+    // node's packets come from: node1's own, a cone NAT's WAN address with the node's
+    // port, the port node4's symmetric NAT mapped for the Talos node.
+    within(
+        60,
+        "a recent handshake of the Talos device with every node",
+        || {
+            let peers: Vec<(&str, Option<u64>)> = all
+                .iter()
+                .map(|n| (*n, talos.peer(&key(n)).handshake_age()))
+                .collect();
+            peers
+                .iter()
+                .all(|(_, age)| age.is_some_and(|a| a < 150))
+                .then_some(())
+                .ok_or_else(|| format!("{peers:?}"))
+        },
+    );
+    let talos_ip = talos.address().to_string();
+    let at = |n: &str| talos.peer(&key(n)).endpoint;
+    eprintln!(
+        "every node up with the Talos node {:.1}s after it published; its device has {}",
+        published.elapsed().as_secs_f64(),
+        all.map(|n| format!("{n} at {}", at(n))).join(", ")
+    );
+    assert_eq!(at("node1"), "10.99.1.11:51820");
+    for n in ["node2", "node3"] {
+        assert_eq!(at(n), format!("{}:51820", wan(&st, n)), "{n}");
+        // The router kept the node's port for the flow to the Talos node.
+        assert_eq!(mapped_endpoint(&st, n, &talos_ip), at(n), "{n}");
+    }
+    assert_eq!(mapped_endpoint(&st, "node4", &talos_ip), at("node4"));
+
+    // Real traffic through the tunnel, both ways, counted by the Talos device.
+    for n in all {
+        let k = key(n);
+        let before = talos.peer(&k);
+        let v = node(&st, n);
+        let ula = v["addresses"]["kubespan"]
+            .as_str()
+            .unwrap()
+            .split('/')
+            .next()
+            .unwrap();
+        // Its own address: for a NATed node a LAN address only the tunnel reaches.
+        let addr = v["addresses"]["underlay"][0].as_str().unwrap();
+        for to in [&talos_ip, &talos.ula().to_string()] {
+            lab.exec_ok(n, &[&PING[..], &[to.as_str()]].concat());
+        }
+        for to in [addr, ula] {
+            talos.run(&[&PING[..], &[to]].concat());
+        }
+        let after = talos.peer(&k);
+        // Each way at least 10 echo requests and 10 replies of 1000 bytes.
+        assert!(
+            after.rx - before.rx >= 20 * 1000,
+            "{n}: {before:?} {after:?}"
+        );
+        assert!(
+            after.tx - before.tx >= 20 * 1000,
+            "{n}: {before:?} {after:?}"
+        );
+    }
+
+    // No relaying with the Talos node: the pairs that need a relay still go through
+    // node1, no node reaches any peer via the Talos node or the Talos node via anyone,
+    // and its WireGuard peer on every node holds its own prefixes only (a relay's
+    // peer would also hold the relayed peer's).
+    let st = lab.status();
+    for (a, b) in [("node2", "node4"), ("node3", "node4")] {
+        assert_eq!(
+            path(&st, a, b),
+            ("relay".into(), "node1".into()),
+            "{a}->{b}"
+        );
+        assert_eq!(
+            path(&st, b, a),
+            ("relay".into(), "node1".into()),
+            "{b}->{a}"
+        );
+    }
+    for n in all {
+        for p in node(&st, n)["peers"].as_array().unwrap() {
+            assert_ne!(p["via"], talos::NODENAME, "{n}: {p}");
+        }
+        let p = peer_by_key(&st, n, talos.public_key()).unwrap();
+        assert_eq!(
+            (&p["path"], &p["via"]),
+            (&"direct".into(), &Value::Null),
+            "{n}: {p}"
+        );
+        let allowed = lab.exec_ok(n, &["wg", "show", "kubespan", "allowed-ips"]);
+        let mut theirs: Vec<&str> = allowed
+            .lines()
+            .find_map(|l| l.strip_prefix(talos.public_key()))
+            .unwrap_or_else(|| panic!("{n} has no WireGuard peer for the Talos node"))
+            .split_whitespace()
+            .collect();
+        theirs.sort_unstable();
+        assert_eq!(theirs, talos.allowed_ips(), "{n}");
+    }
 }
 
 /// Polls `f` every 200 ms until it holds, failing after `secs` with what it last saw.

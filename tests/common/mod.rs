@@ -5,6 +5,7 @@
 
 pub mod discovery;
 pub mod lab;
+pub mod talos;
 pub mod upstream;
 
 use std::{
@@ -158,4 +159,54 @@ pub fn wait_for_path(path: &Path) {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// One peer of a WireGuard device as `wg show … dump` lists it; the preshared key is
+/// left out (it is the cluster secret), so this is safe to print.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WgPeer {
+    pub public_key: String,
+    /// `ip:port`, or `(none)`.
+    pub endpoint: String,
+    /// Sorted.
+    pub allowed_ips: Vec<String>,
+    /// Unix seconds of the latest handshake, 0 for none.
+    pub latest_handshake: u64,
+    pub rx: u64,
+    pub tx: u64,
+}
+
+impl WgPeer {
+    /// Seconds since the latest handshake; `None` when there was none.
+    pub fn handshake_age(&self) -> Option<u64> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        (self.latest_handshake > 0).then(|| now.saturating_sub(self.latest_handshake))
+    }
+}
+
+/// The peers in the output of `wg show DEVICE dump` (its first line is the device's).
+pub fn wg_dump(dump: &str) -> Vec<WgPeer> {
+    dump.lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            let mut allowed_ips: Vec<String> = f[3]
+                .split(',')
+                .filter(|a| !a.is_empty() && *a != "(none)")
+                .map(str::to_owned)
+                .collect();
+            allowed_ips.sort();
+            WgPeer {
+                public_key: f[0].to_owned(),
+                endpoint: f[2].to_owned(),
+                allowed_ips,
+                latest_handshake: f[4].parse().unwrap(),
+                rx: f[5].parse().unwrap(),
+                tx: f[6].parse().unwrap(),
+            }
+        })
+        .collect()
 }
