@@ -1086,7 +1086,7 @@ fn assert_down_peer_routing(lab: &Lab, status: &Value, node2_key: &str) {
 /// `allowDownPeerBypass` is on; there its node addresses are reached outside the tunnel,
 /// elsewhere they stay in the set (blackholed into the tunnel). The lab's nodes are
 /// wirespan peers of each other, so a dead one is declared down by the receive window
-/// (`peerReceiveTimeout`, 30 s by default, §8.6) rather than 275 s after its last
+/// (`peerReceiveTimeout`, 20 s by default, §8.6) rather than 275 s after its last
 /// handshake (§8.3); restarted, it is up again.
 #[test]
 fn a_killed_peer_leaves_the_marking_set_only_with_allow_down_peer_bypass() {

@@ -10,7 +10,7 @@
 //!
 //! - **peer relay**: three nodes; node3 reaches both, so the pair goes through it.
 //!   Back to direct is the time from the repair until both ends report `direct`.
-//!   Run twice: at the default `peerReceiveTimeout` (30 s) and at its minimum (6 s).
+//!   Run twice: at the default `peerReceiveTimeout` (20 s) and at its minimum (6 s).
 //! - **server relay**: two nodes, nobody to relay; the pair goes through the lab
 //!   discovery server's relay. A pair on the server relay tries its direct path again
 //!   only when a node publishes new endpoints (kubespan.md §8.8), so each trial runs
@@ -335,7 +335,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let _ = writeln!(md, "# Failover when a direct path dies\n");
     let _ = writeln!(
         md,
-        "Trials per kind: {trials}. Default `peerReceiveTimeout` (30 s) unless the row says the \
+        "Trials per kind: {trials}. Default `peerReceiveTimeout` (20 s) unless the row says the \
          minimum ({} s). The cut drops UDP between the two nodes on the lab bridge; failover ends \
          at the first echo reply over the mesh.\n",
         MIN_WINDOW.as_secs()

@@ -161,7 +161,7 @@ pub struct KubeSpanConfig {
 }
 
 /// Default of `peerReceiveTimeout`.
-pub const PEER_RECEIVE_TIMEOUT: Duration = Duration::from_secs(30);
+pub const PEER_RECEIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Bounds of `peerDownInterval`.
 const PEER_DOWN_INTERVAL_RANGE: (Duration, Duration) =
     (Duration::from_secs(150), Duration::from_secs(3600));
@@ -436,7 +436,7 @@ mod tests {
         );
         assert_eq!((k.mtu, k.listen_port, k.routing_table), (1420, 51820, 180));
         assert_eq!(k.peer_down_interval, Duration::from_secs(275));
-        assert_eq!(k.peer_receive_timeout, Duration::from_secs(30));
+        assert_eq!(k.peer_receive_timeout, Duration::from_secs(20));
     }
 
     #[test]

@@ -987,7 +987,14 @@ mod tests {
                 track: &mut track,
                 window: w,
             };
-            step(s, &[a, b], Some(&obs), t(at), PEER_DOWN_INTERVAL, Some(rule));
+            step(
+                s,
+                &[a, b],
+                Some(&obs),
+                t(at),
+                PEER_DOWN_INTERVAL,
+                Some(rule),
+            );
             s.state
         };
         // Pushed at 2; nothing arrives: unknown, then down at the deadline.
