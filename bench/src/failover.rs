@@ -377,9 +377,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     );
     let _ = writeln!(
         md,
-        "Relays used: peer relay via {:?}; server relay via {:?}.\n",
+        "Relays used: peer relay via {:?} (minimum window: {:?}); server relay via {:?}, a \
+         fresh allocation per trial.\n",
         dedup(&peer.via),
-        dedup(&server.via)
+        dedup(&fast.via),
+        dedup(&hosts(&server.via))
     );
     let mut missed = Vec::new();
     if args.quick {
@@ -412,6 +414,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The hosts of `host:port` relay addresses (each server relay trial gets new ports).
+fn hosts(v: &[String]) -> Vec<String> {
+    v.iter()
+        .map(|a| a.rsplit_once(':').map_or(a.as_str(), |(h, _)| h).to_owned())
+        .collect()
+}
+
 fn dedup(v: &[String]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for s in v {
@@ -425,6 +434,13 @@ fn dedup(v: &[String]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn server_relay_allocations_are_reported_by_host() {
+        let via = ["10.99.1.2:45221".to_owned(), "10.99.1.2:59478".to_owned()];
+        assert_eq!(dedup(&hosts(&via)), ["10.99.1.2"]);
+        assert_eq!(hosts(&["[fd99::2]:4000".to_owned()]), ["[fd99::2]"]);
+    }
 
     #[test]
     fn percentiles_are_nearest_rank() {

@@ -253,6 +253,9 @@ impl NftMarking {
             (Some((g, st)), Some(now)) if g == now => Some(st),
             _ => None,
         };
+        // The table as this process last committed it: a rebuild is then its own
+        // layout change (a new prefix length), not someone else's edit.
+        let ours = cached.is_some();
         let current = match cached {
             Some(st) => Some(st),
             None => {
@@ -299,7 +302,9 @@ impl NftMarking {
                 )
             }
             Plan::Rebuild => {
-                if current.is_some() {
+                if ours {
+                    tracing::debug!(table = %spec.table, "marking layout changed, replacing the table");
+                } else if current.is_some() {
                     tracing::info!(table = %spec.table, "nftables table differs from desired, replacing it");
                 }
                 (full_batch(rs), "replace table", expected_state(rs))
