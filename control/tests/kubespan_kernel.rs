@@ -286,16 +286,16 @@ async fn peers_return_at_once_after_wireguard_go_is_killed() {
 }
 
 /// The production prober against a real peer kernel: two namespaces joined by a veth.
-/// An echo request it sends is answered and reported as the peer's; a reply to
-/// someone else's ping is not, and a peer whose firewall drops echo requests is never
-/// reported.
+/// The peer's kernel answers a probe (a port unreachable) and the prober reports it as
+/// that peer's; an error sent by a router on the way is not the peer's answer; a peer
+/// whose firewall drops the probe is never reported, and the datagram did reach it.
 #[test]
-fn the_tunnel_prober_reports_the_echo_replies_of_a_real_peer_kernel() {
+fn the_udp_prober_reports_the_replies_of_a_real_peer_kernel() {
     use std::{
         net::IpAddr,
         time::{Duration, Instant},
     };
-    use wirespan_control::controllers::kubespan::manager::{Prober as _, TunnelProber};
+    use wirespan_control::controllers::kubespan::manager::{Prober as _, UdpProber};
     use wirespan_dataplane::netns::NetnsThread;
 
     let (a, b) = (
@@ -329,13 +329,28 @@ fn the_tunnel_prober_reports_the_echo_replies_of_a_real_peer_kernel() {
         ok(ns.run("ip", &["addr", "add", addr, "dev", dev, "nodad"]));
         ok(ns.run("ip", &["link", "set", dev, "up"]));
     }
+    // A host behind b that does not exist: b, forwarding, answers for it (address
+    // unreachable), which is a router's error, not the host's.
+    ok(b.run("sysctl", &["-qw", "net.ipv6.conf.all.forwarding=1"]));
+    ok(a.run(
+        "ip",
+        &["route", "add", "fd00:beef::/64", "via", "fd00:5eed::2"],
+    ));
+    ok(b.run("ip", &["route", "add", "unreachable", "fd00:beef::/64"]));
+
     let peer: IpAddr = "fd00:5eed::2".parse().unwrap();
-    let prober = Arc::new(TunnelProber::new());
+    let behind: IpAddr = "fd00:beef::9".parse().unwrap();
+    let prober = Arc::new(UdpProber::new());
     let on_a = NetnsThread::spawn(a.netns()).unwrap();
+    let probe = |to: IpAddr| {
+        let p = Arc::clone(&prober);
+        // The socket opens on first use, in the namespace of the thread using it.
+        on_a.run(move || p.probe(to)).unwrap();
+    };
     let replies_within = |d: Duration| {
         let deadline = Instant::now() + d;
         loop {
-            let got = prober.echo_replies();
+            let got = prober.kernel_replies();
             if !got.is_empty() || Instant::now() > deadline {
                 return got;
             }
@@ -343,26 +358,41 @@ fn the_tunnel_prober_reports_the_echo_replies_of_a_real_peer_kernel() {
         }
     };
 
-    // The probe's sockets open on first use, in the namespace of the thread using it.
-    let p = Arc::clone(&prober);
-    on_a.run(move || p.probe(peer)).unwrap();
+    probe(peer);
     let got = replies_within(Duration::from_secs(5));
     assert_eq!(got, [peer].into_iter().collect(), "the peer answered");
 
-    // Someone else's ping: its reply is on the socket too, but not ours.
-    ok(a.run("ping", &["-6", "-c", "1", "-W", "2", "fd00:5eed::2"]));
-    assert!(prober.echo_replies().is_empty());
+    // Twice in a row, without reading in between: the second send is not lost to the
+    // first reply's pending socket error, and both replies are reported.
+    probe(peer);
+    std::thread::sleep(Duration::from_millis(200));
+    probe(peer);
+    assert_eq!(
+        replies_within(Duration::from_secs(5)),
+        [peer].into_iter().collect()
+    );
+    let sent = b
+        .run_stdout("ip", &["-6", "-j", "-s", "link", "show", "p1"])
+        .unwrap();
+    let rx: serde_json::Value = serde_json::from_str(&sent).unwrap();
+    assert!(
+        rx[0]["stats64"]["rx"]["packets"].as_u64().unwrap() >= 3,
+        "{sent}"
+    );
 
-    // A peer that drops echo requests.
+    // A router's error for a host behind it.
+    probe(behind);
+    assert!(replies_within(Duration::from_secs(1)).is_empty());
+
+    // A peer that drops the probe.
     ok(b.run(
         "nft",
         &[
             "add table inet t; add chain inet t in { type filter hook input priority 0; }; \
-             add rule inet t in icmpv6 type echo-request counter drop",
+             add rule inet t in udp dport 9 counter drop",
         ],
     ));
-    let p = Arc::clone(&prober);
-    on_a.run(move || p.probe(peer)).unwrap();
+    probe(peer);
     assert!(replies_within(Duration::from_secs(1)).is_empty());
     let counted = b
         .run_stdout("nft", &["list", "chain", "inet", "t", "in"])

@@ -152,7 +152,7 @@ fn register_mesh(
                     OnStopArg::Teardown => kubespan::manager::OnStop::Teardown,
                 },
                 sysctl: Some(Arc::new(wirespan_dataplane::sysctl::ProcSysctl::new(netns))),
-                prober: Some(Arc::new(kubespan::manager::TunnelProber::new())),
+                prober: Some(Arc::new(kubespan::manager::UdpProber::new())),
             },
         },
     )?;

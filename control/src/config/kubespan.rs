@@ -147,9 +147,9 @@ pub struct KubeSpanConfig {
     /// however recent its handshake. This node sets its keepalive towards wirespan
     /// peers to a third of it, and probes a peer silent for half of it.
     ///
-    /// Valid: 6s–5m. A peer whose kernel answers the probe's ICMPv6 echo is down
-    /// within it of its last packet; one that drops echo requests is given 12 s to
-    /// answer the probe, so below 24 s it is down later than that.
+    /// Valid: 6s–5m. A peer whose kernel answers the probe (an ICMPv6 port
+    /// unreachable) is down within it of its last packet; one whose firewall drops the
+    /// probe is given 12 s to answer it, so below 24 s it is down later than that.
     #[serde(with = "super::duration")]
     #[schemars(with = "super::schema::DurationText")]
     pub peer_receive_timeout: Duration,

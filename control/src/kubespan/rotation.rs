@@ -17,9 +17,10 @@ pub const PEER_DOWN_INTERVAL: Duration = Duration::from_secs(275);
 /// keepalive at the latest 10 s after it received data without sending any
 /// (`KEEPALIVE_TIMEOUT`, kernel and wireguard-go alike), plus a margin for latency.
 pub const PROBE_GRACE: Duration = Duration::from_secs(12);
-/// How long a peer known to answer the probe's ICMPv6 echo request has to answer: its
-/// kernel replies at once, through the tunnel; the rest is a margin for a loaded host.
-pub const ECHO_PROBE_GRACE: Duration = Duration::from_secs(2);
+/// How long a peer whose kernel is known to answer the probe has to answer: the
+/// ICMPv6 error comes back at once, through the tunnel; the rest is a margin for a
+/// loaded host.
+pub const REPLY_PROBE_GRACE: Duration = Duration::from_secs(2);
 /// The reconcile tick.
 pub const RECONCILE_TICK: Duration = Duration::from_secs(30);
 
@@ -127,17 +128,18 @@ pub struct Step {
     pub pushed: bool,
 }
 
-/// Whether a peer's kernel answers the probe's ICMPv6 echo request (learned, per
-/// peer): one that does is given [`ECHO_PROBE_GRACE`] to answer a probe, any other
-/// [`PROBE_GRACE`].
+/// Whether a peer's kernel answers the probe at once (an ICMPv6 port unreachable;
+/// learned, per peer): one that does is given [`REPLY_PROBE_GRACE`] to answer a probe,
+/// any other [`PROBE_GRACE`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum EchoAnswer {
+pub enum KernelReply {
     /// Not known yet: the next read probes the peer to learn it.
     #[default]
     Unknown,
-    /// An echo reply came back for a probe.
+    /// Its kernel answered a probe.
     Answers,
-    /// The peer sent data after a probe, but no echo reply (a firewall drops them).
+    /// The peer sent data after a probe, but its kernel did not answer (a firewall
+    /// drops the probe or the error).
     Ignores,
 }
 
@@ -147,11 +149,11 @@ pub enum EchoAnswer {
 /// WireGuard's persistent keepalive is reset by packets in either direction, so on an
 /// idle tunnel one side may send every keepalive and the other none: silence alone
 /// does not prove a dead peer. After half the window of silence the node therefore
-/// sends the peer a probe through the tunnel (an ICMPv6 echo request, which a live
-/// peer's kernel answers at once, and a UDP datagram, which its WireGuard answers with
-/// a keepalive within 10 s); the peer is silent, and down, only when the window has
-/// passed and the probe had its grace to be answered ([`ECHO_PROBE_GRACE`] for a peer
-/// known to answer echoes, else [`PROBE_GRACE`]).
+/// sends the peer a probe through the tunnel (a UDP datagram to a port nothing
+/// listens on: a live peer's kernel answers with an ICMPv6 error at once, its
+/// WireGuard with a keepalive within 10 s); the peer is silent, and down, only when the
+/// window has passed and the probe had its grace to be answered ([`REPLY_PROBE_GRACE`]
+/// for a peer whose kernel is known to answer, else [`PROBE_GRACE`]).
 ///
 /// The counter is read at wake-ups, so the last packet is known only to lie between
 /// the read before the counter last moved (`moved_after`) and the read that saw it
@@ -172,10 +174,10 @@ pub struct RxTrack {
     pub last_read: SystemTime,
     /// When a probe was sent during this silence.
     pub probed: Option<SystemTime>,
-    /// Whether the peer answers echo requests; kept across windows.
-    pub echo: EchoAnswer,
-    /// The last probe since the counter moved, and whether an echo reply came for it.
-    pub echo_probe: Option<(SystemTime, bool)>,
+    /// Whether the peer's kernel answers probes; kept across windows.
+    pub reply: KernelReply,
+    /// The last probe since the counter moved, and whether its kernel reply came.
+    pub reply_probe: Option<(SystemTime, bool)>,
     /// The counter moved since tracking began or the window restarted (the last
     /// endpoint push).
     pub moved: bool,
@@ -191,54 +193,54 @@ impl RxTrack {
             moved_after: now,
             last_read: now,
             probed: None,
-            echo: EchoAnswer::Unknown,
-            echo_probe: None,
+            reply: KernelReply::Unknown,
+            reply_probe: None,
             moved: false,
         }
     }
 
     /// A device read: any change of the counter (a reset too) ends the silence. Data
-    /// that came after a probe whose echo went unanswered shows a peer that ignores
-    /// echo requests.
+    /// that came after a probe its kernel did not answer shows a peer whose kernel
+    /// does not.
     pub fn observe(&mut self, rx_bytes: u64, now: SystemTime) {
         if rx_bytes != self.rx_bytes {
             let before = self.last_read.min(now);
-            let mut echo = self.echo;
-            if let Some((sent, false)) = self.echo_probe {
-                if since(now, Some(sent)) >= ECHO_PROBE_GRACE {
-                    echo = EchoAnswer::Ignores;
+            let mut reply = self.reply;
+            if let Some((sent, false)) = self.reply_probe {
+                if since(now, Some(sent)) >= REPLY_PROBE_GRACE {
+                    reply = KernelReply::Ignores;
                 }
             }
             *self = Self::new(rx_bytes, now);
             self.moved_after = before;
-            self.echo = echo;
+            self.reply = reply;
             self.moved = true;
         } else {
             self.last_read = self.last_read.max(now);
         }
     }
 
-    /// Whether an echo reply from the peer arrived since the last read; call before
+    /// Whether the peer's kernel answered a probe since the last read; call before
     /// [`RxTrack::observe`] with the same read.
-    pub fn note_echo(&mut self, answered: bool) {
-        if let (true, Some((_, got))) = (answered, self.echo_probe.as_mut()) {
+    pub fn note_reply(&mut self, answered: bool) {
+        if let (true, Some((_, got))) = (answered, self.reply_probe.as_mut()) {
             *got = true;
-            self.echo = EchoAnswer::Answers;
+            self.reply = KernelReply::Answers;
         }
     }
 
     /// Starts a new window (a new endpoint was pushed).
     pub fn restart(&mut self, now: SystemTime) {
-        let echo = self.echo;
+        let reply = self.reply;
         *self = Self::new(self.rx_bytes, now);
-        self.echo = echo;
+        self.reply = reply;
     }
 
     /// How long a probe has to be answered.
     #[must_use]
     pub fn grace(&self) -> Duration {
-        if self.echo == EchoAnswer::Answers {
-            ECHO_PROBE_GRACE
+        if self.reply == KernelReply::Answers {
+            REPLY_PROBE_GRACE
         } else {
             PROBE_GRACE
         }
@@ -254,17 +256,17 @@ impl RxTrack {
     }
 
     /// Whether to probe the peer now: half the window silent and not yet probed, or
-    /// whether it answers echoes not known yet. Marks it probed when so.
+    /// whether its kernel answers is not known yet. Marks it probed when so.
     pub fn take_probe(&mut self, now: SystemTime, window: Duration) -> bool {
         let silence = self.probed.is_none()
             && now > self.since
             && since(now, Some(self.moved_after)) >= window / 2;
-        let learn = self.echo == EchoAnswer::Unknown && self.echo_probe.is_none();
+        let learn = self.reply == KernelReply::Unknown && self.reply_probe.is_none();
         if silence {
             self.probed = Some(now);
         }
         if silence || learn {
-            self.echo_probe = Some((now, false));
+            self.reply_probe = Some((now, false));
         }
         silence || learn
     }
@@ -841,11 +843,11 @@ mod tests {
     /// a keepalive every `keepalive` (none: it is the side whose keepalive timer the
     /// node's own keepalives keep resetting) and answers a probe 10 s later (WireGuard's
     /// passive keepalive, the latest it comes), and within a second too when it
-    /// `echoes`. Returns (read time, state, pushed).
+    /// `answers`. Returns (read time, state, pushed).
     fn simulate(
         window: Option<Duration>,
         keepalive: Option<u64>,
-        echoes: bool,
+        answers: bool,
         dies_at: Option<u64>,
         until: u64,
     ) -> Vec<(u64, PeerState, bool)> {
@@ -855,14 +857,14 @@ mod tests {
         step(&mut s, &[a, b], None, t(0), PEER_DOWN_INTERVAL, None);
         let mut track = RxTrack::new(0, t(0));
         let mut replies: Vec<u64> = Vec::new();
-        let mut echo_replies: Vec<u64> = Vec::new();
+        let mut kernel_replies: Vec<u64> = Vec::new();
         let mut out = Vec::new();
         let (mut last, mut now) = (0, 1);
         while now <= until {
             // What the peer sends, it sends only while alive.
             let sent = |r: &&u64| **r <= now && alive(**r);
             let mut rx = replies.iter().filter(sent).count() as u64;
-            rx += echo_replies.iter().filter(sent).count() as u64;
+            rx += kernel_replies.iter().filter(sent).count() as u64;
             if let Some(k) = keepalive {
                 rx += (1..=now).filter(|i| i % k == 0 && alive(*i)).count() as u64;
             }
@@ -874,8 +876,8 @@ mod tests {
                 tx_bytes: 0,
             };
             if window.is_some() {
-                track.note_echo(
-                    echo_replies
+                track.note_reply(
+                    kernel_replies
                         .iter()
                         .any(|r| *r > last && *r <= now && alive(*r)),
                 );
@@ -896,8 +898,8 @@ mod tests {
             if let Some(w) = window {
                 if s.state == PeerState::Up && track.take_probe(t(now), w) && alive(now) {
                     replies.push(now + 10);
-                    if echoes {
-                        echo_replies.push(now + 1);
+                    if answers {
+                        kernel_replies.push(now + 1);
                     }
                 }
             }
@@ -912,14 +914,14 @@ mod tests {
     }
 
     /// The windows and peers the failure detector is simulated with: the default and
-    /// the minimum window, a peer whose kernel answers echo requests and one that
+    /// the minimum window, a peer whose kernel answers probes and one that
     /// ignores them, keepalives a third of the window or none.
     fn detector_cases() -> Vec<(Duration, bool, Option<u64>)> {
         let mut cases = Vec::new();
         for w in [30, 6] {
-            for echoes in [true, false] {
+            for answers in [true, false] {
                 for keepalive in [Some(w / 3), None] {
-                    cases.push((Duration::from_secs(w), echoes, keepalive));
+                    cases.push((Duration::from_secs(w), answers, keepalive));
                 }
             }
         }
@@ -928,8 +930,8 @@ mod tests {
 
     #[test]
     fn an_idle_healthy_wirespan_peer_never_flaps_even_when_it_sends_no_keepalive() {
-        for (w, echoes, keepalive) in detector_cases() {
-            let reads = simulate(Some(w), keepalive, echoes, None, 6 * 3600);
+        for (w, answers, keepalive) in detector_cases() {
+            let reads = simulate(Some(w), keepalive, answers, None, 6 * 3600);
             assert!(reads.len() > 700, "{}", reads.len());
             let bad: Vec<_> = reads
                 .iter()
@@ -937,7 +939,7 @@ mod tests {
                 .collect();
             assert!(
                 bad.is_empty(),
-                "{w:?} echoes {echoes} keepalive {keepalive:?}: {:?}",
+                "{w:?} answers {answers} keepalive {keepalive:?}: {:?}",
                 &bad[..bad.len().min(5)]
             );
         }
@@ -945,26 +947,26 @@ mod tests {
 
     #[test]
     fn a_dead_wirespan_peer_is_down_within_the_window_and_rotated() {
-        for (w, echoes, keepalive) in detector_cases() {
+        for (w, answers, keepalive) in detector_cases() {
             for death in 1000..1010 {
-                let reads = simulate(Some(w), keepalive, echoes, Some(death), 1200);
+                let reads = simulate(Some(w), keepalive, answers, Some(death), 1200);
                 let (down_at, _, pushed) = *reads
                     .iter()
                     .find(|(at, st, _)| *at > death && *st != PeerState::Up)
                     .expect("declared down");
                 // Within the window of its last packet, wherever it falls between
-                // reads; a peer that ignores echoes when its probe's grace is over.
-                let limit = if echoes {
+                // reads; a peer whose kernel does not answer when its probe's grace is over.
+                let limit = if answers {
                     w
                 } else {
                     w.max(w / 2 + PROBE_GRACE)
                 };
                 assert!(
                     down_at <= death + limit.as_secs(),
-                    "{w:?} echoes {echoes} keepalive {keepalive:?} {death}: {down_at}"
+                    "{w:?} answers {answers} keepalive {keepalive:?} {death}: {down_at}"
                 );
                 // Rotation moved on to the next endpoint in the same step.
-                assert!(pushed, "{w:?} echoes {echoes} keepalive {keepalive:?}");
+                assert!(pushed, "{w:?} answers {answers} keepalive {keepalive:?}");
             }
         }
     }
@@ -1010,7 +1012,7 @@ mod tests {
     }
 
     #[test]
-    fn whether_a_peer_answers_echoes_is_learned_from_its_replies_and_kept() {
+    fn whether_a_peers_kernel_answers_is_learned_from_its_replies_and_kept() {
         let w = Duration::from_secs(6);
         let mut track = RxTrack::new(0, t(0));
         assert_eq!(track.grace(), PROBE_GRACE);
@@ -1018,27 +1020,27 @@ mod tests {
         assert!(track.take_probe(t(1), w));
         assert_eq!(track.probed, None);
         assert!(!track.take_probe(t(1), w), "one learning probe at a time");
-        track.note_echo(true);
+        track.note_reply(true);
         track.observe(32, t(2));
-        assert_eq!(track.echo, EchoAnswer::Answers);
-        assert_eq!(track.grace(), ECHO_PROBE_GRACE);
+        assert_eq!(track.reply, KernelReply::Answers);
+        assert_eq!(track.grace(), REPLY_PROBE_GRACE);
         // A reply that came without a probe says nothing.
         let mut fresh = RxTrack::new(0, t(0));
-        fresh.note_echo(true);
-        assert_eq!(fresh.echo, EchoAnswer::Unknown);
-        // A firewall starts dropping echoes: data after an unanswered probe.
+        fresh.note_reply(true);
+        assert_eq!(fresh.reply, KernelReply::Unknown);
+        // A firewall starts dropping the probes: data after an unanswered one.
         assert!(track.take_probe(t(5), w), "half the window silent");
-        track.note_echo(false);
+        track.note_reply(false);
         track.observe(64, t(15));
-        assert_eq!(track.echo, EchoAnswer::Ignores);
+        assert_eq!(track.reply, KernelReply::Ignores);
         assert_eq!(track.grace(), PROBE_GRACE);
         // Kept across a pushed endpoint; a later answered probe learns it again.
         track.restart(t(16));
-        assert_eq!(track.echo, EchoAnswer::Ignores);
+        assert_eq!(track.reply, KernelReply::Ignores);
         assert!(!track.take_probe(t(17), w), "known, not silent");
         assert!(track.take_probe(t(19), w));
-        track.note_echo(true);
-        assert_eq!(track.echo, EchoAnswer::Answers);
+        track.note_reply(true);
+        assert_eq!(track.reply, KernelReply::Answers);
     }
 
     #[test]

@@ -103,7 +103,7 @@ struct Mesh {
     _dir: tempfile::TempDir,
 }
 
-/// Records the mesh addresses probed; nobody answers echo requests.
+/// Records the mesh addresses probed; no peer's kernel answers.
 #[derive(Debug, Clone, Default)]
 struct RecordingProber(Arc<Mutex<Vec<IpAddr>>>);
 
@@ -112,7 +112,7 @@ impl Prober for RecordingProber {
         self.0.lock().unwrap().push(to);
     }
 
-    fn echo_replies(&self) -> std::collections::HashSet<IpAddr> {
+    fn kernel_replies(&self) -> std::collections::HashSet<IpAddr> {
         std::collections::HashSet::new()
     }
 }

@@ -73,10 +73,10 @@ impl KubeSpanManagerController {
         }
         let now = self.deps.clock.now();
         let read = read || self.last_read.is_none();
-        // Echo replies are taken before the device is read: a reply the counter shows
+        // Probe replies are taken before the device is read: a reply the counter shows
         // is then known to be one (§8.6).
-        let echoed = match self.deps.prober.as_ref() {
-            Some(p) if read => p.echo_replies(),
+        let replied = match self.deps.prober.as_ref() {
+            Some(p) if read => p.kernel_replies(),
             _ => HashSet::new(),
         };
 
@@ -172,7 +172,7 @@ impl KubeSpanManagerController {
                 now,
             );
             if let (Some(t), Some(addr)) = (track.as_deref_mut(), r.spec.address) {
-                t.note_echo(echoed.contains(&addr));
+                t.note_reply(replied.contains(&addr));
             }
             let rule = track
                 .as_deref_mut()

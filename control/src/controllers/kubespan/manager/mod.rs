@@ -20,7 +20,7 @@ mod probe;
 mod relay;
 mod teardown;
 
-pub use probe::TunnelProber;
+pub use probe::UdpProber;
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet},
@@ -71,13 +71,13 @@ use crate::{
 pub const PERSISTENT_KEEPALIVE: u16 = 25;
 
 /// Sends a probe through the tunnel to a peer's mesh address, so that a live peer
-/// answers (see [`RxTrack`]): an echo request its kernel answers at once and a
-/// datagram its WireGuard answers within 10 s. Best effort: failures are only logged.
+/// answers (see [`RxTrack`]): its kernel at once (an ICMPv6 error), its WireGuard
+/// within 10 s (a keepalive). Best effort: failures are only logged.
 pub trait Prober: Send + Sync + fmt::Debug {
     /// Probes the peer whose mesh address is `to`.
     fn probe(&self, to: IpAddr);
-    /// The mesh addresses whose echo replies arrived since the last call.
-    fn echo_replies(&self) -> HashSet<IpAddr>;
+    /// The mesh addresses whose kernels answered a probe since the last call.
+    fn kernel_replies(&self) -> HashSet<IpAddr>;
 }
 
 /// Builds the WireGuard backend for a link.

@@ -1,118 +1,55 @@
-//! The production [`Prober`]. A probe is two packets to the peer's mesh address, both
-//! through the tunnel (its /128 is in the peer's AllowedIPs):
+//! The production [`Prober`]: an empty UDP datagram to the discard port of the peer's
+//! mesh address, through the tunnel (its /128 is in the peer's AllowedIPs). A live
+//! peer answers it twice over:
 //!
-//! - an ICMPv6 echo request, which the peer's kernel answers at once: a reply proves
-//!   the path within a round trip, and [`TunnelProber::echo_replies`] reports it so
-//!   the failure detector learns which peers answer (`docs/kubespan.md` §8.6);
-//! - an empty UDP datagram to the discard port: a live peer's WireGuard, having
-//!   received data, sends at least a keepalive back within 10 s, whatever its
-//!   firewall does with echo requests; what its kernel does with the datagram (a port
-//!   unreachable, or nothing) does not matter.
+//! - its kernel, with nothing listening on the port, returns an ICMPv6 port
+//!   unreachable at once (or its firewall rejects it; a firewall that drops it
+//!   leaves only the next answer). The socket has `IPV6_RECVERR` on, so the error lands on its
+//!   error queue with the datagram's destination: [`Prober::kernel_replies`] reports
+//!   it, and the failure detector learns which peers answer (`docs/kubespan.md` §8.6).
+//!   No raw socket, so no `CAP_NET_RAW`;
+//! - its WireGuard, having received data, sends at least a keepalive back within 10 s,
+//!   whatever its firewall does with the datagram.
 //!
-//! KubeSpan mesh addresses are IPv6; an IPv4 one gets the datagram only.
+//! KubeSpan mesh addresses are IPv6; an IPv4 one is probed the same way, but its
+//! replies are not read.
 
 use std::{
     collections::HashSet,
-    net::{IpAddr, Ipv6Addr, SocketAddr, SocketAddrV6, UdpSocket},
-    os::fd::{AsRawFd as _, OwnedFd},
+    io::IoSliceMut,
+    net::{IpAddr, Ipv6Addr, SocketAddr, UdpSocket},
+    os::fd::AsRawFd as _,
     sync::Mutex,
 };
 
 use nix::{
+    cmsg_space,
     errno::Errno,
-    sys::socket::{
-        recvfrom, sendto, socket, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType,
-        SockaddrIn6,
-    },
+    sys::socket::{recvmsg, setsockopt, sockopt, ControlMessageOwned, MsgFlags, SockaddrIn6},
 };
 
 use super::Prober;
 
-/// The discard service: nothing is expected to answer on it.
+/// The discard service: nothing is expected to listen on it.
 const DISCARD_PORT: u16 = 9;
-const ICMPV6_ECHO_REQUEST: u8 = 128;
-const ICMPV6_ECHO_REPLY: u8 = 129;
-/// Echo payload, so a capture shows whose probe it is.
-const ECHO_PAYLOAD: &[u8] = b"wirespan probe";
-
-/// An ICMPv6 raw socket: the kernel fills in the checksum of what is sent, and hands
-/// over every ICMPv6 message that arrives (replies are picked out by type and id).
-#[derive(Debug)]
-struct EchoSocket {
-    fd: OwnedFd,
-    /// The echo identifier of this process's probes.
-    id: u16,
-    seq: u16,
-}
-
-impl EchoSocket {
-    fn open() -> nix::Result<Self> {
-        let fd = socket(
-            AddressFamily::Inet6,
-            SockType::Raw,
-            SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC,
-            SockProtocol::IcmpV6,
-        )?;
-        Ok(Self {
-            fd,
-            id: rand::random(),
-            seq: 0,
-        })
-    }
-
-    fn send(&mut self, to: Ipv6Addr) -> nix::Result<()> {
-        self.seq = self.seq.wrapping_add(1);
-        let mut msg = vec![ICMPV6_ECHO_REQUEST, 0, 0, 0];
-        msg.extend_from_slice(&self.id.to_be_bytes());
-        msg.extend_from_slice(&self.seq.to_be_bytes());
-        msg.extend_from_slice(ECHO_PAYLOAD);
-        let addr = SockaddrIn6::from(SocketAddrV6::new(to, 0, 0, 0));
-        sendto(self.fd.as_raw_fd(), &msg, &addr, MsgFlags::empty()).map(drop)
-    }
-
-    /// The sources of the echo replies to this process's requests that are queued.
-    fn replies(&self) -> HashSet<IpAddr> {
-        let mut from = HashSet::new();
-        let mut buf = [0u8; 1500];
-        loop {
-            match recvfrom::<SockaddrIn6>(self.fd.as_raw_fd(), &mut buf) {
-                Ok((n, Some(src))) => {
-                    if is_reply_to(&buf[..n], self.id) {
-                        from.insert(IpAddr::V6(src.ip()));
-                    }
-                }
-                Ok((_, None)) => {}
-                Err(Errno::EINTR) => {}
-                Err(Errno::EAGAIN) => return from,
-                Err(e) => {
-                    tracing::debug!(error = %e, "reading echo replies failed");
-                    return from;
-                }
-            }
-        }
-    }
-}
-
-/// Whether an ICMPv6 message is an echo reply with identifier `id`.
-fn is_reply_to(msg: &[u8], id: u16) -> bool {
-    msg.len() >= 8 && msg[0] == ICMPV6_ECHO_REPLY && msg[4..6] == id.to_be_bytes()
-}
+/// `SO_EE_ORIGIN_ICMP6`: the error came in an ICMPv6 message.
+const ORIGIN_ICMP6: u8 = 3;
 
 #[derive(Debug, Default)]
 struct Sockets {
-    echo: Option<EchoSocket>,
-    udp6: Option<UdpSocket>,
-    udp4: Option<UdpSocket>,
+    v6: Option<UdpSocket>,
+    v4: Option<UdpSocket>,
+    /// Replies taken off the error queue to clear a failed send, not reported yet.
+    pending: HashSet<IpAddr>,
 }
 
-/// Sends probes from sockets opened on first use (an ICMPv6 raw socket, one unbound
-/// UDP socket per family).
+/// Sends probes from one unbound-address UDP socket per family, opened on first use.
 #[derive(Debug, Default)]
-pub struct TunnelProber {
+pub struct UdpProber {
     sockets: Mutex<Sockets>,
 }
 
-impl TunnelProber {
+impl UdpProber {
     /// A prober with no socket open yet.
     #[must_use]
     pub fn new() -> Self {
@@ -126,7 +63,7 @@ impl TunnelProber {
     }
 }
 
-fn open_udp(v6: bool) -> std::io::Result<UdpSocket> {
+fn open(v6: bool) -> std::io::Result<UdpSocket> {
     let any: SocketAddr = if v6 {
         (Ipv6Addr::UNSPECIFIED, 0).into()
     } else {
@@ -134,56 +71,102 @@ fn open_udp(v6: bool) -> std::io::Result<UdpSocket> {
     };
     let s = UdpSocket::bind(any)?;
     s.set_nonblocking(true)?;
+    if v6 {
+        setsockopt(&s, sockopt::Ipv6RecvErr, &true)?;
+    }
     Ok(s)
 }
 
-/// The socket in `slot`, opened with `open` if it is not yet; `None` (logged) when it
-/// cannot be.
-fn opened<'a, T, E: std::fmt::Display>(
-    slot: &'a mut Option<T>,
-    what: &str,
-    open: impl FnOnce() -> Result<T, E>,
-) -> Option<&'a mut T> {
-    if slot.is_none() {
-        match open() {
-            Ok(s) => *slot = Some(s),
-            Err(e) => {
-                tracing::debug!(socket = what, error = %e, "opening a probe socket failed");
-                return None;
-            }
-        }
-    }
-    slot.as_mut()
+/// Whether an error-queue entry is an ICMPv6 error sent by `dest` itself: its kernel
+/// answered (a port unreachable, or its firewall's reject), so it is alive and the
+/// tunnel carries both ways. Not an error from a router on the way, nor a local one.
+fn is_reply_from(
+    err: &nix::libc::sock_extended_err,
+    offender: Option<Ipv6Addr>,
+    dest: Ipv6Addr,
+) -> bool {
+    err.ee_origin == ORIGIN_ICMP6 && offender == Some(dest)
 }
 
-impl Prober for TunnelProber {
-    fn probe(&self, to: IpAddr) {
-        let mut sockets = self.sockets();
-        if let IpAddr::V6(v6) = to {
-            if let Some(echo) = opened(&mut sockets.echo, "icmpv6", EchoSocket::open) {
-                if let Err(e) = echo.send(v6) {
-                    tracing::debug!(peer = %to, error = %e, "echo probe not sent");
+/// Takes every entry off the socket's error queue (which also clears the pending
+/// socket error a send would otherwise fail on); returns the peers that answered.
+fn drain_errors(socket: &UdpSocket) -> HashSet<IpAddr> {
+    let mut from = HashSet::new();
+    let mut buf = [0u8; 64];
+    let mut cmsg = cmsg_space!(nix::libc::sock_extended_err, nix::libc::sockaddr_in6);
+    loop {
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let msg = match recvmsg::<SockaddrIn6>(
+            socket.as_raw_fd(),
+            &mut iov,
+            Some(&mut cmsg),
+            MsgFlags::MSG_ERRQUEUE | MsgFlags::MSG_DONTWAIT,
+        ) {
+            Ok(m) => m,
+            Err(Errno::EINTR) => continue,
+            Err(Errno::EAGAIN) => return from,
+            Err(e) => {
+                tracing::debug!(error = %e, "reading the probe socket's error queue failed");
+                return from;
+            }
+        };
+        let Some(dest) = msg.address.map(|a| a.ip()) else {
+            continue;
+        };
+        let Ok(cmsgs) = msg.cmsgs() else {
+            continue;
+        };
+        for c in cmsgs {
+            if let ControlMessageOwned::Ipv6RecvErr(err, offender) = c {
+                let offender = offender.map(|o| Ipv6Addr::from(o.sin6_addr.s6_addr));
+                if is_reply_from(&err, offender, dest) {
+                    from.insert(IpAddr::V6(dest));
                 }
             }
         }
+    }
+}
+
+impl Prober for UdpProber {
+    fn probe(&self, to: IpAddr) {
+        let mut guard = self.sockets();
+        let sockets = &mut *guard;
         let slot = if to.is_ipv6() {
-            &mut sockets.udp6
+            &mut sockets.v6
         } else {
-            &mut sockets.udp4
+            &mut sockets.v4
         };
-        if let Some(udp) = opened(slot, "udp", || open_udp(to.is_ipv6())) {
-            if let Err(e) = udp.send_to(&[], (to, DISCARD_PORT)) {
-                tracing::debug!(peer = %to, error = %e, "probe not sent");
+        if slot.is_none() {
+            match open(to.is_ipv6()) {
+                Ok(s) => *slot = Some(s),
+                Err(e) => {
+                    tracing::debug!(error = %e, "opening the probe socket failed");
+                    return;
+                }
             }
+        }
+        let Some(socket) = slot.as_ref() else {
+            return;
+        };
+        let mut result = socket.send_to(&[], (to, DISCARD_PORT));
+        if result.is_err() && to.is_ipv6() {
+            // A reply that arrived since the last drain is the socket's pending
+            // error, which the send reported instead of sending: keep it, and retry.
+            sockets.pending.extend(drain_errors(socket));
+            result = socket.send_to(&[], (to, DISCARD_PORT));
+        }
+        if let Err(e) = result {
+            tracing::debug!(peer = %to, error = %e, "probe not sent");
         }
     }
 
-    fn echo_replies(&self) -> HashSet<IpAddr> {
-        self.sockets()
-            .echo
-            .as_ref()
-            .map(EchoSocket::replies)
-            .unwrap_or_default()
+    fn kernel_replies(&self) -> HashSet<IpAddr> {
+        let mut sockets = self.sockets();
+        let mut from = std::mem::take(&mut sockets.pending);
+        if let Some(s) = sockets.v6.as_ref() {
+            from.extend(drain_errors(s));
+        }
+        from
     }
 }
 
@@ -191,14 +174,33 @@ impl Prober for TunnelProber {
 mod tests {
     use super::*;
 
+    fn err(origin: u8, ty: u8, code: u8) -> nix::libc::sock_extended_err {
+        nix::libc::sock_extended_err {
+            ee_errno: 111,
+            ee_origin: origin,
+            ee_type: ty,
+            ee_code: code,
+            ee_pad: 0,
+            ee_info: 0,
+            ee_data: 0,
+        }
+    }
+
     #[test]
-    fn only_echo_replies_with_our_identifier_count() {
-        let reply = [ICMPV6_ECHO_REPLY, 0, 0xab, 0xcd, 0x12, 0x34, 0, 1, b'w'];
-        assert!(is_reply_to(&reply, 0x1234));
-        assert!(!is_reply_to(&reply, 0x1235), "someone else's ping");
-        let mut request = reply;
-        request[0] = ICMPV6_ECHO_REQUEST;
-        assert!(!is_reply_to(&request, 0x1234), "a request to us");
-        assert!(!is_reply_to(&reply[..7], 0x1234), "truncated");
+    fn only_an_icmpv6_error_from_the_peer_itself_counts() {
+        let peer: Ipv6Addr = "fd00::2".parse().unwrap();
+        let router: Ipv6Addr = "fd00::1".parse().unwrap();
+        // Destination unreachable: port unreachable, or administratively prohibited.
+        for code in [4, 1] {
+            let e = err(ORIGIN_ICMP6, 1, code);
+            assert!(is_reply_from(&e, Some(peer), peer));
+            assert!(
+                !is_reply_from(&e, Some(router), peer),
+                "a router's error says nothing of the peer"
+            );
+            assert!(!is_reply_from(&e, None, peer));
+        }
+        // A local error (origin 1) names no peer.
+        assert!(!is_reply_from(&err(1, 1, 4), Some(peer), peer));
     }
 }
