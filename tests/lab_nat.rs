@@ -464,6 +464,13 @@ fn a_bad_topology_is_refused_naming_the_field_and_makes_nothing() {
         err.contains("--topology star: neither a built-in topology (flat, cone, symmetric, mixed)"),
         "{err}"
     );
+    // The nodes' receive window, checked by the node's own rule.
+    let o = lab.run(&["up", "--peer-receive-timeout", "5s", "--no-wait"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        !o.status.success() && err.contains("--peer-receive-timeout: 5s is out of range (6s–5m)"),
+        "{err}"
+    );
     assert!(lab.namespaces().is_empty(), "{:?}", lab.namespaces());
     assert!(!lab.dir().exists());
 }
