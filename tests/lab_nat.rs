@@ -375,13 +375,25 @@ fn a_blocked_pair_in_a_topology_file_connects_through_the_node_that_reaches_both
 /// reports the path as `server` via the relay's address.
 #[test]
 fn two_nodes_behind_symmetric_nats_connect_through_the_server_relay() {
+    symmetric_lab_connects_through_the_server_relay(2);
+}
+
+/// Every node behind a symmetric NAT: no direct path and no node to relay, so each of
+/// the three pairs gets its own allocation at the server relay.
+#[test]
+fn every_pair_of_a_symmetric_lab_connects_through_the_server_relay() {
+    symmetric_lab_connects_through_the_server_relay(3);
+}
+
+fn symmetric_lab_connects_through_the_server_relay(nodes: usize) {
     let lab = Lab::new();
+    let n = nodes.to_string();
     let o = lab.run(&[
         "up",
         "--topology",
         "symmetric",
         "--nodes",
-        "2",
+        &n,
         "--timeout",
         "90s",
         "--no-hints",
@@ -389,10 +401,6 @@ fn two_nodes_behind_symmetric_nats_connect_through_the_server_relay() {
     let err = String::from_utf8_lossy(&o.stderr);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{err}\n{out}");
-    assert!(
-        err.contains("through the server relay: node1<->node2 (symmetric NAT on both sides)"),
-        "{err}"
-    );
     let st = lab.status();
     let relay_ip = st["discovery"]["address"]
         .as_str()
@@ -401,24 +409,35 @@ fn two_nodes_behind_symmetric_nats_connect_through_the_server_relay() {
         .unwrap()
         .0
         .to_owned();
-    for (a, b) in [("node1", "node2"), ("node2", "node1")] {
-        let (state, endpoint, expected) = peer(&st, a, b);
-        let (path, via) = path(&st, a, b);
-        assert_eq!(
-            (state.as_str(), expected.as_str(), path.as_str()),
-            ("up", "server", "server"),
-            "{a}->{b}"
-        );
-        // WireGuard sends to the relay, at this node's side of the allocation.
-        assert_eq!(via, endpoint, "{a}->{b}");
-        assert!(via.starts_with(&format!("{relay_ip}:")), "{a}->{b}: {via}");
-    }
-    let (_, e1, _) = peer(&st, "node1", "node2");
-    let (_, e2, _) = peer(&st, "node2", "node1");
-    assert_ne!(e1, e2, "each side has its own port");
+    let names: Vec<String> = (1..=nodes).map(|i| format!("node{i}")).collect();
     let pings = matrix(&out, "ping kubespan");
-    assert!(pings[&("node1".into(), "node2".into())], "{out}");
-    assert!(pings[&("node2".into(), "node1".into())], "{out}");
+    let mut allocations = std::collections::BTreeSet::new();
+    for (i, a) in names.iter().enumerate() {
+        for b in &names[i + 1..] {
+            let listed = err
+                .split_once("through the server relay: ")
+                .is_some_and(|(_, pairs)| {
+                    pairs.contains(&format!("{a}<->{b} (symmetric NAT on both sides)"))
+                });
+            assert!(listed, "{a}<->{b}: {err}");
+            for (x, y) in [(a, b), (b, a)] {
+                let (state, endpoint, expected) = peer(&st, x, y);
+                let (path, via) = path(&st, x, y);
+                assert_eq!(
+                    (state.as_str(), expected.as_str(), path.as_str()),
+                    ("up", "server", "server"),
+                    "{x}->{y}"
+                );
+                // WireGuard sends to the relay, at this node's side of the allocation.
+                assert_eq!(via, endpoint, "{x}->{y}");
+                assert!(via.starts_with(&format!("{relay_ip}:")), "{x}->{y}: {via}");
+                assert!(allocations.insert(via.clone()), "{via} used twice");
+                assert!(pings[&(x.clone(), y.clone())], "{x}->{y}: {out}");
+            }
+        }
+    }
+    // Each side of each pair has its own port.
+    assert_eq!(allocations.len(), nodes * (nodes - 1));
 }
 
 /// A bad topology is refused before anything is made, the message naming the field

@@ -21,6 +21,9 @@ pub const PROBE_GRACE: Duration = Duration::from_secs(12);
 /// ICMPv6 error comes back at once, through the tunnel; the rest is a margin for a
 /// loaded host.
 pub const REPLY_PROBE_GRACE: Duration = Duration::from_secs(2);
+/// WireGuard's session lifetime (`REJECT_AFTER_TIME`): no data is accepted on keys
+/// older than this.
+pub const REJECT_AFTER_TIME: Duration = Duration::from_secs(180);
 /// The reconcile tick.
 pub const RECONCILE_TICK: Duration = Duration::from_secs(30);
 
@@ -341,11 +344,16 @@ pub fn step(
         status.last_used_endpoint,
         down_interval,
     );
-    if status.state != PeerState::Up && rx.as_ref().is_some_and(|r| r.track.moved) {
-        // The peer's packets arrive since the push: the path works, even on a session
-        // that predates the push and so needs no new handshake (a relayed pair whose
-        // direct path healed before its session expired would otherwise wait for the
-        // rekey, up to two minutes).
+    let session = status
+        .last_handshake_time
+        .is_some_and(|h| since(now, Some(h)) < REJECT_AFTER_TIME);
+    if status.state != PeerState::Up && session && rx.as_ref().is_some_and(|r| r.track.moved) {
+        // The peer's packets arrive since the push, on a session that predates it and so
+        // needs no new handshake: the path works (a relayed pair whose direct path
+        // healed before its session expired would otherwise wait for the rekey, up to
+        // two minutes). Only while such a session can carry data: a peer that reaches
+        // this node but never gets an answer sends handshake initiations, which move
+        // the counter too.
         status.state = PeerState::Up;
     }
     if status.state == PeerState::Up && rx.as_ref().is_some_and(|r| r.track.silent(now, r.window)) {
@@ -1009,6 +1017,9 @@ mod tests {
         assert_eq!(read(&mut s, 19, 132), PeerState::Up);
         assert_eq!(read(&mut s, 35, 164), PeerState::Up);
         assert_eq!(s.last_used_endpoint, Some(b));
+        // Once the session is past its lifetime, what moves the counter can only be
+        // handshake initiations that get no answer: not up.
+        assert_ne!(read(&mut s, 182, 196), PeerState::Up);
     }
 
     #[test]
