@@ -202,24 +202,32 @@ impl RxTrack {
         }
     }
 
+    /// A new window from `rx_bytes` at `now`: only what was learned of the peer's
+    /// kernel carries over.
+    fn next_window(&self, rx_bytes: u64, now: SystemTime) -> Self {
+        Self {
+            reply: self.reply,
+            ..Self::new(rx_bytes, now)
+        }
+    }
+
     /// A device read: any change of the counter (a reset too) ends the silence. Data
     /// that came after a probe its kernel did not answer shows a peer whose kernel
     /// does not.
     pub fn observe(&mut self, rx_bytes: u64, now: SystemTime) {
-        if rx_bytes != self.rx_bytes {
-            let before = self.last_read.min(now);
-            let mut reply = self.reply;
-            if let Some((sent, false)) = self.reply_probe {
-                if since(now, Some(sent)) >= REPLY_PROBE_GRACE {
-                    reply = KernelReply::Ignores;
-                }
-            }
-            *self = Self::new(rx_bytes, now);
-            self.moved_after = before;
-            self.reply = reply;
-            self.moved = true;
-        } else {
+        if rx_bytes == self.rx_bytes {
             self.last_read = self.last_read.max(now);
+            return;
+        }
+        let unanswered = matches!(self.reply_probe,
+            Some((sent, false)) if since(now, Some(sent)) >= REPLY_PROBE_GRACE);
+        *self = Self {
+            moved_after: self.last_read.min(now),
+            moved: true,
+            ..self.next_window(rx_bytes, now)
+        };
+        if unanswered {
+            self.reply = KernelReply::Ignores;
         }
     }
 
@@ -234,9 +242,7 @@ impl RxTrack {
 
     /// Starts a new window (a new endpoint was pushed).
     pub fn restart(&mut self, now: SystemTime) {
-        let reply = self.reply;
-        *self = Self::new(self.rx_bytes, now);
-        self.reply = reply;
+        *self = self.next_window(self.rx_bytes, now);
     }
 
     /// How long a probe has to be answered.
