@@ -400,7 +400,15 @@ fn killed_daemon_restarts_with_its_identity_and_no_duplicate_kernel_state() {
     });
 
     let _daemon = Daemon::start(&lab, n1, "node1-restart.log");
-    eventually("node1's peer to be up again", || {
+    let diagnose = || {
+        format!(
+            "peers: {:?}\nwg: {}\ndaemon log:\n{}",
+            try_get(&lab, "node1", "peers"),
+            lab.exec_ok("node1", &["wg", "show", "kubespan"]),
+            std::fs::read_to_string(lab.dir().join("node1-restart.log")).unwrap_or_default()
+        )
+    };
+    eventually_or("node1's peer to be up again", diagnose, || {
         peers_up(&lab, "node1", 1).then_some(())
     });
     eventually("node2 to see node1 up again", || {

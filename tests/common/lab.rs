@@ -250,10 +250,20 @@ fn sweep_labs_of_dead_tests() {
 
 /// Alive and not a zombie (orphans may wait for a reaper that never comes).
 pub fn alive(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-        s.rsplit_once(')')
-            .and_then(|(_, r)| r.split_whitespace().next())
-            .is_some_and(|st| st != "Z" && st != "X")
+    // Any thread not yet exited: after SIGKILL the leader shows `Z` while the other
+    // threads are still exiting, and with them the process's open files (its API
+    // socket still accepts connections until the last one is gone).
+    let running = |stat: &str| {
+        std::fs::read_to_string(stat).is_ok_and(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next())
+                .is_some_and(|st| st != "Z" && st != "X")
+        })
+    };
+    std::fs::read_dir(format!("/proc/{pid}/task")).is_ok_and(|tasks| {
+        tasks
+            .flatten()
+            .any(|t| running(&format!("{}/stat", t.path().display())))
     })
 }
 
