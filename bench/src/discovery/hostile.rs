@@ -46,7 +46,7 @@ impl Counts {
         } else {
             Self {
                 good: 16,
-                rounds: 50,
+                rounds: 150,
                 hostile_affiliates: MAX_AFFILIATES,
                 slow_watchers: 1000,
                 idle: 10_000,
@@ -345,22 +345,114 @@ fn max_affiliate_bytes() -> u64 {
     (a.encoded_len() + 4) as u64
 }
 
-/// Runs the section on a fresh server and prints its report.
-pub(super) async fn run(exe: &std::path::Path, quick: bool) -> anyhow::Result<()> {
-    let mut c = Counts::new(quick);
+/// The hostile client set as its own process (`<this executable> bench discovery
+/// --hostile-client ADDR`): hostile clients are other machines, so their own CPU work
+/// (encoding 20 KiB updates, h2 bookkeeping of 11,000 connections) must not run in
+/// the good clients' runtime, where it would delay their timers and reads and count
+/// as the server's latency. It prints `ready SECONDS` once the set is up and churning,
+/// and `churned N` after stdin closes.
+struct HostileProcess {
+    child: tokio::process::Child,
+    stdout: tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+}
+
+impl HostileProcess {
+    /// Starts the generator and waits until its set is up; returns it and the set-up time.
+    async fn start(addr: SocketAddr, quick: bool) -> anyhow::Result<(Self, Duration)> {
+        use tokio::io::AsyncBufReadExt as _;
+        let exe = std::env::current_exe().context("locating this executable")?;
+        let mut cmd = tokio::process::Command::new(exe);
+        cmd.args(["bench", "discovery", "--hostile-client"])
+            .arg(addr.to_string())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        if quick {
+            cmd.arg("--quick");
+        }
+        let mut child = cmd.spawn().context("starting the hostile client process")?;
+        let stdout = child.stdout.take().context("hostile client stdout")?;
+        let mut proc = Self {
+            child,
+            stdout: tokio::io::BufReader::new(stdout).lines(),
+        };
+        let line = tokio::time::timeout(Duration::from_secs(300), proc.stdout.next_line())
+            .await
+            .context("the hostile client set was not up within 300 s")??
+            .context("the hostile client process exited before it was up")?;
+        let secs: f64 = line
+            .strip_prefix("ready ")
+            .and_then(|s| s.parse().ok())
+            .with_context(|| {
+                format!("hostile client process said {line:?}, not `ready SECONDS`")
+            })?;
+        Ok((proc, Duration::from_secs_f64(secs)))
+    }
+
+    /// Closes its stdin (stop churning); returns how many re-publishes it sent.
+    async fn stop(mut self) -> anyhow::Result<u64> {
+        drop(self.child.stdin.take());
+        let line = tokio::time::timeout(Duration::from_secs(60), self.stdout.next_line())
+            .await
+            .context("the hostile client process did not stop within 60 s")??
+            .context("the hostile client process exited without its count")?;
+        let n = line
+            .strip_prefix("churned ")
+            .and_then(|s| s.parse().ok())
+            .with_context(|| format!("hostile client process said {line:?}, not `churned N`"))?;
+        let status = self.child.wait().await?;
+        if !status.success() {
+            bail!("the hostile client process failed: {status}");
+        }
+        Ok(n)
+    }
+}
+
+/// The hostile client process's body: builds the set against `addr`, churns until
+/// stdin closes, then reports and drops every connection.
+pub(super) async fn generate(addr: SocketAddr, quick: bool) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    use tokio::io::AsyncReadExt as _;
+    raise_nofile();
+    let c = fit_idle(Counts::new(quick), false);
+    let built = Instant::now();
+    let mut hostile = start_hostile(addr, c).await?;
+    let mut out = std::io::stdout();
+    writeln!(out, "ready {}", built.elapsed().as_secs_f64())?;
+    out.flush()?;
+    // Anything or nothing on stdin: EOF is the stop.
+    let mut sink = Vec::new();
+    tokio::io::stdin().read_to_end(&mut sink).await?;
+    let churned = hostile.stop_churn().await?;
+    writeln!(out, "churned {churned}")?;
+    out.flush()?;
+    Ok(())
+}
+
+/// Scales the idle connections down to what `RLIMIT_NOFILE` allows (both ends of
+/// every connection live on this host and the limit is per process, so the server
+/// and the hostile process each need one descriptor per connection).
+fn fit_idle(mut c: Counts, report: bool) -> Counts {
     let nofile = raise_nofile();
-    // Both ends of every connection live on this host; the client side counts here,
-    // the server (a child: same limit) holds as many.
     let spare = 512;
     let fixed = (c.slow_watchers + 2 * c.good + HOSTILE_PUBLISHERS + spare) as u64;
     if fixed + c.idle as u64 > nofile {
         let fit = nofile.saturating_sub(fixed) as usize;
-        println!(
-            "  RLIMIT_NOFILE is {nofile}: idle connections scaled down from {} to {fit}",
-            c.idle
-        );
+        if report {
+            println!(
+                "  RLIMIT_NOFILE is {nofile}: idle connections scaled down from {} to {fit}",
+                c.idle
+            );
+        }
         c.idle = fit;
     }
+    c
+}
+
+/// Runs the section on a fresh server and prints its report.
+pub(super) async fn run(exe: &std::path::Path, quick: bool) -> anyhow::Result<()> {
+    let nofile = raise_nofile();
+    let c = fit_idle(Counts::new(quick), true);
     let mut server = ServerProcess::start(exe)?;
     let addr = server.addr;
     let mut goods = Vec::with_capacity(c.good);
@@ -373,16 +465,13 @@ pub(super) async fn run(exe: &std::path::Path, quick: bool) -> anyhow::Result<()
     let rss_before = server.rss_bytes()?;
     let (goods, mut unloaded) = measure(goods, c.rounds, &seq).await?;
 
-    let built = Instant::now();
-    let mut hostile = start_hostile(addr, c).await?;
-    let built = built.elapsed();
+    let (hostile, built) = HostileProcess::start(addr, quick).await?;
     let (goods, mut loaded) = measure(goods, c.rounds, &seq).await?;
     let rss_loaded = server.rss_bytes()?;
-    let churned = hostile.stop_churn().await?;
+    let churned = hostile.stop().await?;
     if server.exited() {
         bail!("the server died under the hostile load");
     }
-    drop(hostile);
     drop(goods);
 
     let a = max_affiliate_bytes();
@@ -409,7 +498,7 @@ pub(super) async fn run(exe: &std::path::Path, quick: bool) -> anyhow::Result<()
          20 ms apart, measured without and then with a hostile set: {} maximal affiliates \
          ({} B data, {} endpoints) in one cluster re-published at {CHURN_PER_SEC}/s, {} \
          watchers of it that never read ({SLOW_WINDOW} B h2 window), {} idle TCP connections \
-         (set up in {:.1} s; RLIMIT_NOFILE {nofile})",
+         (its own process, one thread; set up in {:.1} s; RLIMIT_NOFILE {nofile})",
         c.good,
         DATA_LEN,
         c.rounds,

@@ -65,6 +65,10 @@ pub struct Args {
     /// its figures are not the benchmark's.
     #[arg(long)]
     pub quick: bool,
+    /// Internal: be the hostile client set against the server at this address (the
+    /// hostile section runs it as its own process), until stdin closes.
+    #[arg(long, hide = true)]
+    pub hostile_client: Option<SocketAddr>,
 }
 
 /// Sections of the benchmark, for `--only`.
@@ -128,6 +132,15 @@ impl Args {
 /// # Errors
 /// Whatever stops the benchmark from producing a valid report.
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    if let Some(addr) = args.hostile_client {
+        // One thread: the hostile set stands for other machines and may take at most
+        // one of this host's cores from the server and the good clients.
+        return tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the tokio runtime")?
+            .block_on(hostile::generate(addr, args.quick));
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
