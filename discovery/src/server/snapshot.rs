@@ -3,7 +3,6 @@
 //! cluster at a time, so neither side holds the whole file in memory.
 
 use std::{
-    collections::HashMap,
     fs,
     io::{BufReader, BufWriter, Read, Write},
     path::{Path, PathBuf},
@@ -15,7 +14,7 @@ use prost::Message;
 
 use super::{
     error::SnapshotError,
-    state::{self, signed_secs, Affiliate, Cluster, Endpoint, State},
+    state::{self, signed_secs, Affiliate, Affiliates, Cluster, Endpoint, State},
 };
 use crate::proto::storage as pb;
 
@@ -38,28 +37,25 @@ fn ttl(expiration: Instant, now: Instant) -> Option<prost_types::Duration> {
 /// so equal states give equal files.
 #[must_use]
 pub(crate) fn encode_record(id: &str, cluster: &Cluster, now: Instant) -> Vec<u8> {
-    let mut ids: Vec<&str> = cluster.affiliates.keys().map(|k| &**k).collect();
-    ids.sort();
+    let mut sorted: Vec<&Affiliate> = cluster.affiliates.iter().collect();
+    sorted.sort_unstable_by_key(|a| a.id());
     let msg = pb::ClusterSnapshot {
         id: id.to_owned(),
-        affiliates: ids
+        affiliates: sorted
             .into_iter()
-            .map(|aid| {
-                let a = &cluster.affiliates[aid];
-                pb::AffiliateSnapshot {
-                    id: aid.to_owned(),
-                    expiration: None,
-                    data: a.data().to_vec(),
-                    endpoints: a
-                        .endpoints()
-                        .map(|e| pb::EndpointSnapshot {
-                            expiration: None,
-                            data: e.data.to_vec(),
-                            ttl: ttl(e.expiration, now),
-                        })
-                        .collect(),
-                    ttl: ttl(a.expiration, now),
-                }
+            .map(|a| pb::AffiliateSnapshot {
+                id: a.id().to_owned(),
+                expiration: None,
+                data: a.data().to_vec(),
+                endpoints: a
+                    .endpoints()
+                    .map(|e| pb::EndpointSnapshot {
+                        expiration: None,
+                        data: e.data.to_vec(),
+                        ttl: ttl(e.expiration, now),
+                    })
+                    .collect(),
+                ttl: ttl(a.expiration(), now),
             })
             .collect(),
     };
@@ -262,17 +258,14 @@ fn expiration(
 }
 
 fn import_cluster(msg: pb::ClusterSnapshot, now: Instant, wall: SystemTime) -> (String, Cluster) {
-    let mut affiliates = HashMap::with_capacity(msg.affiliates.len());
+    let mut affiliates = Affiliates::with_capacity(msg.affiliates.len());
     for a in msg.affiliates {
         let endpoints = a.endpoints.iter().map(|e| Endpoint {
             expiration: expiration(e.ttl.as_ref(), e.expiration.as_ref(), now, wall),
             data: &e.data,
         });
         let exp = expiration(a.ttl.as_ref(), a.expiration.as_ref(), now, wall);
-        affiliates.insert(
-            a.id.into_boxed_str(),
-            Affiliate::new(exp, &a.data, endpoints),
-        );
+        affiliates.insert(Affiliate::new(&a.id, exp, &a.data, endpoints));
     }
     (msg.id, Cluster::with_affiliates(affiliates))
 }

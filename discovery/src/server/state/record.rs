@@ -1,23 +1,28 @@
-//! The stored affiliate, packed for memory: the data blob and every endpoint (its
-//! expiration, length and bytes) share one allocation, so an affiliate costs its map
-//! slot, its ID and one heap block instead of a block per blob plus a vector.
+//! The stored affiliate, packed for memory: its ID, the data blob and every endpoint
+//! (its expiration, length and bytes) share one allocation, and a cluster's table
+//! ([`Affiliates`]) holds the records themselves, keyed by the ID inside them. An
+//! affiliate costs one table slot (40 bytes) and one heap block, instead of a slot
+//! with a separate key, a block for the ID, a block per blob and a vector.
 //!
-//! Layout of the block: `data_len: u16 LE | data | { expiration: i64 LE | len: u8 |
-//! bytes }*`, endpoints in insertion order. Endpoint expirations are nanoseconds from a
-//! process-wide epoch, which round-trips every `Instant` the server can produce (it
-//! saturates at ±292 years, beyond what `offset` yields).
+//! Layout of the block: `id_len: u16 LE | id | data_len: u16 LE | data | { expiration:
+//! i64 LE | len: u8 | bytes }*`, endpoints in insertion order. Expirations are
+//! nanoseconds from a process-wide epoch, which round-trips every `Instant` the server
+//! can produce (it saturates at ±292 years, beyond what `offset` yields).
 
 use std::{
+    hash::{BuildHasher as _, RandomState},
     sync::{Arc, OnceLock},
     time::{Duration, Instant},
 };
 
 use bytes::Bytes;
+use hashbrown::HashTable;
 
 /// One stored affiliate: opaque blobs, each expiring on its own.
 #[derive(Debug, Clone)]
 pub(crate) struct Affiliate {
-    pub(crate) expiration: Instant,
+    /// Expiration in ticks (see [`to_ticks`]): 8 bytes instead of an `Instant`'s 16.
+    expiration: i64,
     /// Sequence number of the cluster event that last carried this affiliate.
     pub(crate) changed: u64,
     block: Box<[u8]>,
@@ -68,35 +73,79 @@ fn put_endpoint(out: &mut Vec<u8>, expiration: Instant, data: &[u8]) {
     out.extend_from_slice(&data[..data.len().min(usize::from(u8::MAX))]);
 }
 
+/// Appends a length-prefixed (u16 LE) field; IDs (≤ 256) and data (≤ 2048) are
+/// validated far below the prefix's range.
+fn put_short(out: &mut Vec<u8>, bytes: &[u8]) {
+    let len = u16::try_from(bytes.len()).unwrap_or(u16::MAX);
+    out.extend_from_slice(&len.to_le_bytes());
+    out.extend_from_slice(&bytes[..usize::from(len)]);
+}
+
+fn short_at(block: &[u8], pos: usize) -> usize {
+    usize::from(u16::from_le_bytes([block[pos], block[pos + 1]]))
+}
+
 impl Affiliate {
-    /// An affiliate with `data` (at most 2048 bytes, validated) and `endpoints`.
+    /// An affiliate `id` with `data` (at most 2048 bytes, validated) and `endpoints`.
     pub(crate) fn new<'a>(
+        id: &str,
         expiration: Instant,
         data: &[u8],
         endpoints: impl IntoIterator<Item = Endpoint<'a>>,
     ) -> Self {
-        let mut block = Vec::with_capacity(2 + data.len());
-        let len = u16::try_from(data.len()).unwrap_or(u16::MAX);
-        block.extend_from_slice(&len.to_le_bytes());
-        block.extend_from_slice(&data[..usize::from(len)]);
-        for e in endpoints {
-            put_endpoint(&mut block, e.expiration, e.data);
-        }
         Self {
-            expiration,
+            expiration: to_ticks(expiration),
             changed: 0,
-            block: block.into_boxed_slice(),
+            block: Self::pack(id.as_bytes(), data, endpoints),
             entry: None,
         }
     }
 
+    fn pack<'a>(
+        id: &[u8],
+        data: &[u8],
+        endpoints: impl IntoIterator<Item = Endpoint<'a>>,
+    ) -> Box<[u8]> {
+        let mut block = Vec::with_capacity(4 + id.len() + data.len());
+        put_short(&mut block, id);
+        put_short(&mut block, data);
+        for e in endpoints {
+            put_endpoint(&mut block, e.expiration, e.data);
+        }
+        block.into_boxed_slice()
+    }
+
+    fn data_start(&self) -> usize {
+        2 + short_at(&self.block, 0)
+    }
+
     fn data_end(&self) -> usize {
-        2 + usize::from(u16::from_le_bytes([self.block[0], self.block[1]]))
+        let start = self.data_start();
+        start + 2 + short_at(&self.block, start)
+    }
+
+    fn id_bytes(&self) -> &[u8] {
+        &self.block[2..self.data_start()]
+    }
+
+    /// The affiliate's ID.
+    pub(crate) fn id(&self) -> &str {
+        // Built from a `&str` in `new` and never changed.
+        std::str::from_utf8(self.id_bytes()).unwrap_or_default()
+    }
+
+    /// When the affiliate expires (GC removes it after that).
+    pub(crate) fn expiration(&self) -> Instant {
+        from_ticks(self.expiration)
+    }
+
+    pub(crate) fn set_expiration(&mut self, expiration: Instant) {
+        self.expiration = to_ticks(expiration);
     }
 
     /// The encrypted data blob (empty: none yet).
     pub(crate) fn data(&self) -> &[u8] {
-        &self.block[2..self.data_end()]
+        &self.block[self.data_start() + 2..self.data_end()]
     }
 
     /// Endpoints in insertion order.
@@ -129,10 +178,9 @@ impl Affiliate {
         self.entry = Some(entry);
     }
 
-    /// Replaces the data blob, keeping the endpoints.
+    /// Replaces the data blob, keeping the ID and the endpoints.
     pub(crate) fn set_data(&mut self, data: &[u8]) {
-        let rebuilt = Self::new(self.expiration, data, self.endpoints());
-        self.block = rebuilt.block;
+        self.block = Self::pack(self.id_bytes(), data, self.endpoints());
         self.entry = None;
     }
 
@@ -168,11 +216,93 @@ impl Affiliate {
         let kept: Vec<Endpoint<'_>> = self.endpoints().filter(|e| keep(e.expiration)).collect();
         let removed = before - kept.len();
         if removed > 0 {
-            let rebuilt = Self::new(self.expiration, self.data(), kept);
-            self.block = rebuilt.block;
+            self.block = Self::pack(self.id_bytes(), self.data(), kept);
             self.entry = None;
         }
         removed
+    }
+}
+
+/// A cluster's affiliates, keyed by the ID stored in each record. SipHash with a
+/// per-table random key, as `std`'s `HashMap`: IDs come from clients, so a fixed hash
+/// would let one fill a bucket chain on purpose.
+#[derive(Default)]
+pub(crate) struct Affiliates {
+    table: HashTable<Affiliate>,
+    hasher: RandomState,
+}
+
+impl std::fmt::Debug for Affiliates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Affiliates")
+            .field("len", &self.table.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Affiliates {
+    pub(crate) fn with_capacity(n: usize) -> Self {
+        Self {
+            table: HashTable::with_capacity(n),
+            hasher: RandomState::new(),
+        }
+    }
+
+    fn hash(&self, id: &str) -> u64 {
+        self.hasher.hash_one(id)
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    #[cfg(test)]
+    pub(crate) fn get(&self, id: &str) -> Option<&Affiliate> {
+        self.table.find(self.hash(id), |a| a.id() == id)
+    }
+
+    pub(crate) fn get_mut(&mut self, id: &str) -> Option<&mut Affiliate> {
+        let hash = self.hash(id);
+        self.table.find_mut(hash, |a| a.id() == id)
+    }
+
+    /// Stores `a`, replacing a record with the same ID.
+    pub(crate) fn insert(&mut self, a: Affiliate) {
+        let hash = self.hash(a.id());
+        let hasher = &self.hasher;
+        match self
+            .table
+            .entry(hash, |b| b.id() == a.id(), |b| hasher.hash_one(b.id()))
+        {
+            hashbrown::hash_table::Entry::Occupied(mut e) => *e.get_mut() = a,
+            hashbrown::hash_table::Entry::Vacant(e) => {
+                e.insert(a);
+            }
+        }
+    }
+
+    pub(crate) fn remove(&mut self, id: &str) -> Option<Affiliate> {
+        let hash = self.hash(id);
+        self.table
+            .find_entry(hash, |a| a.id() == id)
+            .ok()
+            .map(|e| e.remove().0)
+    }
+
+    pub(crate) fn retain(&mut self, keep: impl FnMut(&mut Affiliate) -> bool) {
+        self.table.retain(keep);
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &Affiliate> + '_ {
+        self.table.iter()
+    }
+
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = &mut Affiliate> + '_ {
+        self.table.iter_mut()
     }
 }
 
@@ -185,6 +315,7 @@ mod tests {
         let now = Instant::now();
         let past = now - Duration::from_secs(5);
         let mut a = Affiliate::new(
+            "node-1",
             now,
             b"data",
             [Endpoint {
@@ -192,7 +323,7 @@ mod tests {
                 data: b"e1",
             }],
         );
-        assert_eq!(a.data(), b"data");
+        assert_eq!((a.id(), a.data()), ("node-1", &b"data"[..]));
         a.push_endpoint(b"e2", now + Duration::from_secs(60));
         assert!(a.extend_endpoint(b"e1", now));
         assert!(!a.extend_endpoint(b"e3", now));
@@ -205,9 +336,42 @@ mod tests {
                 (now + Duration::from_secs(60), &b"e2"[..])
             ]
         );
-        assert_eq!(a.data(), b"");
+        assert_eq!((a.id(), a.data()), ("node-1", &b""[..]));
         assert_eq!(a.retain_endpoints(|t| t > now), 1);
         assert_eq!(a.endpoint_count(), 1);
+        assert_eq!(a.id(), "node-1");
+        assert_eq!(a.expiration(), now);
         assert_eq!(from_ticks(to_ticks(past)), past);
+    }
+
+    #[test]
+    fn the_longest_id_and_data_round_trip() {
+        let id = "i".repeat(super::super::MAX_ID_LEN);
+        let data = vec![7u8; super::super::MAX_DATA_LEN];
+        let a = Affiliate::new(&id, Instant::now(), &data, []);
+        assert_eq!((a.id(), a.data()), (id.as_str(), &data[..]));
+    }
+
+    #[test]
+    fn the_table_finds_replaces_and_removes_by_the_id_inside_the_record() {
+        let now = Instant::now();
+        let mut t = Affiliates::default();
+        for i in 0..100 {
+            t.insert(Affiliate::new(&format!("n{i}"), now, &[i as u8], []));
+        }
+        t.insert(Affiliate::new("n7", now, b"odd", []));
+        assert_eq!(t.len(), 100);
+        assert_eq!(t.get("n7").map(Affiliate::data), Some(&b"odd"[..]));
+        assert!(t.get("n100").is_none());
+        assert_eq!(t.remove("n8").map(|a| a.data().to_vec()), Some(vec![8]));
+        assert!(t.remove("n8").is_none());
+        t.retain(|a| a.data().first().is_some_and(|&b| b % 2 == 0));
+        assert!(t.iter().all(|a| a.data()[0] % 2 == 0));
+        assert_eq!(
+            t.len(),
+            49,
+            "the even first bytes but 8 (n7 now starts with an odd one)"
+        );
+        assert!(t.get("n10").is_some());
     }
 }
