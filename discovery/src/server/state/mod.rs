@@ -410,7 +410,14 @@ impl State {
     ) -> Result<(), RequestError> {
         validate_update(req)?;
         let exp = offset(now, ttl_nanos(req.ttl.as_ref()));
-        let cluster = self.clusters.entry(req.cluster_id.clone()).or_default();
+        // Looked up before `entry`, which would copy the ID on every update.
+        if !self.clusters.contains_key(&req.cluster_id) {
+            self.clusters
+                .insert(req.cluster_id.clone(), Cluster::default());
+        }
+        let Some(cluster) = self.clusters.get_mut(&req.cluster_id) else {
+            unreachable!("inserted above");
+        };
         let id = req.affiliate_id.as_str();
         let data = req.affiliate_data.as_deref().filter(|d| !d.is_empty());
         if let Some(affiliate) = cluster.affiliates.get_mut(id) {
