@@ -323,12 +323,21 @@ pub enum ServeError {
     Transport(#[from] tonic::transport::Error),
 }
 
+/// How long a socket that still accepts may take to go away before it counts as
+/// another live node: a predecessor killed with SIGKILL keeps its listener open until
+/// its last thread has exited, and a restart right after it must not fail on that.
+const IN_USE_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
 /// Binds the socket: parent dir created 0700 if missing, a stale socket replaced,
 /// mode 0600 (root only).
 ///
 /// # Errors
-/// I/O errors, or a live socket at `path`.
+/// I/O errors, or a socket at `path` that still accepts connections after 3 s.
 pub fn bind(path: &Path) -> Result<UnixListener, ServeError> {
+    bind_with_grace(path, IN_USE_GRACE)
+}
+
+fn bind_with_grace(path: &Path, grace: std::time::Duration) -> Result<UnixListener, ServeError> {
     let err = |source| ServeError::Socket {
         path: path.to_owned(),
         source,
@@ -341,10 +350,14 @@ pub fn bind(path: &Path) -> Result<UnixListener, ServeError> {
                 "exists and is not a socket",
             )));
         }
-        if std::os::unix::net::UnixStream::connect(path).is_ok() {
-            return Err(ServeError::InUse {
-                path: path.to_owned(),
-            });
+        let deadline = std::time::Instant::now() + grace;
+        while std::os::unix::net::UnixStream::connect(path).is_ok() {
+            if std::time::Instant::now() >= deadline {
+                return Err(ServeError::InUse {
+                    path: path.to_owned(),
+                });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
         std::fs::remove_file(path).map_err(err)?;
     }
@@ -391,6 +404,38 @@ mod tests {
     };
 
     const GOOD: &str = "apiVersion: v1alpha1\nkind: LinkConfig\nname: eth0\nmtu: 1400\n";
+
+    #[tokio::test]
+    async fn a_socket_whose_owner_goes_away_within_the_grace_is_taken_over() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.sock");
+        let old = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let closed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let closer = {
+            let closed = Arc::clone(&closed);
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(300));
+                closed.store(true, std::sync::atomic::Ordering::SeqCst);
+                drop(old);
+            })
+        };
+        let listener = bind_with_grace(&path, std::time::Duration::from_secs(10));
+        closer.join().unwrap();
+        assert!(listener.is_ok(), "{:?}", listener.err());
+        assert!(
+            closed.load(std::sync::atomic::Ordering::SeqCst),
+            "bound while the old listener still accepted"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_socket_that_keeps_accepting_is_in_use() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("node.sock");
+        let _live = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let err = bind_with_grace(&path, std::time::Duration::from_millis(200)).unwrap_err();
+        assert!(matches!(err, ServeError::InUse { .. }), "{err}");
+    }
 
     async fn apply(api: &ResourceApi, config: &str, dry_run: bool) -> proto::ApplyConfigResponse {
         api.apply_config(Request::new(proto::ApplyConfigRequest {
