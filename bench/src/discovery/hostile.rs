@@ -28,6 +28,8 @@ use crate::bar;
 pub(super) struct Counts {
     good: usize,
     rounds: usize,
+    /// Unloaded/loaded pairs.
+    phases: usize,
     hostile_affiliates: usize,
     slow_watchers: usize,
     idle: usize,
@@ -39,6 +41,7 @@ impl Counts {
             Self {
                 good: 4,
                 rounds: 10,
+                phases: 1,
                 hostile_affiliates: 64,
                 slow_watchers: 20,
                 idle: 200,
@@ -46,7 +49,8 @@ impl Counts {
         } else {
             Self {
                 good: 16,
-                rounds: 150,
+                rounds: 100,
+                phases: 2,
                 hostile_affiliates: MAX_AFFILIATES,
                 slow_watchers: 1000,
                 idle: 10_000,
@@ -139,6 +143,11 @@ struct Samples {
 }
 
 impl Samples {
+    fn extend(&mut self, other: Self) {
+        self.update.extend(other.update);
+        self.watch.extend(other.watch);
+    }
+
     fn p99(v: &mut [Duration]) -> Duration {
         v.sort_unstable();
         v.get(((v.len().saturating_sub(1)) as f64 * 0.99).round() as usize)
@@ -460,17 +469,26 @@ pub(super) async fn run(exe: &std::path::Path, quick: bool) -> anyhow::Result<()
         goods.push(connect_good(addr, i).await?);
     }
     let seq = AtomicU64::new(1);
-    // Warm-up (discarded), then unloaded.
-    let (goods, _) = measure(goods, 3, &seq).await?;
+    // Warm-up (discarded).
+    let (mut goods, _) = measure(goods, 3, &seq).await?;
     let rss_before = server.rss_bytes()?;
-    let (goods, mut unloaded) = measure(goods, c.rounds, &seq).await?;
-
-    let (hostile, built) = HostileProcess::start(addr, quick).await?;
-    let (goods, mut loaded) = measure(goods, c.rounds, &seq).await?;
-    let rss_loaded = server.rss_bytes()?;
-    let churned = hostile.stop().await?;
-    if server.exited() {
-        bail!("the server died under the hostile load");
+    // Unloaded and loaded phases take turns, so a burst of other work on the machine
+    // does not land on one condition only; samples are pooled per condition.
+    let (mut unloaded, mut loaded) = (Samples::default(), Samples::default());
+    let (mut rss_loaded, mut churned, mut built) = (0, 0, Duration::ZERO);
+    for _ in 0..c.phases {
+        let (g, s) = measure(goods, c.rounds, &seq).await?;
+        unloaded.extend(s);
+        let (hostile, setup) = HostileProcess::start(addr, quick).await?;
+        built = built.max(setup);
+        let (g, s) = measure(g, c.rounds, &seq).await?;
+        loaded.extend(s);
+        rss_loaded = rss_loaded.max(server.rss_bytes()?);
+        churned += hostile.stop().await?;
+        if server.exited() {
+            bail!("the server died under the hostile load");
+        }
+        goods = g;
     }
     drop(goods);
 
@@ -495,13 +513,16 @@ pub(super) async fn run(exe: &std::path::Path, quick: bool) -> anyhow::Result<()
     println!();
     println!(
         "Hostile load: {} good clients ({} B data, own cluster, own watcher), {} updates each \
-         20 ms apart, measured without and then with a hostile set: {} maximal affiliates \
+         20 ms apart per phase, {} phases without and {} with a hostile set taking turns \
+         (samples pooled per condition); the set: {} maximal affiliates \
          ({} B data, {} endpoints) in one cluster re-published at {CHURN_PER_SEC}/s, {} \
          watchers of it that never read ({SLOW_WINDOW} B h2 window), {} idle TCP connections \
          (its own process, one thread; set up in {:.1} s; RLIMIT_NOFILE {nofile})",
         c.good,
         DATA_LEN,
         c.rounds,
+        c.phases,
+        c.phases,
         c.hostile_affiliates,
         MAX_DATA_LEN,
         MAX_ENDPOINTS,
