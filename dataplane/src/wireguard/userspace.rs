@@ -19,7 +19,7 @@
 //! names must be unique per host unless each daemon has its own mount namespace.
 
 use std::{
-    io::{BufRead, BufReader, Write},
+    io::Write,
     os::unix::net::UnixStream,
     path::PathBuf,
     process::{Child, Stdio},
@@ -340,17 +340,7 @@ impl UserspaceBackend {
             .map_err(self.io_err(op))?;
         sock.write_all(request.as_bytes())
             .map_err(self.io_err(op))?;
-        let mut reader = BufReader::new(sock);
-        let mut out = String::new();
-        loop {
-            let mut line = String::new();
-            let n = reader.read_line(&mut line).map_err(self.io_err(op))?;
-            if n == 0 || line == "\n" {
-                break;
-            }
-            out.push_str(&line);
-        }
-        Ok(out)
+        uapi::read_answer(&mut sock).map_err(self.io_err(op))
     }
 
     fn read(&self) -> Result<DeviceState, WgError> {
