@@ -417,7 +417,8 @@ impl KubeSpanManagerController {
     /// anything but peer specs changed since the last complete round, or when many
     /// peers did. Otherwise it is a *delta* round over the peers whose specs changed,
     /// with work proportional to them: their statuses stepped without a device read,
-    /// their WireGuard peers and routed prefixes applied as changes.
+    /// their WireGuard peers and routed prefixes applied as changes. Such a change goes
+    /// before a due read, which follows at once (see [`choose_round`]).
     async fn reconcile(
         &mut self,
         rt: &mut ControllerRuntime,
