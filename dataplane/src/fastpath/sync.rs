@@ -247,6 +247,9 @@ impl MapState {
     pub fn adopt_index(&mut self, old: MapState) {
         let lists = std::mem::take(&mut self.lists);
         self.lists = old.lists.updated_to(&lists);
+        // Built here if the old state had none (the first apply): the first delta
+        // then costs what later ones do.
+        self.lists.ensure_index();
     }
 
     /// Whether a spec was applied (a delta needs one).

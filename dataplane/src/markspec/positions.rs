@@ -165,6 +165,13 @@ impl PrefixLists {
         count(&self.index_mut()[family(p)], p)
     }
 
+    /// Builds the position index now if it is missing, so that the first delta after
+    /// a whole apply does not pay for indexing every prefix (whole applies take time
+    /// in proportion to the set anyway; a one-prefix delta should not).
+    pub fn ensure_index(&mut self) {
+        self.index_mut();
+    }
+
     fn index_mut(&mut self) -> &mut [Index; 2] {
         let lists = &self.lists;
         self.index
@@ -256,10 +263,25 @@ impl AppliedSpec {
     pub fn new(mut spec: MarkingSpec) -> Self {
         let v4 = std::mem::take(&mut spec.prefixes_v4);
         let v6 = std::mem::take(&mut spec.prefixes_v6);
+        let mut prefixes = PrefixLists::new(v4, v6);
+        // A spec is remembered to take deltas: indexed now (see `ensure_index`).
+        prefixes.ensure_index();
         Self {
             fields: spec,
-            prefixes: PrefixLists::new(v4, v6),
+            prefixes,
         }
+    }
+
+    /// Makes this `spec` (validated by the caller), keeping the position index where
+    /// the list lengths allow (see [`PrefixLists::assign`]): after a whole apply with
+    /// few prefixes changed, the next delta still takes time in proportion to it
+    /// rather than re-indexing every prefix.
+    pub fn assign(&mut self, mut spec: MarkingSpec) {
+        let v4 = std::mem::take(&mut spec.prefixes_v4);
+        let v6 = std::mem::take(&mut spec.prefixes_v6);
+        self.prefixes.assign(&v4, &v6);
+        self.prefixes.ensure_index();
+        self.fields = spec;
     }
 
     /// The fields other than the prefix lists (which are empty here).

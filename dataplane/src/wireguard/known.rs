@@ -56,6 +56,7 @@ impl KnownState {
     /// Takes the remembered state out if it was read within [`RESYNC_INTERVAL`] of
     /// `now` and the device's incarnation (daemon restarts) is unchanged; returns
     /// when it was read. Forgets it otherwise.
+    #[cfg(test)]
     pub(crate) fn take_fresh(
         &mut self,
         now: std::time::Instant,

@@ -179,6 +179,42 @@ pub fn parse_get(text: &str) -> Result<DeviceState, GetError> {
     Ok(d)
 }
 
+/// How much of an answer is read at a time.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Reads one answer from `r`: everything before the blank line that ends it, or up
+/// to the end of the stream. Read in large chunks into one buffer rather than line by
+/// line: a `get` of 10,000 peers is about 100,000 lines and several megabytes, read
+/// while the manager's round waits.
+///
+/// # Errors
+/// A read error, or an answer that is not UTF-8.
+pub fn read_answer(r: &mut impl std::io::Read) -> std::io::Result<String> {
+    let mut buf: Vec<u8> = Vec::new();
+    loop {
+        let len = buf.len();
+        buf.resize(len + READ_CHUNK, 0);
+        let n = loop {
+            match r.read(&mut buf[len..]) {
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                other => break other,
+            }
+        }?;
+        buf.truncate(len + n);
+        if n == 0 {
+            // The end of the stream: what came is the answer.
+            break;
+        }
+        // Only the end needs looking at: no blank line comes before the last one. An
+        // empty answer is the blank line alone.
+        if buf.ends_with(b"\n\n") || buf == b"\n" {
+            buf.pop();
+            break;
+        }
+    }
+    String::from_utf8(buf).map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidData, e))
+}
+
 /// Why a `get` answer was not usable.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GetError {
@@ -306,5 +342,49 @@ mod tests {
             )),
             Err(GetError::Parse("bad last_handshake_time_sec".into()))
         );
+    }
+
+    /// A reader that hands out at most `step` bytes a read, as a socket may.
+    struct Trickle<'a> {
+        data: &'a [u8],
+        step: usize,
+    }
+
+    impl std::io::Read for Trickle<'_> {
+        fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+            let n = self.step.min(buf.len()).min(self.data.len());
+            buf[..n].copy_from_slice(&self.data[..n]);
+            self.data = &self.data[n..];
+            Ok(n)
+        }
+    }
+
+    #[test]
+    fn an_answer_ends_at_its_blank_line_however_it_is_split() {
+        let answer = "listen_port=51820\npublic_key=ab\nerrno=0\n";
+        let sent = format!("{answer}\n");
+        for step in [1, 2, 7, 1 << 20] {
+            let mut r = Trickle {
+                data: sent.as_bytes(),
+                step,
+            };
+            assert_eq!(read_answer(&mut r).unwrap(), answer, "step {step}");
+        }
+        // The end of the stream without the blank line, and the empty answer.
+        let mut r = Trickle {
+            data: b"errno=0\n",
+            step: 3,
+        };
+        assert_eq!(read_answer(&mut r).unwrap(), "errno=0\n");
+        let mut r = Trickle {
+            data: b"\n",
+            step: 1,
+        };
+        assert_eq!(read_answer(&mut r).unwrap(), "");
+        let mut r = Trickle {
+            data: b"\xff\n\n",
+            step: 8,
+        };
+        assert!(read_answer(&mut r).is_err(), "not UTF-8");
     }
 }

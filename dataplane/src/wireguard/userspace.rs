@@ -19,7 +19,7 @@
 //! names must be unique per host unless each daemon has its own mount namespace.
 
 use std::{
-    io::{BufRead, BufReader, Write},
+    io::Write,
     os::unix::net::UnixStream,
     path::PathBuf,
     process::{Child, Stdio},
@@ -340,17 +340,7 @@ impl UserspaceBackend {
             .map_err(self.io_err(op))?;
         sock.write_all(request.as_bytes())
             .map_err(self.io_err(op))?;
-        let mut reader = BufReader::new(sock);
-        let mut out = String::new();
-        loop {
-            let mut line = String::new();
-            let n = reader.read_line(&mut line).map_err(self.io_err(op))?;
-            if n == 0 || line == "\n" {
-                break;
-            }
-            out.push_str(&line);
-        }
-        Ok(out)
+        uapi::read_answer(&mut sock).map_err(self.io_err(op))
     }
 
     fn read(&self) -> Result<DeviceState, WgError> {
@@ -558,15 +548,18 @@ impl WireGuard for UserspaceBackend {
         self.ensure()?;
         let incarnation = self.restarts();
         let now = Instant::now();
-        let (read_at, current) = match self.known.take_fresh(now, incarnation) {
+        // Indexed here, in the whole-device apply, so that the next one-peer change
+        // (`apply_peers`) does not pay for indexing every peer.
+        let known = match self.known.take_fresh_indexed(now, incarnation) {
             Some(known) => known,
-            None => (now, self.read()?),
+            None => Indexed::new(now, self.read()?),
         };
-        let up = diff(&current, desired);
+        let up = diff(&known.state, desired);
         if up.is_empty() {
-            self.known.remember(read_at, incarnation, current);
+            self.known.remember_indexed(incarnation, known);
             return Ok(false);
         }
+        let (read_at, current) = (known.at, known.state);
         let removed = up.peers.iter().filter(|p| p.remove).count();
         tracing::debug!(link = %self.name, peers_changed = up.peers.len() - removed, peers_removed = removed,
             port = ?up.listen_port, key_changed = up.private_key.is_some(), "updating WireGuard device");
@@ -583,7 +576,8 @@ impl WireGuard for UserspaceBackend {
         let mut after = current;
         apply_update(&mut after, &up);
         align_order(&mut after, desired);
-        self.known.remember(read_at, incarnation, after);
+        self.known
+            .remember_indexed(incarnation, Indexed::new(read_at, after));
         Ok(true)
     }
 

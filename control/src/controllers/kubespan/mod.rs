@@ -290,7 +290,11 @@ impl<N: Marking, C: Classifier> Marking for FastPathMarking<N, C> {
         // The maps hold `spec` now; nftables remembers it even when its write failed
         // (the next apply or delta writes it), so it is what a delta applies to.
         if !matches!(nft, Err(MarkingError::Invalid(_))) {
-            self.applied = Some(AppliedSpec::new(spec));
+            // Updated in place: a new one would drop the index the next delta needs.
+            match self.applied.as_mut() {
+                Some(applied) => applied.assign(spec),
+                None => self.applied = Some(AppliedSpec::new(spec)),
+            }
         }
         Ok(nft? || maps)
     }

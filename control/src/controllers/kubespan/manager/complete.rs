@@ -73,6 +73,9 @@ impl KubeSpanManagerController {
         }
         let now = self.deps.clock.now();
         let read = read || self.last_read.is_none();
+        // Phase times for the debug log: at 10,000 peers the round takes long enough
+        // that where it goes matters (see `choose_round`).
+        let started = std::time::Instant::now();
         // Probe replies are taken before the device is read: a reply the counter shows
         // is then known to be one (§8.6).
         let replied = match self.deps.prober.as_ref() {
@@ -120,6 +123,7 @@ impl KubeSpanManagerController {
                     HashMap::new()
                 }
             });
+        let t_read = started.elapsed();
         if let Some(o) = observed.as_ref().filter(|_| !self.adopt_checked) {
             // The first read since start: peers already there were kept by an earlier
             // run (`--on-stop keep`); they are adopted, not replaced.
@@ -201,6 +205,7 @@ impl KubeSpanManagerController {
             stepped.push((key.clone(), base, step.desired_endpoint));
         }
 
+        let t_judged = started.elapsed();
         // §8.7: peers not reachable directly go through a relay both ends choose alike;
         // §8.8: those without one through the server relay, where it granted one.
         let relays = self.choose_relays(s, now);
@@ -335,6 +340,7 @@ impl KubeSpanManagerController {
         let (wg, res) = blocking(wg, move |w| w.apply(&device)).await?;
         self.wg = Some(wg);
         res.map_err(|source| wg_error(&s.link_name, source))?;
+        let t_wireguard = started.elapsed();
         self.rp_filter_off(&s.link_name).await?;
         let marking_spec = MarkingSpec {
             table: DEFAULT_TABLE.to_owned(),
@@ -366,6 +372,7 @@ impl KubeSpanManagerController {
             metrics.set_marking(in_use, m.in_use != m.configured, marked.0, marked.1);
         }
         self.routed = routed;
+        let t_marking = started.elapsed();
 
         let keys: Vec<String> = self.statuses.keys().cloned().collect();
         for key in &keys {
@@ -417,6 +424,16 @@ impl KubeSpanManagerController {
                 .collect();
             metrics.set_peers(&figures);
         }
+        tracing::debug!(
+            peers = self.statuses.len(),
+            read,
+            ?t_read,
+            ?t_judged,
+            ?t_wireguard,
+            ?t_marking,
+            total = ?started.elapsed(),
+            "complete round (cumulative phase times)"
+        );
         self.wake = wake;
         let tick = now + RECONCILE_TICK;
         Ok(Some(wake.map_or(tick, |w| w.min(tick))))

@@ -27,7 +27,7 @@ use std::{
     fmt,
     net::IpAddr,
     sync::Arc,
-    time::{Instant, SystemTime},
+    time::{Duration, Instant, SystemTime},
 };
 
 use futures::future::BoxFuture;
@@ -278,6 +278,57 @@ struct Basis {
 /// Name of the manager controller (also the owner of what it writes).
 pub const NAME: &str = "KubeSpanManagerController";
 
+/// How long a due device read may wait behind one-peer changes (see [`choose_round`]).
+/// Short against every window the reads serve (a receive window is at least 6 s, a
+/// probe's grace 2 s), so failure detection is late by this at most, and only while
+/// peer specs keep changing.
+const READ_DEFER_MAX: Duration = Duration::from_secs(1);
+
+/// The kind of a round (see [`KubeSpanManagerController::reconcile`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Round {
+    /// Only the changed peers, on the last observation.
+    Delta,
+    /// A delta round now, and the due read in a complete round right after: the
+    /// change does not wait for every peer to be read and judged.
+    DeltaThenRead,
+    /// Every peer; `read`: the device is read first.
+    Complete { read: bool },
+}
+
+/// Chooses the round at `now`. A read is due on a new device (`last_read` none), a
+/// tick after the last read, or at a peer wake-up that has passed (a change can win
+/// the race with the timer: judging receive windows then needs fresh counters);
+/// `timer`: the loop's timer fired, which also means a read is due. `delta`: the
+/// round could be a delta round over this many changed peer specs (nothing else
+/// changed).
+///
+/// A change that could be a delta round goes first even when a read is due, unless
+/// the device is new or the read overdue by [`READ_DEFER_MAX`]: at 10,000 peers a read
+/// and judging every peer take tens to hundreds of milliseconds, the change a fraction
+/// of one.
+fn choose_round(
+    now: SystemTime,
+    last_read: Option<SystemTime>,
+    wake: Option<SystemTime>,
+    timer: bool,
+    delta: Option<usize>,
+) -> Round {
+    let Some(last_read) = last_read else {
+        return Round::Complete { read: true };
+    };
+    let due_at = wake.map_or(last_read + RECONCILE_TICK, |w| {
+        w.min(last_read + RECONCILE_TICK)
+    });
+    let read_due = timer || now >= due_at;
+    match (delta, read_due) {
+        (Some(_), false) => Round::Delta,
+        // With nothing changed there is nothing to put first.
+        (Some(n), true) if n > 0 && now < due_at + READ_DEFER_MAX => Round::DeltaThenRead,
+        _ => Round::Complete { read: read_due },
+    }
+}
+
 async fn blocking<T: Send + 'static, R: Send + 'static>(
     mut t: T,
     f: impl FnOnce(&mut T) -> R + Send + 'static,
@@ -366,7 +417,8 @@ impl KubeSpanManagerController {
     /// anything but peer specs changed since the last complete round, or when many
     /// peers did. Otherwise it is a *delta* round over the peers whose specs changed,
     /// with work proportional to them: their statuses stepped without a device read,
-    /// their WireGuard peers and routed prefixes applied as changes.
+    /// their WireGuard peers and routed prefixes applied as changes. Such a change goes
+    /// before a due read, which follows at once (see [`choose_round`]).
     async fn reconcile(
         &mut self,
         rt: &mut ControllerRuntime,
@@ -399,28 +451,37 @@ impl KubeSpanManagerController {
             cluster: (cluster.metadata.version, cluster.spec.clone()),
         };
         let now = self.deps.clock.now();
-        // A peer wake-up that passed needs a read too (a change can win the race with
-        // the timer): a delta round would judge receive windows on stale counters.
-        let read_due = self
-            .last_read
-            .is_none_or(|t| now.duration_since(t).unwrap_or_default() >= RECONCILE_TICK)
-            || self.wake.is_some_and(|w| now >= w);
-        match changed {
-            Some(keys)
-                if !timer
-                    && !read_due
-                    && self.wg.is_some()
+        let delta = changed
+            .as_ref()
+            .filter(|keys| {
+                self.wg.is_some()
                     && keys.len() <= DELTA_MAX
                     && !self.relay_active
-                    && self.basis.as_ref() == Some(&basis) =>
-            {
-                self.delta_round(rt, &cfg.spec.config, &cluster, &keys, now)
-                    .await
+                    && self.basis.as_ref() == Some(&basis)
+            })
+            .map(Vec::len);
+        match (
+            choose_round(now, self.last_read, self.wake, timer, delta),
+            changed,
+        ) {
+            (round @ (Round::Delta | Round::DeltaThenRead), Some(keys)) => {
+                let next = self
+                    .delta_round(rt, &cfg.spec.config, &cluster, &keys, now)
+                    .await?;
+                // The read that was due follows at once, as a timer round; a change
+                // pending by then goes first again (the loop prefers changes), within
+                // `READ_DEFER_MAX`.
+                Ok(if round == Round::DeltaThenRead {
+                    Some(now)
+                } else {
+                    next
+                })
             }
-            _ => {
+            (round, _) => {
                 self.basis = None;
+                let read = matches!(round, Round::Complete { read: true });
                 let wake = self
-                    .complete_round(rt, &cfg.spec.config, &identity, &cluster, timer || read_due)
+                    .complete_round(rt, &cfg.spec.config, &identity, &cluster, read)
                     .await?;
                 self.first_round = false;
                 self.basis = Some(basis);
@@ -522,6 +583,8 @@ impl Controller for KubeSpanManagerController {
                     () = sleep => true,
                     () = recreated => {
                         tracing::info!(link = %self.wg_link, "WireGuard device recreated empty: applying it whole");
+                        // Whole, even with a change pending: no delta round first.
+                        self.basis = None;
                         true
                     }
                 };
@@ -547,5 +610,91 @@ impl Controller for KubeSpanManagerController {
             }
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(ms: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000) + Duration::from_millis(ms)
+    }
+
+    const TICK_MS: u64 = 30_000;
+
+    #[test]
+    fn a_change_before_the_read_is_due_is_a_delta_round() {
+        assert_eq!(
+            choose_round(t(10_000), Some(t(0)), None, false, Some(1)),
+            Round::Delta
+        );
+        assert_eq!(
+            choose_round(t(10_000), Some(t(0)), Some(t(12_000)), false, Some(1)),
+            Round::Delta
+        );
+    }
+
+    #[test]
+    fn a_change_when_the_read_is_due_goes_first_and_the_read_follows() {
+        // The tick passed, a peer wake-up passed, or the timer fired with the change.
+        for (now, wake, timer) in [
+            (TICK_MS, None, false),
+            (5_000, Some(t(4_500)), false),
+            (TICK_MS, None, true),
+        ] {
+            assert_eq!(
+                choose_round(t(now), Some(t(0)), wake, timer, Some(1)),
+                Round::DeltaThenRead,
+                "now {now} wake {wake:?} timer {timer}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_read_overdue_by_the_deferral_limit_waits_no_longer() {
+        let limit = u64::try_from(READ_DEFER_MAX.as_millis()).unwrap_or(u64::MAX);
+        assert_eq!(
+            choose_round(t(TICK_MS + limit - 1), Some(t(0)), None, false, Some(1)),
+            Round::DeltaThenRead
+        );
+        assert_eq!(
+            choose_round(t(TICK_MS + limit), Some(t(0)), None, false, Some(1)),
+            Round::Complete { read: true }
+        );
+        assert_eq!(
+            choose_round(t(4_000 + limit), Some(t(0)), Some(t(4_000)), true, Some(1)),
+            Round::Complete { read: true }
+        );
+    }
+
+    #[test]
+    fn rounds_that_cannot_be_deltas_are_complete_and_read_when_due() {
+        assert_eq!(
+            choose_round(t(10_000), Some(t(0)), None, false, None),
+            Round::Complete { read: false }
+        );
+        assert_eq!(
+            choose_round(t(10_000), Some(t(0)), None, true, None),
+            Round::Complete { read: true }
+        );
+        assert_eq!(
+            choose_round(t(TICK_MS), Some(t(0)), None, false, None),
+            Round::Complete { read: true }
+        );
+        // Nothing changed: nothing to put before a due read.
+        assert_eq!(
+            choose_round(t(TICK_MS), Some(t(0)), None, true, Some(0)),
+            Round::Complete { read: true }
+        );
+        assert_eq!(
+            choose_round(t(10_000), Some(t(0)), None, false, Some(0)),
+            Round::Delta
+        );
+        // A new device is read at once, change or not.
+        assert_eq!(
+            choose_round(t(0), None, None, false, Some(1)),
+            Round::Complete { read: true }
+        );
     }
 }
