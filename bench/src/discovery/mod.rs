@@ -203,7 +203,7 @@ async fn throughput_section(server: &ServerProcess, args: &Args) -> anyhow::Resu
         Duration::from_secs(1)
     };
     for rpc in [Rpc::Check, Rpc::Hello, Rpc::Update] {
-        throughput(server.addr, 16, warm_up, rpc).await?;
+        throughput(server, 16, warm_up, rpc).await?;
     }
     // The three RPCs take turns, several rounds, and each keeps its median: a burst of
     // other work on the machine then lands on one sample of each, not on one RPC.
@@ -216,11 +216,11 @@ async fn throughput_section(server: &ServerProcess, args: &Args) -> anyhow::Resu
                 .into_iter()
                 .enumerate()
             {
-                samples[i].push(throughput(server.addr, clients, measure, rpc).await?);
+                samples[i].push(throughput(server, clients, measure, rpc).await?);
             }
         }
         let [empty, hello, update] = samples.map(|mut v| {
-            v.sort_by(f64::total_cmp);
+            v.sort_by(|a: &Rate, b: &Rate| a.rate.total_cmp(&b.rate));
             v[v.len() / 2]
         });
         rows.push((clients, empty, hello, update));
@@ -234,19 +234,37 @@ async fn throughput_section(server: &ServerProcess, args: &Args) -> anyhow::Resu
         measure.as_secs()
     );
     println!(
-        "{:>8}  {:>14}  {:>10}  {:>18}  {:>12}  {:>13}  target",
-        "clients", "empty RPC/s", "Hello/s", "AffiliateUpdate/s", "Update/Hello", "Update/empty"
+        "{:>8}  {:>14}  {:>10}  {:>18}  {:>12}  {:>13}  {:>22}  {:>22}  target",
+        "clients",
+        "empty RPC/s",
+        "Hello/s",
+        "AffiliateUpdate/s",
+        "Update/Hello",
+        "Update/empty",
+        "server µs/call (e/H/U)",
+        "client µs/call (e/H/U)"
     );
     for (clients, empty, hello, update) in &rows {
-        let ratio = update / empty;
+        let ratio = update.rate / empty.rate;
         let target = if *clients == 128 {
             format!("Update/empty ≥ 85 %  {}", verdict(ratio >= 0.85))
         } else {
             String::new()
         };
+        let cpu = format!(
+            "{:.1}/{:.1}/{:.1}",
+            empty.server_us, hello.server_us, update.server_us
+        );
+        let own = format!(
+            "{:.1}/{:.1}/{:.1}",
+            empty.client_us, hello.client_us, update.client_us
+        );
         println!(
-            "{clients:>8}  {empty:>14.0}  {hello:>10.0}  {update:>18.0}  {:>11.1}%  {:>12.1}%  {target}",
-            update / hello * 100.0,
+            "{clients:>8}  {:>14.0}  {:>10.0}  {:>18.0}  {:>11.1}%  {:>12.1}%  {cpu:>22}  {own:>22}  {target}",
+            empty.rate,
+            hello.rate,
+            update.rate,
+            update.rate / hello.rate * 100.0,
             ratio * 100.0
         );
     }
@@ -379,12 +397,24 @@ enum Rpc {
 
 /// Completed calls per second with `clients` concurrent clients, each on its own
 /// connection, calling back to back.
+/// One throughput point: completed calls per second, and the server's CPU time per
+/// call over the same interval (what the load generator's share of the cores does not
+/// blur).
+#[derive(Debug, Clone, Copy)]
+struct Rate {
+    rate: f64,
+    server_us: f64,
+    /// The load generator's (this process's) CPU time per call.
+    client_us: f64,
+}
+
 async fn throughput(
-    addr: SocketAddr,
+    server: &ServerProcess,
     clients: usize,
     measure: Duration,
     rpc: Rpc,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Rate> {
+    let addr = server.addr;
     let conns = connect_channels(addr, clients, "connecting").await?;
     let count = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -440,18 +470,33 @@ async fn throughput(
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
     pb.inc(5);
-    let (c0, t0) = (count.load(Ordering::Relaxed), Instant::now());
+    let (c0, t0, cpu0, own0) = (
+        count.load(Ordering::Relaxed),
+        Instant::now(),
+        server.cpu_time()?,
+        process::cpu_time("/proc/self/stat")?,
+    );
     while t0.elapsed() < measure {
         tokio::time::sleep(Duration::from_millis(100)).await;
         pb.inc(1);
     }
-    let (c1, t1) = (count.load(Ordering::Relaxed), Instant::now());
+    let (c1, t1, cpu1, own1) = (
+        count.load(Ordering::Relaxed),
+        Instant::now(),
+        server.cpu_time()?,
+        process::cpu_time("/proc/self/stat")?,
+    );
     stop.store(true, Ordering::Relaxed);
     pb.finish_and_clear();
     for t in tasks {
         t.await??;
     }
-    Ok((c1 - c0) as f64 / (t1 - t0).as_secs_f64())
+    let calls = (c1 - c0).max(1) as f64;
+    Ok(Rate {
+        rate: (c1 - c0) as f64 / (t1 - t0).as_secs_f64(),
+        server_us: cpu1.saturating_sub(cpu0).as_secs_f64() * 1e6 / calls,
+        client_us: own1.saturating_sub(own0).as_secs_f64() * 1e6 / calls,
+    })
 }
 
 struct Fanout {

@@ -57,6 +57,11 @@ impl ServerProcess {
         matches!(self.child.try_wait(), Ok(Some(_)))
     }
 
+    /// CPU time the server has used so far.
+    pub(super) fn cpu_time(&self) -> anyhow::Result<Duration> {
+        cpu_time(&format!("/proc/{}/stat", self.child.id()))
+    }
+
     pub(super) fn rss_bytes(&self) -> anyhow::Result<u64> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;
         let line = status
@@ -70,6 +75,32 @@ impl ServerProcess {
             .parse()?;
         Ok(kib * 1024)
     }
+}
+
+/// CPU time (user + system) of the process whose `stat` file is `path`
+/// (`/proc/self/stat`: this one).
+#[allow(unsafe_code)]
+pub(super) fn cpu_time(path: &str) -> anyhow::Result<Duration> {
+    let stat = std::fs::read_to_string(path)?;
+    // Fields after the command name (which may hold spaces) start at state, field 3;
+    // utime and stime are fields 14 and 15, in clock ticks.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .context("malformed /proc/PID/stat")?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 = fields
+        .get(11..13)
+        .context("short /proc/PID/stat")?
+        .iter()
+        .map(|f| f.parse::<u64>())
+        .sum::<Result<u64, _>>()?;
+    // SAFETY: sysconf has no preconditions.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) })
+        .ok()
+        .filter(|&h| h > 0)
+        .unwrap_or(100);
+    Ok(Duration::from_nanos(ticks * 1_000_000_000 / hz))
 }
 
 impl Drop for ServerProcess {

@@ -178,9 +178,16 @@ impl Affiliate {
         self.entry = Some(entry);
     }
 
-    /// Replaces the data blob, keeping the ID and the endpoints.
+    /// Replaces the data blob, keeping the ID and the endpoints: in place when the
+    /// length stays (a node re-publishing its data), repacked otherwise.
     pub(crate) fn set_data(&mut self, data: &[u8]) {
-        self.block = Self::pack(self.id_bytes(), data, self.endpoints());
+        let start = self.data_start() + 2;
+        let end = self.data_end();
+        if end - start == data.len() {
+            self.block[start..end].copy_from_slice(data);
+        } else {
+            self.block = Self::pack(self.id_bytes(), data, self.endpoints());
+        }
         self.entry = None;
     }
 
@@ -327,6 +334,8 @@ mod tests {
         a.push_endpoint(b"e2", now + Duration::from_secs(60));
         assert!(a.extend_endpoint(b"e1", now));
         assert!(!a.extend_endpoint(b"e3", now));
+        a.set_data(b"DATA");
+        assert_eq!(a.data(), b"DATA", "same length: in place");
         a.set_data(b"");
         let eps: Vec<_> = a.endpoints().map(|e| (e.expiration, e.data)).collect();
         assert_eq!(
