@@ -27,8 +27,12 @@ pub const MAX_RECORD_LEN: u64 = 137_912_579;
 const RECORD_TAG: u8 = 0x0A;
 
 fn ttl(expiration: Instant, now: Instant) -> Option<prost_types::Duration> {
+    // Loading turns a TTL into nanoseconds saturated to `i64`; beyond that range (an
+    // expiration ~292 years away, e.g. the zero time a failed new affiliate starts
+    // from, seen a second later) the file would not load back to itself.
+    const MAX_SECS: i64 = i64::MAX / 1_000_000_000;
     Some(prost_types::Duration {
-        seconds: signed_secs(expiration, now),
+        seconds: signed_secs(expiration, now).clamp(-MAX_SECS, MAX_SECS),
         nanos: 0,
     })
 }
@@ -344,6 +348,30 @@ mod tests {
                 },
             )
             .unwrap();
+    }
+
+    /// Found by the `discovery_rpc` fuzz target (a run slowed down by other load): an
+    /// affiliate at the zero time (a negative TTL) saved a second or more later was
+    /// written with a TTL below what loading can represent, so the loaded state saved
+    /// a different file.
+    #[test]
+    fn an_affiliate_at_the_zero_time_round_trips_seconds_later() {
+        let t0 = Instant::now();
+        let mut state = State::new();
+        update(
+            &mut state,
+            t0,
+            "a1",
+            b"d",
+            &[b"e1"],
+            -9_000_000_000_000_000_000,
+        );
+        for later in [0, 1, 2, 3600] {
+            let now = t0 + Duration::from_secs(later);
+            let file = encode_state(&state, now);
+            let loaded = read(file.as_slice(), now, SystemTime::now()).unwrap();
+            assert_eq!(encode_state(&loaded, now), file, "{later} s later");
+        }
     }
 
     #[test]
