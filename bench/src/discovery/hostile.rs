@@ -422,7 +422,6 @@ impl HostileProcess {
 pub(super) async fn generate(addr: SocketAddr, quick: bool) -> anyhow::Result<()> {
     use std::io::Write as _;
     use tokio::io::AsyncReadExt as _;
-    raise_nofile();
     let c = fit_idle(Counts::new(quick), false);
     let built = Instant::now();
     let mut hostile = start_hostile(addr, c).await?;
