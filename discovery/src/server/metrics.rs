@@ -23,11 +23,14 @@ const RPC_METHODS: &[&str] = &[
     "Watch",
 ];
 
+fn method_labels(method: &str) -> Labels {
+    vec![("grpc_method", method.to_owned())]
+}
+
 fn rpc_labels(method: &str, code: tonic::Code) -> Labels {
-    vec![
-        ("grpc_method", method.to_owned()),
-        ("grpc_code", format!("{code:?}")),
-    ]
+    let mut labels = method_labels(method);
+    labels.push(("grpc_code", format!("{code:?}")));
+    labels
 }
 
 fn latency_histogram() -> Histogram {
@@ -193,10 +196,7 @@ impl Metrics {
                     .rpc_handled
                     .get_or_create(&rpc_labels(method, tonic::Code::Ok))
                     .clone();
-                let latency = m
-                    .rpc_latency
-                    .get_or_create(&vec![("grpc_method", method.to_owned())])
-                    .clone();
+                let latency = m.rpc_latency.get_or_create(&method_labels(method)).clone();
                 (method, handled, latency)
             })
             .collect();
@@ -237,7 +237,7 @@ impl Metrics {
             .get_or_create(&rpc_labels(method, code))
             .inc();
         self.rpc_latency
-            .get_or_create(&vec![("grpc_method", method.to_owned())])
+            .get_or_create(&method_labels(method))
             .observe(elapsed.as_secs_f64());
     }
 
