@@ -10,6 +10,7 @@
 mod hostile;
 mod process;
 mod storm;
+mod wire;
 
 use std::{
     net::SocketAddr,
@@ -24,12 +25,10 @@ use std::{
 use anyhow::{bail, Context as _};
 
 use crate::bar;
-use process::{connect, connect_channels, connect_many, ServerProcess};
-use tonic::{transport::Channel, Code};
-use wirespan_discovery::proto::{
-    health::{health_client::HealthClient, HealthCheckRequest},
-    server::{cluster_client::ClusterClient, *},
-};
+use process::{connect_many, ServerProcess};
+use tonic::Code;
+use wire::WireClient;
+use wirespan_discovery::proto::{health::HealthCheckRequest, server::*};
 
 /// Options of `wirespan bench discovery`.
 #[derive(Debug, Clone, clap::Args)]
@@ -281,11 +280,11 @@ async fn fanout_section(server: &ServerProcess, args: &Args) -> anyhow::Result<(
         FANOUT_GAP.as_millis()
     );
     println!(
-        "{:>8}  {:>9}  {:>9}  {:>9}  {:>8}  target",
-        "watchers", "p50", "p99", "max", "aborted"
+        "{:>8}  {:>9}  {:>9}  {:>9}  {:>8}  {:>24}  target",
+        "watchers", "p50", "p99", "max", "aborted", "µs/delivery server/client"
     );
     for &watchers in args.watcher_points() {
-        let f = fanout(server.addr, watchers, args.fanout_events.max(1)).await?;
+        let f = fanout(server, watchers, args.fanout_events.max(1)).await?;
         let target = if watchers == 10_000 {
             format!(
                 "p99 < 100 ms, 0 aborted  {}",
@@ -294,8 +293,9 @@ async fn fanout_section(server: &ServerProcess, args: &Args) -> anyhow::Result<(
         } else {
             String::new()
         };
+        let cpu = format!("{:.1}/{:.1}", f.server_us, f.client_us);
         println!(
-            "{watchers:>8}  {:>9}  {:>9}  {:>9}  {:>8}  {target}",
+            "{watchers:>8}  {:>9}  {:>9}  {:>9}  {:>8}  {cpu:>24}  {target}",
             ms(f.p50),
             ms(f.p99),
             ms(f.max),
@@ -414,46 +414,41 @@ async fn throughput(
     measure: Duration,
     rpc: Rpc,
 ) -> anyhow::Result<Rate> {
-    let addr = server.addr;
-    let conns = connect_channels(addr, clients, "connecting").await?;
+    let conns = wire::connect_many(server.addr, clients, None, "connecting").await?;
     let count = Arc::new(AtomicU64::new(0));
     let stop = Arc::new(AtomicBool::new(false));
     let mut tasks = Vec::new();
-    for (i, channel) in conns.into_iter().enumerate() {
-        let mut health = HealthClient::new(channel.clone());
-        let mut c = ClusterClient::new(channel);
+    for (i, mut client) in conns.into_iter().enumerate() {
         let (count, stop) = (Arc::clone(&count), Arc::clone(&stop));
+        let cluster = format!("tp-{clients}-{i}");
+        let call = match rpc {
+            Rpc::Check => client.call(
+                "/grpc.health.v1.Health/Check",
+                &HealthCheckRequest {
+                    service: String::new(),
+                },
+            ),
+            Rpc::Hello => client.call(
+                "/sidero.discovery.server.Cluster/Hello",
+                &HelloRequest {
+                    cluster_id: cluster,
+                    client_version: "v1.8.3".into(),
+                },
+            ),
+            Rpc::Update => client.call(
+                "/sidero.discovery.server.Cluster/AffiliateUpdate",
+                &AffiliateUpdateRequest {
+                    cluster_id: cluster,
+                    affiliate_id: "node".into(),
+                    affiliate_data: Some(vec![0x5a; DATA_LEN]),
+                    affiliate_endpoints: vec![vec![0xe0; 16]],
+                    ttl: ttl(),
+                },
+            ),
+        };
         tasks.push(tokio::spawn(async move {
-            let cluster = format!("tp-{clients}-{i}");
-            let data = vec![0x5a; DATA_LEN];
-            let endpoint = vec![0xe0; 16];
             while !stop.load(Ordering::Relaxed) {
-                let r = match rpc {
-                    Rpc::Check => health
-                        .check(HealthCheckRequest {
-                            service: String::new(),
-                        })
-                        .await
-                        .map(|_| ()),
-                    Rpc::Hello => c
-                        .hello(HelloRequest {
-                            cluster_id: cluster.clone(),
-                            client_version: "v1.8.3".into(),
-                        })
-                        .await
-                        .map(|_| ()),
-                    Rpc::Update => c
-                        .affiliate_update(AffiliateUpdateRequest {
-                            cluster_id: cluster.clone(),
-                            affiliate_id: "node".into(),
-                            affiliate_data: Some(data.clone()),
-                            affiliate_endpoints: vec![endpoint.clone()],
-                            ttl: ttl(),
-                        })
-                        .await
-                        .map(|_| ()),
-                };
-                r?;
+                client.unary(&call).await?;
                 count.fetch_add(1, Ordering::Relaxed);
             }
             Ok::<_, tonic::Status>(())
@@ -504,6 +499,10 @@ struct Fanout {
     p99: Duration,
     max: Duration,
     aborted: usize,
+    /// CPU time per delivery (one update to one watcher) of the server and of the
+    /// load generator (publisher and watchers), while the updates were published.
+    server_us: f64,
+    client_us: f64,
 }
 
 /// Pause between one update reaching every watcher and the next update.
@@ -523,27 +522,44 @@ struct AffiliateStamp {
     data: bytes::Bytes,
 }
 
-/// Opens a Watch whose messages are decoded as [`WatchStamps`].
-async fn watch_stamps(
-    channel: Channel,
-    cluster: &str,
-) -> Result<tonic::Streaming<WatchStamps>, tonic::Status> {
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready()
-        .await
-        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    let path = http::uri::PathAndQuery::from_static("/sidero.discovery.server.Cluster/Watch");
-    let codec = tonic_prost::ProstCodec::<WatchRequest, WatchStamps>::default();
-    Ok(grpc
-        .server_streaming(
-            tonic::Request::new(WatchRequest {
+/// A watcher of the fan-out: its Watch body, read as gRPC messages decoded as
+/// [`WatchStamps`].
+struct StampWatch {
+    client: WireClient,
+    body: h2::RecvStream,
+    messages: wire::Deframer,
+}
+
+impl StampWatch {
+    async fn open(mut client: WireClient, cluster: &str) -> Result<Self, tonic::Status> {
+        let call = client.call(
+            "/sidero.discovery.server.Cluster/Watch",
+            &WatchRequest {
                 cluster_id: cluster.to_owned(),
-            }),
-            path,
-            codec,
-        )
-        .await?
-        .into_inner())
+            },
+        );
+        let body = client.open(&call).await?;
+        Ok(Self {
+            client,
+            body,
+            messages: wire::Deframer::default(),
+        })
+    }
+
+    /// The next message, `None` when the stream ended with OK.
+    async fn message(&mut self) -> Result<Option<WatchStamps>, tonic::Status> {
+        loop {
+            if let Some(m) = self.messages.next()? {
+                return <WatchStamps as prost::Message>::decode(m)
+                    .map(Some)
+                    .map_err(|e| tonic::Status::internal(e.to_string()));
+            }
+            match self.client.next_data(&mut self.body).await? {
+                Some(data) => self.messages.push(&data),
+                None => return Ok(None),
+            }
+        }
+    }
 }
 
 /// Updates received by all watchers together; wakes the publisher each time the count
@@ -576,13 +592,14 @@ impl Received {
 /// Watchers of one cluster; a publisher sends updates carrying their send time, each
 /// once every watcher has the previous one; every watcher records receive time − send
 /// time.
-async fn fanout(addr: SocketAddr, watchers: usize, events: usize) -> anyhow::Result<Fanout> {
+async fn fanout(server: &ServerProcess, watchers: usize, events: usize) -> anyhow::Result<Fanout> {
+    let addr = server.addr;
     let cluster = format!("fanout-{watchers}");
-    let conns = connect_channels(addr, watchers, &format!("{watchers} watchers")).await?;
+    let conns = wire::connect_many(addr, watchers, None, &format!("{watchers} watchers")).await?;
     let epoch = Instant::now();
     let mut streams = Vec::with_capacity(watchers);
-    for channel in conns {
-        let mut s = watch_stamps(channel, &cluster).await?;
+    for client in conns {
+        let mut s = StampWatch::open(client, &cluster).await?;
         s.message().await?.context("no snapshot")?;
         streams.push(s);
     }
@@ -626,20 +643,23 @@ async fn fanout(addr: SocketAddr, watchers: usize, events: usize) -> anyhow::Res
             (lat, aborted, s)
         }));
     }
-    let mut publisher = connect(addr).await?;
+    let mut publisher = WireClient::connect(addr, None).await?;
+    let (cpu0, own0) = (server.cpu_time()?, process::cpu_time("/proc/self/stat")?);
     for k in 0..events {
         let mut data = vec![0u8; DATA_LEN];
         let sent = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
         data[..8].copy_from_slice(&sent.to_be_bytes());
-        publisher
-            .affiliate_update(AffiliateUpdateRequest {
+        let call = publisher.call(
+            "/sidero.discovery.server.Cluster/AffiliateUpdate",
+            &AffiliateUpdateRequest {
                 cluster_id: cluster.clone(),
                 affiliate_id: "publisher".into(),
                 affiliate_data: Some(data),
                 affiliate_endpoints: vec![],
                 ttl: ttl(),
-            })
-            .await?;
+            },
+        );
+        publisher.unary(&call).await?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         received
             .reach((k as u64 + 1) * watchers as u64, deadline)
@@ -647,6 +667,8 @@ async fn fanout(addr: SocketAddr, watchers: usize, events: usize) -> anyhow::Res
         pb.inc(1);
         tokio::time::sleep(FANOUT_GAP).await;
     }
+    let (cpu1, own1) = (server.cpu_time()?, process::cpu_time("/proc/self/stat")?);
+    let deliveries = (events * watchers) as f64;
     pb.finish_and_clear();
     let mut all = Vec::with_capacity(watchers * events);
     let mut aborted = 0;
@@ -671,6 +693,8 @@ async fn fanout(addr: SocketAddr, watchers: usize, events: usize) -> anyhow::Res
         p99: pick(0.99),
         max: all[all.len() - 1],
         aborted,
+        server_us: cpu1.saturating_sub(cpu0).as_secs_f64() * 1e6 / deliveries,
+        client_us: own1.saturating_sub(own0).as_secs_f64() * 1e6 / deliveries,
     })
 }
 

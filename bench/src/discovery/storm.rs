@@ -20,12 +20,14 @@ use std::{
 };
 
 use bytes::{Buf as _, BufMut as _, BytesMut};
-use http_body_util::BodyExt as _;
-use prost::Message as _;
-use tonic::{codegen::Service as _, transport::Channel, Code};
-use wirespan_discovery::proto::server::{cluster_client::ClusterClient, *};
+use tonic::Code;
+use wirespan_discovery::proto::server::*;
 
-use super::{affiliate_id, ttl, DATA_LEN};
+use super::{
+    affiliate_id, ttl,
+    wire::{self, Windows, WireClient},
+    DATA_LEN,
+};
 use crate::bar;
 
 /// How long the join storm may take before it is reported as not converged.
@@ -251,77 +253,6 @@ enum WatchEnd {
     Aborted,
 }
 
-/// Opens a Watch on `channel`: its body once the server registered it, or how it
-/// ended at once.
-async fn open_watch(
-    channel: &mut Channel,
-    cluster: &str,
-) -> Result<Result<tonic::body::Body, WatchEnd>, tonic::Status> {
-    let msg = WatchRequest {
-        cluster_id: cluster.to_owned(),
-    }
-    .encode_to_vec();
-    let mut body = BytesMut::with_capacity(5 + msg.len());
-    body.put_u8(0);
-    body.put_u32(u32::try_from(msg.len()).unwrap_or(u32::MAX));
-    body.put_slice(&msg);
-    let req = http::Request::builder()
-        .method(http::Method::POST)
-        .uri("/sidero.discovery.server.Cluster/Watch")
-        .header(http::header::CONTENT_TYPE, "application/grpc")
-        .header(http::header::TE, "trailers")
-        .body(tonic::body::Body::new(http_body_util::Full::new(
-            body.freeze(),
-        )))
-        .map_err(|e| tonic::Status::internal(e.to_string()))?;
-    let unavailable = |e: tonic::transport::Error| tonic::Status::unavailable(e.to_string());
-    futures::future::poll_fn(|cx| channel.poll_ready(cx))
-        .await
-        .map_err(unavailable)?;
-    let response = channel.call(req).await.map_err(unavailable)?;
-    // A trailers-only response carries its status in the headers.
-    if let Some(status) = tonic::Status::from_header_map(response.headers()) {
-        return end(status).map(Err);
-    }
-    Ok(Ok(response.into_body()))
-}
-
-/// Reads a Watch body until the node holds all `n` nodes.
-async fn read_until_converged(
-    mut body: tonic::body::Body,
-    n: usize,
-) -> Result<WatchEnd, tonic::Status> {
-    let mut reader = WatchReader::default();
-    let mut held = Held::new(n);
-    while let Some(frame) = body.frame().await {
-        let frame = frame?;
-        match frame.into_data() {
-            Ok(data) => {
-                reader
-                    .feed(
-                        &data,
-                        |id| node_index(id).filter(|&k| k < n),
-                        |indices, deleted| held.apply(indices, deleted),
-                    )
-                    .map_err(|e| tonic::Status::internal(e.to_string()))?;
-                if held.count == n {
-                    return Ok(WatchEnd::Converged);
-                }
-            }
-            Err(frame) => {
-                if let Some(status) = frame
-                    .into_trailers()
-                    .ok()
-                    .and_then(|t| tonic::Status::from_header_map(&t))
-                {
-                    return end(status);
-                }
-            }
-        }
-    }
-    Err(tonic::Status::unavailable("watch ended without a status"))
-}
-
 fn end(status: tonic::Status) -> Result<WatchEnd, tonic::Status> {
     match status.code() {
         Code::Aborted => Ok(WatchEnd::Aborted),
@@ -330,81 +261,125 @@ fn end(status: tonic::Status) -> Result<WatchEnd, tonic::Status> {
     }
 }
 
-async fn connect_node(addr: SocketAddr) -> anyhow::Result<Channel> {
-    use anyhow::Context as _;
-    tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
-        .tcp_nodelay(true)
-        .initial_stream_window_size(NODE_WINDOW)
-        .initial_connection_window_size(NODE_CONNECTION_WINDOW)
-        .connect()
-        .await
-        .with_context(|| format!("connecting to {addr}"))
+/// What one node knows: the affiliates its current Watch has shown it.
+struct NodeView {
+    n: usize,
+    reader: WatchReader,
+    held: Held,
+}
+
+impl NodeView {
+    fn new(n: usize) -> Self {
+        Self {
+            n,
+            reader: WatchReader::default(),
+            held: Held::new(n),
+        }
+    }
+
+    fn feed(&mut self, data: &[u8]) -> Result<(), tonic::Status> {
+        let (n, held) = (self.n, &mut self.held);
+        self.reader
+            .feed(
+                data,
+                |id| node_index(id).filter(|&k| k < n),
+                |indices, deleted| held.apply(indices, deleted),
+            )
+            .map_err(|e| tonic::Status::internal(e.to_string()))
+    }
+
+    fn converged(&self) -> bool {
+        self.held.count == self.n
+    }
+}
+
+/// One node: Hello, Watch, and (once) AffiliateUpdate while it already reads its
+/// Watch, as a real client reads its stream in a task of its own; then it reads until
+/// it holds all `n`. A watch aborted as slow is re-established (Hello + Watch, fresh
+/// snapshot) as a real client does.
+async fn node(
+    client: &mut WireClient,
+    i: usize,
+    n: usize,
+    aborted: &AtomicU64,
+) -> Result<(), tonic::Status> {
+    let cluster = "storm".to_owned();
+    let hello = client.call(
+        "/sidero.discovery.server.Cluster/Hello",
+        &HelloRequest {
+            cluster_id: cluster.clone(),
+            client_version: "v1.8.3".into(),
+        },
+    );
+    let watch = client.call(
+        "/sidero.discovery.server.Cluster/Watch",
+        &WatchRequest {
+            cluster_id: cluster.clone(),
+        },
+    );
+    let mut update = Some(client.call(
+        "/sidero.discovery.server.Cluster/AffiliateUpdate",
+        &AffiliateUpdateRequest {
+            cluster_id: cluster,
+            affiliate_id: affiliate_id(i),
+            affiliate_data: Some(vec![0x42; DATA_LEN]),
+            affiliate_endpoints: vec![vec![i as u8; 16]],
+            ttl: ttl(),
+        },
+    ));
+    loop {
+        client.unary(&hello).await?;
+        let end = match client.open(&watch).await {
+            Ok(mut body) => {
+                let mut view = NodeView::new(n);
+                if let Some(update) = update.take() {
+                    client
+                        .unary_while(&update, &mut body, |data| view.feed(data))
+                        .await?;
+                }
+                loop {
+                    if view.converged() {
+                        break WatchEnd::Converged;
+                    }
+                    match client.next_data(&mut body).await {
+                        Ok(Some(data)) => view.feed(&data)?,
+                        Ok(None) => return Err(tonic::Status::unavailable("watch ended")),
+                        Err(status) => break end(status)?,
+                    }
+                }
+            }
+            Err(status) => end(status)?,
+        };
+        match end {
+            WatchEnd::Converged => return Ok(()),
+            WatchEnd::Aborted => {
+                aborted.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
 }
 
 /// `n` nodes join one cluster at once; each waits until its watch holds all `n`.
-/// A watch aborted as slow is re-established (Hello + Watch, fresh snapshot) as a
-/// real client does. Every node reads its stream as fast as it can.
 pub(super) async fn storm(addr: SocketAddr, n: usize) -> anyhow::Result<Storm> {
-    let pb = bar(n, "connecting nodes");
-    let mut conns = Vec::with_capacity(n);
-    // Chunks keep the accept backlog small.
-    for chunk in (0..n).collect::<Vec<_>>().chunks(64) {
-        for c in futures::future::join_all(chunk.iter().map(|_| connect_node(addr))).await {
-            conns.push(c?);
-            pb.inc(1);
-        }
-    }
-    pb.finish_and_clear();
+    let windows = Windows {
+        stream: NODE_WINDOW,
+        connection: NODE_CONNECTION_WINDOW,
+    };
+    let conns = wire::connect_many(addr, n, Some(windows), "connecting nodes").await?;
     let pb = bar(n, "join storm: converged");
     let barrier = Arc::new(tokio::sync::Barrier::new(n + 1));
     let aborted = Arc::new(AtomicU64::new(0));
     let mut tasks = Vec::new();
-    for (i, channel) in conns.into_iter().enumerate() {
+    for (i, mut client) in conns.into_iter().enumerate() {
         let (barrier, pb, aborted) = (Arc::clone(&barrier), pb.clone(), Arc::clone(&aborted));
         tasks.push(tokio::spawn(async move {
-            let mut c = ClusterClient::new(channel.clone());
-            let mut watch_channel = channel;
-            let cluster = "storm".to_owned();
             barrier.wait().await;
             let deadline = tokio::time::Instant::now() + STORM_LIMIT;
-            let run = async {
-                let mut updated = false;
-                loop {
-                    c.hello(HelloRequest {
-                        cluster_id: cluster.clone(),
-                        client_version: "v1.8.3".into(),
-                    })
-                    .await?;
-                    let watch = match open_watch(&mut watch_channel, &cluster).await? {
-                        Ok(body) => {
-                            if !updated {
-                                c.affiliate_update(AffiliateUpdateRequest {
-                                    cluster_id: cluster.clone(),
-                                    affiliate_id: affiliate_id(i),
-                                    affiliate_data: Some(vec![0x42; DATA_LEN]),
-                                    affiliate_endpoints: vec![vec![i as u8; 16]],
-                                    ttl: ttl(),
-                                })
-                                .await?;
-                                updated = true;
-                            }
-                            read_until_converged(body, n).await?
-                        }
-                        Err(end) => end,
-                    };
-                    match watch {
-                        WatchEnd::Converged => {
-                            pb.inc(1);
-                            return Ok::<_, tonic::Status>(());
-                        }
-                        WatchEnd::Aborted => {
-                            aborted.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
-                }
-            };
-            match tokio::time::timeout_at(deadline, run).await {
-                Ok(r) => r.map(|()| true),
+            match tokio::time::timeout_at(deadline, node(&mut client, i, n, &aborted)).await {
+                Ok(r) => r.map(|()| {
+                    pb.inc(1);
+                    true
+                }),
                 Err(_) => Ok(false),
             }
         }));
@@ -430,11 +405,7 @@ mod tests {
     use super::*;
 
     fn framed(m: &WatchResponse) -> Vec<u8> {
-        let body = m.encode_to_vec();
-        let mut out = vec![0];
-        out.extend_from_slice(&u32::try_from(body.len()).unwrap().to_be_bytes());
-        out.extend_from_slice(&body);
-        out
+        wire::frame(m).to_vec()
     }
 
     fn affiliate(i: usize) -> Affiliate {
