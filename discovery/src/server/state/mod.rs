@@ -337,6 +337,9 @@ pub struct State {
     watch_bytes: Arc<WatchBytes>,
     watch_budget: usize,
     watch_budget_aborts: u64,
+    /// Over the budget, no watcher can become slow enough to abort before this
+    /// (from the last scan of them): until then a scan would find nothing.
+    budget_quiet_until: Option<Instant>,
 }
 
 impl Default for State {
@@ -349,6 +352,7 @@ impl Default for State {
             watch_bytes: Arc::default(),
             watch_budget: WATCH_BUDGET,
             watch_budget_aborts: 0,
+            budget_quiet_until: None,
         }
     }
 }
@@ -508,10 +512,11 @@ impl State {
         let Some(cluster) = self.clusters.get_mut(cluster_id) else {
             return false;
         };
-        let Some(sub) = cluster.subscribers.iter().find(|s| s.id == id) else {
+        // Registered in ID order, and removals keep it.
+        let Ok(i) = cluster.subscribers.binary_search_by_key(&id, |s| s.id) else {
             return false;
         };
-        let queue = Arc::clone(&sub.queue);
+        let queue = Arc::clone(&cluster.subscribers[i].queue);
         let Some(since) = queue.lagging_since() else {
             return true;
         };
@@ -524,7 +529,9 @@ impl State {
     /// neither affiliates nor watchers.
     pub fn unsubscribe(&mut self, cluster_id: &str, id: u64) {
         if let Some(cluster) = self.clusters.get_mut(cluster_id) {
-            cluster.subscribers.retain(|s| s.id != id);
+            if let Ok(i) = cluster.subscribers.binary_search_by_key(&id, |s| s.id) {
+                cluster.subscribers.remove(i);
+            }
         }
     }
 
@@ -553,27 +560,45 @@ impl State {
     /// held bytes fit. Whatever a watcher shares with others is freed only once they
     /// let go too, hence the check after each abort.
     fn enforce_budget(&mut self, now: Instant) {
-        if self.watch_bytes.get() <= self.watch_budget {
+        if self.watch_bytes.get() <= self.watch_budget
+            || self.budget_quiet_until.is_some_and(|t| now < t)
+        {
             return;
         }
-        let mut slow: Vec<(Instant, Arc<WatchQueue>)> = self
-            .clusters
-            .values()
-            .flat_map(|c| &c.subscribers)
-            .filter(|s| !s.gone() && s.queue.holds() > 0)
-            .map(|s| (s.queue.last_progress(), Arc::clone(&s.queue)))
-            .filter(|(t, _)| now.saturating_duration_since(*t) >= self.watch_stall)
-            .collect();
+        // Watchers that hold bytes: the slow ones (no progress for the stall
+        // timeout) are candidates; the others say when the next could be.
+        let mut slow: Vec<(Instant, Arc<WatchQueue>)> = Vec::new();
+        let mut next_slow: Option<Instant> = None;
+        let stall = self.watch_stall;
+        for s in self.clusters.values().flat_map(|c| &c.subscribers) {
+            let Some(t) = s.queue.holding_since().filter(|_| !s.gone()) else {
+                continue;
+            };
+            if now.saturating_duration_since(t) >= stall {
+                slow.push((t, Arc::clone(&s.queue)));
+            } else {
+                next_slow = Some(next_slow.map_or(t, |n| n.min(t)));
+            }
+        }
+        // A watcher becomes a holder only with fresh progress (registration,
+        // catch-up), so none unseen here can turn slow before `next_slow`.
+        self.budget_quiet_until = next_slow.map(|t| t + stall);
         if slow.is_empty() {
             return;
         }
         slow.sort_by_key(|(t, _)| *t);
+        let mut spared = false;
         for (_, queue) in slow {
             if self.watch_bytes.get() <= self.watch_budget {
+                spared = true;
                 break;
             }
             queue.abort();
             self.watch_budget_aborts += 1;
+        }
+        if spared {
+            // Slow watchers are left: look again next time.
+            self.budget_quiet_until = None;
         }
         for cluster in self.clusters.values_mut() {
             cluster

@@ -15,7 +15,7 @@
 use std::{
     collections::VecDeque,
     sync::{
-        atomic::{AtomicUsize, Ordering},
+        atomic::{AtomicBool, AtomicUsize, Ordering},
         Arc, Mutex, MutexGuard, Weak,
     },
     time::{Duration, Instant},
@@ -357,6 +357,11 @@ impl Inner {
 #[derive(Debug)]
 pub struct WatchQueue {
     inner: Mutex<Inner>,
+    /// `Inner::lagging`, readable without the lock. Set and cleared only under the
+    /// state lock (push, catch-up), which every reader of it also holds: events
+    /// skip a lagging watcher without taking its lock (one event costs each watcher
+    /// of a large cluster a lock otherwise, and most of them lag in a burst).
+    lagging: AtomicBool,
     notify: Notify,
     limit: usize,
     stall: Duration,
@@ -377,6 +382,7 @@ impl WatchQueue {
                 pending_since: now,
                 last_take: now,
             }),
+            lagging: AtomicBool::new(false),
             notify: Notify::new(),
             limit: limit.max(1),
             stall,
@@ -392,6 +398,11 @@ impl WatchQueue {
     /// Queues one event; returns false if the watcher must be dropped (stalled, or
     /// already closed).
     pub(crate) fn push(&self, seq: u64, event: &Bytes, now: Instant) -> bool {
+        if self.lagging.load(Ordering::Relaxed) {
+            // Its catch-up will cover the event; whether it stalled meanwhile is the
+            // periodic check's to find.
+            return true;
+        }
         let mut q = self.lock();
         if q.lost || q.closed {
             return false;
@@ -405,6 +416,7 @@ impl WatchQueue {
             }
             q.clear_events();
             q.lagging = true;
+            self.lagging.store(true, Ordering::Relaxed);
         } else {
             if q.events.is_empty() {
                 q.pending_since = now;
@@ -465,10 +477,11 @@ impl WatchQueue {
         self.lock().holds
     }
 
-    /// When the stream last made progress (took an event or a piece of one), or
-    /// registered.
-    pub(crate) fn last_progress(&self) -> Instant {
-        self.lock().last_take
+    /// When the stream last made progress (took an event or a piece of one, or
+    /// registered), if it holds messages made for it alone.
+    pub(crate) fn holding_since(&self) -> Option<Instant> {
+        let q = self.lock();
+        (q.holds > 0).then_some(q.last_take)
     }
 
     /// Aborts the watcher to free what it holds (the byte budget is exceeded and it
@@ -503,6 +516,7 @@ impl WatchQueue {
     pub(crate) fn fill_catch_up(&self, messages: Vec<(u64, Message)>, now: Instant) {
         let mut q = self.lock();
         q.lagging = false;
+        self.lagging.store(false, Ordering::Relaxed);
         q.pending_since = now;
         for (seq, msg) in messages {
             q.holds += msg.len();
