@@ -38,7 +38,7 @@ const STORM_LIMIT: Duration = Duration::from_secs(120);
 /// load generator buffer 20 GiB; 256 KiB bounds it at 2.5 GiB, and the nodes read as
 /// data arrives). Each window's worth costs a WINDOW_UPDATE round trip through both
 /// processes' schedulers: 32 KiB windows made the storm 1.4× slower than 256 KiB.
-const NODE_WINDOW: u32 = 256 * 1024;
+const NODE_WINDOW: u32 = 64 * 1024;
 
 /// The connection's window must exceed the stream's: a node reads its Watch only
 /// after its AffiliateUpdate returns, and Watch data filling the whole connection

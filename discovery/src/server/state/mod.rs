@@ -24,7 +24,7 @@ pub use self::validate::{
     offset, ttl_nanos, validate_affiliate_id, validate_cluster_id, validate_update,
 };
 pub use self::watch::{Batch, Next, WatchBytes, WatchQueue, WATCH_STALL};
-use self::watch::{BatchParts, Message};
+use self::watch::{BatchParts, Message, Pushed};
 use super::error::RequestError;
 use crate::proto::server as pb;
 
@@ -65,6 +65,11 @@ impl Affiliate {
 struct Subscriber {
     id: u64,
     queue: Arc<WatchQueue>,
+    /// The queue lags (see [`Pushed::Lagging`]) until its next catch-up. Kept here,
+    /// beside the ID, so an event passes over a lagging watcher without reaching
+    /// for its queue: in a burst most watchers of a large cluster lag, and a visit
+    /// to each of 10,000 queues per event is what kept the state lock busy.
+    lagging: bool,
 }
 
 impl Subscriber {
@@ -107,8 +112,24 @@ impl Cluster {
     /// a full queue is dropped and marked lost; one that went away is dropped
     /// silently.
     fn notify(&mut self, seq: u64, event: &Event, now: Instant) {
-        self.subscribers
-            .retain(|s| !s.gone() && s.queue.push(seq, event, now));
+        self.subscribers.retain_mut(|s| {
+            if s.lagging {
+                // Its catch-up covers the event; a stall meanwhile is the periodic
+                // check's to find.
+                return true;
+            }
+            if s.gone() {
+                return false;
+            }
+            match s.queue.push(seq, event, now) {
+                Pushed::Queued => true,
+                Pushed::Lagging => {
+                    s.lagging = true;
+                    true
+                }
+                Pushed::Dropped => false,
+            }
+        });
     }
 
     fn notify_upsert(&mut self, id: &str, now: Instant) {
@@ -494,6 +515,7 @@ impl State {
         cluster.subscribers.push(Subscriber {
             id,
             queue: Arc::clone(&queue),
+            lagging: false,
         });
         let snapshot = cluster.snapshot(&self.watch_bytes);
         self.enforce_budget(now);
@@ -520,6 +542,7 @@ impl State {
         let Some(since) = queue.lagging_since() else {
             return true;
         };
+        cluster.subscribers[i].lagging = false;
         queue.fill_catch_up(cluster.catch_up(since, &self.watch_bytes), now);
         self.enforce_budget(now);
         true

@@ -15,7 +15,7 @@
 use std::{
     collections::VecDeque,
     sync::{
-        atomic::{AtomicBool, AtomicUsize, Ordering},
+        atomic::{AtomicUsize, Ordering},
         Arc, Mutex, MutexGuard, Weak,
     },
     time::{Duration, Instant},
@@ -353,15 +353,22 @@ impl Inner {
     }
 }
 
+/// What [`WatchQueue::push`] did with an event.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pushed {
+    /// Queued for the stream.
+    Queued,
+    /// Not queued: the watcher lags and gets a catch-up when its queue is empty
+    /// (which covers this event and every later one until then).
+    Lagging,
+    /// The watcher stalled, or is closed: drop it.
+    Dropped,
+}
+
 /// One watcher's queue, shared by the state (producer) and the stream (consumer).
 #[derive(Debug)]
 pub struct WatchQueue {
     inner: Mutex<Inner>,
-    /// `Inner::lagging`, readable without the lock. Set and cleared only under the
-    /// state lock (push, catch-up), which every reader of it also holds: events
-    /// skip a lagging watcher without taking its lock (one event costs each watcher
-    /// of a large cluster a lock otherwise, and most of them lag in a burst).
-    lagging: AtomicBool,
     notify: Notify,
     limit: usize,
     stall: Duration,
@@ -382,7 +389,6 @@ impl WatchQueue {
                 pending_since: now,
                 last_take: now,
             }),
-            lagging: AtomicBool::new(false),
             notify: Notify::new(),
             limit: limit.max(1),
             stall,
@@ -395,38 +401,37 @@ impl WatchQueue {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Queues one event; returns false if the watcher must be dropped (stalled, or
-    /// already closed).
-    pub(crate) fn push(&self, seq: u64, event: &Bytes, now: Instant) -> bool {
-        if self.lagging.load(Ordering::Relaxed) {
-            // Its catch-up will cover the event; whether it stalled meanwhile is the
-            // periodic check's to find.
-            return true;
-        }
+    /// Queues one event.
+    pub(crate) fn push(&self, seq: u64, event: &Bytes, now: Instant) -> Pushed {
         let mut q = self.lock();
         if q.lost || q.closed {
-            return false;
+            return Pushed::Dropped;
         }
         if q.lagging {
-            return self.keep_if_reading(&mut q, now);
+            return if self.keep_if_reading(&mut q, now) {
+                Pushed::Lagging
+            } else {
+                Pushed::Dropped
+            };
         }
-        if q.events.len() >= self.limit {
+        let pushed = if q.events.len() >= self.limit {
             if !self.keep_if_reading(&mut q, now) {
-                return false;
+                return Pushed::Dropped;
             }
             q.clear_events();
             q.lagging = true;
-            self.lagging.store(true, Ordering::Relaxed);
+            Pushed::Lagging
         } else {
             if q.events.is_empty() {
                 q.pending_since = now;
             }
             q.events
                 .push_back((seq, Message::Flat(event.clone()), false));
-        }
+            Pushed::Queued
+        };
         drop(q);
         self.notify.notify_one();
-        true
+        pushed
     }
 
     /// A watcher that has had something to read for longer than the stall timeout
@@ -516,7 +521,6 @@ impl WatchQueue {
     pub(crate) fn fill_catch_up(&self, messages: Vec<(u64, Message)>, now: Instant) {
         let mut q = self.lock();
         q.lagging = false;
-        self.lagging.store(false, Ordering::Relaxed);
         q.pending_since = now;
         for (seq, msg) in messages {
             q.holds += msg.len();
