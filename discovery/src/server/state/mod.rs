@@ -24,7 +24,7 @@ pub use self::validate::{
     offset, ttl_nanos, validate_affiliate_id, validate_cluster_id, validate_update,
 };
 pub use self::watch::{Batch, Next, WatchBytes, WatchQueue, WATCH_STALL};
-use self::watch::{BatchParts, Message, Pushed};
+use self::watch::{BatchParts, Entry, Message, Pushed};
 use super::error::RequestError;
 use crate::proto::server as pb;
 
@@ -132,7 +132,7 @@ impl Cluster {
         });
     }
 
-    fn notify_upsert(&mut self, id: &str, now: Instant) {
+    fn notify_upsert(&mut self, id: &str, now: Instant, meter: &Arc<WatchBytes>) {
         self.seq += 1;
         let seq = self.seq;
         let Some(affiliate) = self.affiliates.get_mut(id) else {
@@ -143,7 +143,7 @@ impl Cluster {
             return;
         }
         let event = watch::encode_event(id, affiliate);
-        affiliate.set_entry(Arc::new(event.clone()));
+        affiliate.set_entry(Entry::new(event.clone(), meter));
         self.notify(seq, &event, now);
     }
 
@@ -189,14 +189,14 @@ impl Cluster {
     /// batches of the affiliates' kept entries, not copies.
     fn catch_up(&mut self, since: u64, meter: &Arc<WatchBytes>) -> Vec<(u64, Message)> {
         enum Item<'a> {
-            Upsert(Arc<Bytes>),
+            Upsert(Arc<Entry>),
             Delete(&'a str),
         }
         let mut items: Vec<(u64, Item<'_>)> = self
             .affiliates
             .iter_mut()
             .filter(|a| a.changed > since)
-            .map(|a| (a.changed, Item::Upsert(entry(a))))
+            .map(|a| (a.changed, Item::Upsert(entry(a, meter))))
             .collect();
         items.extend(
             self.tombstones
@@ -207,11 +207,11 @@ impl Cluster {
         items.sort_unstable_by_key(|(seq, _)| *seq);
         let mut out = Vec::new();
         // The message being gathered: entries (upserts) or a buffer (deletes).
-        let mut entries: Vec<Arc<Bytes>> = Vec::new();
+        let mut entries: Vec<Arc<Entry>> = Vec::new();
         let mut deletes = watch::framed(0);
         let mut size = 0;
         let mut last = since;
-        let mut flush = |entries: &mut Vec<Arc<Bytes>>, deletes: &mut BytesMut, at: u64| {
+        let mut flush = |entries: &mut Vec<Arc<Entry>>, deletes: &mut BytesMut, at: u64| {
             if !entries.is_empty() {
                 let batch = watch::Batch::new(std::mem::take(entries), meter);
                 out.push((at, Message::Parts(batch)));
@@ -266,7 +266,11 @@ impl Cluster {
                 }
             }
         }
-        let entries = self.affiliates.iter_mut().map(entry).collect();
+        let entries = self
+            .affiliates
+            .iter_mut()
+            .map(|a| entry(a, meter))
+            .collect();
         let shared = Batch::new(entries, meter);
         self.snapshot = Some((self.seq, shared.downgrade()));
         shared
@@ -275,11 +279,11 @@ impl Cluster {
 
 /// The affiliate's kept entry; encoded and kept now if it changed while nobody
 /// watched.
-fn entry(a: &mut Affiliate) -> Arc<Bytes> {
+fn entry(a: &mut Affiliate, meter: &Arc<WatchBytes>) -> Arc<Entry> {
     if let Some(entry) = a.entry() {
         return Arc::clone(entry);
     }
-    let entry = Arc::new(watch::encode_event(a.id(), a));
+    let entry = Entry::new(watch::encode_event(a.id(), a), meter);
     a.set_entry(Arc::clone(&entry));
     entry
 }
@@ -448,7 +452,7 @@ impl State {
         if let Some(affiliate) = cluster.affiliates.get_mut(id) {
             let (changed, result) = apply(affiliate, exp, data, &req.affiliate_endpoints);
             if changed {
-                cluster.notify_upsert(id, now);
+                cluster.notify_upsert(id, now, &self.watch_bytes);
             }
             result
         } else {
@@ -460,7 +464,7 @@ impl State {
             let mut affiliate = Affiliate::new(id, offset(now, i64::MIN), &[], []);
             let (_, result) = apply(&mut affiliate, exp, data, &req.affiliate_endpoints);
             cluster.affiliates.insert(affiliate);
-            cluster.notify_upsert(id, now);
+            cluster.notify_upsert(id, now, &self.watch_bytes);
             result
         }
     }
@@ -657,7 +661,7 @@ impl State {
                 cluster.notify_delete(id, now);
             }
             for id in &trimmed {
-                cluster.notify_upsert(id, now);
+                cluster.notify_upsert(id, now, &self.watch_bytes);
             }
             // Watchers that went away without unsubscribing do not keep a cluster.
             cluster.subscribers.retain(|s| !s.gone());

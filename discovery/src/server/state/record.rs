@@ -15,8 +15,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use bytes::Bytes;
 use hashbrown::HashTable;
+
+use super::watch::{Entry, KeptEntry};
 
 /// One stored affiliate: opaque blobs, each expiring on its own.
 #[derive(Debug, Clone)]
@@ -29,7 +30,7 @@ pub(crate) struct Affiliate {
     /// The affiliate's current Watch event (gRPC-framed, one entry), kept while its
     /// cluster has watchers: snapshots are made of these shared entries instead of a
     /// copy of every affiliate per joining watcher. Any change clears it.
-    entry: Option<Arc<Bytes>>,
+    entry: KeptEntry,
 }
 
 /// One stored endpoint, borrowed from its affiliate.
@@ -97,7 +98,7 @@ impl Affiliate {
             expiration: to_ticks(expiration),
             changed: 0,
             block: Self::pack(id.as_bytes(), data, endpoints),
-            entry: None,
+            entry: KeptEntry::default(),
         }
     }
 
@@ -169,13 +170,13 @@ impl Affiliate {
     }
 
     /// The encoded entry, if one was kept since the last change.
-    pub(crate) fn entry(&self) -> Option<&Arc<Bytes>> {
-        self.entry.as_ref()
+    pub(crate) fn entry(&self) -> Option<&Arc<Entry>> {
+        self.entry.get()
     }
 
     /// Keeps `entry` (this affiliate's current encoding) for snapshots.
-    pub(crate) fn set_entry(&mut self, entry: Arc<Bytes>) {
-        self.entry = Some(entry);
+    pub(crate) fn set_entry(&mut self, entry: Arc<Entry>) {
+        self.entry.set(Some(entry));
     }
 
     /// Replaces the data blob, keeping the ID and the endpoints: in place when the
@@ -188,7 +189,7 @@ impl Affiliate {
         } else {
             self.block = Self::pack(self.id_bytes(), data, self.endpoints());
         }
-        self.entry = None;
+        self.entry.set(None);
     }
 
     /// Extends a known endpoint's expiration to at least `expiration`; false if the
@@ -214,7 +215,7 @@ impl Affiliate {
         block.extend_from_slice(&self.block);
         put_endpoint(&mut block, expiration, data);
         self.block = block.into_boxed_slice();
-        self.entry = None;
+        self.entry.set(None);
     }
 
     /// Drops endpoints `keep` refuses; returns how many.
@@ -224,7 +225,7 @@ impl Affiliate {
         let removed = before - kept.len();
         if removed > 0 {
             self.block = Self::pack(self.id_bytes(), self.data(), kept);
-            self.entry = None;
+            self.entry.set(None);
         }
         removed
     }

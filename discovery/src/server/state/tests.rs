@@ -137,8 +137,10 @@ fn endpoint_expires_before_affiliate_and_gc_sends_upsert_then_delete() {
     assert!(events[0].affiliates[0].data.is_empty());
     s.unsubscribe("c", w.id);
     assert_eq!(s.gc(t0 + min(4)).clusters, 1);
-    // The snapshot counts as held for watchers until the watcher lets it go.
-    assert_eq!(s.counts().watch_bytes, w.snapshot.len());
+    // The snapshot counts as held for watchers until the watcher lets it go: its
+    // pointer, and the entry of "a" it alone keeps alive (the affiliate changed, then
+    // left); that entry is the whole snapshot's body.
+    assert_eq!(s.counts().watch_bytes, w.snapshot.cost() + w.snapshot.len());
     drop(w);
     assert_eq!(s.counts(), Counts::default());
 }
@@ -594,6 +596,42 @@ fn watchers_registered_between_two_events_share_one_snapshot() {
     assert!(s.watch_bytes() > one, "still held by the second watcher");
 }
 
+/// What a batch costs per affiliate while the entries are the affiliates' own.
+const POINTER: usize = std::mem::size_of::<usize>();
+
+#[test]
+fn a_held_snapshot_counts_a_pointer_per_entry_and_the_entries_only_it_keeps() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    big_cluster(&mut s, "c", 8, t0);
+    let w = watch_queued(&mut s, "c", WATCH_QUEUE, t0);
+    let pointers = watch::PREFIX + 8 * POINTER;
+    assert_eq!(
+        s.watch_bytes(),
+        pointers,
+        "the entries are the affiliates' own"
+    );
+    // Two affiliates change while the snapshot still holds their old entries: those
+    // are kept for the watcher alone now.
+    let old = watch::PREFIX + (w.queue.first_batch().unwrap().len() - watch::PREFIX) / 8;
+    s.update(t0, &req("a1", Some(b"new"), &[], 60)).unwrap();
+    s.update(t0, &req("a2", Some(b"new"), &[], 60)).unwrap();
+    assert_eq!(s.watch_bytes(), pointers + 2 * old);
+    // Changing one again costs nothing more: the newer entry was nobody else's.
+    s.update(t0, &req("a1", Some(b"newer"), &[], 60)).unwrap();
+    assert_eq!(s.watch_bytes(), pointers + 2 * old);
+    // The watcher takes its snapshot: nothing is held for it any more.
+    let mut now = t0;
+    while let Next::Send(_) = w.queue.next_frame(now) {
+        now += Duration::from_millis(1);
+        if w.queue.holds() == 0 {
+            break;
+        }
+    }
+    assert_eq!(w.queue.holds(), 0);
+    assert_eq!(s.watch_bytes(), 0);
+}
+
 #[test]
 fn a_stalled_watcher_frees_its_snapshot_and_is_cut_off() {
     let t0 = Instant::now();
@@ -603,7 +641,7 @@ fn a_stalled_watcher_frees_its_snapshot_and_is_cut_off() {
     let w = watch_queued(&mut s, "c", 1, t0);
     // The transport took one piece of the snapshot, then the peer stopped reading.
     assert!(matches!(w.queue.next_frame(t0), Next::Send(_)));
-    assert!(s.watch_bytes() > watch::FRAME);
+    assert_eq!(s.watch_bytes(), watch::PREFIX + 40 * POINTER);
     s.update(t0, &req("x", Some(b"d"), &[], 60)).unwrap();
     s.check_stalled(later);
     assert!(w.queue.is_lost());
