@@ -311,7 +311,13 @@ async fn background(shared: Arc<Shared>) {
     loop {
         tokio::select! {
             _ = gc.tick() => { run_gc(&shared); }
-            _ = stalled.tick() => shared.state().check_stalled(Instant::now()),
+            due = stalled.tick() => {
+                let mut state = shared.state();
+                let now = Instant::now();
+                // Lateness includes waiting for the state lock: both delay streams.
+                state.runtime_tick(now, due.elapsed(), stall_every);
+                state.check_stalled(now);
+            }
             _ = limiter.tick() => {
                 shared.limiter.lock().unwrap_or_else(std::sync::PoisonError::into_inner).cleanup(Instant::now());
             }

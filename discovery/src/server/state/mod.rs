@@ -23,7 +23,7 @@ use bytes::{Bytes, BytesMut};
 pub use self::validate::{
     offset, ttl_nanos, validate_affiliate_id, validate_cluster_id, validate_update,
 };
-pub use self::watch::{Batch, Next, WatchBytes, WatchQueue, WATCH_STALL};
+pub use self::watch::{Batch, Next, RuntimeLag, WatchBytes, WatchQueue, WATCH_STALL};
 use self::watch::{BatchParts, Entry, Message, Pushed};
 use super::error::RequestError;
 use crate::proto::server as pb;
@@ -365,6 +365,7 @@ pub struct State {
     /// Over the budget, no watcher can become slow enough to abort before this
     /// (from the last scan of them): until then a scan would find nothing.
     budget_quiet_until: Option<Instant>,
+    runtime_lag: Arc<RuntimeLag>,
 }
 
 impl Default for State {
@@ -378,6 +379,7 @@ impl Default for State {
             watch_budget: WATCH_BUDGET,
             watch_budget_aborts: 0,
             budget_quiet_until: None,
+            runtime_lag: Arc::default(),
         }
     }
 }
@@ -515,7 +517,13 @@ impl State {
         let cluster = self.clusters.entry(cluster_id.to_owned()).or_default();
         self.next_subscriber += 1;
         let id = self.next_subscriber;
-        let queue = Arc::new(WatchQueue::new(queue, self.watch_stall, cluster.seq, now));
+        let queue = Arc::new(WatchQueue::new(
+            queue,
+            self.watch_stall,
+            Arc::clone(&self.runtime_lag),
+            cluster.seq,
+            now,
+        ));
         cluster.subscribers.push(Subscriber {
             id,
             queue: Arc::clone(&queue),
@@ -571,6 +579,13 @@ impl State {
         }
     }
 
+    /// The server's periodic task ran at `now`, `late` after it was due, and runs
+    /// again `every` later: how far behind the server itself is, which watchers
+    /// are not dropped for ([`RuntimeLag`]).
+    pub fn runtime_tick(&mut self, now: Instant, late: Duration, every: Duration) {
+        self.runtime_lag.tick(now, late, every);
+    }
+
     /// Aborts watchers that stopped reading while events wait for them (the check
     /// also runs on every new event).
     pub fn check_stalled(&mut self, now: Instant) {
@@ -596,7 +611,7 @@ impl State {
         // timeout) are candidates; the others say when the next could be.
         let mut slow: Vec<(Instant, Arc<WatchQueue>)> = Vec::new();
         let mut next_slow: Option<Instant> = None;
-        let stall = self.watch_stall;
+        let stall = self.watch_stall + self.runtime_lag.grace(now);
         for s in self.clusters.values().flat_map(|c| &c.subscribers) {
             let Some(t) = s.queue.holding_since().filter(|_| !s.gone()) else {
                 continue;

@@ -261,6 +261,44 @@ fn stalled_watcher_is_dropped_by_the_periodic_check() {
     assert!(w.queue.is_lost());
 }
 
+/// While the server itself runs late, a watcher it did not get to is not blamed:
+/// the stall timeout is extended by the lateness of the server's periodic task.
+#[test]
+fn a_server_running_late_does_not_drop_its_watchers_for_it() {
+    let t0 = Instant::now();
+    let every = WATCH_STALL / 4;
+    let ms = Duration::from_millis;
+    let mut s = State::new();
+    s.runtime_tick(t0, Duration::ZERO, every);
+    let w = s.watch(t0, "c", 1).unwrap();
+    s.update(t0, &req("a", Some(b"d"), &[], 60)).unwrap();
+    // The periodic task ran 1.5 s late: a watcher idle for the stall timeout and a
+    // bit is kept, one idle for as long again is dropped.
+    let late = ms(1500);
+    s.runtime_tick(t0 + WATCH_STALL, late, every);
+    s.check_stalled(t0 + WATCH_STALL + ms(100));
+    assert_eq!(s.counts().subscriptions, 1);
+    assert!(!w.queue.is_lost());
+    // On time again: the remembered lateness halves at each tick.
+    let mut now = t0 + WATCH_STALL;
+    for _ in 0..8 {
+        now += every;
+        s.runtime_tick(now, Duration::ZERO, every);
+    }
+    s.check_stalled(now);
+    assert_eq!(s.counts().subscriptions, 0);
+    assert!(w.queue.is_lost());
+
+    // A task that has not run since counts as late by how overdue it is.
+    let w = s.watch(now, "c", 1).unwrap();
+    s.update(now, &req("a", Some(b"e"), &[], 60)).unwrap();
+    s.check_stalled(now + WATCH_STALL + ms(100));
+    assert!(!w.queue.is_lost());
+    s.runtime_tick(now + WATCH_STALL + ms(200), Duration::ZERO, every);
+    s.check_stalled(now + WATCH_STALL + ms(200));
+    assert!(w.queue.is_lost());
+}
+
 /// A watcher that falls behind but keeps reading is never dropped: it gets the
 /// current state of what changed, in event order, several affiliates per message.
 #[test]

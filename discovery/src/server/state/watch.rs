@@ -446,6 +446,47 @@ impl Inner {
     }
 }
 
+/// How far behind the server's own runtime is. A watcher whose stream the server
+/// did not get to run took nothing through no fault of its own; under a burst that
+/// keeps the server's workers busy (a join storm) it would otherwise be dropped as
+/// stalled, reconnect, and add a snapshot to the very load that delayed it. The
+/// stall timeout is therefore extended by the lateness of the server's periodic
+/// task: the latest seen (halved at each tick), or how overdue its next tick is.
+#[derive(Debug, Default)]
+pub struct RuntimeLag(Mutex<LagTicks>);
+
+#[derive(Debug, Default)]
+struct LagTicks {
+    /// When the periodic task last ran, and its interval.
+    last: Option<(Instant, Duration)>,
+    late: Duration,
+}
+
+impl RuntimeLag {
+    fn lock(&self) -> MutexGuard<'_, LagTicks> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The periodic task ran at `now`, `late` after it was due, and runs again
+    /// `every` later.
+    pub fn tick(&self, now: Instant, late: Duration, every: Duration) {
+        let mut t = self.lock();
+        t.late = late.max(t.late / 2);
+        t.last = Some((now, every));
+    }
+
+    /// What the stall timeout is extended by at `now`.
+    pub fn grace(&self, now: Instant) -> Duration {
+        let t = self.lock();
+        let overdue = t.last.map_or(Duration::ZERO, |(at, every)| {
+            now.saturating_duration_since(at + every)
+        });
+        t.late.max(overdue)
+    }
+}
+
 /// What [`WatchQueue::push`] did with an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pushed {
@@ -465,10 +506,17 @@ pub struct WatchQueue {
     notify: Notify,
     limit: usize,
     stall: Duration,
+    lag: Arc<RuntimeLag>,
 }
 
 impl WatchQueue {
-    pub(crate) fn new(limit: usize, stall: Duration, delivered: u64, now: Instant) -> Self {
+    pub(crate) fn new(
+        limit: usize,
+        stall: Duration,
+        lag: Arc<RuntimeLag>,
+        delivered: u64,
+        now: Instant,
+    ) -> Self {
         Self {
             inner: Mutex::new(Inner {
                 first: None,
@@ -485,6 +533,7 @@ impl WatchQueue {
             notify: Notify::new(),
             limit: limit.max(1),
             stall,
+            lag,
         }
     }
 
@@ -530,8 +579,8 @@ impl WatchQueue {
     /// A watcher that has had something to read for longer than the stall timeout
     /// and took nothing is marked lost (and woken, so its stream ends).
     fn keep_if_reading(&self, q: &mut Inner, now: Instant) -> bool {
-        let active = q.pending_since.max(q.last_take);
-        if now.saturating_duration_since(active) > self.stall {
+        let idle = now.saturating_duration_since(q.pending_since.max(q.last_take));
+        if idle > self.stall && idle > self.stall + self.lag.grace(now) {
             // Shared events already queued are still delivered, then the stream
             // ends with ABORTED; what was made for this watcher alone is freed now,
             // since a stream that stopped reading may never take it.
