@@ -289,13 +289,16 @@ pub(crate) fn watch_stream(shared: Arc<Shared>, sub: Subscription, framed: bool)
                 }
                 Next::Closed => return None,
                 Next::Wait => {
-                    // A push between `next` and here leaves a permit: no wake-up is lost.
-                    let queue = Arc::clone(&ctx.queue);
-                    tokio::select! {
-                        biased;
-                        () = ctx.shutdown.cancelled() => return None,
-                        () = queue.notified() => {}
+                    // Shutdown cancels the token, then closes every registered queue
+                    // (which wakes its stream); a watcher registered after that sees
+                    // the token here. Checking it is a load, where waiting on it too
+                    // would register every waiting stream with the one token shared by
+                    // all of them, at each event.
+                    if ctx.shutdown.is_cancelled() {
+                        return None;
                     }
+                    // A push between `next` and here leaves a permit: no wake-up is lost.
+                    ctx.queue.notified().await;
                 }
             }
         }
