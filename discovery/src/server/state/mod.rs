@@ -108,9 +108,10 @@ impl Cluster {
         }
     }
 
-    /// Queues `event` for every watcher without blocking. A watcher that stalled with
-    /// a full queue is dropped and marked lost; one that went away is dropped
-    /// silently.
+    /// Queues `event` for every watcher that does not lag, without blocking. A
+    /// watcher that stalled with a full queue is dropped and marked lost; one that
+    /// went away is dropped silently. Lagging watchers are left to their catch-up and
+    /// to the periodic stall check.
     fn notify(&mut self, seq: u64, event: &Event, now: Instant) {
         self.subscribers.retain_mut(|s| {
             if s.lagging {

@@ -580,6 +580,7 @@ impl WatchQueue {
     /// and took nothing is marked lost (and woken, so its stream ends).
     fn keep_if_reading(&self, q: &mut Inner, now: Instant) -> bool {
         let idle = now.saturating_duration_since(q.pending_since.max(q.last_take));
+        // The lag's lock only for a watcher idle past the timeout itself.
         if idle > self.stall && idle > self.stall + self.lag.grace(now) {
             // Shared events already queued are still delivered, then the stream
             // ends with ABORTED; what was made for this watcher alone is freed now,
