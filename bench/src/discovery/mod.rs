@@ -163,6 +163,11 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
          load comes from one address); {cores} cores shared by server and load generator",
         exe.display()
     );
+    println!(
+        "load generator (throughput, fan-out, storm): gRPC over HTTP/2 with each request \
+         encoded once, responses checked for their status but not decoded, each connection \
+         driven by the task using it; memory and hostile sections: tonic clients"
+    );
 
     if args.runs(Section::Throughput) || args.runs(Section::Fanout) {
         throughput_and_fanout(&exe, args).await?;
