@@ -35,14 +35,14 @@ const STORM_LIMIT: Duration = Duration::from_secs(120);
 
 /// HTTP/2 window of each node's Watch stream: unread Watch data beyond it stays on the
 /// server (the client library's default of 2 MiB times 10,240 nodes would let the
-/// load generator buffer 20 GiB; 256 KiB bounds it at 2.5 GiB, and the nodes read as
-/// data arrives). Each window's worth costs a WINDOW_UPDATE round trip through both
-/// processes' schedulers: 32 KiB windows made the storm 1.4× slower than 256 KiB.
+/// load generator buffer 20 GiB; 64 KiB bounds it at 640 MiB). Each window's worth
+/// costs a WINDOW_UPDATE round trip through both processes' schedulers, so 32 KiB
+/// made the storm slower; 256 KiB faster still, but with 10,240 streams sharing the
+/// cores a stream then waited ~2 s between takes, which the server counts as a stall.
 const NODE_WINDOW: u32 = 64 * 1024;
 
-/// The connection's window must exceed the stream's: a node reads its Watch only
-/// after its AffiliateUpdate returns, and Watch data filling the whole connection
-/// window would hold back that response for good.
+/// The connection's window exceeds the stream's, so Watch data a node has not read
+/// yet never holds back the responses to its other calls on the same connection.
 const NODE_CONNECTION_WINDOW: u32 = 4 * NODE_WINDOW;
 
 /// Longest affiliate entry (or other field) a reader holds while it is incomplete.
