@@ -113,11 +113,7 @@ impl WireClient {
     /// Sends `call` and waits for its response headers: the response body, or the
     /// call's status if the server ended it at once (a trailers-only response).
     pub(super) async fn open(&mut self, call: &Call) -> Result<RecvStream, Status> {
-        let send = &mut self.send;
-        drive(&mut self.conn, async move {
-            response_body(start(send, call).await?.await)
-        })
-        .await?
+        drive(&mut self.conn, response(&mut self.send, call)).await?
     }
 
     /// The next DATA frame of `body` (its window released at once), or `None` once
@@ -207,6 +203,12 @@ async fn start(send: &mut SendRequest<Bytes>, call: &Call) -> Result<ResponseFut
     Ok(response)
 }
 
+/// Sends `call`; its response body once the headers came, the connection driven by
+/// the caller.
+async fn response(send: &mut SendRequest<Bytes>, call: &Call) -> Result<RecvStream, Status> {
+    response_body(start(send, call).await?.await)
+}
+
 /// The body of a response, or its status if it ended at once (trailers only).
 fn response_body(
     response: Result<http::Response<RecvStream>, h2::Error>,
@@ -244,7 +246,7 @@ async fn status_of(body: &mut RecvStream) -> Result<(), Status> {
 
 /// A whole unary exchange, the connection driven by the caller.
 async fn exchange(send: &mut SendRequest<Bytes>, call: &Call) -> Result<(), Status> {
-    let mut body = response_body(start(send, call).await?.await)?;
+    let mut body = response(send, call).await?;
     while let Some(data) = body.data().await {
         released(&mut body, data)?;
     }
