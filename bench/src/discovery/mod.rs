@@ -10,6 +10,7 @@
 mod hostile;
 mod process;
 mod storm;
+mod watch_readers;
 mod wire;
 
 use std::{
@@ -26,7 +27,7 @@ use anyhow::{bail, Context as _};
 
 use crate::bar;
 use process::{connect_many, ServerProcess};
-use tonic::Code;
+use watch_readers::{Delivery, WatchReaders};
 use wire::WireClient;
 use wirespan_discovery::proto::{health::HealthCheckRequest, server::*};
 
@@ -164,9 +165,10 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
         exe.display()
     );
     println!(
-        "load generator (throughput, fan-out, storm): gRPC over HTTP/2 with each request \
-         encoded once, responses checked for their status but not decoded, each connection \
-         driven by the task using it; memory and hostile sections: tonic clients"
+        "load generator (throughput, fan-out publisher, storm): gRPC over HTTP/2 with each \
+         request encoded once, responses checked for their status but not decoded, each \
+         connection driven by the task using it; fan-out watchers: a minimal HTTP/2 reader, \
+         all watchers on one epoll thread; memory and hostile sections: tonic clients"
     );
 
     if args.runs(Section::Throughput) || args.runs(Section::Fanout) {
@@ -527,46 +529,6 @@ struct AffiliateStamp {
     data: bytes::Bytes,
 }
 
-/// A watcher of the fan-out: its Watch body, read as gRPC messages decoded as
-/// [`WatchStamps`].
-struct StampWatch {
-    client: WireClient,
-    body: h2::RecvStream,
-    messages: wire::Deframer,
-}
-
-impl StampWatch {
-    async fn open(mut client: WireClient, cluster: &str) -> Result<Self, tonic::Status> {
-        let call = client.call(
-            "/sidero.discovery.server.Cluster/Watch",
-            &WatchRequest {
-                cluster_id: cluster.to_owned(),
-            },
-        );
-        let body = client.open(&call).await?;
-        Ok(Self {
-            client,
-            body,
-            messages: wire::Deframer::default(),
-        })
-    }
-
-    /// The next message, `None` when the stream ended with OK.
-    async fn message(&mut self) -> Result<Option<WatchStamps>, tonic::Status> {
-        loop {
-            if let Some(m) = self.messages.next()? {
-                return <WatchStamps as prost::Message>::decode(m)
-                    .map(Some)
-                    .map_err(|e| tonic::Status::internal(e.to_string()));
-            }
-            match self.client.next_data(&mut self.body).await? {
-                Some(data) => self.messages.push(&data),
-                None => return Ok(None),
-            }
-        }
-    }
-}
-
 /// Updates received by all watchers together; wakes the publisher each time the count
 /// reaches a multiple of the watcher count (an update reached everyone).
 struct Received {
@@ -596,58 +558,27 @@ impl Received {
 
 /// Watchers of one cluster; a publisher sends updates carrying their send time, each
 /// once every watcher has the previous one; every watcher records receive time − send
-/// time.
+/// time. The watchers are read by one thread of their own ([`WatchReaders`]).
 async fn fanout(server: &ServerProcess, watchers: usize, events: usize) -> anyhow::Result<Fanout> {
     let addr = server.addr;
     let cluster = format!("fanout-{watchers}");
-    let conns = wire::connect_many(addr, watchers, None, &format!("{watchers} watchers")).await?;
+    let readers = {
+        let (cluster, what) = (cluster.clone(), format!("{watchers} watchers"));
+        tokio::task::spawn_blocking(move || WatchReaders::open(addr, &cluster, watchers, &what))
+            .await??
+    };
     let epoch = Instant::now();
-    let mut streams = Vec::with_capacity(watchers);
-    for client in conns {
-        let mut s = StampWatch::open(client, &cluster).await?;
-        s.message().await?.context("no snapshot")?;
-        streams.push(s);
-    }
-    let pb = bar(events, &format!("fan-out to {watchers}"));
     let received = Arc::new(Received {
         count: AtomicU64::new(0),
         watchers: watchers as u64,
         all: tokio::sync::Notify::new(),
     });
-    let mut tasks = Vec::new();
-    for mut s in streams {
-        let received = Arc::clone(&received);
-        tasks.push(tokio::spawn(async move {
-            let mut lat = Vec::with_capacity(events);
-            let aborted = loop {
-                if lat.len() >= events {
-                    break false;
-                }
-                match s.message().await {
-                    Ok(Some(msg)) => {
-                        let now = epoch.elapsed();
-                        for a in &msg.affiliates {
-                            let sent = a
-                                .data
-                                .get(..8)
-                                .and_then(|b| b.try_into().ok())
-                                .map_or(0, u64::from_be_bytes);
-                            lat.push(now.saturating_sub(Duration::from_nanos(sent)));
-                        }
-                        received.add(msg.affiliates.len() as u64);
-                    }
-                    Ok(None) => break false,
-                    Err(status) => break status.code() == Code::Aborted,
-                }
-            };
-            // A watcher that ended does not hold up the publisher.
-            received.add(events.saturating_sub(lat.len()) as u64);
-            // The stream (and with it the connection) is handed back, not dropped:
-            // 10,000 connections closing while others still wait for the last update
-            // would be measured as that update's latency.
-            (lat, aborted, s)
-        }));
-    }
+    let stop = StopOnDrop(Arc::new(AtomicBool::new(false)));
+    let reading = {
+        let (received, stop) = (Arc::clone(&received), Arc::clone(&stop.0));
+        std::thread::spawn(move || read_stamps(readers, events, epoch, &received, &stop))
+    };
+    let pb = bar(events, &format!("fan-out to {watchers}"));
     let mut publisher = WireClient::connect(addr, None).await?;
     let (cpu0, own0) = (server.cpu_time()?, process::cpu_time("/proc/self/stat")?);
     for k in 0..events {
@@ -675,19 +606,12 @@ async fn fanout(server: &ServerProcess, watchers: usize, events: usize) -> anyho
     let (cpu1, own1) = (server.cpu_time()?, process::cpu_time("/proc/self/stat")?);
     let deliveries = (events * watchers) as f64;
     pb.finish_and_clear();
-    let mut all = Vec::with_capacity(watchers * events);
-    let mut aborted = 0;
-    let mut streams = Vec::with_capacity(watchers);
-    for t in tasks {
-        let (lat, was_aborted, stream) =
-            tokio::time::timeout(Duration::from_secs(30), t)
-                .await
-                .context("watchers did not receive every update within 30 s")??;
-        aborted += usize::from(was_aborted);
-        all.extend(lat);
-        streams.push(stream);
-    }
-    drop(streams);
+    // Every update was counted, so the reader has recorded them all.
+    drop(stop);
+    let (readers, mut all, aborted) = tokio::task::spawn_blocking(move || reading.join())
+        .await?
+        .map_err(|_| anyhow::anyhow!("the watchers' reader panicked"))??;
+    drop(readers);
     if all.is_empty() {
         bail!("no fan-out samples");
     }
@@ -701,6 +625,73 @@ async fn fanout(server: &ServerProcess, watchers: usize, events: usize) -> anyho
         server_us: cpu1.saturating_sub(cpu0).as_secs_f64() * 1e6 / deliveries,
         client_us: own1.saturating_sub(own0).as_secs_f64() * 1e6 / deliveries,
     })
+}
+
+/// Sets the flag when dropped: the publisher gave up or finished.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
+/// The fan-out's watchers' side: reads every watcher's updates until each has
+/// `events` of them or its stream ended (an abort), or `stop` is set. Returns the
+/// watchers still connected (closing 10,000 connections while others wait for the last
+/// update would be measured as its latency), the latencies, and the aborts.
+fn read_stamps(
+    mut readers: WatchReaders,
+    events: usize,
+    epoch: Instant,
+    received: &Received,
+    stop: &AtomicBool,
+) -> anyhow::Result<(WatchReaders, Vec<Duration>, usize)> {
+    let n = readers.len();
+    let mut seen = vec![0usize; n];
+    let mut finished = vec![false; n];
+    let mut open = n;
+    let mut lat = Vec::with_capacity(n * events);
+    let mut aborted = 0;
+    let mut bad = None;
+    while open > 0 && !stop.load(Ordering::Relaxed) {
+        readers.pump(Duration::from_millis(50), |i, d| {
+            if finished[i] {
+                return;
+            }
+            match d {
+                Delivery::Message(m) => {
+                    let now = epoch.elapsed();
+                    let msg = match <WatchStamps as prost::Message>::decode(m) {
+                        Ok(msg) => msg,
+                        Err(e) => return bad = Some(e),
+                    };
+                    for a in &msg.affiliates {
+                        let sent = a
+                            .data
+                            .get(..8)
+                            .and_then(|b| b.try_into().ok())
+                            .map_or(0, u64::from_be_bytes);
+                        lat.push(now.saturating_sub(Duration::from_nanos(sent)));
+                    }
+                    seen[i] += msg.affiliates.len();
+                    received.add(msg.affiliates.len() as u64);
+                    finished[i] = seen[i] >= events;
+                }
+                Delivery::Ended(_) => {
+                    aborted += 1;
+                    // A watcher that ended does not hold up the publisher.
+                    received.add((events - seen[i]) as u64);
+                    finished[i] = true;
+                }
+            }
+            open -= usize::from(finished[i]);
+        })?;
+        if let Some(e) = bad.take() {
+            bail!("a Watch message did not decode: {e}");
+        }
+    }
+    Ok((readers, lat, aborted))
 }
 
 struct Memory {
