@@ -7,6 +7,7 @@
 //! shared with the load generator's runtime. The rate limit is disabled because all
 //! load comes from one source address (it would cap every phase at 15 requests/s).
 
+mod h2conn;
 mod hostile;
 mod process;
 mod storm;
@@ -165,10 +166,11 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
         exe.display()
     );
     println!(
-        "load generator (throughput, fan-out publisher, storm): gRPC over HTTP/2 with each \
+        "load generator (throughput, fan-out publisher): gRPC over HTTP/2 (h2) with each \
          request encoded once, responses checked for their status but not decoded, each \
-         connection driven by the task using it; fan-out watchers: a minimal HTTP/2 reader, \
-         all watchers on one epoll thread; memory and hostile sections: tonic clients"
+         connection driven by the task using it; fan-out watchers and storm nodes: a minimal \
+         HTTP/2 client, every connection on one epoll thread; memory and hostile sections: \
+         tonic clients"
     );
 
     if args.runs(Section::Throughput) || args.runs(Section::Fanout) {
@@ -352,13 +354,15 @@ async fn storm_section(exe: &std::path::Path, args: &Args) -> anyhow::Result<()>
     );
     let converged = s.converged == s.nodes;
     println!(
-        "  {} of {} nodes converged in {:.2} s{}, {} watch streams (all reading) aborted as \
-         slow and re-established; target < 30 s and 0 aborted  {}",
+        "  {} of {} nodes converged in {:.2} s{}, {} watch streams (all reading; the load \
+         generator's longest pass over ready sockets {} ms) aborted as slow and \
+         re-established; target < 30 s and 0 aborted  {}",
         s.converged,
         s.nodes,
         s.elapsed.as_secs_f64(),
         if converged { "" } else { " (limit reached)" },
         s.aborted,
+        s.longest_pass.as_millis(),
         verdict(converged && s.elapsed < Duration::from_secs(30) && s.aborted == 0)
     );
     drop(server);

@@ -2,30 +2,30 @@
 //! holds all `n`.
 //!
 //! One process plays every node, so what a node keeps must not grow with what it
-//! receives: each of the `n` streams carries about `n` affiliates (≈ 3.4 GB per
-//! stream-set at 10,240 nodes). A node therefore reads its Watch body as raw HTTP/2
-//! frames and parses the gRPC messages as they arrive, keeping only a bit per node
-//! (which affiliates it holds) and at most one affiliate entry of unparsed bytes; a
-//! tonic stream would buffer each whole message (a snapshot of the cluster) per node
-//! first. Each connection also gets a small HTTP/2 window, so data a node has not
-//! read yet waits on the server, as it does for a real slow client.
+//! receives: each of the `n` streams carries about `n` affiliates (≈ 3.4 MB per
+//! stream, 34 GB in all at 10,240 nodes). Every node is a connection of one
+//! [`Conns`] set, read by one thread; its Watch body is parsed as the bytes arrive,
+//! keeping only a bit per node (which affiliates it holds) and at most one affiliate
+//! entry of unparsed bytes; a tonic stream would buffer each whole message (a
+//! snapshot of the cluster) per node first. Each connection also gets a small HTTP/2
+//! window, so data a node has not read yet waits on the server, as it does for a real
+//! slow client.
 
 use std::{
     net::SocketAddr,
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        Arc,
-    },
     time::{Duration, Instant},
 };
 
+use anyhow::bail;
 use bytes::{Buf as _, BufMut as _, BytesMut};
 use tonic::Code;
 use wirespan_discovery::proto::server::*;
 
 use super::{
-    affiliate_id, ttl,
-    wire::{self, Windows, WireClient},
+    affiliate_id,
+    h2conn::{Call, Conns, Event, Sender},
+    ttl,
+    wire::Windows,
     DATA_LEN,
 };
 use crate::bar;
@@ -35,10 +35,8 @@ const STORM_LIMIT: Duration = Duration::from_secs(120);
 
 /// HTTP/2 window of each node's Watch stream: unread Watch data beyond it stays on the
 /// server (the client library's default of 2 MiB times 10,240 nodes would let the
-/// load generator buffer 20 GiB; 64 KiB bounds it at 640 MiB). Each window's worth
-/// costs a WINDOW_UPDATE round trip through both processes' schedulers, so 32 KiB
-/// made the storm slower; 256 KiB faster still, but with 10,240 streams sharing the
-/// cores a stream then waited ~2 s between takes, which the server counts as a stall.
+/// load generator buffer 20 GiB; 64 KiB bounds it at 640 MiB). Each half window's
+/// worth costs a WINDOW_UPDATE, which the server must read and act on.
 const NODE_WINDOW: u32 = 64 * 1024;
 
 /// The connection's window exceeds the stream's, so Watch data a node has not read
@@ -54,6 +52,9 @@ pub(super) struct Storm {
     pub(super) converged: usize,
     pub(super) elapsed: Duration,
     pub(super) aborted: usize,
+    /// The load generator's longest pass over its ready sockets: a node's data waited
+    /// at most about this long to be read once it arrived.
+    pub(super) longest_pass: Duration,
 }
 
 /// Why a Watch body could not be read.
@@ -245,22 +246,6 @@ fn node_index(id: &[u8]) -> Option<usize> {
     })
 }
 
-/// How a node's Watch ended.
-enum WatchEnd {
-    /// It held all `n` nodes.
-    Converged,
-    /// `ABORTED`: the server dropped it as slow.
-    Aborted,
-}
-
-fn end(status: tonic::Status) -> Result<WatchEnd, tonic::Status> {
-    match status.code() {
-        Code::Aborted => Ok(WatchEnd::Aborted),
-        Code::Ok => Err(tonic::Status::unavailable("watch ended")),
-        _ => Err(status),
-    }
-}
-
 /// What one node knows: the affiliates its current Watch has shown it.
 struct NodeView {
     n: usize,
@@ -277,15 +262,13 @@ impl NodeView {
         }
     }
 
-    fn feed(&mut self, data: &[u8]) -> Result<(), tonic::Status> {
+    fn feed(&mut self, data: &[u8]) -> Result<(), ReadError> {
         let (n, held) = (self.n, &mut self.held);
-        self.reader
-            .feed(
-                data,
-                |id| node_index(id).filter(|&k| k < n),
-                |indices, deleted| held.apply(indices, deleted),
-            )
-            .map_err(|e| tonic::Status::internal(e.to_string()))
+        self.reader.feed(
+            data,
+            |id| node_index(id).filter(|&k| k < n),
+            |indices, deleted| held.apply(indices, deleted),
+        )
     }
 
     fn converged(&self) -> bool {
@@ -293,110 +276,198 @@ impl NodeView {
     }
 }
 
-/// One node: Hello, Watch, and (once) AffiliateUpdate while it already reads its
-/// Watch, as a real client reads its stream in a task of its own; then it reads until
-/// it holds all `n`. A watch aborted as slow is re-established (Hello + Watch, fresh
-/// snapshot) as a real client does.
-async fn node(
-    client: &mut WireClient,
-    i: usize,
-    n: usize,
-    aborted: &AtomicU64,
-) -> Result<(), tonic::Status> {
-    let cluster = "storm".to_owned();
-    let hello = client.call(
-        "/sidero.discovery.server.Cluster/Hello",
-        &HelloRequest {
-            cluster_id: cluster.clone(),
-            client_version: "v1.8.3".into(),
-        },
-    );
-    let watch = client.call(
-        "/sidero.discovery.server.Cluster/Watch",
-        &WatchRequest {
-            cluster_id: cluster.clone(),
-        },
-    );
-    let mut update = Some(client.call(
+/// Where a node is in joining.
+enum Phase {
+    /// Connected, nothing sent yet.
+    Idle,
+    /// Hello sent on this stream.
+    Hello(u32),
+    /// Watch sent on this stream; `view` is what it has shown so far.
+    Watch { stream: u32, view: NodeView },
+    /// It held all `n`; its connection is closed.
+    Converged,
+}
+
+/// One node: Hello, Watch, and (once) AffiliateUpdate as soon as its Watch is open,
+/// reading the Watch all the while as a real client reads its stream in a task of its
+/// own; then it reads until it holds all `n`. A watch aborted as slow is
+/// re-established (Hello + Watch, fresh snapshot) as a real client does.
+struct Node {
+    phase: Phase,
+    /// AffiliateUpdate's stream, once sent.
+    update: Option<u32>,
+}
+
+/// The requests every node sends alike.
+struct Calls {
+    addr: SocketAddr,
+    hello: Call,
+    watch: Call,
+}
+
+/// What the storm counts while it runs.
+#[derive(Default)]
+struct Tally {
+    converged: usize,
+    aborted: usize,
+}
+
+impl Node {
+    /// Advances node `i` by one event of its connection.
+    fn step(
+        &mut self,
+        i: usize,
+        n: usize,
+        tx: &mut Sender,
+        ev: Event<'_>,
+        calls: &Calls,
+        tally: &mut Tally,
+    ) -> anyhow::Result<()> {
+        match (&mut self.phase, ev) {
+            (Phase::Hello(s), Event::End(e, status)) if *s == e => {
+                if status.code() != Code::Ok {
+                    bail!("node {i}: Hello failed: {status}");
+                }
+                self.phase = Phase::Watch {
+                    stream: tx.send(&calls.watch),
+                    view: NodeView::new(n),
+                };
+            }
+            (Phase::Watch { stream, .. }, Event::Headers(s))
+                if *stream == s && self.update.is_none() =>
+            {
+                self.update = Some(tx.send(&update_call(calls.addr, i)));
+            }
+            (Phase::Watch { stream, view }, Event::Data(s, data)) if *stream == s => {
+                view.feed(data)?;
+                if view.converged() {
+                    self.phase = Phase::Converged;
+                    tx.close = true;
+                    tally.converged += 1;
+                }
+            }
+            (Phase::Watch { stream, .. }, Event::End(s, status)) if *stream == s => {
+                match status.code() {
+                    Code::Aborted => {
+                        tally.aborted += 1;
+                        self.phase = Phase::Hello(tx.send(&calls.hello));
+                    }
+                    Code::Ok => bail!("node {i}: the server ended its Watch with OK"),
+                    _ => bail!("node {i}: Watch failed: {status}"),
+                }
+            }
+            (_, Event::End(s, status)) if self.update == Some(s) && status.code() != Code::Ok => {
+                bail!("node {i}: AffiliateUpdate failed: {status}");
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+fn update_call(addr: SocketAddr, i: usize) -> Call {
+    Call::new(
+        addr,
         "/sidero.discovery.server.Cluster/AffiliateUpdate",
         &AffiliateUpdateRequest {
-            cluster_id: cluster,
+            cluster_id: CLUSTER.into(),
             affiliate_id: affiliate_id(i),
             affiliate_data: Some(vec![0x42; DATA_LEN]),
             affiliate_endpoints: vec![vec![i as u8; 16]],
             ttl: ttl(),
         },
-    ));
-    loop {
-        client.unary(&hello).await?;
-        let end = match client.open(&watch).await {
-            Ok(mut body) => {
-                let mut view = NodeView::new(n);
-                if let Some(update) = update.take() {
-                    client
-                        .unary_while(&update, &mut body, |data| view.feed(data))
-                        .await?;
-                }
-                loop {
-                    if view.converged() {
-                        break WatchEnd::Converged;
-                    }
-                    match client.next_data(&mut body).await {
-                        Ok(Some(data)) => view.feed(&data)?,
-                        Ok(None) => return Err(tonic::Status::unavailable("watch ended")),
-                        Err(status) => break end(status)?,
-                    }
-                }
-            }
-            Err(status) => end(status)?,
-        };
-        match end {
-            WatchEnd::Converged => return Ok(()),
-            WatchEnd::Aborted => {
-                aborted.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
+    )
 }
 
+const CLUSTER: &str = "storm";
+
+/// Nodes connected at once before the storm, so the server's accept backlog stays
+/// short.
+const CONNECT_CHUNK: usize = 64;
+
 /// `n` nodes join one cluster at once; each waits until its watch holds all `n`.
+/// Every node is a connection read by one thread (see [`Conns`]).
 pub(super) async fn storm(addr: SocketAddr, n: usize) -> anyhow::Result<Storm> {
+    tokio::task::spawn_blocking(move || run(addr, n)).await?
+}
+
+fn run(addr: SocketAddr, n: usize) -> anyhow::Result<Storm> {
     let windows = Windows {
         stream: NODE_WINDOW,
         connection: NODE_CONNECTION_WINDOW,
     };
-    let conns = wire::connect_many(addr, n, Some(windows), "connecting nodes").await?;
-    let pb = bar(n, "join storm: converged");
-    let barrier = Arc::new(tokio::sync::Barrier::new(n + 1));
-    let aborted = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for (i, mut client) in conns.into_iter().enumerate() {
-        let (barrier, pb, aborted) = (Arc::clone(&barrier), pb.clone(), Arc::clone(&aborted));
-        tasks.push(tokio::spawn(async move {
-            barrier.wait().await;
-            let deadline = tokio::time::Instant::now() + STORM_LIMIT;
-            match tokio::time::timeout_at(deadline, node(&mut client, i, n, &aborted)).await {
-                Ok(r) => r.map(|()| {
-                    pb.inc(1);
-                    true
-                }),
-                Err(_) => Ok(false),
+    let mut conns = Conns::new()?;
+    let pb = bar(n, "connecting nodes");
+    while conns.len() < n {
+        let first = conns.len();
+        let chunk = (n - first).min(CONNECT_CHUNK);
+        for _ in 0..chunk {
+            conns.connect(
+                addr,
+                windows,
+                Node {
+                    phase: Phase::Idle,
+                    update: None,
+                },
+            )?;
+        }
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while (first..first + chunk).any(|i| !conns.accepted(i)) {
+            if Instant::now() > deadline {
+                bail!("the server did not accept a node's connection within 10 s");
             }
-        }));
+            conns.pump(Duration::from_millis(100), |_, _, _, _| {})?;
+        }
+        pb.inc(chunk as u64);
     }
-    barrier.wait().await;
+    pb.finish_and_clear();
+    let calls = Calls {
+        addr,
+        hello: Call::new(
+            addr,
+            "/sidero.discovery.server.Cluster/Hello",
+            &HelloRequest {
+                cluster_id: CLUSTER.into(),
+                client_version: "v1.8.3".into(),
+            },
+        ),
+        watch: Call::new(
+            addr,
+            "/sidero.discovery.server.Cluster/Watch",
+            &WatchRequest {
+                cluster_id: CLUSTER.into(),
+            },
+        ),
+    };
+    let pb = bar(n, "join storm: converged");
+    conns.longest_pass = Duration::ZERO;
     let start = Instant::now();
-    let mut converged = 0;
-    for t in tasks {
-        converged += usize::from(t.await??);
+    for i in 0..n {
+        conns.send(i, |tx, node| {
+            node.phase = Phase::Hello(tx.send(&calls.hello));
+        });
+    }
+    let mut tally = Tally::default();
+    let mut failure = None;
+    while tally.converged < n && start.elapsed() < STORM_LIMIT {
+        conns.pump(Duration::from_millis(50), |i, tx, node, ev| {
+            if failure.is_none() {
+                failure = node.step(i, n, tx, ev, &calls, &mut tally).err();
+            }
+        })?;
+        if let Some(e) = failure.take() {
+            return Err(e);
+        }
+        pb.set_position(tally.converged as u64);
     }
     let elapsed = start.elapsed();
     pb.finish_and_clear();
     Ok(Storm {
         nodes: n,
-        converged,
+        converged: tally.converged,
         elapsed,
-        aborted: usize::try_from(aborted.load(Ordering::Relaxed)).unwrap_or(usize::MAX),
+        aborted: tally.aborted,
+        longest_pass: conns.longest_pass,
     })
 }
 
@@ -405,7 +476,7 @@ mod tests {
     use super::*;
 
     fn framed(m: &WatchResponse) -> Vec<u8> {
-        wire::frame(m).to_vec()
+        crate::discovery::wire::frame(m).to_vec()
     }
 
     fn affiliate(i: usize) -> Affiliate {

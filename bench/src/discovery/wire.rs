@@ -9,8 +9,10 @@
 //! the server does (the request encoded per call, a buffer task between the caller
 //! and the connection, the connection in a task of its own, each woken per frame).
 //! This client speaks the same protocol to the same server; only the load
-//! generator's share of the cores shrinks. Every RPC a section compares goes through
-//! it, so its ratios still compare the server's handling of them.
+//! generator's share of the cores shrinks. Every RPC the throughput section compares
+//! goes through it, so its ratios still compare the server's handling of them. (The
+//! fan-out's watchers and the storm's nodes, thousands of connections, use the
+//! leaner [`super::h2conn`].)
 
 use std::{
     future::Future,
@@ -108,60 +110,6 @@ impl WireClient {
     /// decoded), and its status.
     pub(super) async fn unary(&mut self, call: &Call) -> Result<(), Status> {
         drive(&mut self.conn, exchange(&mut self.send, call)).await?
-    }
-
-    /// Sends `call` and waits for its response headers: the response body, or the
-    /// call's status if the server ended it at once (a trailers-only response).
-    pub(super) async fn open(&mut self, call: &Call) -> Result<RecvStream, Status> {
-        drive(&mut self.conn, response(&mut self.send, call)).await?
-    }
-
-    /// The next DATA frame of `body` (its window released at once), or `None` once
-    /// the call ended with OK; a status other than OK is the error.
-    pub(super) async fn next_data(
-        &mut self,
-        body: &mut RecvStream,
-    ) -> Result<Option<Bytes>, Status> {
-        match drive(&mut self.conn, body.data()).await? {
-            Some(data) => released(body, data).map(Some),
-            None => drive(&mut self.conn, status_of(body)).await?.map(|()| None),
-        }
-    }
-
-    /// A unary call made while `stream`'s DATA frames keep being taken (each passed
-    /// to `on_data`), as a client reads its Watch in its own task while it updates.
-    /// Stops taking them if `stream` ends; its status is then `next_data`'s.
-    pub(super) async fn unary_while(
-        &mut self,
-        call: &Call,
-        stream: &mut RecvStream,
-        mut on_data: impl FnMut(&[u8]) -> Result<(), Status>,
-    ) -> Result<(), Status> {
-        let mut ended = false;
-        let mut stream_data = std::future::poll_fn(|cx: &mut Context<'_>| {
-            while !ended {
-                match stream.poll_data(cx) {
-                    Poll::Ready(Some(data)) => {
-                        let data = released(stream, data)?;
-                        on_data(&data)?;
-                    }
-                    Poll::Ready(None) => ended = true,
-                    Poll::Pending => break,
-                }
-            }
-            Poll::<Result<(), Status>>::Pending
-        });
-        let mut call = std::pin::pin!(exchange(&mut self.send, call));
-        drive(
-            &mut self.conn,
-            std::future::poll_fn(|cx| {
-                if let Poll::Ready(Err(status)) = Pin::new(&mut stream_data).poll(cx) {
-                    return Poll::Ready(Err(status));
-                }
-                call.as_mut().poll(cx)
-            }),
-        )
-        .await?
     }
 }
 
