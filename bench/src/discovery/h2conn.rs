@@ -815,4 +815,71 @@ mod tests {
             256 * 1024 - DEFAULT_WINDOW
         );
     }
+
+    /// Responses from the h2 crate's server (hyper's), whose HPACK encoder indexes
+    /// and evicts: every status must come out as sent, however the table evolves.
+    #[tokio::test]
+    async fn statuses_from_an_h2_server_decode_as_sent() {
+        const CALLS: usize = 300;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let mut conn = h2::server::handshake(tcp).await.unwrap();
+            let mut k = 0usize;
+            while let Some(request) = conn.accept().await {
+                let (_, mut respond) = request.unwrap();
+                let code = [0, 10, 5, 0, 14][k % 5];
+                let response = http::Response::builder()
+                    .status(200)
+                    .header("content-type", "application/grpc")
+                    .body(())
+                    .unwrap();
+                let mut send = respond.send_response(response, false).unwrap();
+                send.send_data(Bytes::from(vec![0, 0, 0, 0, 1, k as u8]), false)
+                    .unwrap();
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("grpc-status", code.to_string().parse().unwrap());
+                trailers.insert(
+                    "grpc-message",
+                    format!("call {k} of {}", k * 7919 % 1000).parse().unwrap(),
+                );
+                send.send_trailers(trailers).unwrap();
+                k += 1;
+            }
+        });
+        let statuses = tokio::task::spawn_blocking(move || {
+            let mut sock = std::net::TcpStream::connect(addr).unwrap();
+            let (mut rx, mut tx) = (Receiver::default(), Sender::new(windows()));
+            let call = Call::new(addr, "/a/B", &prost_types::Duration::default());
+            let mut got = Vec::new();
+            let mut buf = vec![0; 4096];
+            for _ in 0..CALLS {
+                tx.send(&call);
+            }
+            while got.len() < CALLS {
+                sock.write_all(&std::mem::take(&mut tx.out)).unwrap();
+                let n = sock.read(&mut buf).unwrap();
+                assert!(n > 0, "the server closed the connection");
+                rx.receive(&mut tx, &buf[..n], &mut |_, ev| {
+                    if let Event::End(s, st) = ev {
+                        got.push((s, st.code() as i32, st.message().to_owned()));
+                    }
+                });
+            }
+            got
+        })
+        .await
+        .unwrap();
+        server.abort();
+        for (k, (stream, code, message)) in statuses.iter().enumerate() {
+            assert_eq!(*stream, 1 + 2 * k as u32);
+            assert_eq!(*code, [0, 10, 5, 0, 14][k % 5], "call {k}");
+            assert_eq!(
+                *message,
+                format!("call {k} of {}", k * 7919 % 1000),
+                "call {k}"
+            );
+        }
+    }
 }

@@ -251,6 +251,8 @@ struct NodeView {
     n: usize,
     reader: WatchReader,
     held: Held,
+    /// Body bytes read (for error reports).
+    bytes: u64,
 }
 
 impl NodeView {
@@ -259,10 +261,12 @@ impl NodeView {
             n,
             reader: WatchReader::default(),
             held: Held::new(n),
+            bytes: 0,
         }
     }
 
     fn feed(&mut self, data: &[u8]) -> Result<(), ReadError> {
+        self.bytes += data.len() as u64;
         let (n, held) = (self.n, &mut self.held);
         self.reader.feed(
             data,
@@ -346,15 +350,24 @@ impl Node {
                     tally.converged += 1;
                 }
             }
-            (Phase::Watch { stream, .. }, Event::End(s, status)) if *stream == s => {
-                match status.code() {
-                    Code::Aborted => {
-                        tally.aborted += 1;
-                        self.phase = Phase::Hello(tx.send(&calls.hello));
-                    }
-                    Code::Ok => bail!("node {i}: the server ended its Watch with OK"),
-                    _ => bail!("node {i}: Watch failed: {status}"),
+            (Phase::Watch { stream, view }, Event::End(s, status)) if *stream == s => {
+                if status.code() != Code::Aborted {
+                    bail!(
+                        "node {i}: its Watch ended ({:?}: {:?}) after {} bytes, holding {} of {n} \
+                         affiliates{}",
+                        status.code(),
+                        status.message(),
+                        view.bytes,
+                        view.held.count,
+                        if view.reader.left.is_some() {
+                            ", in the middle of a message"
+                        } else {
+                            ""
+                        },
+                    );
                 }
+                tally.aborted += 1;
+                self.phase = Phase::Hello(tx.send(&calls.hello));
             }
             (_, Event::End(s, status)) if self.update == Some(s) && status.code() != Code::Ok => {
                 bail!("node {i}: AffiliateUpdate failed: {status}");
