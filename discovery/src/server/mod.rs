@@ -331,6 +331,33 @@ async fn background(shared: Arc<Shared>) {
     }
 }
 
+/// How often the runtime-lag probe is queued.
+const LAG_PROBE_EVERY: Duration = Duration::from_millis(100);
+
+/// Queues a probe task into the runtime from a thread of its own every
+/// [`LAG_PROBE_EVERY`] (see [`state::RuntimeLag`]): tasks queued from outside a
+/// runtime wait in its shared queue. Stops with the server.
+fn spawn_lag_probe(shared: &Shared, runtime: tokio::runtime::Handle, stop: CancellationToken) {
+    let lag = Arc::downgrade(&shared.state().runtime_lag());
+    let spawned = std::thread::Builder::new()
+        .name("discovery-lag-probe".into())
+        .spawn(move || {
+            while !stop.is_cancelled() {
+                let Some(lag) = lag.upgrade() else { return };
+                if lag.probe_queued(Instant::now()) {
+                    let ran = Arc::clone(&lag);
+                    runtime.spawn(async move { ran.probe_ran(Instant::now()) });
+                }
+                drop(lag);
+                std::thread::sleep(LAG_PROBE_EVERY);
+            }
+        });
+    if let Err(error) = spawned {
+        // Without it only the periodic task's lateness extends the stall timeout.
+        tracing::warn!(%error, "runtime-lag probe thread not started");
+    }
+}
+
 fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig, ServerError> {
     let read = |path: &PathBuf| {
         std::fs::read(path).map_err(|source| ServerError::TlsFile {
@@ -420,6 +447,7 @@ pub async fn spawn_with_metrics(
         tokio::spawn(async move { axum::serve(l, router).with_graceful_shutdown(stop).await })
     });
     let background = tokio::spawn(background(Arc::clone(&shared)));
+    spawn_lag_probe(&shared, tokio::runtime::Handle::current(), token.clone());
     tracing::info!(
         addr = %local_addr,
         metrics = ?metrics_addr,

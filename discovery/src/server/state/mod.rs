@@ -580,6 +580,12 @@ impl State {
         }
     }
 
+    /// How late the server's runtime runs (shared with every watcher's queue).
+    #[must_use]
+    pub fn runtime_lag(&self) -> Arc<RuntimeLag> {
+        Arc::clone(&self.runtime_lag)
+    }
+
     /// The server's periodic task ran at `now`, `late` after it was due, and runs
     /// again `every` later: how far behind the server itself is, which watchers
     /// are not dropped for ([`RuntimeLag`]).

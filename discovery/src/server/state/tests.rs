@@ -273,13 +273,14 @@ fn a_server_running_late_does_not_drop_its_watchers_for_it() {
     let w = s.watch(t0, "c", 1).unwrap();
     s.update(t0, &req("a", Some(b"d"), &[], 60)).unwrap();
     // The periodic task ran 1.5 s late: a watcher idle for the stall timeout and a
-    // bit is kept, one idle for as long again is dropped.
+    // bit is kept (the grace is three times the lateness: the runtime queue passes
+    // between two takes); once the lateness has decayed it is dropped.
     let late = ms(1500);
     s.runtime_tick(t0 + WATCH_STALL, late, every);
     s.check_stalled(t0 + WATCH_STALL + ms(100));
     assert_eq!(s.counts().subscriptions, 1);
     assert!(!w.queue.is_lost());
-    // On time again: the remembered lateness halves at each tick.
+    // On time again: the remembered lateness halves every second.
     let mut now = t0 + WATCH_STALL;
     for _ in 0..8 {
         now += every;
@@ -297,6 +298,31 @@ fn a_server_running_late_does_not_drop_its_watchers_for_it() {
     s.runtime_tick(now + WATCH_STALL + ms(200), Duration::ZERO, every);
     s.check_stalled(now + WATCH_STALL + ms(200));
     assert!(w.queue.is_lost());
+}
+
+/// A probe queued into the runtime counts as lateness while it waits, and after it
+/// ran for what it waited, halving every second.
+#[test]
+fn a_probe_waiting_in_the_runtime_spares_watchers_for_as_long_as_it_waited() {
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let mut s = State::new();
+    let lag = s.runtime_lag();
+    let w = s.watch(t0, "c", 1).unwrap();
+    s.update(t0, &req("a", Some(b"d"), &[], 60)).unwrap();
+    assert!(lag.probe_queued(t0 + ms(500)));
+    assert!(!lag.probe_queued(t0 + ms(600)), "one probe at a time");
+    // Queued 2.1 s ago and still waiting: the watcher, idle 2.6 s, is kept.
+    s.check_stalled(t0 + ms(2600));
+    assert!(!w.queue.is_lost());
+    // It ran 2 s late; 0.4 s later 2 s × 0.5^0.4 ≈ 1.5 s still counts (three times).
+    lag.probe_ran(t0 + ms(2500));
+    s.check_stalled(t0 + ms(2900));
+    assert!(!w.queue.is_lost());
+    // 3 s later only 0.25 s does (0.75 s of grace).
+    s.check_stalled(t0 + ms(5500));
+    assert!(w.queue.is_lost());
+    assert_eq!(s.counts().subscriptions, 0);
 }
 
 /// A watcher that falls behind but keeps reading is never dropped: it gets the
