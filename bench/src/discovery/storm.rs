@@ -118,7 +118,7 @@ fn affiliate_id_of(mut entry: &[u8]) -> Result<Option<&[u8]>, ReadError> {
 
 /// Parses a Watch response body (gRPC-framed `WatchResponse`s) as it arrives, keeping
 /// only the current message's affiliate indices and the bytes of one incomplete
-/// field.
+/// item.
 #[derive(Debug, Default)]
 pub(super) struct WatchReader {
     buf: BytesMut,
@@ -127,28 +127,75 @@ pub(super) struct WatchReader {
     /// Indices of the current message's affiliates (IDs that `index` knows).
     indices: Vec<usize>,
     deleted: bool,
+    /// What the item kept in `buf` needs.
+    need: Need,
+}
+
+/// How many bytes the next item (message prefix or field) needs, from its start.
+#[derive(Debug, Clone, Copy, Default)]
+enum Need {
+    Total(usize),
+    /// Its length is in a varint not yet complete.
+    #[default]
+    Unknown,
 }
 
 impl WatchReader {
     /// Feeds the next body bytes; calls `message(indices, deleted)` for each message
-    /// they complete. `index` maps an affiliate ID to a node index.
+    /// they complete. `index` maps an affiliate ID to a node index. Bytes are parsed
+    /// where they lie; only an item cut off at the end of `chunk` is kept, and
+    /// completed from the next chunk with just the bytes it needs.
     pub(super) fn feed(
         &mut self,
-        chunk: &[u8],
+        mut chunk: &[u8],
         index: impl Fn(&[u8]) -> Option<usize>,
         mut message: impl FnMut(&[usize], bool),
     ) -> Result<(), ReadError> {
-        self.buf.put_slice(chunk);
+        while !self.buf.is_empty() {
+            if chunk.is_empty() {
+                return Ok(());
+            }
+            let take = match self.need {
+                Need::Total(total) => total.saturating_sub(self.buf.len()).max(1),
+                // Enough for any varint.
+                Need::Unknown => 16,
+            }
+            .min(chunk.len());
+            self.buf.put_slice(&chunk[..take]);
+            chunk = &chunk[take..];
+            let kept = std::mem::take(&mut self.buf);
+            let parsed = self.parse(&kept, &index, &mut message);
+            self.buf = kept;
+            let (used, need) = parsed?;
+            self.buf.advance(used);
+            self.need = need;
+        }
+        let (used, need) = self.parse(chunk, &index, &mut message)?;
+        self.buf.put_slice(&chunk[used..]);
+        self.need = need;
+        Ok(())
+    }
+
+    /// Parses the whole items at the start of `src`: how many bytes they took, and
+    /// what the next one needs.
+    fn parse(
+        &mut self,
+        src: &[u8],
+        index: &impl Fn(&[u8]) -> Option<usize>,
+        message: &mut impl FnMut(&[usize], bool),
+    ) -> Result<(usize, Need), ReadError> {
+        let mut at = 0;
         loop {
+            let rest = &src[at..];
             let Some(left) = self.left else {
-                if self.buf.len() < 5 {
-                    return Ok(());
+                if rest.len() < 5 {
+                    return Ok((at, Need::Total(5)));
                 }
-                if self.buf[0] != 0 {
-                    return Err(ReadError::Compressed(self.buf[0]));
+                if rest[0] != 0 {
+                    return Err(ReadError::Compressed(rest[0]));
                 }
-                let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]);
-                self.buf.advance(5);
+                let len = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]);
+                at += 5;
                 self.left = Some(len as usize);
                 self.indices.clear();
                 self.deleted = false;
@@ -159,24 +206,32 @@ impl WatchReader {
                 self.left = None;
                 continue;
             }
-            // One whole field of the message, or wait for more bytes.
-            let avail = &self.buf[..self.buf.len().min(left)];
-            let Some((key, k)) = varint(avail)? else {
-                return Ok(());
+            // One whole field of the message, or what it needs.
+            let avail = &rest[..rest.len().min(left)];
+            // A varint cut off by the message's end cannot be completed.
+            let incomplete = || {
+                if avail.len() < rest.len() {
+                    Err(ReadError::Overrun)
+                } else {
+                    Ok((at, Need::Unknown))
+                }
             };
-            let (body, used) = match key & 7 {
+            let Some((key, k)) = varint(avail)? else {
+                return incomplete();
+            };
+            let used = match key & 7 {
                 0 => {
                     let Some((value, n)) = varint(&avail[k..])? else {
-                        return Ok(());
+                        return incomplete();
                     };
                     if key >> 3 == 2 {
                         self.deleted = value != 0;
                     }
-                    (None, k + n)
+                    k + n
                 }
                 2 => {
                     let Some((len, n)) = varint(&avail[k..])? else {
-                        return Ok(());
+                        return incomplete();
                     };
                     let len_usize = usize::try_from(len)
                         .ok()
@@ -187,20 +242,18 @@ impl WatchReader {
                         return Err(ReadError::Overrun);
                     }
                     if avail.len() < used {
-                        return Ok(());
+                        return Ok((at, Need::Total(used)));
                     }
-                    (Some(k + n..used), used)
+                    if key >> 3 == 1 {
+                        if let Some(i) = affiliate_id_of(&avail[k + n..used])?.and_then(index) {
+                            self.indices.push(i);
+                        }
+                    }
+                    used
                 }
                 t => return Err(ReadError::WireType(t)),
             };
-            if let Some(range) = body {
-                if key >> 3 == 1 {
-                    if let Some(i) = affiliate_id_of(&self.buf[range])?.and_then(&index) {
-                        self.indices.push(i);
-                    }
-                }
-            }
-            self.buf.advance(used);
+            at += used;
             self.left = Some(left - used);
         }
     }
