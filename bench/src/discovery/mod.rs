@@ -365,6 +365,11 @@ async fn storm_section(exe: &std::path::Path, args: &Args) -> anyhow::Result<()>
         s.longest_pass.as_millis(),
         verdict(converged && s.elapsed < Duration::from_secs(30) && s.aborted == 0)
     );
+    println!(
+        "  Watch bodies read: {:.1} GB in all, {:.2} GB/s",
+        s.bytes as f64 / 1e9,
+        s.bytes as f64 / 1e9 / s.elapsed.as_secs_f64()
+    );
     drop(server);
     Ok(())
 }

@@ -55,6 +55,8 @@ pub(super) struct Storm {
     /// The load generator's longest pass over its ready sockets: a node's data waited
     /// at most about this long to be read once it arrived.
     pub(super) longest_pass: Duration,
+    /// Watch body bytes the nodes read in all.
+    pub(super) bytes: u64,
 }
 
 /// Why a Watch body could not be read.
@@ -367,6 +369,8 @@ struct Calls {
 struct Tally {
     converged: usize,
     aborted: usize,
+    /// Watch body bytes the nodes read.
+    bytes: u64,
 }
 
 impl Node {
@@ -397,6 +401,7 @@ impl Node {
             }
             (Phase::Watch { stream, view }, Event::Data(s, data)) if *stream == s => {
                 view.feed(data)?;
+                tally.bytes += data.len() as u64;
                 if view.converged() {
                     self.phase = Phase::Converged;
                     tx.close = true;
@@ -534,6 +539,7 @@ fn run(addr: SocketAddr, n: usize) -> anyhow::Result<Storm> {
         elapsed,
         aborted: tally.aborted,
         longest_pass: conns.longest_pass,
+        bytes: tally.bytes,
     })
 }
 
