@@ -646,7 +646,8 @@ impl Drop for StopOnDrop {
 }
 
 /// The fan-out's watchers' side: reads every watcher's updates until each has
-/// `events` of them or its stream ended (an abort), or `stop` is set. Returns the
+/// `events` of them or its stream ended (`ABORTED` is counted; any other status fails
+/// the run once every watcher is done), or `stop` is set. Returns the
 /// watchers still connected (closing 10,000 connections while others wait for the last
 /// update would be measured as its latency), the latencies, and the aborts.
 fn read_stamps(
@@ -663,6 +664,8 @@ fn read_stamps(
     let mut lat = Vec::with_capacity(n * events);
     let mut aborted = 0;
     let mut bad = None;
+    // A Watch that ended with another status than ABORTED: the server misbehaved.
+    let mut ended = None;
     while open > 0 && !stop.load(Ordering::Relaxed) {
         readers.pump(Duration::from_millis(50), |i, d| {
             if finished[i] {
@@ -687,8 +690,12 @@ fn read_stamps(
                     received.add(msg.affiliates.len() as u64);
                     finished[i] = seen[i] >= events;
                 }
-                Delivery::Ended(_) => {
-                    aborted += 1;
+                Delivery::Ended(status) => {
+                    if status.code() == tonic::Code::Aborted {
+                        aborted += 1;
+                    } else {
+                        ended.get_or_insert(status);
+                    }
                     // A watcher that ended does not hold up the publisher.
                     received.add((events - seen[i]) as u64);
                     finished[i] = true;
@@ -699,6 +706,9 @@ fn read_stamps(
         if let Some(e) = bad.take() {
             bail!("a Watch message did not decode: {e}");
         }
+    }
+    if let Some(status) = ended {
+        bail!("a watcher's Watch ended other than as slow: {status}");
     }
     Ok((readers, lat, aborted))
 }
