@@ -205,7 +205,7 @@ impl Cluster {
                 .filter(|(seq, _)| *seq > since)
                 .map(|(seq, id)| (*seq, Item::Delete(id))),
         );
-        items.sort_unstable_by_key(|(seq, _)| *seq);
+        let items = in_event_order(items, since, self.seq);
         let mut out = Vec::new();
         // The message being gathered: entries (upserts) or a buffer (deletes).
         let mut entries: Vec<Arc<Entry>> = Vec::new();
@@ -276,6 +276,38 @@ impl Cluster {
         self.snapshot = Some((self.seq, shared.downgrade()));
         shared
     }
+}
+
+/// `items` (each with the distinct sequence number of an event in `since+1..=seq`)
+/// in event order. They usually cover most of that span (a lagging watcher's
+/// catch-up during a burst), so they are placed by sequence number in one pass;
+/// a sparse span is sorted instead.
+fn in_event_order<T>(items: Vec<(u64, T)>, since: u64, seq: u64) -> Vec<(u64, T)> {
+    let span = usize::try_from(seq.saturating_sub(since)).unwrap_or(usize::MAX);
+    let placeable =
+        span <= items.len().saturating_mul(4) && items.iter().all(|(s, _)| *s > since && *s <= seq);
+    if !placeable {
+        let mut items = items;
+        items.sort_unstable_by_key(|(s, _)| *s);
+        return items;
+    }
+    let mut slots: Vec<Option<(u64, T)>> = std::iter::repeat_with(|| None).take(span).collect();
+    let mut clashes = Vec::new();
+    for (s, item) in items {
+        let slot = &mut slots[usize::try_from(s - since - 1).unwrap_or(usize::MAX)];
+        if slot.is_some() {
+            clashes.push((s, item));
+        } else {
+            *slot = Some((s, item));
+        }
+    }
+    let mut ordered: Vec<(u64, T)> = slots.into_iter().flatten().collect();
+    if !clashes.is_empty() {
+        // Not expected (one event, one number); kept correct all the same.
+        ordered.extend(clashes);
+        ordered.sort_by_key(|(s, _)| *s);
+    }
+    ordered
 }
 
 /// The affiliate's kept entry; encoded and kept now if it changed while nobody

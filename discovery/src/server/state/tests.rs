@@ -742,3 +742,29 @@ fn over_the_budget_the_least_recently_active_stalled_watchers_are_aborted() {
     assert!(w0.queue.is_lost() != w2.queue.is_lost());
     assert_eq!(c.subscriptions, 2);
 }
+
+/// Catch-up items come out in event order whether placed (a dense span) or sorted
+/// (a sparse one, numbers outside the span, or a clash).
+#[test]
+fn catch_up_items_come_out_in_event_order() {
+    let order = |items: Vec<(u64, char)>, since, seq| {
+        super::in_event_order(items, since, seq)
+            .into_iter()
+            .map(|(s, c)| format!("{s}{c}"))
+            .collect::<Vec<_>>()
+    };
+    // Dense: 4 of the 5 events since 10, shuffled.
+    assert_eq!(
+        order(vec![(14, 'd'), (11, 'a'), (15, 'e'), (12, 'b')], 10, 15),
+        ["11a", "12b", "14d", "15e"]
+    );
+    // Sparse: 2 of 100.
+    assert_eq!(order(vec![(90, 'b'), (3, 'a')], 0, 100), ["3a", "90b"]);
+    // A number outside the span, and a clash.
+    assert_eq!(order(vec![(7, 'b'), (2, 'a')], 3, 8), ["2a", "7b"]);
+    assert_eq!(
+        order(vec![(5, 'b'), (4, 'a'), (5, 'c')], 3, 5),
+        ["4a", "5b", "5c"]
+    );
+    assert!(order(Vec::new(), 3, 3).is_empty());
+}
