@@ -295,6 +295,16 @@ impl Held {
 /// affiliate every node receives (10⁸ times at 10,240 nodes), hence no `str::parse`.
 fn node_index(id: &[u8]) -> Option<usize> {
     let digits = id.strip_prefix(b"node").filter(|d| !d.is_empty())?;
+    // The storm's own IDs: 40 digits, all but the last few zeros; the zeros are
+    // compared as one slice and only the rest is parsed.
+    const TAIL: usize = 8;
+    if digits.len() == 40 && digits[..40 - TAIL] == [b'0'; 40 - TAIL] {
+        return parse_digits(&digits[40 - TAIL..]);
+    }
+    parse_digits(digits)
+}
+
+fn parse_digits(digits: &[u8]) -> Option<usize> {
     digits.iter().try_fold(0usize, |v, &b| {
         let digit = b.checked_sub(b'0').filter(|d| *d < 10)?;
         v.checked_mul(10)?.checked_add(usize::from(digit))
@@ -634,6 +644,16 @@ mod tests {
     #[test]
     fn node_index_reads_storm_ids_only() {
         assert_eq!(node_index(affiliate_id(10_239).as_bytes()), Some(10_239));
+        assert_eq!(
+            node_index(affiliate_id(123_456_789).as_bytes()),
+            Some(123_456_789)
+        );
+        assert_eq!(node_index(format!("node{:0>40}", "1x").as_bytes()), None);
+        assert_eq!(
+            node_index(format!("node{:1>40}", "").as_bytes()),
+            None,
+            "overflows"
+        );
         assert_eq!(node_index(b"node0"), Some(0));
         assert_eq!(node_index(b"node12x"), None);
         assert_eq!(node_index(b"node"), None);
