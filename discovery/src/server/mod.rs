@@ -14,7 +14,7 @@ use std::{
 };
 
 use tokio::{net::TcpListener, task::JoinHandle};
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 use tonic::transport::{server::TcpIncoming, Identity, Server, ServerTlsConfig};
 
 mod error;
@@ -118,7 +118,15 @@ pub struct RunningServer {
     web: Option<JoinHandle<std::io::Result<()>>>,
     background: JoinHandle<()>,
     // Stops everything if the handle is dropped without `shutdown`.
-    _stop_on_drop: DropGuard,
+    _stop_on_drop: StopOnDrop,
+}
+
+struct StopOnDrop(Arc<Shared>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.stop();
+    }
 }
 
 impl std::fmt::Debug for RunningServer {
@@ -168,7 +176,7 @@ impl RunningServer {
     /// # Errors
     /// The transport failed while serving, or the snapshot could not be saved.
     pub async fn shutdown(mut self) -> Result<(), ServerError> {
-        self.shared.shutdown.cancel();
+        self.shared.stop();
         self.shared.state().close_subscriptions();
         let served = match tokio::time::timeout(SHUTDOWN_GRACE, &mut self.grpc).await {
             Ok(Ok(result)) => result.map_err(ServerError::from),
@@ -447,7 +455,7 @@ pub async fn spawn_with_metrics(
         tokio::spawn(async move { axum::serve(l, router).with_graceful_shutdown(stop).await })
     });
     let background = tokio::spawn(background(Arc::clone(&shared)));
-    spawn_lag_probe(&shared, tokio::runtime::Handle::current(), token.clone());
+    spawn_lag_probe(&shared, tokio::runtime::Handle::current(), token);
     tracing::info!(
         addr = %local_addr,
         metrics = ?metrics_addr,
@@ -458,10 +466,10 @@ pub async fn spawn_with_metrics(
     Ok(RunningServer {
         local_addr,
         metrics_addr,
+        _stop_on_drop: StopOnDrop(Arc::clone(&shared)),
         shared,
         grpc,
         web,
         background,
-        _stop_on_drop: token.drop_guard(),
     })
 }

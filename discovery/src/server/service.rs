@@ -27,6 +27,10 @@ pub struct Shared {
     pub(crate) limiter: Mutex<RateLimiter>,
     pub(crate) metrics: Metrics,
     pub(crate) shutdown: CancellationToken,
+    /// Set (before the token is cancelled) once the server stops: what a Watch
+    /// stream checks each time it waits, where the token's own check takes a lock
+    /// shared by every stream.
+    stopping: std::sync::atomic::AtomicBool,
     /// Serialises snapshot saves: a periodic save still running when shutdown saves
     /// must not share the temp file with it.
     pub(crate) save_lock: Mutex<()>,
@@ -40,8 +44,22 @@ impl Shared {
             limiter: Mutex::new(RateLimiter::default()),
             metrics: Metrics::new(),
             shutdown,
+            stopping: std::sync::atomic::AtomicBool::new(false),
             save_lock: Mutex::new(()),
         }
+    }
+
+    /// Starts stopping: the flag, then the token (a stream that sees neither yet is
+    /// woken by the close of its queue that follows).
+    pub(crate) fn stop(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.shutdown.cancel();
+    }
+
+    /// Whether [`Self::stop`] was called.
+    pub(crate) fn is_stopping(&self) -> bool {
+        self.stopping.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The state lock. A panic while holding it cannot leave the maps half-updated in

@@ -21,7 +21,6 @@ use std::{
 use bytes::{BufMut as _, Bytes};
 use futures::{future::BoxFuture, Stream, StreamExt as _};
 use hyper::body::Frame;
-use tokio_util::sync::CancellationToken;
 use tonic::{
     body::Body,
     codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder},
@@ -236,7 +235,6 @@ impl Drop for WatchGuard {
 struct WatchCtx {
     framed: bool,
     queue: Arc<WatchQueue>,
-    shutdown: CancellationToken,
     done: bool,
     guard: WatchGuard,
 }
@@ -251,7 +249,6 @@ pub(crate) fn watch_stream(shared: Arc<Shared>, sub: Subscription, framed: bool)
     let ctx = WatchCtx {
         framed,
         queue: sub.queue,
-        shutdown: shared.shutdown.clone(),
         done: false,
         guard: WatchGuard {
             shared,
@@ -289,12 +286,13 @@ pub(crate) fn watch_stream(shared: Arc<Shared>, sub: Subscription, framed: bool)
                 }
                 Next::Closed => return None,
                 Next::Wait => {
-                    // Shutdown cancels the token, then closes every registered queue
+                    // Stopping sets the flag, then closes every registered queue
                     // (which wakes its stream); a watcher registered after that sees
-                    // the token here. Checking it is a load, where waiting on it too
-                    // would register every waiting stream with the one token shared by
-                    // all of them, at each event.
-                    if ctx.shutdown.is_cancelled() {
+                    // the flag here. A load: waiting on the shutdown token instead
+                    // would register every waiting stream with the one token shared
+                    // by all of them at each event, and even its check takes the
+                    // token's lock.
+                    if ctx.guard.shared.is_stopping() {
                         return None;
                     }
                     // A push between `next` and here leaves a permit: no wake-up is lost.
