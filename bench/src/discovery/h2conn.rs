@@ -569,6 +569,10 @@ impl<T> Conns<T> {
         let mut failed = None;
         while !e.tx.out.is_empty() {
             match sock.write(&e.tx.out) {
+                Ok(0) => {
+                    failed = Some(io::Error::from(io::ErrorKind::WriteZero));
+                    break;
+                }
                 Ok(n) => {
                     e.tx.out.drain(..n);
                 }
@@ -581,9 +585,9 @@ impl<T> Conns<T> {
             }
         }
         if let Some(err) = failed {
+            // The socket is dead: epoll reports it, and the read that follows fails
+            // or sees the end, which ends the streams still open.
             e.tx.out.clear();
-            e.rx.ended = true;
-            // Streams still open end at the next read, which fails the same way.
             tracing::debug!(conn = i, error = %err, "write failed");
         }
         if e.tx.close {
