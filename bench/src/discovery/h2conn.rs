@@ -44,6 +44,8 @@ const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
 /// The protocol's initial window, before SETTINGS and WINDOW_UPDATE change it.
 const DEFAULT_WINDOW: u32 = 65_535;
+/// Connections opened at once by [`Conns::connect_many`].
+const CONNECT_CHUNK: usize = 64;
 /// Longest header block (HEADERS and CONTINUATION together) accepted.
 const MAX_HEADER_BLOCK: usize = 64 * 1024;
 
@@ -542,13 +544,41 @@ impl<T> Conns<T> {
         Ok(i)
     }
 
-    /// Whether connection `i`'s server has sent its SETTINGS.
-    pub(super) fn accepted(&self, i: usize) -> bool {
-        self.entries[i].rx.settings_seen
+    /// Connects `n` more connections (`state` makes each one's state),
+    /// [`CONNECT_CHUNK`] at a time, each chunk accepted by the server (its SETTINGS
+    /// read) before the next, so the server's accept backlog stays short.
+    pub(super) fn connect_many(
+        &mut self,
+        addr: SocketAddr,
+        n: usize,
+        windows: Windows,
+        what: &str,
+        mut state: impl FnMut() -> T,
+    ) -> anyhow::Result<()> {
+        let pb = crate::bar(n, what);
+        let end = self.len() + n;
+        while self.len() < end {
+            let first = self.len();
+            let chunk = (end - first).min(CONNECT_CHUNK);
+            for _ in 0..chunk {
+                self.connect(addr, windows, state())?;
+            }
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while (first..first + chunk).any(|i| !self.accepted(i)) {
+                if std::time::Instant::now() > deadline {
+                    anyhow::bail!("the server did not accept a connection within 10 s");
+                }
+                self.pump(Duration::from_millis(100), |_, _, _, _| {})?;
+            }
+            pb.inc(chunk as u64);
+        }
+        pb.finish_and_clear();
+        Ok(())
     }
 
-    pub(super) fn state(&self, i: usize) -> &T {
-        &self.entries[i].state
+    /// Whether connection `i`'s server has sent its SETTINGS.
+    fn accepted(&self, i: usize) -> bool {
+        self.entries[i].rx.settings_seen
     }
 
     /// Queues requests on connection `i` through `f` and writes them.

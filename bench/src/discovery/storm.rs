@@ -462,10 +462,6 @@ fn update_call(addr: SocketAddr, i: usize) -> Call {
 
 const CLUSTER: &str = "storm";
 
-/// Nodes connected at once before the storm, so the server's accept backlog stays
-/// short.
-const CONNECT_CHUNK: usize = 64;
-
 /// `n` nodes join one cluster at once; each waits until its watch holds all `n`.
 /// Every node is a connection read by one thread (see [`Conns`]).
 pub(super) async fn storm(addr: SocketAddr, n: usize) -> anyhow::Result<Storm> {
@@ -478,30 +474,10 @@ fn run(addr: SocketAddr, n: usize) -> anyhow::Result<Storm> {
         connection: NODE_CONNECTION_WINDOW,
     };
     let mut conns = Conns::new()?;
-    let pb = bar(n, "connecting nodes");
-    while conns.len() < n {
-        let first = conns.len();
-        let chunk = (n - first).min(CONNECT_CHUNK);
-        for _ in 0..chunk {
-            conns.connect(
-                addr,
-                windows,
-                Node {
-                    phase: Phase::Idle,
-                    update: None,
-                },
-            )?;
-        }
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while (first..first + chunk).any(|i| !conns.accepted(i)) {
-            if Instant::now() > deadline {
-                bail!("the server did not accept a node's connection within 10 s");
-            }
-            conns.pump(Duration::from_millis(100), |_, _, _, _| {})?;
-        }
-        pb.inc(chunk as u64);
-    }
-    pb.finish_and_clear();
+    conns.connect_many(addr, n, windows, "connecting nodes", || Node {
+        phase: Phase::Idle,
+        update: None,
+    })?;
     let calls = Calls {
         addr,
         hello: Call::new(

@@ -16,10 +16,6 @@ use super::{
 };
 use wirespan_discovery::proto::server::WatchRequest;
 
-/// Watchers connected at once while opening, so the server's accept backlog stays
-/// short.
-const OPEN_CHUNK: usize = 64;
-
 /// The protocol's default windows, as the h2 and tonic clients use them.
 const WINDOWS: Windows = Windows {
     stream: 65_535,
@@ -38,7 +34,6 @@ pub(super) enum Delivery {
 struct Watcher {
     stream: u32,
     messages: Deframer,
-    messages_seen: usize,
 }
 
 /// Watchers of one cluster, read by the calling thread.
@@ -65,32 +60,31 @@ impl WatchReaders {
                 cluster_id: cluster.to_owned(),
             },
         );
-        let pb = crate::bar(n, what);
-        while readers.len() < n {
-            let first = readers.len();
-            let chunk = (n - first).min(OPEN_CHUNK);
-            for _ in 0..chunk {
-                let i = readers.conns.connect(addr, WINDOWS, Watcher::default())?;
-                readers.conns.send(i, |tx, w| w.stream = tx.send(&call));
-            }
-            let deadline = Instant::now() + Duration::from_secs(10);
-            let mut failed = None;
-            while (first..first + chunk).any(|i| readers.conns.state(i).messages_seen == 0) {
-                if Instant::now() > deadline {
-                    bail!("a watcher got no snapshot within 10 s");
-                }
-                readers.pump(Duration::from_millis(100), |_, d| {
-                    if let Delivery::Ended(status) = d {
-                        failed = Some(status);
-                    }
-                })?;
-                if let Some(status) = failed.take() {
-                    bail!("a watcher's stream ended before its snapshot: {status}");
-                }
-            }
-            pb.inc(chunk as u64);
+        readers
+            .conns
+            .connect_many(addr, n, WINDOWS, what, Watcher::default)?;
+        for i in 0..n {
+            readers.conns.send(i, |tx, w| w.stream = tx.send(&call));
         }
-        pb.finish_and_clear();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut failed = None;
+        let (mut snapshot, mut waiting) = (vec![false; n], n);
+        while waiting > 0 {
+            if Instant::now() > deadline {
+                bail!("a watcher got no snapshot within 30 s");
+            }
+            readers.pump(Duration::from_millis(100), |i, d| match d {
+                Delivery::Message(_) => {
+                    if !std::mem::replace(&mut snapshot[i], true) {
+                        waiting -= 1;
+                    }
+                }
+                Delivery::Ended(status) => failed = Some(status),
+            })?;
+            if let Some(status) = failed.take() {
+                bail!("a watcher's stream ended before its snapshot: {status}");
+            }
+        }
         Ok(readers)
     }
 
@@ -110,10 +104,7 @@ impl WatchReaders {
                 w.messages.push(data);
                 loop {
                     match w.messages.next() {
-                        Ok(Some(m)) => {
-                            w.messages_seen += 1;
-                            on(i, Delivery::Message(m));
-                        }
+                        Ok(Some(m)) => on(i, Delivery::Message(m)),
                         Ok(None) => break,
                         Err(status) => {
                             // Nothing after an unreadable message can be read.
