@@ -494,9 +494,10 @@ pub(super) async fn run(exe: &std::path::Path, quick: bool) -> anyhow::Result<()
     let a = max_affiliate_bytes();
     let state = c.hostile_affiliates as u64 * a;
     let connections = (c.slow_watchers + c.idle + HOSTILE_PUBLISHERS) as u64;
-    // Stored state, plus per slow watcher its initial snapshot of the cluster and a
-    // full queue of maximal events, plus an allowance per connection.
-    let worst = state
+    // Stored state and its event log (kept up to twice the cluster's size), plus per
+    // slow watcher its initial snapshot of the cluster and a full queue of maximal
+    // events, plus an allowance per connection.
+    let worst = 3 * state
         + c.slow_watchers as u64 * (state + WATCH_QUEUE as u64 * a)
         + connections * PER_CONNECTION;
     let growth = rss_loaded.saturating_sub(rss_before);
@@ -545,7 +546,7 @@ pub(super) async fn run(exe: &std::path::Path, quick: bool) -> anyhow::Result<()
     }
     println!(
         "  server VmRSS {:.1} MiB → {:.1} MiB under load (+{:.1} MiB); limits' worst case \
-         +{:.1} MiB (hostile cluster {:.1} MiB + per slow watcher a snapshot of it and \
+         +{:.1} MiB (hostile cluster {:.1} MiB and twice that for its event log + per slow watcher a snapshot of it and \
          {WATCH_QUEUE} queued maximal events + {} KiB per connection)  {}; {churned} hostile \
          re-publishes during the loaded run",
         rss_before as f64 / 1_048_576.0,

@@ -62,6 +62,8 @@ pub struct Metrics {
     watch_catch_ups: Counter,
     watch_bytes: Gauge,
     watch_budget_aborts: Counter,
+    watch_lagged: Counter,
+    watch_log_bytes: Gauge,
     /// The server relay's series (at zero while it is off).
     pub relay: crate::relay::RelayMetrics,
 }
@@ -100,6 +102,8 @@ impl Metrics {
             watch_catch_ups: Counter::default(),
             watch_bytes: Gauge::default(),
             watch_budget_aborts: Counter::default(),
+            watch_lagged: Counter::default(),
+            watch_log_bytes: Gauge::default(),
             relay: crate::relay::RelayMetrics::default(),
             registry: Registry::default(),
         };
@@ -176,8 +180,18 @@ impl Metrics {
         );
         registry.register(
             "discovery_watch_catch_ups",
-            "Catch-ups sent to watchers that fell behind but kept reading",
+            "Catch-ups made from the state for watchers that fell behind further than their cluster's event log reaches back",
             m.watch_catch_ups.clone(),
+        );
+        registry.register(
+            "discovery_watch_lagged",
+            "Watchers whose queue overflowed while they kept reading, switched to their cluster's event log",
+            m.watch_lagged.clone(),
+        );
+        registry.register(
+            "discovery_watch_log_bytes",
+            "Bytes of recent events kept in the clusters' event logs for watchers that fell behind",
+            m.watch_log_bytes.clone(),
         );
         // At zero from the start: a family without series is not rendered at all,
         // and `increase()` needs the zero to see the first operation.
@@ -267,10 +281,14 @@ impl Metrics {
         self.endpoints.set(gauge(counts.endpoints));
         self.subscriptions.set(gauge(counts.subscriptions));
         self.watch_bytes.set(gauge(counts.watch_bytes));
-        // The state keeps the total; the counter catches up to it.
-        let seen = self.watch_budget_aborts.get();
-        self.watch_budget_aborts
-            .inc_by(counts.watch_budget_aborts.saturating_sub(seen));
+        self.watch_log_bytes.set(gauge(counts.watch_log_bytes));
+        // The state keeps the totals; the counters catch up to them.
+        for (counter, total) in [
+            (&self.watch_budget_aborts, counts.watch_budget_aborts),
+            (&self.watch_lagged, counts.watch_lagged),
+        ] {
+            counter.inc_by(total.saturating_sub(counter.get()));
+        }
         let mut out = String::new();
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &self.registry);
@@ -337,9 +355,13 @@ mod tests {
             affiliates: 3,
             endpoints: 4,
             subscriptions: 5,
+            watch_lagged: 6,
+            watch_log_bytes: 7,
             ..Counts::default()
         });
         assert!(text.contains("discovery_state_clusters 2"), "{text}");
+        assert!(text.contains("discovery_watch_lagged_total 6"), "{text}");
+        assert!(text.contains("discovery_watch_log_bytes 7"), "{text}");
         assert!(text.contains("discovery_state_subscriptions 5"), "{text}");
         assert!(
             text.contains("discovery_server_hello_requests_total{client_version=\"v1.8\"} 1"),

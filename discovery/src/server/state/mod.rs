@@ -6,6 +6,7 @@
 //! Request validation and TTL arithmetic live in `validate` and are re-exported here;
 //! watch delivery (queues, catch-up, event encoding) in `watch`.
 
+mod event_log;
 mod record;
 #[cfg(test)]
 mod tests;
@@ -14,7 +15,7 @@ pub mod watch;
 
 use std::{
     collections::{HashMap, VecDeque},
-    sync::{Arc, Weak},
+    sync::{Arc, Mutex, Weak},
     time::{Duration, Instant},
 };
 
@@ -24,7 +25,10 @@ pub use self::validate::{
     offset, ttl_nanos, validate_affiliate_id, validate_cluster_id, validate_update,
 };
 pub use self::watch::{Batch, Next, RuntimeLag, WatchBytes, WatchQueue, WATCH_STALL};
-use self::watch::{BatchParts, Entry, Message, Pushed};
+use self::{
+    event_log::{EventLog, SEGMENT},
+    watch::{lock, BatchParts, Entry, Message, Pushed},
+};
 use super::error::RequestError;
 use crate::proto::server as pb;
 
@@ -65,10 +69,12 @@ impl Affiliate {
 struct Subscriber {
     id: u64,
     queue: Arc<WatchQueue>,
-    /// The queue lags (see [`Pushed::Lagging`]) until its next catch-up. Kept here,
-    /// beside the ID, so an event passes over a lagging watcher without reaching
-    /// for its queue: in a burst most watchers of a large cluster lag, and a visit
-    /// to each of 10,000 queues per event is what kept the state lock busy.
+    /// The queue lags (see [`Pushed::Lagging`]): its stream reads the cluster's
+    /// event log, until a catch-up from the state (when the log no longer reaches
+    /// back to it) gives it a queue again. Kept here, beside the ID, so an event
+    /// passes over a lagging watcher without reaching for its queue: in a burst
+    /// most watchers of a large cluster lag, and a visit to each of 10,000 queues
+    /// per event is what kept the state lock busy.
     lagging: bool,
 }
 
@@ -91,6 +97,11 @@ pub(crate) struct Cluster {
     tombstones: VecDeque<(u64, Box<str>)>,
     /// Tombstone count that triggers the next trim.
     trim_at: usize,
+    /// The events since the slowest watcher's position, for lagging watchers to
+    /// read (shared with every watcher's queue).
+    log: Arc<Mutex<EventLog>>,
+    /// Watchers switched to the log so far.
+    lagged: u64,
     /// The last snapshot made and the event it was made after: watchers that
     /// register before the next event share it. Weak, so it lives only as long as a
     /// watcher still holds it.
@@ -99,6 +110,10 @@ pub(crate) struct Cluster {
 
 /// Tombstones kept before the first trim is tried.
 const TOMBSTONE_TRIM: usize = 4096;
+
+/// Bytes of events a cluster's log may keep whatever its size (see
+/// [`Cluster::log_limit`]).
+const LOG_MIN: usize = 4 * SEGMENT;
 
 impl Cluster {
     pub(crate) fn with_affiliates(affiliates: Affiliates) -> Self {
@@ -110,13 +125,14 @@ impl Cluster {
 
     /// Queues `event` for every watcher that does not lag, without blocking. A
     /// watcher that stalled with a full queue is dropped and marked lost; one that
-    /// went away is dropped silently. Lagging watchers are left to their catch-up and
+    /// went away is dropped silently. Lagging watchers are left to the event log and
     /// to the periodic stall check.
     fn notify(&mut self, seq: u64, event: &Event, now: Instant) {
+        let lagged = &mut self.lagged;
         self.subscribers.retain_mut(|s| {
             if s.lagging {
-                // Its catch-up covers the event; a stall meanwhile is the periodic
-                // check's to find.
+                // It reads the event from the log; a stall meanwhile is the
+                // periodic check's to find.
                 return true;
             }
             if s.gone() {
@@ -126,6 +142,7 @@ impl Cluster {
                 Pushed::Queued => true,
                 Pushed::Lagging => {
                     s.lagging = true;
+                    *lagged += 1;
                     true
                 }
                 Pushed::Dropped => false,
@@ -141,10 +158,12 @@ impl Cluster {
         };
         affiliate.changed = seq;
         if self.subscribers.is_empty() {
+            lock(&self.log).clear();
             return;
         }
         let event = watch::encode_event(id, affiliate);
         affiliate.set_entry(Entry::new(event.clone(), meter));
+        self.log_event(seq, &event, now);
         self.notify(seq, &event, now);
     }
 
@@ -152,6 +171,7 @@ impl Cluster {
         self.seq += 1;
         if self.subscribers.is_empty() {
             // A watcher registered later starts after this event.
+            lock(&self.log).clear();
             return;
         }
         let seq = self.seq;
@@ -159,7 +179,9 @@ impl Cluster {
         watch::put_deleted(&mut buf, id);
         watch::put_deleted_flag(&mut buf);
         watch::seal(&mut buf);
-        self.notify(seq, &buf.freeze(), now);
+        let event = buf.freeze();
+        self.log_event(seq, &event, now);
+        self.notify(seq, &event, now);
         self.tombstones.push_back((seq, id.into()));
         if self.tombstones.len() >= self.trim_at.max(TOMBSTONE_TRIM) {
             self.trim_tombstones();
@@ -167,14 +189,50 @@ impl Cluster {
         }
     }
 
-    /// Drops tombstones every watcher has already passed.
-    fn trim_tombstones(&mut self) {
-        let oldest = self
-            .subscribers
+    /// Appends the event to the log, wakes the lagging watchers that had read all
+    /// of it, and trims the log when it has grown enough for a trim to be due.
+    fn log_event(&mut self, seq: u64, event: &Event, now: Instant) {
+        let mut log = lock(&self.log);
+        let waiters = log.append(seq, event, now);
+        let limit = self.log_limit(&log);
+        let due = log.trim_due();
+        if !due && log.bytes() > limit {
+            // Over the limit between two trims (readers that stopped pin the log):
+            // the oldest segments go, needed or not.
+            log.trim(0, limit);
+        }
+        drop(log);
+        for w in waiters {
+            w.notify_one();
+        }
+        if due {
+            // Queue locks are taken without the log's (readers take them the other
+            // way round).
+            let oldest = self.oldest_delivered();
+            lock(&self.log).trim(oldest + 1, limit);
+        }
+    }
+
+    /// Most bytes the event log keeps: twice the cluster's encoded size as the log's
+    /// events average it, so a watcher that fell behind by up to a whole cluster of
+    /// changes reads them from the log; at least [`LOG_MIN`].
+    fn log_limit(&self, log: &EventLog) -> usize {
+        let average = log.bytes() / log.len().max(1);
+        (2 * self.affiliates.len() * average).max(LOG_MIN)
+    }
+
+    /// The last event every watcher has taken.
+    fn oldest_delivered(&self) -> u64 {
+        self.subscribers
             .iter()
             .map(|s| s.queue.delivered())
             .min()
-            .unwrap_or(self.seq);
+            .unwrap_or(self.seq)
+    }
+
+    /// Drops tombstones every watcher has already passed.
+    fn trim_tombstones(&mut self) {
+        let oldest = self.oldest_delivered();
         while self
             .tombstones
             .front()
@@ -361,6 +419,11 @@ pub struct Counts {
     pub watch_bytes: usize,
     /// Watchers aborted because those bytes exceeded the budget.
     pub watch_budget_aborts: u64,
+    /// Watchers switched to their cluster's event log (queue overflowed while they
+    /// kept reading), since the start.
+    pub watch_lagged: u64,
+    /// Bytes of events kept in the clusters' event logs.
+    pub watch_log_bytes: usize,
 }
 
 /// One affiliate as the inspect page shows it: sizes and expiry, never contents.
@@ -395,6 +458,8 @@ pub struct State {
     watch_bytes: Arc<WatchBytes>,
     watch_budget: usize,
     watch_budget_aborts: u64,
+    /// Switches to the event log counted by clusters since collected.
+    watch_lagged_collected: u64,
     /// Over the budget, no watcher can become slow enough to abort before this
     /// (from the last scan of them): until then a scan would find nothing.
     budget_quiet_until: Option<Instant>,
@@ -411,6 +476,7 @@ impl Default for State {
             watch_bytes: Arc::default(),
             watch_budget: WATCH_BUDGET,
             watch_budget_aborts: 0,
+            watch_lagged_collected: 0,
             budget_quiet_until: None,
             runtime_lag: Arc::default(),
         }
@@ -554,6 +620,7 @@ impl State {
             queue,
             self.watch_stall,
             Arc::clone(&self.runtime_lag),
+            Arc::clone(&cluster.log),
             cluster.seq,
             now,
         ));
@@ -722,8 +789,15 @@ impl State {
             cluster.trim_tombstones();
         }
         let before = self.clusters.len();
-        self.clusters
-            .retain(|_, c| !(c.affiliates.is_empty() && c.subscribers.is_empty()));
+        let mut lagged = 0;
+        self.clusters.retain(|_, c| {
+            let keep = !(c.affiliates.is_empty() && c.subscribers.is_empty());
+            if !keep {
+                lagged += c.lagged;
+            }
+            keep
+        });
+        self.watch_lagged_collected += lagged;
         stats.clusters = before - self.clusters.len();
         stats
     }
@@ -735,9 +809,12 @@ impl State {
             clusters: self.clusters.len(),
             watch_bytes: self.watch_bytes.get(),
             watch_budget_aborts: self.watch_budget_aborts,
+            watch_lagged: self.watch_lagged_collected,
             ..Counts::default()
         };
         for cluster in self.clusters.values() {
+            counts.watch_lagged += cluster.lagged;
+            counts.watch_log_bytes += lock(&cluster.log).bytes();
             counts.affiliates += cluster.affiliates.len();
             counts.subscriptions += cluster.subscribers.len();
             counts.endpoints += cluster

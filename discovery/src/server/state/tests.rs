@@ -325,10 +325,22 @@ fn a_probe_waiting_in_the_runtime_spares_watchers_for_as_long_as_it_waited() {
     assert_eq!(s.counts().subscriptions, 0);
 }
 
-/// A watcher that falls behind but keeps reading is never dropped: it gets the
-/// current state of what changed, in event order, several affiliates per message.
+/// Every (deleted, ID, data) a watcher was sent, in order.
+fn seen(msgs: &[pb::WatchResponse]) -> Vec<(bool, String, Vec<u8>)> {
+    msgs.iter()
+        .flat_map(|m| {
+            m.affiliates
+                .iter()
+                .map(move |a| (m.deleted, a.id.clone(), a.data.clone()))
+        })
+        .collect()
+}
+
+/// A watcher that falls behind but keeps reading is never dropped: once its queue
+/// overflows it reads the cluster's event log, so it sees every event in order, like
+/// a watcher that kept up.
 #[test]
-fn reading_watcher_that_falls_behind_catches_up() {
+fn reading_watcher_that_falls_behind_reads_every_event_from_the_log() {
     let t0 = Instant::now();
     let mut s = State::new();
     for i in 0..3 {
@@ -354,34 +366,127 @@ fn reading_watcher_that_falls_behind_catches_up() {
     s.delete(t0, "c", "old1").unwrap();
     s.update(t0, &req("old2", Some(b"new"), &[], 60)).unwrap();
     assert_eq!(s.counts().subscriptions, 2, "a reading watcher is kept");
-    let msgs = drain_at(&mut s, &mut w, t0);
-    // Catch-up: b, a, c at their last state, then the delete, then old2.
-    let flat: Vec<(bool, String, Vec<u8>)> = msgs
-        .iter()
-        .flat_map(|m| {
-            m.affiliates
-                .iter()
-                .map(move |a| (m.deleted, a.id.clone(), a.data.clone()))
-        })
-        .collect();
+    let lagged = drain_at(&mut s, &mut w, t0);
+    let all = drain_at(&mut s, &mut fast, t0);
+    assert_eq!(all.len(), 1 + 15 + 2);
+    assert_eq!(seen(&lagged), seen(&all[1..]));
     assert_eq!(
-        flat,
+        lagged.len(),
+        17,
+        "one event per message, as upstream sends them"
+    );
+    let counts = s.counts();
+    assert_eq!(counts.watch_lagged, 1);
+    assert!(counts.watch_log_bytes > 17 * watch::PREFIX, "{counts:?}");
+    // Having read the whole log, it is woken by the next event.
+    s.update(t0, &req("a", Some(b"z"), &[], 60)).unwrap();
+    let next = drain_at(&mut s, &mut w, t0);
+    assert_eq!(seen(&next), [(false, "a".to_owned(), b"z".to_vec())]);
+}
+
+/// Lagging watchers at the same place in the log are handed its sealed segments as
+/// the same memory, in body frames of at most one frame's size.
+#[test]
+fn lagging_watchers_share_the_logs_sealed_segments() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    let watchers: Vec<_> = (0..2).map(|_| watch_queued(&mut s, "c", 2, t0)).collect();
+    let data = vec![7u8; MAX_DATA_LEN];
+    for i in 0..20 {
+        s.update(t0, &req(&format!("a{i}"), Some(&data), &[], 60))
+            .unwrap();
+    }
+    let per_watcher: Vec<Vec<Bytes>> = watchers.iter().map(|w| frames(w, t0)).collect();
+    for frames in &per_watcher {
+        assert!(frames.iter().all(|f| f.len() <= watch::FRAME));
+        let messages = grpc_messages(&frames.concat());
+        assert_eq!(messages.len(), 1 + 20, "the snapshot, then every event");
+        let ids: Vec<&str> = messages[1..]
+            .iter()
+            .map(|m| m.affiliates[0].id.as_str())
+            .collect();
+        let expected: Vec<String> = (0..20).map(|i| format!("a{i}")).collect();
+        assert_eq!(ids, expected);
+    }
+    // Snapshot frame, two queued events, then the log: its sealed segments (7 events
+    // of ~2 KiB each) are shared.
+    let shared = (0..per_watcher[0].len())
+        .filter(|&i| per_watcher[0][i].as_ptr() == per_watcher[1][i].as_ptr())
+        .filter(|&i| per_watcher[0][i].len() > 10_000)
+        .count();
+    assert!(shared >= 2, "{shared} shared segments");
+}
+
+/// A watcher the log no longer reaches back to (it was trimmed to its limit while
+/// the watcher lagged) gets a catch-up made from the state: the current state of
+/// every affiliate changed since the last event it took and a delete for every
+/// affiliate removed since, in event order, several affiliates per message.
+#[test]
+fn a_watcher_the_log_no_longer_reaches_catches_up_from_the_state() {
+    let t0 = Instant::now();
+    let mut s = State::new();
+    for i in 0..3 {
+        s.update(t0, &req(&format!("old{i}"), Some(b"d"), &[], 60))
+            .unwrap();
+    }
+    let mut w = s.watch(t0, "c", 4).unwrap();
+    s.update(t0, &req("a", Some(b"1"), &[], 60)).unwrap();
+    assert_eq!(drain_at(&mut s, &mut w, t0).len(), 1);
+    // 120 events of 2 KiB: far over the log's limit for a cluster of six.
+    let mut data = vec![0u8; MAX_DATA_LEN];
+    for round in 0..40u8 {
+        data[0] = round;
+        for id in ["b", "a", "c"] {
+            s.update(t0, &req(id, Some(&data), &[], 60)).unwrap();
+        }
+    }
+    s.delete(t0, "c", "old1").unwrap();
+    s.update(t0, &req("old2", Some(b"new"), &[], 60)).unwrap();
+    let msgs = drain_at(&mut s, &mut w, t0);
+    data[0] = 39;
+    assert_eq!(
+        seen(&msgs),
         [
-            (false, "b".to_owned(), vec![4]),
-            (false, "a".to_owned(), vec![4]),
-            (false, "c".to_owned(), vec![4]),
+            (false, "b".to_owned(), data.clone()),
+            (false, "a".to_owned(), data.clone()),
+            (false, "c".to_owned(), data.clone()),
             (true, "old1".to_owned(), vec![]),
             (false, "old2".to_owned(), b"new".to_vec()),
         ]
     );
     assert_eq!(msgs.len(), 3, "upserts batched, the delete alone");
-    // Live again afterwards.
+    // Live again afterwards, from its queue.
     s.update(t0, &req("a", Some(b"z"), &[], 60)).unwrap();
     let next = drain_at(&mut s, &mut w, t0);
-    assert_eq!(next.len(), 1);
-    assert_eq!(next[0].affiliates[0].data, b"z");
-    // The fast watcher saw every single event.
-    assert_eq!(drain_at(&mut s, &mut fast, t0).len(), 1 + 15 + 2 + 1);
+    assert_eq!(seen(&next), [(false, "a".to_owned(), b"z".to_vec())]);
+}
+
+/// A lagging watcher is pending from the moment an event it has not read was
+/// logged: one that stopped reading the log is aborted after the stall timeout, one
+/// that has read all of it is not, however long ago it last had to.
+#[test]
+fn stall_of_a_log_reader_counts_from_its_first_unread_event() {
+    let t0 = Instant::now();
+    let ms = Duration::from_millis;
+    let mut s = State::new();
+    let mut reading = s.watch(t0, "c", 1).unwrap();
+    let stalled = s.watch(t0, "c", 1).unwrap();
+    for i in 0..3 {
+        s.update(t0, &req(&format!("a{i}"), Some(b"d"), &[], 60))
+            .unwrap();
+    }
+    assert_eq!(drain_at(&mut s, &mut reading, t0).len(), 3);
+    let later = t0 + WATCH_STALL + ms(1000);
+    s.check_stalled(later);
+    assert!(stalled.queue.is_lost());
+    assert!(!reading.queue.is_lost());
+    // A new event, unread for 100 ms: still reading.
+    s.update(later, &req("a0", Some(b"e"), &[], 60)).unwrap();
+    s.check_stalled(later + ms(100));
+    assert!(!reading.queue.is_lost());
+    assert_eq!(s.counts().subscriptions, 1);
+    s.check_stalled(later + WATCH_STALL + ms(100));
+    assert!(reading.queue.is_lost());
 }
 
 #[test]

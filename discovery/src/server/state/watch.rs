@@ -1,15 +1,17 @@
 //! Watch delivery: pre-encoded events shared by every watcher of a cluster, one queue
-//! per watcher, and catch-up for watchers that read but fall behind.
+//! per watcher, and the cluster's event log for watchers that read but fall behind.
 //!
 //! Upstream gives each watcher a queue of 32 events and aborts it when the queue is
 //! full. Here a full queue aborts the watcher only if it has stalled: it had something
 //! to read for longer than the stall timeout and took nothing. A watcher that keeps
-//! reading is switched to catch-up instead: its queue is dropped, and when it next
-//! reads it gets, in event order, the current state of every affiliate changed since
-//! the last event it took and a delete for every affiliate removed since, several
-//! affiliates per message. What it sees is a subsequence of the events every other
-//! watcher sees (superseded states of one affiliate skipped), ending in the same state;
-//! catch-up costs no memory per watcher, so a burst of any size is survived
+//! reading is switched to the log instead: its queue is dropped, and it reads every
+//! event since the last one it took from the cluster's log of recent events, slices
+//! of memory shared by every watcher reading there (`event_log`). Only a watcher the
+//! log no longer reaches back to gets a catch-up made for it: in event order, the
+//! current state of every affiliate changed since the last event it took and a delete
+//! for every affiliate removed since, several affiliates per message, so it sees a
+//! subsequence of the events (superseded states skipped) ending in the same state.
+//! Neither costs memory per watcher, so a burst of any size is survived
 //! (`docs/discovery-protocol.md` §7.6).
 
 use std::{
@@ -25,7 +27,10 @@ use bytes::{BufMut, Bytes, BytesMut};
 use prost::encoding::{encode_varint, encoded_len_varint};
 use tokio::sync::Notify;
 
-use super::Affiliate;
+use super::{
+    event_log::{EventLog, Read},
+    Affiliate,
+};
 
 /// Largest catch-up message; a longer catch-up is split (clients accept 4 MiB by
 /// default).
@@ -301,7 +306,8 @@ impl Batch {
 pub enum Next {
     /// Send this encoded `WatchResponse`.
     Send(Bytes),
-    /// Nothing queued: ask the state for a catch-up, then poll again.
+    /// Lagging, and the event log no longer has what the watcher needs: ask the
+    /// state for a catch-up, then poll again.
     CatchUp,
     /// Nothing queued: wait for [`WatchQueue::notified`].
     Wait,
@@ -367,8 +373,14 @@ struct Inner {
     holds: usize,
     /// Sequence number of the last event handed to the stream.
     delivered: u64,
-    /// The queue was dropped; the stream must ask for a catch-up.
+    /// The queue was dropped; the stream reads the cluster's event log from
+    /// `delivered + 1` on (or asks for a catch-up if the log no longer has it).
     lagging: bool,
+    /// Position in the event log of the next event to read, once lagging.
+    cursor: Option<u64>,
+    /// The log's end when this queue last asked to be woken at the next append (it
+    /// asks once per end).
+    waits_at: Option<u64>,
     lost: bool,
     closed: bool,
     /// Since when the watcher has had something to read (queue became non-empty).
@@ -543,12 +555,18 @@ impl RuntimeLag {
     }
 }
 
+/// Locks `m`; a panic elsewhere while it was held leaves nothing half-done that
+/// the watch paths rely on.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 /// What [`WatchQueue::push`] did with an event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Pushed {
     /// Queued for the stream.
     Queued,
-    /// Not queued: the watcher lags and gets a catch-up when its queue is empty
+    /// Not queued: the watcher lags and reads the event log once its queue is empty
     /// (which covers this event and every later one until then).
     Lagging,
     /// The watcher stalled, or is closed: drop it.
@@ -559,10 +577,11 @@ pub(crate) enum Pushed {
 #[derive(Debug)]
 pub struct WatchQueue {
     inner: Mutex<Inner>,
-    notify: Notify,
+    notify: Arc<Notify>,
     limit: usize,
     stall: Duration,
     lag: Arc<RuntimeLag>,
+    log: Arc<Mutex<EventLog>>,
 }
 
 impl WatchQueue {
@@ -570,6 +589,7 @@ impl WatchQueue {
         limit: usize,
         stall: Duration,
         lag: Arc<RuntimeLag>,
+        log: Arc<Mutex<EventLog>>,
         delivered: u64,
         now: Instant,
     ) -> Self {
@@ -581,22 +601,23 @@ impl WatchQueue {
                 holds: 0,
                 delivered,
                 lagging: false,
+                cursor: None,
+                waits_at: None,
                 lost: false,
                 closed: false,
                 pending_since: now,
                 last_take: now,
             }),
-            notify: Notify::new(),
+            notify: Arc::new(Notify::new()),
             limit: limit.max(1),
             stall,
             lag,
+            log,
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.inner)
     }
 
     /// Queues one event.
@@ -654,6 +675,18 @@ impl WatchQueue {
         let mut q = self.lock();
         if q.lost || q.closed {
             return false;
+        }
+        if q.lagging && q.sending.is_none() && q.first.is_none() {
+            // Reading the log: pending since the first event it has not read was
+            // appended; nothing pending once it has read them all.
+            let log = lock(&self.log);
+            let at = q.cursor.or_else(|| log.position(q.delivered + 1));
+            match at.map_or(Some(q.pending_since), |at| log.unread_since(at)) {
+                Some(since) => q.pending_since = since,
+                None => return true,
+            }
+            drop(log);
+            return self.keep_if_reading(&mut q, now);
         }
         if q.lagging || !q.events.is_empty() {
             return self.keep_if_reading(&mut q, now);
@@ -716,10 +749,13 @@ impl WatchQueue {
         self.lock().delivered
     }
 
-    /// Replaces the dropped queue with the catch-up messages.
+    /// Replaces the dropped queue with the catch-up messages (the log no longer had
+    /// what the watcher needs).
     pub(crate) fn fill_catch_up(&self, messages: Vec<(u64, Message)>, now: Instant) {
         let mut q = self.lock();
         q.lagging = false;
+        q.cursor = None;
+        q.waits_at = None;
         q.pending_since = now;
         for (seq, msg) in messages {
             q.holds += msg.len();
@@ -746,7 +782,11 @@ impl WatchQueue {
             q.last_take = now;
             return Next::Send(event.unframed());
         }
-        Self::idle(&mut q, now)
+        match self.read_log(&mut q, now, EventLog::read_one) {
+            Some(Ok(event)) => Next::Send(event.slice(PREFIX..)),
+            Some(Err(next)) => next,
+            None => Self::idle(&mut q),
+        }
     }
 
     /// Like [`Self::next`], but [`Next::Send`] carries the next HTTP/2 body frame:
@@ -766,17 +806,58 @@ impl WatchQueue {
             q.last_take = now;
             return Next::Send(q.start(event, own));
         }
-        Self::idle(&mut q, now)
+        match self.read_log(&mut q, now, EventLog::read) {
+            Some(Ok(events)) => Next::Send(q.start(Message::Flat(events), false)),
+            Some(Err(next)) => next,
+            None => Self::idle(&mut q),
+        }
     }
 
-    fn idle(q: &mut Inner, now: Instant) -> Next {
+    /// A lagging watcher's next read of the event log (`read` takes one event or
+    /// the rest of a segment); `None` when it is not lagging or has read the whole
+    /// log (then it is woken at the next append). A position the log no longer has
+    /// asks for a catch-up from the state.
+    fn read_log(
+        &self,
+        q: &mut Inner,
+        now: Instant,
+        read: fn(&EventLog, u64) -> Read,
+    ) -> Option<Result<Bytes, Next>> {
+        if !q.lagging || q.lost || q.closed {
+            return None;
+        }
+        let mut log = lock(&self.log);
+        let Some(at) = q.cursor.or_else(|| log.position(q.delivered + 1)) else {
+            q.last_take = now;
+            return Some(Err(Next::CatchUp));
+        };
+        match read(&log, at) {
+            Read::Events { bytes, last_seq } => {
+                q.cursor = Some(at + bytes.len() as u64);
+                q.delivered = last_seq;
+                q.last_take = now;
+                Some(Ok(bytes))
+            }
+            Read::End => {
+                q.cursor = Some(at);
+                if q.waits_at != Some(at) {
+                    q.waits_at = Some(at);
+                    log.wait(Arc::clone(&self.notify));
+                }
+                None
+            }
+            Read::Gone => {
+                q.last_take = now;
+                Some(Err(Next::CatchUp))
+            }
+        }
+    }
+
+    fn idle(q: &mut Inner) -> Next {
         if q.lost {
             Next::Lost
         } else if q.closed {
             Next::Closed
-        } else if q.lagging {
-            q.last_take = now;
-            Next::CatchUp
         } else {
             Next::Wait
         }
