@@ -297,7 +297,7 @@ impl pb::cluster_server::Cluster for ClusterService {
         self.record("Watch", start, &result);
         let stream: WatchStream = match result {
             Ok(sub) => Box::pin(
-                super::watch::watch_stream(Arc::clone(&self.shared), sub, false).map(|item| {
+                super::watch::WatchFrames::new(Arc::clone(&self.shared), sub, false).map(|item| {
                     item.and_then(|bytes| {
                         <pb::WatchResponse as prost::Message>::decode(bytes)
                             .map_err(|e| Status::internal(e.to_string()))

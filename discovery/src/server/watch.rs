@@ -139,17 +139,19 @@ impl tower::Service<http::Request<Body>> for Routes {
     }
 }
 
-/// Hands the stream of body frames to [`Routes`] through `slot`; tonic gets an empty
+/// Hands the body's frames to [`Routes`] through `slot`; tonic gets an empty
 /// stream, whose encoded body is dropped.
 struct WatchSvc {
     service: ClusterService,
-    slot: Arc<Mutex<Option<EncodedStream>>>,
+    slot: Arc<Mutex<Option<Frames>>>,
 }
+
+type NoMessages = futures::stream::Empty<Result<Bytes, Status>>;
 
 impl ServerStreamingService<pb::WatchRequest> for WatchSvc {
     type Response = Bytes;
-    type ResponseStream = EncodedStream;
-    type Future = BoxFuture<'static, Result<Response<EncodedStream>, Status>>;
+    type ResponseStream = NoMessages;
+    type Future = BoxFuture<'static, Result<Response<NoMessages>, Status>>;
 
     fn call(&mut self, req: Request<pb::WatchRequest>) -> Self::Future {
         let svc = self.service.clone();
@@ -160,27 +162,29 @@ impl ServerStreamingService<pb::WatchRequest> for WatchSvc {
             svc.record("Watch", start, &result);
             // Errors become the stream's final status after the call opened, so every
             // client (Go and tonic alike) sees them on its first receive.
-            let frames: EncodedStream = match result {
-                Ok(sub) => watch_stream(Arc::clone(&svc.shared), sub, true),
-                Err(status) => Box::pin(futures::stream::once(async move { Err(status) })),
+            let frames = match result {
+                Ok(sub) => Frames::Watch(WatchFrames::new(Arc::clone(&svc.shared), sub, true)),
+                Err(status) => Frames::Failed(Some(status)),
             };
             *slot
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(frames);
-            Ok(Response::new(
-                Box::pin(futures::stream::empty()) as EncodedStream
-            ))
+            Ok(Response::new(futures::stream::empty()))
         })
     }
 }
 
-/// Encoded Watch messages, or body frames of them.
-pub(crate) type EncodedStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
+/// What a Watch response body carries: the watcher's frames, or the status the
+/// call failed with.
+enum Frames {
+    Watch(WatchFrames),
+    Failed(Option<Status>),
+}
 
 /// The Watch response body: the frames as data, then the status as trailers (OK
 /// when the stream ends, the error otherwise).
 struct FrameBody {
-    frames: EncodedStream,
+    frames: Frames,
     done: bool,
 }
 
@@ -205,10 +209,13 @@ impl hyper::body::Body for FrameBody {
         if self.done {
             return Poll::Ready(None);
         }
-        let status = match futures::ready!(self.frames.poll_next_unpin(cx)) {
-            Some(Ok(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
-            Some(Err(status)) => status,
-            None => Status::ok(""),
+        let status = match &mut self.frames {
+            Frames::Watch(frames) => match futures::ready!(frames.poll_next_unpin(cx)) {
+                Some(Ok(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                Some(Err(status)) => status,
+                None => Status::ok(""),
+            },
+            Frames::Failed(status) => status.take().unwrap_or_else(|| Status::ok("")),
         };
         self.done = true;
         Poll::Ready(Some(Ok(Frame::trailers(trailers(&status)))))
@@ -232,59 +239,71 @@ impl Drop for WatchGuard {
     }
 }
 
-struct WatchCtx {
+/// A registered watcher's messages: the snapshot first, then its queue (or its
+/// cluster's event log) until the queue is closed or lost; whole messages, or
+/// (`framed`) body frames of at most [`FRAME`](super::state::watch::FRAME) bytes
+/// with the gRPC message prefix. Polled straight from the response body: no
+/// future or boxed stream between the transport and the queue.
+pub(crate) struct WatchFrames {
     framed: bool,
     queue: Arc<WatchQueue>,
     done: bool,
     guard: WatchGuard,
 }
 
-/// The snapshot first, then the watcher's queue until it is closed or lost: whole
-/// messages, or (`framed`) body frames of at most [`FRAME`](super::state::watch::FRAME) bytes with the gRPC
-/// message prefix.
-pub(crate) fn watch_stream(shared: Arc<Shared>, sub: Subscription, framed: bool) -> EncodedStream {
-    // Always first, even when empty: clients know the snapshot by its position. It
-    // waits in the queue, where an abort can free it.
-    sub.queue.send_first(sub.snapshot);
-    let ctx = WatchCtx {
-        framed,
-        queue: sub.queue,
-        done: false,
-        guard: WatchGuard {
-            shared,
-            cluster_id: sub.cluster_id,
-            id: sub.id,
-        },
-    };
-    Box::pin(futures::stream::unfold(ctx, |mut ctx| async move {
-        if ctx.done {
-            return None;
+impl WatchFrames {
+    pub(crate) fn new(shared: Arc<Shared>, sub: Subscription, framed: bool) -> Self {
+        // Always first, even when empty: clients know the snapshot by its position.
+        // It waits in the queue, where an abort can free it.
+        sub.queue.send_first(sub.snapshot);
+        Self {
+            framed,
+            queue: sub.queue,
+            done: false,
+            guard: WatchGuard {
+                shared,
+                cluster_id: sub.cluster_id,
+                id: sub.id,
+            },
+        }
+    }
+}
+
+impl Stream for WatchFrames {
+    type Item = Result<Bytes, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        if self.done {
+            return Poll::Ready(None);
         }
         loop {
-            let next = if ctx.framed {
-                ctx.queue.next_frame(Instant::now())
+            // Before the look at the queue: whatever changes after it wakes us.
+            self.queue.register(cx.waker());
+            let now = Instant::now();
+            let next = if self.framed {
+                self.queue.next_frame(now)
             } else {
-                ctx.queue.next(Instant::now())
+                self.queue.next(now)
             };
             match next {
-                Next::Send(event) => return Some((Ok(event), ctx)),
+                Next::Send(event) => return Poll::Ready(Some(Ok(event))),
                 Next::CatchUp => {
-                    let g = &ctx.guard;
-                    let found = g
-                        .shared
-                        .state()
-                        .catch_up(Instant::now(), &g.cluster_id, g.id);
-                    if !found {
-                        return None;
+                    let g = &self.guard;
+                    if !g.shared.state().catch_up(now, &g.cluster_id, g.id) {
+                        self.done = true;
+                        return Poll::Ready(None);
                     }
                     g.shared.metrics.watch_catch_up();
                 }
                 Next::Lost => {
-                    ctx.done = true;
-                    ctx.guard.shared.metrics.watch_aborted();
-                    return Some((Err(RequestError::LostUpdate.into()), ctx));
+                    self.done = true;
+                    self.guard.shared.metrics.watch_aborted();
+                    return Poll::Ready(Some(Err(RequestError::LostUpdate.into())));
                 }
-                Next::Closed => return None,
+                Next::Closed => {
+                    self.done = true;
+                    return Poll::Ready(None);
+                }
                 Next::Wait => {
                     // Stopping sets the flag, then closes every registered queue
                     // (which wakes its stream); a watcher registered after that sees
@@ -292,13 +311,13 @@ pub(crate) fn watch_stream(shared: Arc<Shared>, sub: Subscription, framed: bool)
                     // would register every waiting stream with the one token shared
                     // by all of them at each event, and even its check takes the
                     // token's lock.
-                    if ctx.guard.shared.is_stopping() {
-                        return None;
+                    if self.guard.shared.is_stopping() {
+                        self.done = true;
+                        return Poll::Ready(None);
                     }
-                    // A push between `next` and here leaves a permit: no wake-up is lost.
-                    ctx.queue.notified().await;
+                    return Poll::Pending;
                 }
             }
         }
-    }))
+    }
 }

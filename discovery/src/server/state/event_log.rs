@@ -16,7 +16,7 @@
 use std::{collections::VecDeque, sync::Arc, time::Instant};
 
 use bytes::{Bytes, BytesMut};
-use tokio::sync::Notify;
+use futures::task::AtomicWaker;
 
 use super::watch::FRAME;
 
@@ -67,7 +67,7 @@ pub(crate) struct EventLog {
     /// Position of `open[0]`.
     open_start: u64,
     /// Readers at the end, to wake at the next append.
-    waiters: Vec<Arc<Notify>>,
+    waiters: Vec<Arc<AtomicWaker>>,
     /// Size at which the next trim is tried.
     trim_at: usize,
 }
@@ -102,7 +102,7 @@ impl EventLog {
     /// starts the log afresh; positions from before read as gone. Returns the readers
     /// waiting at the end, to be woken once the caller lets go of the log.
     #[must_use]
-    pub(crate) fn append(&mut self, seq: u64, event: &[u8], now: Instant) -> Vec<Arc<Notify>> {
+    pub(crate) fn append(&mut self, seq: u64, event: &[u8], now: Instant) -> Vec<Arc<AtomicWaker>> {
         if seq != self.next_seq() || self.events.is_empty() {
             self.reset(seq);
         }
@@ -216,7 +216,7 @@ impl EventLog {
     }
 
     /// Wakes `waiter` at the next append.
-    pub(crate) fn wait(&mut self, waiter: Arc<Notify>) {
+    pub(crate) fn wait(&mut self, waiter: Arc<AtomicWaker>) {
         self.waiters.push(waiter);
     }
 
@@ -390,7 +390,7 @@ mod tests {
     fn an_append_hands_back_the_readers_waiting_at_the_end() {
         let t0 = Instant::now();
         let (mut log, _) = filled(1, 100, t0);
-        let waiter = Arc::new(Notify::new());
+        let waiter = Arc::new(AtomicWaker::new());
         log.wait(Arc::clone(&waiter));
         let woken = log.append(11, &event(1, 100), t0);
         assert_eq!(woken.len(), 1);

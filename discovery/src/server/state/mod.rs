@@ -203,7 +203,7 @@ impl Cluster {
         }
         drop(log);
         for w in waiters {
-            w.notify_one();
+            w.wake();
         }
         if due {
             // Queue locks are taken without the log's (readers take them the other

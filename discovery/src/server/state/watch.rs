@@ -24,8 +24,8 @@ use std::{
 };
 
 use bytes::{BufMut, Bytes, BytesMut};
+use futures::task::AtomicWaker;
 use prost::encoding::{encode_varint, encoded_len_varint};
-use tokio::sync::Notify;
 
 use super::{
     event_log::{EventLog, Read},
@@ -577,7 +577,10 @@ pub(crate) enum Pushed {
 #[derive(Debug)]
 pub struct WatchQueue {
     inner: Mutex<Inner>,
-    notify: Arc<Notify>,
+    /// The stream's task, woken by a push, a loss, a close, or (through the event
+    /// log) an append it waits for. The stream registers before it looks at the
+    /// queue, so a change after that look wakes it.
+    waker: Arc<AtomicWaker>,
     limit: usize,
     stall: Duration,
     lag: Arc<RuntimeLag>,
@@ -608,7 +611,7 @@ impl WatchQueue {
                 pending_since: now,
                 last_take: now,
             }),
-            notify: Arc::new(Notify::new()),
+            waker: Arc::default(),
             limit: limit.max(1),
             stall,
             lag,
@@ -649,7 +652,7 @@ impl WatchQueue {
             Pushed::Queued
         };
         drop(q);
-        self.notify.notify_one();
+        self.waker.wake();
         pushed
     }
 
@@ -664,7 +667,7 @@ impl WatchQueue {
             // since a stream that stopped reading may never take it.
             q.lost = true;
             q.drop_own();
-            self.notify.notify_one();
+            self.waker.wake();
             return false;
         }
         true
@@ -730,13 +733,13 @@ impl WatchQueue {
             q.drop_own();
         }
         drop(q);
-        self.notify.notify_one();
+        self.waker.wake();
     }
 
     /// Ends the watch with OK (shutdown or unsubscribe).
     pub(crate) fn close(&self) {
         self.lock().closed = true;
-        self.notify.notify_one();
+        self.waker.wake();
     }
 
     /// Whether the queue needs a catch-up, and from which sequence number.
@@ -762,7 +765,7 @@ impl WatchQueue {
             q.events.push_back((seq, msg, true));
         }
         drop(q);
-        self.notify.notify_one();
+        self.waker.wake();
     }
 
     /// Takes the next thing to do, whole messages without the gRPC prefix (the
@@ -842,7 +845,7 @@ impl WatchQueue {
                 q.cursor = Some(at);
                 if q.waits_at != Some(at) {
                     q.waits_at = Some(at);
-                    log.wait(Arc::clone(&self.notify));
+                    log.wait(Arc::clone(&self.waker));
                 }
                 None
             }
@@ -863,9 +866,10 @@ impl WatchQueue {
         }
     }
 
-    /// Resolves after the next push, catch-up, loss or close.
-    pub async fn notified(&self) {
-        self.notify.notified().await;
+    /// Wakes `waker` at the next push, catch-up, loss or close. Register before
+    /// taking from the queue, so nothing that follows the take goes unnoticed.
+    pub fn register(&self, waker: &std::task::Waker) {
+        self.waker.register(waker);
     }
 
     /// Whether the watcher was aborted as stalled.
