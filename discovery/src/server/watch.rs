@@ -31,7 +31,7 @@ use tonic::{
 use super::{
     error::RequestError,
     service::{ClusterService, Shared},
-    state::{Next, Subscription, WatchQueue},
+    state::{CatchUp, Next, Subscription, WatchQueue},
 };
 use crate::proto::server::{self as pb, cluster_server::ClusterServer};
 
@@ -289,11 +289,15 @@ impl Stream for WatchFrames {
                 Next::Send(event) => return Poll::Ready(Some(Ok(event))),
                 Next::CatchUp => {
                     let g = &self.guard;
-                    if !g.shared.state().catch_up(now, &g.cluster_id, g.id) {
-                        self.done = true;
-                        return Poll::Ready(None);
+                    let done = g.shared.state().catch_up(now, &g.cluster_id, g.id);
+                    match done {
+                        CatchUp::Gone => {
+                            self.done = true;
+                            return Poll::Ready(None);
+                        }
+                        CatchUp::FromState => self.guard.shared.metrics.watch_catch_up(),
+                        CatchUp::Rejoined | CatchUp::FromLog => {}
                     }
-                    g.shared.metrics.watch_catch_up();
                 }
                 Next::Lost => {
                     self.done = true;

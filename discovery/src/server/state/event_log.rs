@@ -13,10 +13,9 @@
 //! Positions are byte offsets counted from the first event ever appended; they never
 //! repeat, so a position from before a trim or a reset reads as [`Read::Gone`].
 
-use std::{collections::VecDeque, sync::Arc, time::Instant};
+use std::{collections::VecDeque, time::Instant};
 
 use bytes::{Bytes, BytesMut};
-use futures::task::AtomicWaker;
 
 use super::watch::FRAME;
 
@@ -66,8 +65,6 @@ pub(crate) struct EventLog {
     open: BytesMut,
     /// Position of `open[0]`.
     open_start: u64,
-    /// Readers at the end, to wake at the next append.
-    waiters: Vec<Arc<AtomicWaker>>,
     /// Size at which the next trim is tried.
     trim_at: usize,
 }
@@ -99,10 +96,8 @@ impl EventLog {
 
     /// Appends the framed `event`, number `seq`, at `now`. An event that does not
     /// follow the last one (events went unlogged while the cluster had no watchers)
-    /// starts the log afresh; positions from before read as gone. Returns the readers
-    /// waiting at the end, to be woken once the caller lets go of the log.
-    #[must_use]
-    pub(crate) fn append(&mut self, seq: u64, event: &[u8], now: Instant) -> Vec<Arc<AtomicWaker>> {
+    /// starts the log afresh; positions from before read as gone.
+    pub(crate) fn append(&mut self, seq: u64, event: &[u8], now: Instant) {
         if seq != self.next_seq() || self.events.is_empty() {
             self.reset(seq);
         }
@@ -112,7 +107,6 @@ impl EventLog {
         let start = self.end();
         self.open.extend_from_slice(event);
         self.events.push_back(Logged { start, at: now });
-        std::mem::take(&mut self.waiters)
     }
 
     /// Drops every event; the next append starts at `seq`. One byte of position is
@@ -215,11 +209,6 @@ impl EventLog {
         self.events.get(i).map(|e| e.at)
     }
 
-    /// Wakes `waiter` at the next append.
-    pub(crate) fn wait(&mut self, waiter: Arc<AtomicWaker>) {
-        self.waiters.push(waiter);
-    }
-
     /// Whether the log has grown to where a trim of what no reader needs is due:
     /// twice what the last trim kept.
     pub(crate) fn trim_due(&self) -> bool {
@@ -264,7 +253,7 @@ mod tests {
         let mut log = EventLog::default();
         let events: Vec<_> = (0..n).map(|i| event(i, len)).collect();
         for (i, e) in events.iter().enumerate() {
-            assert!(log.append(10 + i as u64, e, t0).is_empty());
+            log.append(10 + i as u64, e, t0);
         }
         (log, events)
     }
@@ -349,7 +338,7 @@ mod tests {
         let mut log = EventLog::default();
         let big = event(7, SEGMENT + 10);
         for (seq, e) in [(1, event(1, 100)), (2, big.clone()), (3, event(3, 100))] {
-            let _ = log.append(seq, &e, t0);
+            log.append(seq, &e, t0);
         }
         let Read::Events { bytes, last_seq } = log.read(log.position(2).unwrap()) else {
             panic!("no read");
@@ -380,22 +369,10 @@ mod tests {
         let t0 = Instant::now();
         let (mut log, _) = filled(3, 100, t0);
         let end = log.end();
-        let _ = log.append(20, &event(9, 100), t0);
+        log.append(20, &event(9, 100), t0);
         assert!(matches!(log.read(end), Read::Gone));
         assert_eq!(log.len(), 1);
         assert_eq!(log.position(20), Some(end + 1));
-    }
-
-    #[test]
-    fn an_append_hands_back_the_readers_waiting_at_the_end() {
-        let t0 = Instant::now();
-        let (mut log, _) = filled(1, 100, t0);
-        let waiter = Arc::new(AtomicWaker::new());
-        log.wait(Arc::clone(&waiter));
-        let woken = log.append(11, &event(1, 100), t0);
-        assert_eq!(woken.len(), 1);
-        assert!(Arc::ptr_eq(&woken[0], &waiter));
-        assert!(log.append(12, &event(2, 100), t0).is_empty());
     }
 
     #[test]
@@ -403,7 +380,7 @@ mod tests {
         let t0 = Instant::now();
         let mut log = EventLog::default();
         for i in 0..4u64 {
-            let _ = log.append(
+            log.append(
                 i + 1,
                 &event(1, 100),
                 t0 + std::time::Duration::from_secs(i),

@@ -189,11 +189,11 @@ impl Cluster {
         }
     }
 
-    /// Appends the event to the log, wakes the lagging watchers that had read all
-    /// of it, and trims the log when it has grown enough for a trim to be due.
+    /// Appends the event to the log, and trims the log when it has grown enough for
+    /// a trim to be due.
     fn log_event(&mut self, seq: u64, event: &Event, now: Instant) {
         let mut log = lock(&self.log);
-        let waiters = log.append(seq, event, now);
+        log.append(seq, event, now);
         let limit = self.log_limit(&log);
         let due = log.trim_due();
         if !due && log.bytes() > limit {
@@ -202,9 +202,6 @@ impl Cluster {
             log.trim(0, limit);
         }
         drop(log);
-        for w in waiters {
-            w.wake();
-        }
         if due {
             // Queue locks are taken without the log's (readers take them the other
             // way round).
@@ -377,6 +374,20 @@ fn entry(a: &mut Affiliate, meter: &Arc<WatchBytes>) -> Arc<Entry> {
     let entry = Entry::new(watch::encode_event(a.id(), a), meter);
     a.set_entry(Arc::clone(&entry));
     entry
+}
+
+/// What [`State::catch_up`] did for a lagging watcher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CatchUp {
+    /// It had read every event: back on its queue.
+    Rejoined,
+    /// Events came after what it read: it reads on from the log.
+    FromLog,
+    /// The log no longer reached back to it: its queue holds a catch-up made from
+    /// the state.
+    FromState,
+    /// It is no longer registered: its stream ends.
+    Gone,
 }
 
 /// A registered watcher: the snapshot to send first, then the live events.
@@ -639,25 +650,39 @@ impl State {
         })
     }
 
-    /// Fills a lagging watcher's queue with its catch-up (see [`watch`]). Runs under
-    /// the state lock, so no event falls between the catch-up and the next event.
-    /// False if the watcher is no longer registered.
-    pub fn catch_up(&mut self, now: Instant, cluster_id: &str, id: u64) -> bool {
+    /// For a lagging watcher at the end of its cluster's event log or behind what
+    /// it keeps (see [`watch`]): back on its queue if it has read every event, left
+    /// to the log if an event came meanwhile, else its queue filled with a catch-up
+    /// made from the state. Runs under the state lock, so no event falls between.
+    pub fn catch_up(&mut self, now: Instant, cluster_id: &str, id: u64) -> CatchUp {
         let Some(cluster) = self.clusters.get_mut(cluster_id) else {
-            return false;
+            return CatchUp::Gone;
         };
         // Registered in ID order, and removals keep it.
         let Ok(i) = cluster.subscribers.binary_search_by_key(&id, |s| s.id) else {
-            return false;
+            return CatchUp::Gone;
         };
         let queue = Arc::clone(&cluster.subscribers[i].queue);
         let Some(since) = queue.lagging_since() else {
-            return true;
+            return CatchUp::Rejoined;
         };
+        let log = lock(&cluster.log);
+        let next = log.position(since + 1);
+        let end = log.end();
+        drop(log);
+        match next {
+            Some(at) if at < end => return CatchUp::FromLog,
+            Some(_) if since == cluster.seq => {
+                cluster.subscribers[i].lagging = false;
+                queue.rejoin(now);
+                return CatchUp::Rejoined;
+            }
+            _ => {}
+        }
         cluster.subscribers[i].lagging = false;
         queue.fill_catch_up(cluster.catch_up(since, &self.watch_bytes), now);
         self.enforce_budget(now);
-        true
+        CatchUp::FromState
     }
 
     /// Removes a watcher (stream ended). The cluster becomes collectable once it has

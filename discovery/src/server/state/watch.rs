@@ -6,11 +6,12 @@
 //! to read for longer than the stall timeout and took nothing. A watcher that keeps
 //! reading is switched to the log instead: its queue is dropped, and it reads every
 //! event since the last one it took from the cluster's log of recent events, slices
-//! of memory shared by every watcher reading there (`event_log`). Only a watcher the
-//! log no longer reaches back to gets a catch-up made for it: in event order, the
-//! current state of every affiliate changed since the last event it took and a delete
-//! for every affiliate removed since, several affiliates per message, so it sees a
-//! subsequence of the events (superseded states skipped) ending in the same state.
+//! of memory shared by every watcher reading there (`event_log`), until it has read
+//! them all and goes back to its queue. Only a watcher the log no longer reaches
+//! back to gets a catch-up made for it: in event order, the current state of every
+//! affiliate changed since the last event it took and a delete for every affiliate
+//! removed since, several affiliates per message, so it sees a subsequence of the
+//! events (superseded states skipped) ending in the same state.
 //! Neither costs memory per watcher, so a burst of any size is survived
 //! (`docs/discovery-protocol.md` §7.6).
 
@@ -306,8 +307,8 @@ impl Batch {
 pub enum Next {
     /// Send this encoded `WatchResponse`.
     Send(Bytes),
-    /// Lagging, and the event log no longer has what the watcher needs: ask the
-    /// state for a catch-up, then poll again.
+    /// Lagging, and at the event log's end or behind what it keeps: ask the state
+    /// ([`State::catch_up`](super::State::catch_up)), then poll again.
     CatchUp,
     /// Nothing queued: wait for [`WatchQueue::notified`].
     Wait,
@@ -378,9 +379,6 @@ struct Inner {
     lagging: bool,
     /// Position in the event log of the next event to read, once lagging.
     cursor: Option<u64>,
-    /// The log's end when this queue last asked to be woken at the next append (it
-    /// asks once per end).
-    waits_at: Option<u64>,
     lost: bool,
     closed: bool,
     /// Since when the watcher has had something to read (queue became non-empty).
@@ -577,10 +575,10 @@ pub(crate) enum Pushed {
 #[derive(Debug)]
 pub struct WatchQueue {
     inner: Mutex<Inner>,
-    /// The stream's task, woken by a push, a loss, a close, or (through the event
-    /// log) an append it waits for. The stream registers before it looks at the
-    /// queue, so a change after that look wakes it.
-    waker: Arc<AtomicWaker>,
+    /// The stream's task, woken by a push, a catch-up, a loss or a close. The
+    /// stream registers before it looks at the queue, so a change after that look
+    /// wakes it.
+    waker: AtomicWaker,
     limit: usize,
     stall: Duration,
     lag: Arc<RuntimeLag>,
@@ -605,13 +603,12 @@ impl WatchQueue {
                 delivered,
                 lagging: false,
                 cursor: None,
-                waits_at: None,
                 lost: false,
                 closed: false,
                 pending_since: now,
                 last_take: now,
             }),
-            waker: Arc::default(),
+            waker: AtomicWaker::new(),
             limit: limit.max(1),
             stall,
             lag,
@@ -752,13 +749,21 @@ impl WatchQueue {
         self.lock().delivered
     }
 
+    /// Back from the event log to the queue: the watcher has read every event so
+    /// far. Called under the state lock, so the next event is pushed to the queue.
+    pub(crate) fn rejoin(&self, now: Instant) {
+        let mut q = self.lock();
+        q.lagging = false;
+        q.cursor = None;
+        q.pending_since = now;
+    }
+
     /// Replaces the dropped queue with the catch-up messages (the log no longer had
     /// what the watcher needs).
     pub(crate) fn fill_catch_up(&self, messages: Vec<(u64, Message)>, now: Instant) {
         let mut q = self.lock();
         q.lagging = false;
         q.cursor = None;
-        q.waits_at = None;
         q.pending_since = now;
         for (seq, msg) in messages {
             q.holds += msg.len();
@@ -817,9 +822,10 @@ impl WatchQueue {
     }
 
     /// A lagging watcher's next read of the event log (`read` takes one event or
-    /// the rest of a segment); `None` when it is not lagging or has read the whole
-    /// log (then it is woken at the next append). A position the log no longer has
-    /// asks for a catch-up from the state.
+    /// the rest of a segment); `None` when it is not lagging. At the log's end, or
+    /// at a position the log no longer has, it asks the state
+    /// ([`State::catch_up`](super::State::catch_up)) to put it back on its queue or
+    /// to make it a catch-up.
     fn read_log(
         &self,
         q: &mut Inner,
@@ -829,7 +835,7 @@ impl WatchQueue {
         if !q.lagging || q.lost || q.closed {
             return None;
         }
-        let mut log = lock(&self.log);
+        let log = lock(&self.log);
         let Some(at) = q.cursor.or_else(|| log.position(q.delivered + 1)) else {
             q.last_take = now;
             return Some(Err(Next::CatchUp));
@@ -843,11 +849,7 @@ impl WatchQueue {
             }
             Read::End => {
                 q.cursor = Some(at);
-                if q.waits_at != Some(at) {
-                    q.waits_at = Some(at);
-                    log.wait(Arc::clone(&self.waker));
-                }
-                None
+                Some(Err(Next::CatchUp))
             }
             Read::Gone => {
                 q.last_take = now;
