@@ -338,18 +338,24 @@ fn seen(msgs: &[pb::WatchResponse]) -> Vec<(bool, String, Vec<u8>)> {
         .collect()
 }
 
+/// Cluster "c" with three affiliates, and a watcher of it with a four-event queue.
+fn three_affiliates_and_a_watcher(t0: Instant) -> (State, Subscription) {
+    let mut s = State::new();
+    for i in 0..3 {
+        s.update(t0, &req(&format!("old{i}"), Some(b"d"), &[], 60))
+            .unwrap();
+    }
+    let w = s.watch(t0, "c", 4).unwrap();
+    (s, w)
+}
+
 /// A watcher that falls behind but keeps reading is never dropped: once its queue
 /// overflows it reads the cluster's event log, so it sees every event in order, like
 /// a watcher that kept up.
 #[test]
 fn reading_watcher_that_falls_behind_reads_every_event_from_the_log() {
     let t0 = Instant::now();
-    let mut s = State::new();
-    for i in 0..3 {
-        s.update(t0, &req(&format!("old{i}"), Some(b"d"), &[], 60))
-            .unwrap();
-    }
-    let mut w = s.watch(t0, "c", 4).unwrap();
+    let (mut s, mut w) = three_affiliates_and_a_watcher(t0);
     let mut fast = s.watch(t0, "c", 1000).unwrap();
     assert_eq!(
         decode(&w.snapshot.to_bytes()[watch::PREFIX..])
@@ -382,8 +388,13 @@ fn reading_watcher_that_falls_behind_reads_every_event_from_the_log() {
     assert!(counts.watch_log_bytes > 17 * watch::PREFIX, "{counts:?}");
     // Having read the whole log, it is back on its queue.
     assert!(w.queue.lagging_since().is_none());
+    takes_the_next_event(&mut s, &mut w, t0);
+}
+
+/// Publishes one more event and checks that the watcher gets it, alone.
+fn takes_the_next_event(s: &mut State, w: &mut Subscription, t0: Instant) {
     s.update(t0, &req("a", Some(b"z"), &[], 60)).unwrap();
-    let next = drain_at(&mut s, &mut w, t0);
+    let next = drain_at(s, w, t0);
     assert_eq!(seen(&next), [(false, "a".to_owned(), b"z".to_vec())]);
 }
 
@@ -468,12 +479,7 @@ fn lagging_watchers_share_the_logs_sealed_segments() {
 #[test]
 fn a_watcher_the_log_no_longer_reaches_catches_up_from_the_state() {
     let t0 = Instant::now();
-    let mut s = State::new();
-    for i in 0..3 {
-        s.update(t0, &req(&format!("old{i}"), Some(b"d"), &[], 60))
-            .unwrap();
-    }
-    let mut w = s.watch(t0, "c", 4).unwrap();
+    let (mut s, mut w) = three_affiliates_and_a_watcher(t0);
     s.update(t0, &req("a", Some(b"1"), &[], 60)).unwrap();
     assert_eq!(drain_at(&mut s, &mut w, t0).len(), 1);
     // 120 events of 2 KiB: far over the log's limit for a cluster of six.
@@ -500,9 +506,7 @@ fn a_watcher_the_log_no_longer_reaches_catches_up_from_the_state() {
     );
     assert_eq!(msgs.len(), 3, "upserts batched, the delete alone");
     // Live again afterwards, from its queue.
-    s.update(t0, &req("a", Some(b"z"), &[], 60)).unwrap();
-    let next = drain_at(&mut s, &mut w, t0);
-    assert_eq!(seen(&next), [(false, "a".to_owned(), b"z".to_vec())]);
+    takes_the_next_event(&mut s, &mut w, t0);
 }
 
 /// A lagging watcher is pending from the moment an event it has not read was
