@@ -102,6 +102,8 @@ pub(crate) struct Cluster {
     log: Arc<Mutex<EventLog>>,
     /// Watchers switched to the log so far.
     lagged: u64,
+    /// Events were logged since the log was last dropped.
+    logged: bool,
     /// The last snapshot made and the event it was made after: watchers that
     /// register before the next event share it. Weak, so it lives only as long as a
     /// watcher still holds it.
@@ -158,7 +160,7 @@ impl Cluster {
         };
         affiliate.changed = seq;
         if self.subscribers.is_empty() {
-            lock(&self.log).clear();
+            self.drop_log();
             return;
         }
         let event = watch::encode_event(id, affiliate);
@@ -171,7 +173,7 @@ impl Cluster {
         self.seq += 1;
         if self.subscribers.is_empty() {
             // A watcher registered later starts after this event.
-            lock(&self.log).clear();
+            self.drop_log();
             return;
         }
         let seq = self.seq;
@@ -189,9 +191,18 @@ impl Cluster {
         }
     }
 
+    /// Drops the log's events once no watcher is left to read them (without its lock
+    /// when there are none: clusters without watchers take most updates).
+    fn drop_log(&mut self) {
+        if std::mem::take(&mut self.logged) {
+            lock(&self.log).clear();
+        }
+    }
+
     /// Appends the event to the log, and trims the log when it has grown enough for
     /// a trim to be due.
     fn log_event(&mut self, seq: u64, event: &Event, now: Instant) {
+        self.logged = true;
         let mut log = lock(&self.log);
         log.append(seq, event, now);
         let limit = self.log_limit(&log);
