@@ -4,7 +4,8 @@
 //! around [`State`] behind one mutex.
 //!
 //! Request validation and TTL arithmetic live in `validate` and are re-exported here;
-//! watch delivery (queues, catch-up, event encoding) in `watch`.
+//! watch delivery (queues, catch-up, event encoding) in `watch`, the clusters' logs
+//! of recent events for watchers that fell behind in `event_log`.
 
 mod event_log;
 mod record;
@@ -70,8 +71,8 @@ struct Subscriber {
     id: u64,
     queue: Arc<WatchQueue>,
     /// The queue lags (see [`Pushed::Lagging`]): its stream reads the cluster's
-    /// event log, until a catch-up from the state (when the log no longer reaches
-    /// back to it) gives it a queue again. Kept here, beside the ID, so an event
+    /// event log until it has read it all and rejoins its queue, or gets a catch-up
+    /// from the state once the log no longer reaches back to it. Kept here, beside the ID, so an event
     /// passes over a lagging watcher without reaching for its queue: in a burst
     /// most watchers of a large cluster lag, and a visit to each of 10,000 queues
     /// per event is what kept the state lock busy.

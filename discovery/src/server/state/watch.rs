@@ -191,7 +191,7 @@ impl Drop for KeptEntry {
 }
 
 /// One gRPC-framed `WatchResponse` of upserts (a snapshot, a catch-up batch) made of
-/// the affiliates' shared [`Entry`]s rather than a copy of them. Watchers that
+/// the affiliates' shared `Entry`s rather than a copy of them. Watchers that
 /// register between the same two events share one snapshot. Counted in
 /// [`WatchBytes`] at what it costs of its own, a pointer per entry; the entries it
 /// keeps alive after the affiliates changed count themselves.
@@ -310,7 +310,7 @@ pub enum Next {
     /// Lagging, and at the event log's end or behind what it keeps: ask the state
     /// ([`State::catch_up`](super::State::catch_up)), then poll again.
     CatchUp,
-    /// Nothing queued: wait for [`WatchQueue::notified`].
+    /// Nothing queued: wait for the waker given to [`WatchQueue::register`].
     Wait,
     /// The watcher was aborted as stalled: end with `ABORTED`.
     Lost,
