@@ -153,50 +153,42 @@ impl EventLog {
 
     /// The events from position `from` (an event's start) to the end of its segment.
     pub(crate) fn read(&self, from: u64) -> Read {
-        if from == self.end() {
-            return Read::End;
-        }
-        if from < self.base() || from > self.end() {
-            return Read::Gone;
-        }
-        if from >= self.open_start {
-            return Read::Events {
-                bytes: Bytes::copy_from_slice(&self.open[offset(from - self.open_start)..]),
-                last_seq: self.next_seq() - 1,
-            };
-        }
-        let s = &self.sealed[self.sealed.partition_point(|s| s.end() <= from)];
-        Read::Events {
-            bytes: s.bytes.slice(offset(from - s.start)..),
-            last_seq: s.last_seq,
-        }
+        self.read_from(from, false)
     }
 
     /// The one event starting at position `from`.
     pub(crate) fn read_one(&self, from: u64) -> Read {
+        self.read_from(from, true)
+    }
+
+    /// From position `from` to the end of the segment (or open buffer) holding it,
+    /// or (`one`) to the end of the event there: a slice of a sealed segment, a copy
+    /// of the open buffer.
+    fn read_from(&self, from: u64, one: bool) -> Read {
         if from == self.end() {
             return Read::End;
         }
         if from < self.base() || from > self.end() {
             return Read::Gone;
         }
-        let i = self.event_at(from);
-        let until = self.events.get(i + 1).map_or(self.end(), |e| e.start);
-        let last_seq = self.first_seq + i as u64;
-        if from >= self.open_start {
-            let (a, b) = (from - self.open_start, until - self.open_start);
-            return Read::Events {
-                bytes: Bytes::copy_from_slice(&self.open[offset(a)..offset(b)]),
-                last_seq,
-            };
+        let sealed = (from < self.open_start)
+            .then(|| &self.sealed[self.sealed.partition_point(|s| s.end() <= from)]);
+        let (start, mut until, mut last_seq) = match sealed {
+            Some(s) => (s.start, s.end(), s.last_seq),
+            None => (self.open_start, self.end(), self.next_seq() - 1),
+        };
+        if one {
+            // Segments hold whole events, so the next event starts within this one.
+            let i = self.event_at(from);
+            last_seq = self.first_seq + i as u64;
+            until = self.events.get(i + 1).map_or(until, |e| e.start);
         }
-        let s = &self.sealed[self.sealed.partition_point(|s| s.end() <= from)];
-        Read::Events {
-            bytes: s
-                .bytes
-                .slice(offset(from - s.start)..offset(until - s.start)),
-            last_seq,
-        }
+        let range = offset(from - start)..offset(until - start);
+        let bytes = match sealed {
+            Some(s) => s.bytes.slice(range),
+            None => Bytes::copy_from_slice(&self.open[range]),
+        };
+        Read::Events { bytes, last_seq }
     }
 
     /// When the event at position `from` was appended; `None` at the end (nothing

@@ -400,6 +400,12 @@ impl Inner {
         self.holds = 0;
     }
 
+    /// Where a lagging watcher reads on in the event log: its cursor, or (before its
+    /// first read) the event after the last one it took; `None` if no longer kept.
+    fn log_position(&self, log: &EventLog) -> Option<u64> {
+        self.cursor.or_else(|| log.position(self.delivered + 1))
+    }
+
     fn clear_events(&mut self) {
         for (_, msg, own) in self.events.drain(..) {
             if own {
@@ -680,7 +686,7 @@ impl WatchQueue {
             // Reading the log: pending since the first event it has not read was
             // appended; nothing pending once it has read them all.
             let log = lock(&self.log);
-            let at = q.cursor.or_else(|| log.position(q.delivered + 1));
+            let at = q.log_position(&log);
             match at.map_or(Some(q.pending_since), |at| log.unread_since(at)) {
                 Some(since) => q.pending_since = since,
                 None => return true,
@@ -836,22 +842,19 @@ impl WatchQueue {
             return None;
         }
         let log = lock(&self.log);
-        let Some(at) = q.cursor.or_else(|| log.position(q.delivered + 1)) else {
-            q.last_take = now;
-            return Some(Err(Next::CatchUp));
-        };
-        match read(&log, at) {
-            Read::Events { bytes, last_seq } => {
+        let at = q.log_position(&log);
+        match at.map(|at| (at, read(&log, at))) {
+            Some((at, Read::Events { bytes, last_seq })) => {
                 q.cursor = Some(at + bytes.len() as u64);
                 q.delivered = last_seq;
                 q.last_take = now;
                 Some(Ok(bytes))
             }
-            Read::End => {
+            Some((at, Read::End)) => {
                 q.cursor = Some(at);
                 Some(Err(Next::CatchUp))
             }
-            Read::Gone => {
+            None | Some((_, Read::Gone)) => {
                 q.last_take = now;
                 Some(Err(Next::CatchUp))
             }
