@@ -1,8 +1,12 @@
 //! Hostile section of `wirespan bench discovery`: well-behaved clients' AffiliateUpdate
-//! and Watch latency p99 on a server without, then with, a hostile client set (one
-//! cluster filled to the affiliate limit with maximal affiliates and kept churning,
-//! watchers of it that never read, idle connections), in the same run; and the
-//! server's RSS growth against the worst case the protocol limits allow.
+//! and Watch latency p99 on a server with its default limits (rate limit on, relay on),
+//! without, then with, a hostile client set (one cluster filled to the affiliate limit
+//! with maximal affiliates and kept churning, watchers of it that never read, idle
+//! connections, and the attackers of `attack`: a delete storm, rotating proxy headers,
+//! relay exhaustion, slowloris), in the same run; and the server's RSS growth against
+//! the worst case the protocol limits allow. Every client has a loopback source
+//! address of its own standing for its host, so per-address limits apply as they would
+//! on the internet.
 
 use std::{
     net::SocketAddr,
@@ -20,7 +24,12 @@ use wirespan_discovery::{
     server::state::{MAX_AFFILIATES, MAX_DATA_LEN, MAX_ENDPOINTS, MAX_ENDPOINT_LEN, WATCH_QUEUE},
 };
 
-use super::{ms, process::connect, verdict, ServerProcess, DATA_LEN};
+use super::{
+    attack::{channel_from, source, tcp_from, AttackCounts, Attacks, Targets},
+    ms,
+    process::free_loopback_port,
+    verdict, ServerProcess, DATA_LEN,
+};
 use crate::bar;
 
 /// Sizes of the section; `--quick` scales the hostile set down.
@@ -33,6 +42,7 @@ pub(super) struct Counts {
     hostile_affiliates: usize,
     slow_watchers: usize,
     idle: usize,
+    attacks: AttackCounts,
 }
 
 impl Counts {
@@ -45,6 +55,7 @@ impl Counts {
                 hostile_affiliates: 64,
                 slow_watchers: 20,
                 idle: 200,
+                attacks: AttackCounts::new(true),
             }
         } else {
             Self {
@@ -54,6 +65,7 @@ impl Counts {
                 hostile_affiliates: MAX_AFFILIATES,
                 slow_watchers: 1000,
                 idle: 10_000,
+                attacks: AttackCounts::new(false),
             }
         }
     }
@@ -61,6 +73,11 @@ impl Counts {
 
 const HOSTILE_CLUSTER: &str = "hostile";
 const HOSTILE_PUBLISHERS: usize = 16;
+/// Source hosts the hostile set's slow watchers and idle connections come from.
+const HOSTILE_HOSTS: usize = 64;
+/// Gap between a good client's updates: 10/s stays under the per-address rate limit
+/// (15/s), so the limiter never delays a good client.
+const ROUND_GAP: Duration = Duration::from_millis(100);
 /// Re-updates of hostile affiliates per second while the good clients are measured.
 const CHURN_PER_SEC: u64 = 200;
 /// h2 window of the slow watchers' connections: they never read, so this is all the
@@ -156,8 +173,22 @@ impl Samples {
     }
 }
 
+/// Good client `i`'s source address: 127.0.1.(i+1).
+fn good_source(i: usize) -> std::net::IpAddr {
+    std::net::Ipv4Addr::new(127, 0, 1, 1 + (i % 250) as u8).into()
+}
+
+fn good_cluster(i: usize) -> String {
+    format!("good-{i}")
+}
+
 async fn connect_good(addr: SocketAddr, i: usize) -> anyhow::Result<Good> {
-    let cluster = format!("good-{i}");
+    let cluster = good_cluster(i);
+    let connect = |addr| async move {
+        anyhow::Ok(ClusterClient::new(
+            channel_from(good_source(i), addr).await?,
+        ))
+    };
     let mut watch_conn = connect(addr).await?;
     let mut watch = watch_conn
         .watch(WatchRequest {
@@ -174,7 +205,7 @@ async fn connect_good(addr: SocketAddr, i: usize) -> anyhow::Result<Good> {
     })
 }
 
-/// `rounds` updates 20 ms apart from every good client at once: the RPC's latency,
+/// `rounds` updates [`ROUND_GAP`] apart from every good client at once: the RPC's latency,
 /// and the time from sending it to its own watcher receiving it.
 async fn measure(
     goods: Vec<Good>,
@@ -211,7 +242,7 @@ async fn measure(
                     }
                 }
                 s.watch.push(t0.elapsed());
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                tokio::time::sleep(ROUND_GAP).await;
             }
             anyhow::Ok((g, s))
         }));
@@ -231,7 +262,9 @@ async fn measure(
 struct Hostile {
     _publishers: Vec<ClusterClient<Channel>>,
     _slow: Vec<(ClusterClient<Channel>, Streaming<WatchResponse>)>,
-    _idle: Vec<tokio::net::TcpStream>,
+    idle: Vec<tokio::net::TcpStream>,
+    /// Slow watchers the server refused (connection or stream).
+    slow_refused: usize,
     stop: Arc<AtomicBool>,
     churn: Vec<tokio::task::JoinHandle<anyhow::Result<u64>>>,
 }
@@ -239,8 +272,8 @@ struct Hostile {
 async fn start_hostile(addr: SocketAddr, c: Counts) -> anyhow::Result<Hostile> {
     // Fill the cluster to the limit with maximal affiliates.
     let mut publishers = Vec::new();
-    for _ in 0..HOSTILE_PUBLISHERS {
-        publishers.push(connect(addr).await?);
+    for p in 0..HOSTILE_PUBLISHERS {
+        publishers.push(ClusterClient::new(channel_from(source(p), addr).await?));
     }
     let pb = bar(c.hostile_affiliates, "hostile affiliates");
     for chunk in (0..c.hostile_affiliates)
@@ -261,9 +294,11 @@ async fn start_hostile(addr: SocketAddr, c: Counts) -> anyhow::Result<Hostile> {
     // Watchers of it that never read, each on its own connection with a small window.
     let pb = bar(c.slow_watchers, "slow watchers");
     let mut slow = Vec::with_capacity(c.slow_watchers);
+    let mut slow_refused = 0;
     for chunk in (0..c.slow_watchers).collect::<Vec<_>>().chunks(64) {
-        let opens = chunk.iter().map(|_| async {
+        let opens = chunk.iter().map(|&k| async move {
             let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?
+                .local_address(Some(source(500 + k % HOSTILE_HOSTS)))
                 .initial_stream_window_size(SLOW_WINDOW)
                 .initial_connection_window_size(SLOW_WINDOW)
                 .connect()
@@ -278,7 +313,12 @@ async fn start_hostile(addr: SocketAddr, c: Counts) -> anyhow::Result<Hostile> {
             anyhow::Ok((client, stream))
         });
         for r in futures::future::join_all(opens).await {
-            slow.push(r.context("opening a slow watcher")?);
+            // A server at its connection or stream limits refuses some: that is a
+            // defence working, counted, not a failure of the benchmark.
+            match r {
+                Ok(s) => slow.push(s),
+                Err(_) => slow_refused += 1,
+            }
             pb.inc(1);
         }
     }
@@ -288,9 +328,13 @@ async fn start_hostile(addr: SocketAddr, c: Counts) -> anyhow::Result<Hostile> {
     let pb = bar(c.idle, "idle connections");
     let mut idle = Vec::with_capacity(c.idle);
     for chunk in (0..c.idle).collect::<Vec<_>>().chunks(256) {
-        let conns = chunk.iter().map(|_| tokio::net::TcpStream::connect(addr));
+        let conns = chunk
+            .iter()
+            .map(|&k| tcp_from(source(600 + k % HOSTILE_HOSTS), addr));
         for r in futures::future::join_all(conns).await {
-            idle.push(r.context("opening an idle connection")?);
+            if let Ok(conn) = r {
+                idle.push(conn);
+            }
             pb.inc(1);
         }
     }
@@ -324,7 +368,8 @@ async fn start_hostile(addr: SocketAddr, c: Counts) -> anyhow::Result<Hostile> {
     Ok(Hostile {
         _publishers: publishers,
         _slow: slow,
-        _idle: idle,
+        idle,
+        slow_refused,
         stop,
         churn,
     })
@@ -339,6 +384,33 @@ impl Hostile {
             total += t.await??;
         }
         Ok(total)
+    }
+
+    /// What became of the idle connections and slow watchers: one report line.
+    fn report(&self, c: Counts) -> String {
+        let closed = self.idle.iter().filter(|s| closed_by_peer(s)).count();
+        format!(
+            "idle connections: {} opened, {} closed by the server by the end; slow watchers: \
+             {} of {} refused",
+            self.idle.len(),
+            closed,
+            self.slow_refused,
+            c.slow_watchers
+        )
+    }
+}
+
+/// Whether the other end closed `conn`: whatever it sent is read and dropped until EOF
+/// or an error (closed) or nothing more is there (open).
+fn closed_by_peer(conn: &tokio::net::TcpStream) -> bool {
+    let mut buf = [0u8; 4096];
+    loop {
+        match conn.try_read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+            Err(_) => return true,
+        }
     }
 }
 
@@ -367,12 +439,18 @@ struct HostileProcess {
 
 impl HostileProcess {
     /// Starts the generator and waits until its set is up; returns it and the set-up time.
-    async fn start(addr: SocketAddr, quick: bool) -> anyhow::Result<(Self, Duration)> {
+    async fn start(
+        addr: SocketAddr,
+        web: SocketAddr,
+        quick: bool,
+    ) -> anyhow::Result<(Self, Duration)> {
         use tokio::io::AsyncBufReadExt as _;
         let exe = std::env::current_exe().context("locating this executable")?;
         let mut cmd = tokio::process::Command::new(exe);
         cmd.args(["bench", "discovery", "--hostile-client"])
             .arg(addr.to_string())
+            .arg("--hostile-web")
+            .arg(web.to_string())
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true);
@@ -398,8 +476,9 @@ impl HostileProcess {
         Ok((proc, Duration::from_secs_f64(secs)))
     }
 
-    /// Closes its stdin (stop churning); returns how many re-publishes it sent.
-    async fn stop(mut self) -> anyhow::Result<u64> {
+    /// Closes its stdin (stop churning and attacking); returns how many re-publishes
+    /// it sent and its attackers' report lines.
+    async fn stop(mut self) -> anyhow::Result<(u64, Vec<String>)> {
         drop(self.child.stdin.take());
         let line = tokio::time::timeout(Duration::from_secs(60), self.stdout.next_line())
             .await
@@ -409,22 +488,40 @@ impl HostileProcess {
             .strip_prefix("churned ")
             .and_then(|s| s.parse().ok())
             .with_context(|| format!("hostile client process said {line:?}, not `churned N`"))?;
+        let mut report = Vec::new();
+        while let Some(line) = self.stdout.next_line().await? {
+            report.push(line);
+        }
         let status = self.child.wait().await?;
         if !status.success() {
             bail!("the hostile client process failed: {status}");
         }
-        Ok(n)
+        Ok((n, report))
     }
 }
 
 /// The hostile client process's body: builds the set against `addr`, churns until
 /// stdin closes, then reports and drops every connection.
-pub(super) async fn generate(addr: SocketAddr, quick: bool) -> anyhow::Result<()> {
+pub(super) async fn generate(
+    addr: SocketAddr,
+    web: Option<SocketAddr>,
+    quick: bool,
+) -> anyhow::Result<()> {
     use std::io::Write as _;
     use tokio::io::AsyncReadExt as _;
     let c = fit_idle(Counts::new(quick), false);
     let built = Instant::now();
     let mut hostile = start_hostile(addr, c).await?;
+    let attacks = Attacks::start(
+        &Targets {
+            grpc: addr,
+            web,
+            good_clusters: (0..c.good).map(good_cluster).collect(),
+            hostile_cluster: HOSTILE_CLUSTER.into(),
+            hostile_affiliates: c.hostile_affiliates,
+        },
+        c.attacks,
+    );
     let mut out = std::io::stdout();
     writeln!(out, "ready {}", built.elapsed().as_secs_f64())?;
     out.flush()?;
@@ -432,7 +529,12 @@ pub(super) async fn generate(addr: SocketAddr, quick: bool) -> anyhow::Result<()
     let mut sink = Vec::new();
     tokio::io::stdin().read_to_end(&mut sink).await?;
     let churned = hostile.stop_churn().await?;
+    let report = attacks.stop().await;
     writeln!(out, "churned {churned}")?;
+    writeln!(out, "{}", hostile.report(c))?;
+    for line in report {
+        writeln!(out, "{line}")?;
+    }
     out.flush()?;
     Ok(())
 }
@@ -443,7 +545,15 @@ pub(super) async fn generate(addr: SocketAddr, quick: bool) -> anyhow::Result<()
 fn fit_idle(mut c: Counts, report: bool) -> Counts {
     let nofile = raise_nofile();
     let spare = 512;
-    let fixed = (c.slow_watchers + 2 * c.good + HOSTILE_PUBLISHERS + spare) as u64;
+    let a = c.attacks;
+    let fixed = (c.slow_watchers
+        + 2 * c.good
+        + HOSTILE_PUBLISHERS
+        + a.deleters
+        + a.rotators
+        + a.allocators
+        + 2 * a.slowloris
+        + spare) as u64;
     if fixed + c.idle as u64 > nofile {
         let fit = nofile.saturating_sub(fixed) as usize;
         if report {
@@ -461,7 +571,13 @@ fn fit_idle(mut c: Counts, report: bool) -> Counts {
 pub(super) async fn run(exe: &std::path::Path, quick: bool) -> anyhow::Result<()> {
     let nofile = raise_nofile();
     let c = fit_idle(Counts::new(quick), true);
-    let mut server = ServerProcess::start(exe)?;
+    // Default limits, the relay on (its exhaustion is one of the attacks), and the
+    // pages port (slowloris is aimed at it too).
+    let web = free_loopback_port()?;
+    let mut server = ServerProcess::start_public(
+        exe,
+        &["--relay".into(), "--metrics-listen".into(), web.to_string()],
+    )?;
     let addr = server.addr;
     let mut goods = Vec::with_capacity(c.good);
     for i in 0..c.good {
@@ -475,15 +591,18 @@ pub(super) async fn run(exe: &std::path::Path, quick: bool) -> anyhow::Result<()
     // does not land on one condition only; samples are pooled per condition.
     let (mut unloaded, mut loaded) = (Samples::default(), Samples::default());
     let (mut rss_loaded, mut churned, mut built) = (0, 0, Duration::ZERO);
+    let mut attack_report = Vec::new();
     for _ in 0..c.phases {
         let (g, s) = measure(goods, c.rounds, &seq).await?;
         unloaded.extend(s);
-        let (hostile, setup) = HostileProcess::start(addr, quick).await?;
+        let (hostile, setup) = HostileProcess::start(addr, web, quick).await?;
         built = built.max(setup);
         let (g, s) = measure(g, c.rounds, &seq).await?;
         loaded.extend(s);
         rss_loaded = rss_loaded.max(server.rss_bytes()?);
-        churned += hostile.stop().await?;
+        let (n, report) = hostile.stop().await?;
+        churned += n;
+        attack_report = report;
         if server.exited() {
             bail!("the server died under the hostile load");
         }
@@ -512,8 +631,8 @@ pub(super) async fn run(exe: &std::path::Path, quick: bool) -> anyhow::Result<()
     );
     println!();
     println!(
-        "Hostile load: {} good clients ({} B data, own cluster, own watcher), {} updates each \
-         20 ms apart per phase, {} phases without and {} with a hostile set taking turns \
+        "Hostile load: {} good clients ({} B data, own cluster, own watcher, own address), {} \
+         updates each {} ms apart per phase, {} phases without and {} with a hostile set taking turns \
          (samples pooled per condition); the set: {} maximal affiliates \
          ({} B data, {} endpoints) in one cluster re-published at {CHURN_PER_SEC}/s, {} \
          watchers of it that never read ({SLOW_WINDOW} B h2 window), {} idle TCP connections \
@@ -521,6 +640,7 @@ pub(super) async fn run(exe: &std::path::Path, quick: bool) -> anyhow::Result<()
         c.good,
         DATA_LEN,
         c.rounds,
+        ROUND_GAP.as_millis(),
         c.phases,
         c.phases,
         c.hostile_affiliates,
@@ -557,6 +677,10 @@ pub(super) async fn run(exe: &std::path::Path, quick: bool) -> anyhow::Result<()
         PER_CONNECTION / 1024,
         verdict(growth <= worst)
     );
+    println!("  attackers of the last loaded phase (each from source addresses of its own):");
+    for line in &attack_report {
+        println!("    {line}");
+    }
     drop(server);
     Ok(())
 }

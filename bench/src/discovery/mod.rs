@@ -7,6 +7,7 @@
 //! shared with the load generator's runtime. The rate limit is disabled because all
 //! load comes from one source address (it would cap every phase at 15 requests/s).
 
+mod attack;
 mod h2conn;
 mod hostile;
 mod process;
@@ -70,6 +71,9 @@ pub struct Args {
     /// hostile section runs it as its own process), until stdin closes.
     #[arg(long, hide = true)]
     pub hostile_client: Option<SocketAddr>,
+    /// Internal: the server's pages port, for the hostile client set's slowloris.
+    #[arg(long, hide = true, requires = "hostile_client")]
+    pub hostile_web: Option<SocketAddr>,
 }
 
 /// Sections of the benchmark, for `--only`.
@@ -140,7 +144,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .enable_all()
             .build()
             .context("starting the tokio runtime")?
-            .block_on(hostile::generate(addr, args.quick));
+            .block_on(hostile::generate(addr, args.hostile_web, args.quick));
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -162,7 +166,9 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
     println!("wirespan bench discovery");
     println!(
         "server: `{} discovery --no-rate-limit` (child process, loopback, rate limit off: all \
-         load comes from one address); {cores} cores shared by server and load generator",
+         load comes from one address; the hostile section runs it with its default limits \
+         and the relay, every client from an address of its own); {cores} cores shared by \
+         server and load generator",
         exe.display()
     );
     println!(

@@ -23,15 +23,19 @@ impl ServerProcess {
         Self::start_with(exe, &[])
     }
 
+    /// A server with the rate limit off (the capacity sections' load comes from one
+    /// address) and `extra` flags.
     pub(super) fn start_with(exe: &std::path::Path, extra: &[String]) -> anyhow::Result<Self> {
-        // Pick a free port; the short window until the child binds it is acceptable
-        // on a benchmark machine.
-        let port = std::net::TcpListener::bind("127.0.0.1:0")?
-            .local_addr()?
-            .port();
-        let addr: SocketAddr = ([127, 0, 0, 1], port).into();
+        let mut args = vec!["--no-rate-limit".to_string()];
+        args.extend_from_slice(extra);
+        Self::start_public(exe, &args)
+    }
+
+    /// A server with its default limits and `extra` flags.
+    pub(super) fn start_public(exe: &std::path::Path, extra: &[String]) -> anyhow::Result<Self> {
+        let addr = free_loopback_port()?;
         let child = Command::new(exe)
-            .args(["--log", "warn", "discovery", "--no-rate-limit", "--listen"])
+            .args(["--log", "warn", "discovery", "--listen"])
             .arg(addr.to_string())
             .args(extra)
             .stdin(Stdio::null())
@@ -77,6 +81,15 @@ impl ServerProcess {
     }
 }
 
+/// A free port on 127.0.0.1; the short window until the child binds it is acceptable
+/// on a benchmark machine.
+pub(super) fn free_loopback_port() -> anyhow::Result<SocketAddr> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port();
+    Ok(([127, 0, 0, 1], port).into())
+}
+
 /// CPU time (user + system) of the process whose `stat` file is `path`
 /// (`/proc/self/stat`: this one).
 #[allow(unsafe_code)]
@@ -116,10 +129,6 @@ pub(super) async fn connect_channel(addr: SocketAddr) -> anyhow::Result<Channel>
         .connect()
         .await
         .with_context(|| format!("connecting to {addr}"))
-}
-
-pub(super) async fn connect(addr: SocketAddr) -> anyhow::Result<ClusterClient<Channel>> {
-    Ok(ClusterClient::new(connect_channel(addr).await?))
 }
 
 /// `n` connections (one HTTP/2 connection each).
