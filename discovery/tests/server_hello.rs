@@ -1,5 +1,5 @@
-//! Hello's client address: transport peer, X-Real-IP, X-Forwarded-For, IPv6,
-//! IPv4-mapped peers, trust flags, and the option to not report it.
+//! Hello's client address: transport peer, X-Real-IP and X-Forwarded-For from a
+//! trusted proxy only, IPv6, IPv4-mapped peers, and the option to not report it.
 
 mod server_common;
 
@@ -24,9 +24,16 @@ async fn hello_ip(c: &mut ClusterClient<Channel>, headers: &[(&'static str, &str
     c.hello(req).await.unwrap().into_inner().client_ip
 }
 
+fn behind_loopback_proxy() -> ServerConfig {
+    ServerConfig {
+        trusted_proxies: vec!["127.0.0.0/8".parse().unwrap()],
+        ..ServerConfig::default()
+    }
+}
+
 #[tokio::test]
-async fn headers_take_precedence_over_peer() {
-    let server = start(ServerConfig::default()).await;
+async fn headers_from_a_trusted_proxy_take_precedence_over_peer() {
+    let server = start(behind_loopback_proxy()).await;
     let mut c = client(&server).await;
     assert_eq!(hello_ip(&mut c, &[]).await, [127, 0, 0, 1]);
     assert_eq!(
@@ -34,7 +41,7 @@ async fn headers_take_precedence_over_peer() {
         [1, 2, 3, 4]
     );
     assert_eq!(
-        hello_ip(&mut c, &[("x-forwarded-for", "5.6.7.8,192.168.0.0.1")]).await,
+        hello_ip(&mut c, &[("x-forwarded-for", "192.168.0.0.1, 5.6.7.8")]).await,
         [5, 6, 7, 8]
     );
     assert_eq!(
@@ -59,14 +66,10 @@ async fn headers_take_precedence_over_peer() {
     server.shutdown().await.unwrap();
 }
 
+/// By default no proxy is trusted: the headers are ignored.
 #[tokio::test]
 async fn untrusted_headers_and_disabled_reporting() {
-    let server = start(ServerConfig {
-        trust_x_real_ip: false,
-        trust_x_forwarded_for: false,
-        ..ServerConfig::default()
-    })
-    .await;
+    let server = start(ServerConfig::default()).await;
     let mut c = client(&server).await;
     assert_eq!(
         hello_ip(

@@ -30,8 +30,15 @@ fn relay_config(limits: RelayLimits) -> ServerConfig {
 }
 
 async fn client(server: &RunningServer) -> RelayClient<Channel> {
+    client_at(server, "127.0.0.1").await
+}
+
+/// A client whose connection comes from `ip` (the relay binds sides to the
+/// connection's address, never to a header).
+async fn client_at(server: &RunningServer, ip: &str) -> RelayClient<Channel> {
     let channel = Endpoint::from_shared(format!("http://{}", server.local_addr()))
         .unwrap()
+        .local_address(Some(ip.parse().unwrap()))
         .connect()
         .await
         .unwrap();
@@ -45,7 +52,7 @@ fn request(me: &str, peer: &str, token: &[u8], real_ip: &str) -> Request<Allocat
         peer_affiliate_id: peer.into(),
         pair_token: token.to_vec(),
     });
-    // The server trusts X-Real-IP by default: the second node is another address.
+    // Ignored (no trusted proxy): the relay sees the connection's address.
     r.metadata_mut()
         .insert("x-real-ip", MetadataValue::try_from(real_ip).unwrap());
     r
@@ -102,7 +109,8 @@ async fn a_pair_exchanges_datagrams_through_its_ports_and_strangers_are_dropped(
     let a = allocate(&mut c, "node-a", "node-b", "127.0.0.1")
         .await
         .unwrap();
-    let b = allocate(&mut c, "node-b", "node-a", "127.0.0.2")
+    let mut from_b = client_at(&server, "127.0.0.2").await;
+    let b = allocate(&mut from_b, "node-b", "node-a", "127.0.0.2")
         .await
         .unwrap();
     assert_ne!(a.port, b.port);

@@ -6,8 +6,16 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use anyhow::Context as _;
 use wirespan_discovery::{
     relay::{table::RelayLimits, RelayConfig},
-    server::{self, ServerConfig, TlsFiles},
+    server::{self, DeletePolicy, ServerConfig, TlsFiles},
 };
+
+fn parse_delete_policy(s: &str) -> Result<DeletePolicy, String> {
+    match s {
+        "allow" => Ok(DeletePolicy::Allow),
+        "refuse" => Ok(DeletePolicy::Refuse),
+        _ => Err(format!("{s:?} is not a delete policy: use allow or refuse")),
+    }
+}
 
 /// Options of `wirespan discovery`.
 #[derive(Debug, clap::Args)]
@@ -45,13 +53,26 @@ pub struct Args {
     /// Do not report the client's address in Hello.
     #[arg(long)]
     no_client_ip: bool,
-    /// Ignore `X-Real-IP` (trusted by default, like upstream; spoofable when the server
-    /// is not behind a proxy).
-    #[arg(long)]
-    no_trust_x_real_ip: bool,
-    /// Ignore `X-Forwarded-For` (trusted by default, like upstream).
-    #[arg(long)]
-    no_trust_x_forwarded_for: bool,
+    /// Network of a reverse proxy in front of the server (repeatable). Only a
+    /// connection from inside one may name the client address in `X-Real-IP` or
+    /// `X-Forwarded-For`; without any, the headers are ignored and the connection's
+    /// address is the client's (for Hello, the rate limit and the relay).
+    #[arg(long = "trusted-proxy", value_name = "CIDR")]
+    trusted_proxies: Vec<server::IpNet>,
+    /// What AffiliateDelete does: `allow` (upstream behaviour; rate-limited to 1/s,
+    /// burst 5, per address) or `refuse` (PERMISSION_DENIED; a leaving node's affiliate
+    /// expires at the end of its TTL). Anyone who knows a cluster ID can delete its
+    /// affiliates, so a public server may refuse.
+    #[arg(long, value_name = "POLICY", default_value = "allow", value_parser = parse_delete_policy)]
+    affiliate_delete: DeletePolicy,
+    /// Most clusters at once; a request that would create one more gets
+    /// RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "N", default_value_t = wirespan_discovery::server::state::MAX_CLUSTERS)]
+    max_clusters: usize,
+    /// MiB the stored clusters and affiliates may take; a request that would grow the
+    /// state past it gets RESOURCE_EXHAUSTED, and a snapshot is loaded only up to it.
+    #[arg(long, value_name = "MIB", default_value_t = wirespan_discovery::server::state::STATE_BUDGET >> 20)]
+    state_budget_mib: usize,
     /// Offer the server relay (`wirespan.relay.v1`): a blind UDP relay for WireGuard
     /// packets of node pairs that reach each other by no other path. Each pair gets two
     /// UDP ports on --relay-bind; allow UDP to them in the firewall.
@@ -100,6 +121,19 @@ impl Args {
                 usize::MAX >> 20
             );
         };
+        if self.max_clusters == 0 {
+            anyhow::bail!("--max-clusters must be positive");
+        }
+        let Some(state_budget) = self
+            .state_budget_mib
+            .checked_mul(1 << 20)
+            .filter(|b| *b > 0)
+        else {
+            anyhow::bail!(
+                "--state-budget-mib must be between 1 and {}",
+                usize::MAX >> 20
+            );
+        };
         if self.relay_max_allocations == 0 {
             anyhow::bail!("--relay-max-allocations must be positive");
         }
@@ -127,8 +161,10 @@ impl Args {
             max_affiliates: self.max_affiliates,
             watch_budget,
             report_client_ip: !self.no_client_ip,
-            trust_x_real_ip: !self.no_trust_x_real_ip,
-            trust_x_forwarded_for: !self.no_trust_x_forwarded_for,
+            trusted_proxies: self.trusted_proxies,
+            affiliate_delete: self.affiliate_delete,
+            max_clusters: self.max_clusters,
+            state_budget,
             tls: match (self.tls_cert, self.tls_key) {
                 (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
                 _ => None,

@@ -221,7 +221,7 @@ impl Relay {
             inner.metrics.allocate("created");
             tracing::info!(
                 allocation = grant.id,
-                cluster = %req.cluster_id,
+                cluster = %crate::redact::cluster_tag(&req.cluster_id),
                 observed = %observed,
                 port = grant.port,
                 "relay allocation created"
@@ -329,28 +329,14 @@ impl RelayService {
         &self,
         req: Request<pb::AllocateRequest>,
     ) -> Result<Response<pb::AllocateResponse>, Status> {
-        let c = &self.shared.config;
-        let observed = client_address(
-            req.metadata(),
-            req.remote_addr(),
-            c.trust_x_real_ip,
-            c.trust_x_forwarded_for,
-        )
-        .ok_or(RelayError::NoAddress)?;
-        if c.rate_limit {
-            let wait = self
-                .shared
-                .limiter
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .acquire(
-                    observed,
-                    Instant::now(),
-                    crate::server::grpc_timeout(req.metadata()),
-                )?;
-            if !wait.is_zero() {
-                tokio::time::sleep(wait).await;
-            }
+        // The transport peer, never a header: the sides are bound to this address.
+        let observed =
+            client_address(req.metadata(), req.remote_addr(), &[]).ok_or(RelayError::NoAddress)?;
+        if self.shared.config.rate_limit {
+            let deadline = crate::server::grpc_timeout(req.metadata());
+            self.shared
+                .admit(crate::server::service::Limit::Calls, observed, deadline)
+                .await?;
         }
         let r = req.into_inner();
         let pair = PairRequest::new(

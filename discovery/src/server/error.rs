@@ -36,6 +36,18 @@ pub enum RequestError {
     /// Waiting for a rate-limit token would outlast the call's deadline.
     #[error("rate limit exceeds request timeout")]
     RateLimited,
+    /// The address already has a second of calls queued behind the rate limit.
+    #[error("rate limit exceeded: this address already has 1 s of calls queued")]
+    RateLimitDebt,
+    /// The server refuses AffiliateDelete (`--affiliate-delete refuse`).
+    #[error("affiliate deletes are refused by this server (--affiliate-delete refuse); the affiliate expires at the end of its TTL")]
+    DeleteRefused,
+    /// A new cluster would exceed the server's cluster cap.
+    #[error("too many clusters on the server (limit {0}, --max-clusters)")]
+    TooManyClusters(usize),
+    /// The request would grow the stored state past its memory budget.
+    #[error("server state memory budget of {0} bytes exhausted (--state-budget-mib)")]
+    StateBudget(usize),
     /// The watcher's queue overflowed and its subscription was dropped.
     #[error("subscription canceled: lost update")]
     LostUpdate,
@@ -53,7 +65,11 @@ impl From<RequestError> for tonic::Status {
             | RequestError::TtlTooLarge => tonic::Code::InvalidArgument,
             RequestError::TooManyAffiliates
             | RequestError::TooManyEndpoints
-            | RequestError::RateLimited => tonic::Code::ResourceExhausted,
+            | RequestError::RateLimited
+            | RequestError::RateLimitDebt
+            | RequestError::TooManyClusters(_)
+            | RequestError::StateBudget(_) => tonic::Code::ResourceExhausted,
+            RequestError::DeleteRefused => tonic::Code::PermissionDenied,
             RequestError::LostUpdate => tonic::Code::Aborted,
         };
         tonic::Status::new(code, err.to_string())

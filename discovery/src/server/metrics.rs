@@ -64,6 +64,16 @@ pub struct Metrics {
     watch_budget_aborts: Counter,
     watch_lagged: Counter,
     watch_log_bytes: Gauge,
+    stored_bytes: Gauge,
+    clusters_refused: Counter,
+    budget_refused: Counter,
+    snapshot_dropped: Counter,
+    rate_limit_rejected: Family<Labels, Counter>,
+    rate_limit_evicted: Family<Labels, Counter>,
+    rate_limit_refunded: Family<Labels, Counter>,
+    rate_limit_buckets: Family<Labels, Gauge>,
+    /// Client-version labels handed out so far (see [`MAX_VERSION_LABELS`]).
+    version_labels: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The server relay's series (at zero while it is off).
     pub relay: crate::relay::RelayMetrics,
 }
@@ -104,6 +114,15 @@ impl Metrics {
             watch_budget_aborts: Counter::default(),
             watch_lagged: Counter::default(),
             watch_log_bytes: Gauge::default(),
+            stored_bytes: Gauge::default(),
+            clusters_refused: Counter::default(),
+            budget_refused: Counter::default(),
+            snapshot_dropped: Counter::default(),
+            rate_limit_rejected: Family::default(),
+            rate_limit_evicted: Family::default(),
+            rate_limit_refunded: Family::default(),
+            rate_limit_buckets: Family::default(),
+            version_labels: std::sync::Mutex::default(),
             relay: crate::relay::RelayMetrics::default(),
             registry: Registry::default(),
         };
@@ -193,6 +212,7 @@ impl Metrics {
             "Bytes of recent events kept in the clusters' event logs for watchers that fell behind",
             m.watch_log_bytes.clone(),
         );
+        m.register_limits(&mut registry);
         // At zero from the start: a family without series is not rendered at all,
         // and `increase()` needs the zero to see the first operation.
         for operation in ["save", "load"] {
@@ -221,6 +241,100 @@ impl Metrics {
         }
     }
 
+    /// Registers the series of the server's limits (rate limiter, state budget).
+    fn register_limits(&self, registry: &mut Registry) {
+        registry.register(
+            "discovery_state_bytes",
+            "Bytes the stored clusters and affiliates take (the --state-budget-mib measure)",
+            self.stored_bytes.clone(),
+        );
+        registry.register(
+            "discovery_state_clusters_refused",
+            "Requests refused because they would create a cluster beyond --max-clusters",
+            self.clusters_refused.clone(),
+        );
+        registry.register(
+            "discovery_state_budget_refused",
+            "Requests refused because they would grow the state past --state-budget-mib",
+            self.budget_refused.clone(),
+        );
+        registry.register(
+            "discovery_snapshot_dropped",
+            "Clusters, affiliates and endpoints dropped from the snapshot at load for breaking a limit",
+            self.snapshot_dropped.clone(),
+        );
+        registry.register(
+            "discovery_ratelimit_rejected",
+            "Calls refused by a per-address rate limiter, by limiter and reason (deadline: the wait outlasts the call's deadline; debt: over 1 s of calls queued)",
+            self.rate_limit_rejected.clone(),
+        );
+        registry.register(
+            "discovery_ratelimit_evicted",
+            "Rate-limit buckets evicted to make room for new addresses, by limiter",
+            self.rate_limit_evicted.clone(),
+        );
+        registry.register(
+            "discovery_ratelimit_refunded",
+            "Reserved rate-limit tokens given back by calls cancelled while they waited, by limiter",
+            self.rate_limit_refunded.clone(),
+        );
+        registry.register(
+            "discovery_ratelimit_buckets",
+            "Rate-limit buckets held, by limiter",
+            self.rate_limit_buckets.clone(),
+        );
+        for limiter in ["calls", "deletes"] {
+            for reason in ["deadline", "debt"] {
+                let _ = self.rate_limit_rejected.get_or_create(&vec![
+                    ("limiter", limiter.to_owned()),
+                    ("reason", reason.to_owned()),
+                ]);
+            }
+            let _ = self
+                .rate_limit_evicted
+                .get_or_create(&limiter_labels(limiter));
+            let _ = self
+                .rate_limit_refunded
+                .get_or_create(&limiter_labels(limiter));
+            let _ = self
+                .rate_limit_buckets
+                .get_or_create(&limiter_labels(limiter));
+        }
+    }
+
+    /// Counts a call refused by the rate limiter `limiter` for `reason`.
+    pub fn rate_limit_rejected(&self, limiter: &'static str, reason: &'static str) {
+        self.rate_limit_rejected
+            .get_or_create(&vec![
+                ("limiter", limiter.to_owned()),
+                ("reason", reason.to_owned()),
+            ])
+            .inc();
+    }
+
+    /// Counts buckets evicted from `limiter`.
+    pub fn rate_limit_evicted(&self, limiter: &'static str, evicted: usize) {
+        if evicted > 0 {
+            self.rate_limit_evicted
+                .get_or_create(&limiter_labels(limiter))
+                .inc_by(evicted as u64);
+        }
+    }
+
+    /// Counts a token given back to `limiter`.
+    pub fn rate_limit_refunded(&self, limiter: &'static str) {
+        self.rate_limit_refunded
+            .get_or_create(&limiter_labels(limiter))
+            .inc();
+    }
+
+    /// Sets how many buckets `limiter` holds.
+    pub fn rate_limit_buckets(&self, limiter: &'static str, buckets: usize) {
+        self.rate_limit_buckets
+            .get_or_create(&limiter_labels(limiter))
+            .set(gauge(buckets));
+    }
+
     /// Counts a Watch stream aborted for lost updates.
     pub fn watch_aborted(&self) {
         self.watch_aborted.inc();
@@ -233,9 +347,29 @@ impl Metrics {
 
     /// Counts one Hello under its version label.
     pub fn hello(&self, client_version: &str) {
+        let label = self.bounded_version_label(client_version);
         self.hello
-            .get_or_create(&vec![("client_version", version_label(client_version))])
+            .get_or_create(&vec![("client_version", label)])
             .inc();
+    }
+
+    /// [`version_label`], or `other` once [`MAX_VERSION_LABELS`] distinct labels
+    /// were handed out: clients choose their version string, so without a cap they
+    /// could make a series each.
+    fn bounded_version_label(&self, client_version: &str) -> String {
+        let label = version_label(client_version);
+        let mut seen = self
+            .version_labels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if seen.contains(&label) {
+            return label;
+        }
+        if seen.len() >= MAX_VERSION_LABELS {
+            return OTHER_VERSIONS.into();
+        }
+        seen.insert(label.clone());
+        label
     }
 
     /// Records one finished RPC.
@@ -282,10 +416,14 @@ impl Metrics {
         self.subscriptions.set(gauge(counts.subscriptions));
         self.watch_bytes.set(gauge(counts.watch_bytes));
         self.watch_log_bytes.set(gauge(counts.watch_log_bytes));
+        self.stored_bytes.set(gauge(counts.stored_bytes));
         // The state keeps the totals; the counters catch up to them.
         for (counter, total) in [
             (&self.watch_budget_aborts, counts.watch_budget_aborts),
             (&self.watch_lagged, counts.watch_lagged),
+            (&self.clusters_refused, counts.clusters_refused),
+            (&self.budget_refused, counts.budget_refused),
+            (&self.snapshot_dropped, counts.snapshot_dropped),
         ] {
             counter.inc_by(total.saturating_sub(counter.get()));
         }
@@ -295,6 +433,16 @@ impl Metrics {
         out
     }
 }
+
+fn limiter_labels(limiter: &str) -> Labels {
+    vec![("limiter", limiter.to_owned())]
+}
+
+/// Most distinct `client_version` labels; later new versions count as
+/// [`OTHER_VERSIONS`].
+pub const MAX_VERSION_LABELS: usize = 32;
+/// The label of versions beyond [`MAX_VERSION_LABELS`].
+pub const OTHER_VERSIONS: &str = "other";
 
 fn gauge(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)

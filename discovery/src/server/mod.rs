@@ -30,6 +30,8 @@ mod watch;
 mod web;
 
 pub use error::{RequestError, ServerError, SnapshotError};
+pub use ipnet::IpNet;
+pub use ratelimit::{DELETE_BURST, DELETE_RATE};
 pub use service::{client_address, grpc_timeout};
 
 use crate::proto::server::cluster_server::ClusterServer;
@@ -67,11 +69,20 @@ pub struct ServerConfig {
     pub snapshot_interval: Duration,
     /// Report the client's address in Hello.
     pub report_client_ip: bool,
-    /// Take the client address from `X-Real-IP` (spoofable unless behind a proxy).
-    pub trust_x_real_ip: bool,
-    /// Take the client address from the first `X-Forwarded-For` entry (spoofable
-    /// unless behind a proxy).
-    pub trust_x_forwarded_for: bool,
+    /// Networks of the reverse proxies in front of the server: only a connection from
+    /// inside one of them may name the client address in `X-Real-IP` or
+    /// `X-Forwarded-For` (see [`client_address`]). Empty (the default): headers are
+    /// ignored and the transport peer is the client.
+    pub trusted_proxies: Vec<ipnet::IpNet>,
+    /// Whether AffiliateDelete is served or refused (PERMISSION_DENIED).
+    pub affiliate_delete: DeletePolicy,
+    /// Most clusters at once; a request that would create one more gets
+    /// RESOURCE_EXHAUSTED.
+    pub max_clusters: usize,
+    /// Bytes the stored clusters and affiliates may take (see
+    /// [`state::State::set_state_budget`]); a request that would grow past it gets
+    /// RESOURCE_EXHAUSTED.
+    pub state_budget: usize,
     /// Events queued per watcher before it is aborted as too slow (if it also took
     /// nothing for `watch_stall`) or switched to catch-up (if it reads).
     pub watch_queue: usize,
@@ -97,8 +108,10 @@ impl Default for ServerConfig {
             snapshot_path: None,
             snapshot_interval: Duration::from_secs(600),
             report_client_ip: true,
-            trust_x_real_ip: true,
-            trust_x_forwarded_for: true,
+            trusted_proxies: Vec::new(),
+            affiliate_delete: DeletePolicy::Allow,
+            max_clusters: state::MAX_CLUSTERS,
+            state_budget: state::STATE_BUDGET,
             watch_queue: state::WATCH_QUEUE,
             watch_stall: state::WATCH_STALL,
             watch_budget: state::WATCH_BUDGET,
@@ -107,6 +120,17 @@ impl Default for ServerConfig {
             relay: None,
         }
     }
+}
+
+/// What the server does with AffiliateDelete.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DeletePolicy {
+    /// Delete the affiliate (upstream behaviour), rate-limited per address.
+    #[default]
+    Allow,
+    /// Refuse with PERMISSION_DENIED: anyone who knows the cluster ID could delete
+    /// any affiliate, so a public server may leave affiliates to expire by their TTL.
+    Refuse,
 }
 
 /// A server running in the background on the current tokio runtime.
@@ -269,7 +293,12 @@ fn restore(config: &ServerConfig) -> state::State {
     let Some(path) = &config.snapshot_path else {
         return state::State::new();
     };
-    match snapshot::load(path, Instant::now(), SystemTime::now()) {
+    let limits = snapshot::LoadLimits {
+        max_affiliates: config.max_affiliates,
+        max_clusters: config.max_clusters,
+        state_budget: config.state_budget,
+    };
+    match snapshot::load(path, Instant::now(), SystemTime::now(), limits) {
         snapshot::LoadOutcome::Missing => {
             tracing::info!(path = %path.display(), "no snapshot, starting empty");
             state::State::new()
@@ -280,6 +309,7 @@ fn restore(config: &ServerConfig) -> state::State {
                 path = %path.display(),
                 clusters = c.clusters,
                 affiliates = c.affiliates,
+                dropped = c.snapshot_dropped,
                 "snapshot restored"
             );
             state
@@ -327,7 +357,7 @@ async fn background(shared: Arc<Shared>) {
                 state.check_stalled(now);
             }
             _ = limiter.tick() => {
-                shared.limiter.lock().unwrap_or_else(std::sync::PoisonError::into_inner).cleanup(Instant::now());
+                shared.cleanup_limiters(Instant::now());
             }
             _ = snapshot.tick(), if shared.config.snapshot_path.is_some() => {
                 if let Some(path) = shared.config.snapshot_path.clone() {
@@ -411,6 +441,8 @@ pub async fn spawn_with_metrics(
     }
     let mut state = restore(&config);
     state.set_max_affiliates(config.max_affiliates);
+    state.set_max_clusters(config.max_clusters);
+    state.set_state_budget(config.state_budget);
     state.set_watch_stall(config.watch_stall);
     state.set_watch_budget(config.watch_budget);
     let token = CancellationToken::new();

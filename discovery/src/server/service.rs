@@ -9,14 +9,16 @@ use std::{
 };
 
 use futures::Stream;
+use ipnet::IpNet;
 use tokio_util::sync::CancellationToken;
 use tonic::{metadata::MetadataMap, Request, Response, Status};
 
 use super::{
+    error::RequestError,
     metrics::Metrics,
     ratelimit::RateLimiter,
     state::{self, State, Subscription},
-    ServerConfig,
+    DeletePolicy, ServerConfig,
 };
 use crate::proto::server as pb;
 
@@ -25,6 +27,8 @@ pub struct Shared {
     pub(crate) config: ServerConfig,
     pub(crate) state: Mutex<State>,
     pub(crate) limiter: Mutex<RateLimiter>,
+    /// AffiliateDelete's own per-address limit (beside `limiter`).
+    delete_limiter: Mutex<RateLimiter>,
     pub(crate) metrics: Metrics,
     pub(crate) shutdown: CancellationToken,
     /// Set (before the token is cancelled) once the server stops: what a Watch
@@ -42,6 +46,7 @@ impl Shared {
             config,
             state: Mutex::new(state),
             limiter: Mutex::new(RateLimiter::default()),
+            delete_limiter: Mutex::new(RateLimiter::for_deletes()),
             metrics: Metrics::new(),
             shutdown,
             stopping: std::sync::atomic::AtomicBool::new(false),
@@ -71,38 +76,150 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn limiter(&self) -> MutexGuard<'_, RateLimiter> {
-        self.limiter
+    fn limiter(&self, limit: Limit) -> MutexGuard<'_, RateLimiter> {
+        let limiter = match limit {
+            Limit::Calls => &self.limiter,
+            Limit::Deletes => &self.delete_limiter,
+        };
+        limiter
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
+
+    /// Takes a token of `limit` for `addr`, waiting for a reserved one if need be; a
+    /// call dropped while it waits (cancelled, deadline passed) gives it back.
+    ///
+    /// # Errors
+    /// RESOURCE_EXHAUSTED if the wait would outlast `deadline` or the debt cap.
+    pub(crate) async fn admit(
+        &self,
+        limit: Limit,
+        addr: IpAddr,
+        deadline: Option<Duration>,
+    ) -> Result<(), Status> {
+        let (grant, buckets) = {
+            let mut limiter = self.limiter(limit);
+            (
+                limiter.acquire(addr, Instant::now(), deadline),
+                limiter.len(),
+            )
+        };
+        self.metrics.rate_limit_buckets(limit.label(), buckets);
+        let grant = grant.map_err(|rejection| {
+            self.metrics
+                .rate_limit_rejected(limit.label(), rejection.label());
+            Status::from(RequestError::from(rejection))
+        })?;
+        self.metrics
+            .rate_limit_evicted(limit.label(), grant.evicted);
+        if grant.wait.is_zero() {
+            return Ok(());
+        }
+        let mut refund = RefundOnDrop {
+            shared: self,
+            limit,
+            addr,
+            armed: true,
+        };
+        tokio::time::sleep(grant.wait).await;
+        refund.armed = false;
+        Ok(())
+    }
+
+    /// Stops the old limiter entries from piling up (every minute).
+    pub(crate) fn cleanup_limiters(&self, now: Instant) {
+        self.limiter(Limit::Calls).cleanup(now);
+        self.limiter(Limit::Deletes).cleanup(now);
+    }
 }
 
-/// The client's address for Hello and the rate limiter: `x-real-ip`, then the first
-/// `x-forwarded-for` entry (each only if trusted and parseable), then the transport
-/// peer. IPv4-mapped IPv6 addresses are reported as IPv4.
+/// Which per-address limiter a call draws from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Limit {
+    /// Every RPC (upstream's 15/s, burst 60).
+    Calls,
+    /// AffiliateDelete, in addition.
+    Deletes,
+}
+
+impl Limit {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Calls => "calls",
+            Self::Deletes => "deletes",
+        }
+    }
+}
+
+/// Hands a reserved token back unless the call got to use it.
+struct RefundOnDrop<'a> {
+    shared: &'a Shared,
+    limit: Limit,
+    addr: IpAddr,
+    armed: bool,
+}
+
+impl Drop for RefundOnDrop<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared
+                .limiter(self.limit)
+                .refund(self.addr, Instant::now());
+            self.shared.metrics.rate_limit_refunded(self.limit.label());
+        }
+    }
+}
+
+/// The client's address for Hello and the rate limiter. The transport peer, unless
+/// it is inside one of `trusted_proxies`: then `x-real-ip` if it parses, else the
+/// right-most `x-forwarded-for` entry that is not itself a trusted proxy (entries left
+/// of it are whatever the client wrote). IPv4-mapped IPv6 addresses are reported as
+/// IPv4. Without trusted proxies no header is ever read.
 #[must_use]
 pub fn client_address(
     metadata: &MetadataMap,
     peer: Option<SocketAddr>,
-    trust_x_real_ip: bool,
-    trust_x_forwarded_for: bool,
+    trusted_proxies: &[IpNet],
 ) -> Option<IpAddr> {
-    let header = |name: &str| metadata.get(name).and_then(|v| v.to_str().ok());
-    if trust_x_real_ip {
-        if let Some(ip) = header("x-real-ip").and_then(|v| v.trim().parse::<IpAddr>().ok()) {
-            return Some(ip.to_canonical());
+    let peer = peer.map(|p| p.ip().to_canonical())?;
+    let trusted = |ip: &IpAddr| trusted_proxies.iter().any(|net| net.contains(ip));
+    if !trusted(&peer) {
+        return Some(peer);
+    }
+    let real_ip = metadata
+        .get("x-real-ip")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<IpAddr>().ok());
+    if let Some(ip) = real_ip {
+        return Some(ip.to_canonical());
+    }
+    Some(forwarded_for(metadata, peer, &trusted))
+}
+
+/// The right-most `x-forwarded-for` hop that is not a trusted proxy, walking from
+/// `peer` (trusted) leftwards; an unparseable entry stops the walk at the last hop
+/// known good.
+fn forwarded_for(
+    metadata: &MetadataMap,
+    peer: IpAddr,
+    trusted: &impl Fn(&IpAddr) -> bool,
+) -> IpAddr {
+    let headers: Vec<&str> = metadata
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .collect();
+    let mut hop = peer;
+    for entry in headers.iter().rev().flat_map(|h| h.rsplit(',')) {
+        let Ok(ip) = entry.trim().parse::<IpAddr>() else {
+            break;
+        };
+        hop = ip.to_canonical();
+        if !trusted(&hop) {
+            break;
         }
     }
-    if trust_x_forwarded_for {
-        if let Some(ip) = header("x-forwarded-for")
-            .and_then(|v| v.split(',').next())
-            .and_then(|v| v.trim().parse::<IpAddr>().ok())
-        {
-            return Some(ip.to_canonical());
-        }
-    }
-    peer.map(|p| p.ip().to_canonical())
+    hop
 }
 
 /// Time left for the call from its `grpc-timeout` header, if any.
@@ -140,33 +257,25 @@ pub struct ClusterService {
 
 impl ClusterService {
     fn client_address<T>(&self, req: &Request<T>) -> Option<IpAddr> {
-        let c = &self.shared.config;
         client_address(
             req.metadata(),
             req.remote_addr(),
-            c.trust_x_real_ip,
-            c.trust_x_forwarded_for,
+            &self.shared.config.trusted_proxies,
         )
     }
 
     /// Rate limit: waits for a token, or fails at once if the wait would outlast the
-    /// call's deadline. Calls with no known address are not limited.
-    async fn admit<T>(&self, req: &Request<T>) -> Result<(), Status> {
+    /// call's deadline or the debt cap. Calls with no known address are not limited.
+    async fn admit<T>(&self, req: &Request<T>, limit: Limit) -> Result<(), Status> {
         if !self.shared.config.rate_limit {
             return Ok(());
         }
         let Some(addr) = self.client_address(req) else {
             return Ok(());
         };
-        let deadline = grpc_timeout(req.metadata());
-        let wait = self
-            .shared
-            .limiter()
-            .acquire(addr, Instant::now(), deadline)?;
-        if !wait.is_zero() {
-            tokio::time::sleep(wait).await;
-        }
-        Ok(())
+        self.shared
+            .admit(limit, addr, grpc_timeout(req.metadata()))
+            .await
     }
 
     pub(crate) fn record<T>(
@@ -185,7 +294,7 @@ impl ClusterService {
         &self,
         req: Request<pb::HelloRequest>,
     ) -> Result<Response<pb::HelloResponse>, Status> {
-        self.admit(&req).await?;
+        self.admit(&req, Limit::Calls).await?;
         let client_ip = self.client_address(&req);
         let req = req.into_inner();
         self.shared.metrics.hello(&req.client_version);
@@ -209,7 +318,7 @@ impl ClusterService {
         &self,
         req: Request<pb::WatchRequest>,
     ) -> Result<Subscription, Status> {
-        self.admit(&req).await?;
+        self.admit(&req, Limit::Calls).await?;
         let req = req.into_inner();
         let sub = self.shared.state().watch(
             Instant::now(),
@@ -240,7 +349,7 @@ impl pb::cluster_server::Cluster for ClusterService {
     ) -> Result<Response<pb::AffiliateUpdateResponse>, Status> {
         let start = Instant::now();
         let result = async {
-            self.admit(&req).await?;
+            self.admit(&req, Limit::Calls).await?;
             self.shared.state().update(Instant::now(), req.get_ref())?;
             Ok(Response::new(pb::AffiliateUpdateResponse {}))
         }
@@ -255,7 +364,11 @@ impl pb::cluster_server::Cluster for ClusterService {
     ) -> Result<Response<pb::AffiliateDeleteResponse>, Status> {
         let start = Instant::now();
         let result = async {
-            self.admit(&req).await?;
+            if self.shared.config.affiliate_delete == DeletePolicy::Refuse {
+                return Err(RequestError::DeleteRefused.into());
+            }
+            self.admit(&req, Limit::Deletes).await?;
+            self.admit(&req, Limit::Calls).await?;
             let r = req.get_ref();
             self.shared
                 .state()
@@ -273,7 +386,7 @@ impl pb::cluster_server::Cluster for ClusterService {
     ) -> Result<Response<pb::ListResponse>, Status> {
         let start = Instant::now();
         let result = async {
-            self.admit(&req).await?;
+            self.admit(&req, Limit::Calls).await?;
             let affiliates = self.shared.state().list(&req.get_ref().cluster_id)?;
             Ok(Response::new(pb::ListResponse { affiliates }))
         }
@@ -324,38 +437,57 @@ mod tests {
         m
     }
 
+    fn nets(v: &[&str]) -> Vec<IpNet> {
+        v.iter().map(|n| n.parse().unwrap()).collect()
+    }
+
     #[test]
-    fn client_address_precedence() {
+    fn headers_count_only_from_trusted_proxies() {
         let peer: SocketAddr = "127.0.0.1:5555".parse().unwrap();
         let local = IpAddr::V4(Ipv4Addr::LOCALHOST);
-        assert_eq!(
-            client_address(&md(&[]), Some(peer), true, true),
-            Some(local)
-        );
+        let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
         let both = md(&[("x-real-ip", "1.2.3.4"), ("x-forwarded-for", "5.6.7.8")]);
-        assert_eq!(
-            client_address(&both, Some(peer), true, true),
-            Some("1.2.3.4".parse().unwrap())
-        );
-        assert_eq!(
-            client_address(&both, Some(peer), false, true),
-            Some("5.6.7.8".parse().unwrap())
-        );
-        assert_eq!(client_address(&both, Some(peer), false, false), Some(local));
-        let xff = md(&[("x-forwarded-for", " 5.6.7.8 ,192.168.0.0.1")]);
-        assert_eq!(
-            client_address(&xff, Some(peer), true, true),
-            Some("5.6.7.8".parse().unwrap())
-        );
-        // Unparseable headers fall through to the peer.
-        let junk = md(&[("x-real-ip", "nope"), ("x-forwarded-for", "also nope")]);
-        assert_eq!(client_address(&junk, Some(peer), true, true), Some(local));
+        // No trusted proxy: headers are never read.
+        assert_eq!(client_address(&both, Some(peer), &[]), Some(local));
+        // A peer outside the trusted networks is the client, whatever it says.
+        let other = nets(&["10.0.0.0/8"]);
+        assert_eq!(client_address(&both, Some(peer), &other), Some(local));
+        // From a trusted proxy: X-Real-IP first, then X-Forwarded-For.
+        let lo = nets(&["127.0.0.0/8"]);
+        assert_eq!(client_address(&md(&[]), Some(peer), &lo), Some(local));
+        assert_eq!(client_address(&both, Some(peer), &lo), ip("1.2.3.4"));
+        let xff = md(&[("x-forwarded-for", "5.6.7.8")]);
+        assert_eq!(client_address(&xff, Some(peer), &lo), ip("5.6.7.8"));
         let mapped: SocketAddr = "[::ffff:10.1.2.3]:1".parse().unwrap();
+        assert_eq!(client_address(&md(&[]), Some(mapped), &lo), ip("10.1.2.3"));
+        assert_eq!(client_address(&both, None, &lo), None);
+    }
+
+    #[test]
+    fn forwarded_for_takes_the_right_most_untrusted_hop() {
+        let peer: SocketAddr = "127.0.0.1:5555".parse().unwrap();
+        let ip = |s: &str| Some(s.parse::<IpAddr>().unwrap());
+        let proxies = nets(&["127.0.0.0/8", "10.0.0.0/8"]);
+        // The client wrote the left-most entry itself: the proxy's view is on the right.
+        let chain = md(&[("x-forwarded-for", "6.6.6.6, 5.6.7.8, 10.0.0.2")]);
+        assert_eq!(client_address(&chain, Some(peer), &proxies), ip("5.6.7.8"));
+        // Several headers read as one list, in order.
+        let split = md(&[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "5.6.7.8,10.0.0.2"),
+        ]);
+        assert_eq!(client_address(&split, Some(peer), &proxies), ip("5.6.7.8"));
+        // Junk stops the walk at the last hop known good.
+        let junk = md(&[("x-forwarded-for", "6.6.6.6, nope, 10.0.0.2")]);
+        assert_eq!(client_address(&junk, Some(peer), &proxies), ip("10.0.0.2"));
+        let bad_real_ip = md(&[("x-real-ip", "nope")]);
         assert_eq!(
-            client_address(&md(&[]), Some(mapped), true, true),
-            Some("10.1.2.3".parse().unwrap())
+            client_address(&bad_real_ip, Some(peer), &proxies),
+            ip("127.0.0.1")
         );
-        assert_eq!(client_address(&md(&[]), None, true, true), None);
+        // Only proxies in the chain: the left-most.
+        let all = md(&[("x-forwarded-for", "10.0.0.9, 10.0.0.2")]);
+        assert_eq!(client_address(&all, Some(peer), &proxies), ip("10.0.0.9"));
     }
 
     #[test]

@@ -102,8 +102,11 @@ fn io_err<'a>(
     }
 }
 
-/// Writes the state to `path` atomically: `<path>.tmp`, fsync, rename, fsync of the
-/// directory, so a crash at any point leaves the old file or the new one. The state lock
+/// Writes the state to `path` atomically: a new temp file beside it, fsync, rename,
+/// fsync of the directory, so a crash at any point leaves the old file or the new one.
+/// The temp file has an unpredictable name and is created exclusively, without
+/// following symlinks, mode 0600 (see [`create_temp`]): in a directory others can
+/// write to, nobody can plant a link the save would write through. The state lock
 /// is taken once per cluster, never across file I/O of the whole state.
 ///
 /// # Errors
@@ -117,9 +120,9 @@ pub fn save(path: &Path, state: &Mutex<State>) -> Result<SaveStats, SnapshotErro
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         create_dir(parent).map_err(io_err("creating directory", parent))?;
     }
-    let tmp = tmp_path(path);
+    remove_stale_temps(path);
+    let (file, tmp) = create_temp(path).map_err(io_err("creating a temp file for", path))?;
     let result = (|| {
-        let file = fs::File::create(&tmp).map_err(io_err("creating", &tmp))?;
         let mut out = BufWriter::new(file);
         let mut stats = SaveStats::default();
         let ids: Vec<String> = lock().clusters.keys().cloned().collect();
@@ -165,27 +168,119 @@ fn create_dir(dir: &Path) -> std::io::Result<()> {
         .create(dir)
 }
 
-fn tmp_path(path: &Path) -> PathBuf {
-    let mut s = path.as_os_str().to_owned();
-    s.push(".tmp");
-    PathBuf::from(s)
+/// Whether `file` is a temp file name [`create_temp`] makes for `name`.
+fn is_temp_name(file: &str, name: &str) -> bool {
+    file.strip_prefix('.')
+        .and_then(|f| f.strip_prefix(name))
+        .and_then(|f| f.strip_prefix('.'))
+        .and_then(|f| f.strip_suffix(".tmp"))
+        .is_some_and(|hex| hex.len() == 16 && hex.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// Removes temp files an earlier save left when it was killed (saves are serialised,
+/// so none is in use), so they never accumulate. Only regular files: a link is left
+/// alone, and removing one would not touch its target anyway.
+fn remove_stale_temps(path: &Path) {
+    let (Some(name), dir) = (path.file_name().and_then(|n| n.to_str()), path.parent()) else {
+        return;
+    };
+    let dir = dir
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let Ok(entries) = fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let stale = entry
+            .file_name()
+            .to_str()
+            .is_some_and(|f| is_temp_name(f, name))
+            && entry.file_type().is_ok_and(|t| t.is_file());
+        if stale {
+            let _ = fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Creates `.<name>.<16 random hex>.tmp` in `path`'s directory with
+/// `O_CREAT|O_EXCL|O_NOFOLLOW`, mode 0600; tries again on the (unlikely) clash.
+fn create_temp(path: &Path) -> std::io::Result<(fs::File, PathBuf)> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let dir = path.parent().unwrap_or(Path::new(""));
+    let mut last = None;
+    for _ in 0..8 {
+        let tmp = dir.join(format!(".{name}.{:016x}.tmp", rand::random::<u64>()));
+        match fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(&tmp)
+        {
+            Ok(file) => return Ok((file, tmp)),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last.unwrap_or_else(|| std::io::Error::other("no temp file name free")))
+}
+
+/// Limits a loaded snapshot is held to: those every live request passes. What
+/// breaks one is dropped (and counted in [`State`]'s `snapshot_dropped`), not the
+/// whole file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadLimits {
+    /// Most affiliates in one cluster.
+    pub max_affiliates: usize,
+    /// Most clusters.
+    pub max_clusters: usize,
+    /// Bytes of stored state (see [`State::stored_bytes`]).
+    pub state_budget: usize,
+}
+
+impl Default for LoadLimits {
+    fn default() -> Self {
+        Self {
+            max_affiliates: state::MAX_AFFILIATES,
+            max_clusters: state::MAX_CLUSTERS,
+            state_budget: state::STATE_BUDGET,
+        }
+    }
+}
+
+/// [`read_with`] under the default [`LoadLimits`].
+///
+/// # Errors
+/// As [`read_with`].
+pub fn read(input: impl Read, now: Instant, wall: SystemTime) -> Result<State, SnapshotError> {
+    read_with(input, now, wall, LoadLimits::default())
 }
 
 /// Reads a record stream into a fresh [`State`]. `now`/`wall` are the monotonic and
 /// wall clocks at load time: remaining TTLs count from `now`; legacy absolute
-/// expirations are converted through `wall`.
+/// expirations are converted through `wall`. Every cluster, affiliate and endpoint is
+/// checked as a live request would be (see [`import_cluster`]); what fails is dropped.
 ///
 /// # Errors
 /// [`SnapshotError::Corrupt`] for a bad tag, an oversized or truncated record, an
 /// undecodable message or a duplicate cluster ID; I/O errors as such.
-pub fn read(mut input: impl Read, now: Instant, wall: SystemTime) -> Result<State, SnapshotError> {
+pub fn read_with(
+    mut input: impl Read,
+    now: Instant,
+    wall: SystemTime,
+    limits: LoadLimits,
+) -> Result<State, SnapshotError> {
     let mut state = State::new();
     let mut offset = 0u64;
     let corrupt = |offset: u64, reason: String| SnapshotError::Corrupt { offset, reason };
     loop {
         let mut tag = [0u8; 1];
         match input.read(&mut tag) {
-            Ok(0) => return Ok(state),
+            Ok(0) => {
+                state.recount_bytes();
+                return Ok(state);
+            }
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
             Err(e) => return Err(corrupt(offset, format!("read error: {e}"))),
@@ -208,16 +303,24 @@ pub fn read(mut input: impl Read, now: Instant, wall: SystemTime) -> Result<Stat
         input
             .read_exact(&mut buf)
             .map_err(|e| corrupt(offset, format!("truncated record: {e}")))?;
-        let msg = pb::ClusterSnapshot::decode(buf.as_slice())
+        let msg = RawCluster::decode(buf.as_slice())
             .map_err(|e| corrupt(offset, format!("invalid cluster record: {e}")))?;
-        if state.clusters.contains_key(&msg.id) {
-            return Err(corrupt(
-                offset,
-                format!("duplicate cluster ID {:?}", msg.id),
-            ));
+        if let Ok(id) = std::str::from_utf8(&msg.id) {
+            if state.clusters.contains_key(id) {
+                return Err(corrupt(
+                    offset,
+                    format!("duplicate cluster {}", crate::redact::cluster_tag(id)),
+                ));
+            }
         }
-        let (id, cluster) = import_cluster(msg, now, wall);
-        state.clusters.insert(id, cluster);
+        let mut import = Import {
+            state: &mut state,
+            limits,
+            now,
+            wall,
+            offset,
+        };
+        import.cluster(msg);
         offset += 1 + varint_len + len;
     }
 }
@@ -261,17 +364,134 @@ fn expiration(
     state::offset(now, delta)
 }
 
-fn import_cluster(msg: pb::ClusterSnapshot, now: Instant, wall: SystemTime) -> (String, Cluster) {
-    let mut affiliates = Affiliates::with_capacity(msg.affiliates.len());
-    for a in msg.affiliates {
-        let endpoints = a.endpoints.iter().map(|e| Endpoint {
-            expiration: expiration(e.ttl.as_ref(), e.expiration.as_ref(), now, wall),
-            data: &e.data,
-        });
-        let exp = expiration(a.ttl.as_ref(), a.expiration.as_ref(), now, wall);
-        affiliates.insert(Affiliate::new(&a.id, exp, &a.data, endpoints));
+/// `ClusterSnapshot` as read: IDs as bytes (the same wire type as `string`), so an
+/// ID that is not UTF-8 drops its cluster or affiliate instead of the whole file.
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawCluster {
+    #[prost(bytes = "vec", tag = "1")]
+    id: Vec<u8>,
+    #[prost(message, repeated, tag = "2")]
+    affiliates: Vec<RawAffiliate>,
+}
+
+/// `AffiliateSnapshot` as read (see [`RawCluster`]).
+#[derive(Clone, PartialEq, prost::Message)]
+struct RawAffiliate {
+    #[prost(bytes = "vec", tag = "1")]
+    id: Vec<u8>,
+    #[prost(message, optional, tag = "2")]
+    expiration: Option<prost_types::Timestamp>,
+    #[prost(bytes = "vec", tag = "3")]
+    data: Vec<u8>,
+    #[prost(message, repeated, tag = "4")]
+    endpoints: Vec<pb::EndpointSnapshot>,
+    #[prost(message, optional, tag = "5")]
+    ttl: Option<prost_types::Duration>,
+}
+
+/// One record's import into the state, checking each part against the limits.
+struct Import<'a> {
+    state: &'a mut State,
+    limits: LoadLimits,
+    now: Instant,
+    wall: SystemTime,
+    offset: u64,
+}
+
+impl Import<'_> {
+    /// Adds the cluster if its ID is valid and it fits the cluster cap and the
+    /// budget; its affiliates as [`Self::affiliate`] allows.
+    fn cluster(&mut self, msg: RawCluster) {
+        let dropped = 1 + msg.affiliates.len() as u64;
+        let Some(id) = valid_id(&msg.id, state::validate_cluster_id) else {
+            return self.drop_part("cluster", "invalid cluster ID", None, dropped);
+        };
+        let tag = crate::redact::cluster_tag(id);
+        if self.state.clusters.len() >= self.limits.max_clusters {
+            return self.drop_part("cluster", "over --max-clusters", Some(&tag), dropped);
+        }
+        let mut affiliates =
+            Affiliates::with_capacity(msg.affiliates.len().min(self.limits.max_affiliates));
+        let mut bytes = state::cluster_overhead(id);
+        for a in msg.affiliates {
+            if affiliates.len() >= self.limits.max_affiliates {
+                self.drop_part("affiliate", "over --max-affiliates", Some(&tag), 1);
+                continue;
+            }
+            let Some(affiliate) = self.affiliate(&a, &tag) else {
+                continue;
+            };
+            let size = affiliate.stored_bytes();
+            if self.state.stored_bytes() + bytes + size > self.limits.state_budget {
+                self.drop_part("affiliate", "over --state-budget-mib", Some(&tag), 1);
+                continue;
+            }
+            bytes += size;
+            affiliates.insert(affiliate);
+        }
+        if affiliates.is_empty() {
+            // Nothing left to serve (GC would remove it at once): not worth a slot.
+            return;
+        }
+        if self.state.stored_bytes() + bytes > self.limits.state_budget {
+            return self.drop_part("cluster", "over --state-budget-mib", Some(&tag), 1);
+        }
+        self.state
+            .add_loaded_cluster(id.to_owned(), Cluster::with_affiliates(affiliates), bytes);
     }
-    (msg.id, Cluster::with_affiliates(affiliates))
+
+    /// The affiliate if its ID and data pass the request limits; endpoints that do
+    /// not are dropped, and TTLs are clamped to the longest a client may ask for.
+    fn affiliate(&mut self, a: &RawAffiliate, tag: &str) -> Option<Affiliate> {
+        let Some(id) = valid_id(&a.id, state::validate_affiliate_id) else {
+            self.drop_part("affiliate", "invalid affiliate ID", Some(tag), 1);
+            return None;
+        };
+        if a.data.len() > state::MAX_DATA_LEN {
+            self.drop_part("affiliate", "data too big", Some(tag), 1);
+            return None;
+        }
+        let latest = self.now + state::MAX_TTL;
+        let mut endpoints = Vec::with_capacity(a.endpoints.len().min(state::MAX_ENDPOINTS));
+        for e in &a.endpoints {
+            if e.data.len() > state::MAX_ENDPOINT_LEN || endpoints.len() >= state::MAX_ENDPOINTS {
+                self.drop_part("endpoint", "endpoint too big or too many", Some(tag), 1);
+                continue;
+            }
+            let exp = expiration(e.ttl.as_ref(), e.expiration.as_ref(), self.now, self.wall);
+            endpoints.push(Endpoint {
+                expiration: exp.min(latest),
+                data: &e.data,
+            });
+        }
+        let exp = expiration(a.ttl.as_ref(), a.expiration.as_ref(), self.now, self.wall);
+        Some(Affiliate::new(id, exp.min(latest), &a.data, endpoints))
+    }
+
+    /// Counts and logs a dropped part (by the cluster's tag, never its ID).
+    fn drop_part(
+        &mut self,
+        part: &'static str,
+        reason: &'static str,
+        cluster: Option<&str>,
+        count: u64,
+    ) {
+        self.state.snapshot_dropped += count;
+        tracing::warn!(
+            part,
+            reason,
+            cluster,
+            offset = self.offset,
+            "snapshot entry dropped at load"
+        );
+    }
+}
+
+/// `raw` as a string if it is UTF-8 and passes `validate`.
+fn valid_id(raw: &[u8], validate: fn(&str) -> Result<(), super::RequestError>) -> Option<&str> {
+    std::str::from_utf8(raw)
+        .ok()
+        .filter(|id| validate(id).is_ok())
 }
 
 /// Outcome of loading the snapshot at start.
@@ -291,10 +511,10 @@ pub enum LoadOutcome {
     },
 }
 
-/// Loads `path`; never fails the start: a bad file is moved aside to
-/// `<path>.corrupt-<unix seconds>`.
+/// Loads `path` under `limits`; never fails the start: a structurally bad file is
+/// moved aside to `<path>.corrupt-<unix seconds>`.
 #[must_use]
-pub fn load(path: &Path, now: Instant, wall: SystemTime) -> LoadOutcome {
+pub fn load(path: &Path, now: Instant, wall: SystemTime, limits: LoadLimits) -> LoadOutcome {
     let file = match fs::File::open(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return LoadOutcome::Missing,
@@ -305,7 +525,7 @@ pub fn load(path: &Path, now: Instant, wall: SystemTime) -> LoadOutcome {
             }
         }
     };
-    match read(BufReader::with_capacity(1 << 20, file), now, wall) {
+    match read_with(BufReader::with_capacity(1 << 20, file), now, wall, limits) {
         Ok(state) => LoadOutcome::Loaded(state),
         Err(error) => {
             let stamp = wall.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
@@ -503,7 +723,8 @@ mod tests {
     }
 
     /// The protocol's "maximal" cluster encodes to exactly [`MAX_RECORD_LEN`] bytes
-    /// and imports; one more affiliate is refused.
+    /// and reads (what breaks a request limit in it is dropped: its 2 KiB endpoints,
+    /// and its TTLs are clamped); one more affiliate makes the record too long.
     #[test]
     fn maximal_cluster_is_the_record_limit() {
         let max_ttl = prost_types::Duration {
@@ -533,8 +754,13 @@ mod tests {
         let now = Instant::now();
         let state = read(&bytes[..], now, SystemTime::now()).unwrap();
         let counts = state.counts();
-        assert_eq!((counts.affiliates, counts.endpoints), (1024, 1024 * 64));
-        assert!(state.inspect(&msg.id, now).unwrap()[0].expires_in_secs > 9_000_000_000);
+        assert_eq!((counts.affiliates, counts.endpoints), (1024, 0));
+        assert_eq!(counts.snapshot_dropped, 1024 * 64);
+        let max_ttl = state::MAX_TTL.as_secs() as i64;
+        assert_eq!(
+            state.inspect(&msg.id, now).unwrap()[0].expires_in_secs,
+            max_ttl
+        );
         drop(state);
 
         msg.affiliates.push(affiliate(1024));

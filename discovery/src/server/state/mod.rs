@@ -7,6 +7,7 @@
 //! watch delivery (queues, catch-up, event encoding) in `watch`, the clusters' logs
 //! of recent events for watchers that fell behind in `event_log`.
 
+mod budget;
 mod event_log;
 mod record;
 #[cfg(test)]
@@ -22,6 +23,8 @@ use std::{
 
 use bytes::{Bytes, BytesMut};
 
+pub(crate) use self::budget::cluster_overhead;
+pub use self::budget::{MAX_CLUSTERS, STATE_BUDGET};
 pub use self::validate::{
     offset, ttl_nanos, validate_affiliate_id, validate_cluster_id, validate_update,
 };
@@ -447,6 +450,15 @@ pub struct Counts {
     pub watch_lagged: u64,
     /// Bytes of events kept in the clusters' event logs.
     pub watch_log_bytes: usize,
+    /// Bytes the stored clusters and affiliates take (the state budget's measure).
+    pub stored_bytes: usize,
+    /// Requests refused because they would create a cluster beyond the cap.
+    pub clusters_refused: u64,
+    /// Requests refused because they would grow the state past its budget.
+    pub budget_refused: u64,
+    /// Clusters, affiliates and endpoints dropped from the snapshot at load for
+    /// breaking a limit.
+    pub snapshot_dropped: u64,
 }
 
 /// One affiliate as the inspect page shows it: sizes and expiry, never contents.
@@ -487,6 +499,13 @@ pub struct State {
     /// (from the last scan of them): until then a scan would find nothing.
     budget_quiet_until: Option<Instant>,
     runtime_lag: Arc<RuntimeLag>,
+    max_clusters: usize,
+    state_budget: usize,
+    /// Kept up to date by every change (see `budget`).
+    stored_bytes: usize,
+    clusters_refused: u64,
+    budget_refused: u64,
+    pub(crate) snapshot_dropped: u64,
 }
 
 impl Default for State {
@@ -502,6 +521,12 @@ impl Default for State {
             watch_lagged_collected: 0,
             budget_quiet_until: None,
             runtime_lag: Arc::default(),
+            max_clusters: MAX_CLUSTERS,
+            state_budget: STATE_BUDGET,
+            stored_bytes: 0,
+            clusters_refused: 0,
+            budget_refused: 0,
+            snapshot_dropped: 0,
         }
     }
 }
@@ -562,18 +587,22 @@ impl State {
         req: &pb::AffiliateUpdateRequest,
     ) -> Result<(), RequestError> {
         validate_update(req)?;
+        self.admit_update(req)?;
         let exp = offset(now, ttl_nanos(req.ttl.as_ref()));
         // Looked up before `entry`, which would copy the ID on every update.
+        let mut before = 0;
         if !self.clusters.contains_key(&req.cluster_id) {
             self.clusters
                 .insert(req.cluster_id.clone(), Cluster::default());
+            self.stored_bytes += budget::CLUSTER_OVERHEAD + req.cluster_id.len();
         }
         let Some(cluster) = self.clusters.get_mut(&req.cluster_id) else {
             unreachable!("inserted above");
         };
         let id = req.affiliate_id.as_str();
         let data = req.affiliate_data.as_deref().filter(|d| !d.is_empty());
-        if let Some(affiliate) = cluster.affiliates.get_mut(id) {
+        let result = if let Some(affiliate) = cluster.affiliates.get_mut(id) {
+            before = affiliate.stored_bytes();
             let (changed, result) = apply(affiliate, exp, data, &req.affiliate_endpoints);
             if changed {
                 cluster.notify_upsert(id, now, &self.watch_bytes);
@@ -590,7 +619,13 @@ impl State {
             cluster.affiliates.insert(affiliate);
             cluster.notify_upsert(id, now, &self.watch_bytes);
             result
-        }
+        };
+        let after = cluster
+            .affiliates
+            .get(id)
+            .map_or(0, Affiliate::stored_bytes);
+        self.stored_bytes = (self.stored_bytes + after).saturating_sub(before);
+        result
     }
 
     /// AffiliateDelete: removes the affiliate if present and notifies a delete.
@@ -605,22 +640,30 @@ impl State {
     ) -> Result<(), RequestError> {
         validate_cluster_id(cluster_id)?;
         validate_affiliate_id(affiliate_id)?;
-        let cluster = self.clusters.entry(cluster_id.to_owned()).or_default();
-        if cluster.affiliates.remove(affiliate_id).is_some() {
+        // A delete in a missing cluster creates nothing (upstream creates an empty
+        // cluster, which GC removes again): no cluster to count against the cap.
+        let Some(cluster) = self.clusters.get_mut(cluster_id) else {
+            return Ok(());
+        };
+        if let Some(removed) = cluster.affiliates.remove(affiliate_id) {
+            self.stored_bytes = self.stored_bytes.saturating_sub(removed.stored_bytes());
             cluster.notify_delete(affiliate_id, now);
         }
         Ok(())
     }
 
-    /// List: every affiliate of the cluster (creates the cluster, like upstream; GC
-    /// removes it again if nothing else uses it).
+    /// List: every affiliate of the cluster (a missing cluster lists empty; upstream
+    /// creates it and GC removes it again, which only spends the cluster cap).
     ///
     /// # Errors
     /// Validation errors.
     pub fn list(&mut self, cluster_id: &str) -> Result<Vec<pb::Affiliate>, RequestError> {
         validate_cluster_id(cluster_id)?;
-        let cluster = self.clusters.entry(cluster_id.to_owned()).or_default();
-        Ok(cluster.affiliates.iter().map(Affiliate::export).collect())
+        Ok(self
+            .clusters
+            .get(cluster_id)
+            .map(|c| c.affiliates.iter().map(Affiliate::export).collect())
+            .unwrap_or_default())
     }
 
     /// Watch: copies the snapshot and registers the watcher in one step, so no event
@@ -628,7 +671,8 @@ impl State {
     /// ([`WATCH_QUEUE`] in the server).
     ///
     /// # Errors
-    /// Validation errors.
+    /// Validation errors; [`RequestError::TooManyClusters`] or
+    /// [`RequestError::StateBudget`] for a new cluster beyond the limits.
     pub fn watch(
         &mut self,
         now: Instant,
@@ -636,6 +680,10 @@ impl State {
         queue: usize,
     ) -> Result<Subscription, RequestError> {
         validate_cluster_id(cluster_id)?;
+        if !self.clusters.contains_key(cluster_id) {
+            self.admit_cluster(cluster_id, 0)?;
+            self.stored_bytes += budget::CLUSTER_OVERHEAD + cluster_id.len();
+        }
         let cluster = self.clusters.entry(cluster_id.to_owned()).or_default();
         self.next_subscriber += 1;
         let id = self.next_subscriber;
@@ -836,6 +884,7 @@ impl State {
         });
         self.watch_lagged_collected += lagged;
         stats.clusters = before - self.clusters.len();
+        self.recount_bytes();
         stats
     }
 
@@ -847,6 +896,10 @@ impl State {
             watch_bytes: self.watch_bytes.get(),
             watch_budget_aborts: self.watch_budget_aborts,
             watch_lagged: self.watch_lagged_collected,
+            stored_bytes: self.stored_bytes,
+            clusters_refused: self.clusters_refused,
+            budget_refused: self.budget_refused,
+            snapshot_dropped: self.snapshot_dropped,
             ..Counts::default()
         };
         for cluster in self.clusters.values() {

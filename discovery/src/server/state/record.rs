@@ -165,6 +165,17 @@ impl Affiliate {
         })
     }
 
+    /// Bytes this affiliate takes in the state: its block and a fixed share for
+    /// the table slot, the allocation and the kept fields (see `budget`).
+    pub(crate) fn stored_bytes(&self) -> usize {
+        super::budget::AFFILIATE_OVERHEAD + self.block.len()
+    }
+
+    /// Whether the endpoint blob `data` is stored.
+    pub(crate) fn has_endpoint(&self, data: &[u8]) -> bool {
+        self.endpoints().any(|e| e.data == data)
+    }
+
     pub(crate) fn endpoint_count(&self) -> usize {
         self.endpoints().count()
     }
@@ -268,7 +279,6 @@ impl Affiliates {
         self.table.is_empty()
     }
 
-    #[cfg(test)]
     pub(crate) fn get(&self, id: &str) -> Option<&Affiliate> {
         self.table.find(self.hash(id), |a| a.id() == id)
     }
