@@ -66,6 +66,8 @@ pub struct Metrics {
     watch_log_bytes: Gauge,
     /// The server relay's series (at zero while it is off).
     pub relay: crate::relay::RelayMetrics,
+    /// Connection caps, handshake and request timeouts of both listeners.
+    pub transport: super::transport::TransportMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -105,9 +107,11 @@ impl Metrics {
             watch_lagged: Counter::default(),
             watch_log_bytes: Gauge::default(),
             relay: crate::relay::RelayMetrics::default(),
+            transport: super::transport::TransportMetrics::default(),
             registry: Registry::default(),
         };
         m.relay.register(&mut registry);
+        m.transport.register(&mut registry);
         registry.register(
             "discovery_state_clusters",
             "Number of clusters",

@@ -268,7 +268,6 @@ impl Affiliates {
         self.table.is_empty()
     }
 
-    #[cfg(test)]
     pub(crate) fn get(&self, id: &str) -> Option<&Affiliate> {
         self.table.find(self.hash(id), |a| a.id() == id)
     }
