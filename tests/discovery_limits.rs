@@ -49,13 +49,12 @@ async fn unfinished_bodies(
     let mut answers = Vec::new();
     for _ in 0..streams {
         let mut send = send.clone().ready().await.unwrap();
-        let request = http::Request::post(
-            "http://localhost/sidero.discovery.server.Cluster/AffiliateUpdate",
-        )
-        .header("content-type", "application/grpc")
-        .header("te", "trailers")
-        .body(())
-        .unwrap();
+        let request =
+            http::Request::post("http://localhost/sidero.discovery.server.Cluster/AffiliateUpdate")
+                .header("content-type", "application/grpc")
+                .header("te", "trailers")
+                .body(())
+                .unwrap();
         let (response, mut stream) = send.send_request(request, false).unwrap();
         stream.send_data(head.clone(), false).unwrap();
         stream.send_data(body.clone(), false).unwrap();
@@ -79,11 +78,16 @@ fn a_connection_holding_100_unfinished_big_bodies_does_not_grow_the_servers_memo
         let mut c = ClusterClient::new(channel(server.grpc).await);
         c.hello(hello()).await.unwrap();
         let before = server.rss_kib();
-        // 3.9 MiB announced and sent on each of 100 streams: refused on the
-        // announcement, before anything is buffered.
-        let (_held, answered) =
-            unfinished_bodies(server.grpc, 100, 3_900 << 10, 3_900 << 10, Duration::from_secs(5))
-                .await;
+        // 3.9 MiB announced and all but one byte sent on each of 100 streams: refused
+        // on the announcement, before anything is buffered.
+        let (_held, answered) = unfinished_bodies(
+            server.grpc,
+            100,
+            3_900 << 10,
+            (3_900 << 10) - 1,
+            Duration::from_secs(5),
+        )
+        .await;
         let big = server.rss_kib();
         // The most the limits allow: 100 bodies just under the 64 KiB cap, unfinished
         // until the request timeout cancels them.
