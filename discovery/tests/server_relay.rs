@@ -1,6 +1,8 @@
 //! The server relay through real sockets on loopback: two nodes of a pair allocate
-//! through gRPC and exchange datagrams through their ports; strangers, bad requests and
-//! limits are refused; a server without the relay answers UNIMPLEMENTED.
+//! through gRPC (each from its own loopback address, the address the relay binds its
+//! side to) and exchange datagrams through their ports; strangers, other ports of a
+//! node's address, pairs the server does not know, bad requests and limits are
+//! refused; a server without the relay answers UNIMPLEMENTED.
 
 mod server_common;
 
@@ -8,12 +10,14 @@ use std::{net::SocketAddr, time::Duration};
 
 use tokio::net::UdpSocket;
 use tonic::{
-    metadata::MetadataValue,
     transport::{Channel, Endpoint},
     Code, Request,
 };
 use wirespan_discovery::{
-    proto::relay::{relay_client::RelayClient, AllocateRequest, AllocateResponse},
+    proto::{
+        relay::{relay_client::RelayClient, AllocateRequest, AllocateResponse},
+        server::HelloRequest,
+    },
     relay::{table::RelayLimits, RelayConfig},
     server::{RunningServer, ServerConfig},
 };
@@ -29,42 +33,48 @@ fn relay_config(limits: RelayLimits) -> ServerConfig {
     }
 }
 
-async fn client(server: &RunningServer) -> RelayClient<Channel> {
-    client_at(server, "127.0.0.1").await
-}
-
-/// A client whose connection comes from `ip` (the relay binds sides to the
-/// connection's address, never to a header).
-async fn client_at(server: &RunningServer, ip: &str) -> RelayClient<Channel> {
-    let channel = Endpoint::from_shared(format!("http://{}", server.local_addr()))
+/// A channel to the server from the loopback address `from`.
+async fn channel_from(server: &RunningServer, from: &str) -> Channel {
+    Endpoint::from_shared(format!("http://{}", server.local_addr()))
         .unwrap()
-        .local_address(Some(ip.parse().unwrap()))
+        .local_address(Some(from.parse().unwrap()))
         .connect()
         .await
-        .unwrap();
-    RelayClient::new(channel)
+        .unwrap()
 }
 
-fn request(me: &str, peer: &str, token: &[u8], real_ip: &str) -> Request<AllocateRequest> {
-    let mut r = Request::new(AllocateRequest {
+async fn client(server: &RunningServer) -> RelayClient<Channel> {
+    RelayClient::new(channel_from(server, "127.0.0.1").await)
+}
+
+/// Makes `ids` live affiliates of `cluster`: the relay serves only those.
+async fn join(server: &RunningServer, cluster: &str, ids: &[&str]) {
+    let mut c = server_common::client(server).await;
+    for id in ids {
+        c.affiliate_update(server_common::update(cluster, id, b"d", &[], 600))
+            .await
+            .unwrap();
+    }
+}
+
+fn request(me: &str, peer: &str, token: &[u8]) -> Request<AllocateRequest> {
+    Request::new(AllocateRequest {
         cluster_id: "cluster".into(),
         affiliate_id: me.into(),
         peer_affiliate_id: peer.into(),
         pair_token: token.to_vec(),
-    });
-    // Ignored (no trusted proxy): the relay sees the connection's address.
-    r.metadata_mut()
-        .insert("x-real-ip", MetadataValue::try_from(real_ip).unwrap());
-    r
+    })
 }
 
+/// An allocate call for `me` from the loopback address `ip`.
 async fn allocate(
-    c: &mut RelayClient<Channel>,
+    server: &RunningServer,
     me: &str,
     peer: &str,
     ip: &str,
 ) -> Result<AllocateResponse, tonic::Status> {
-    c.allocate(request(me, peer, &[7; 32], ip))
+    RelayClient::new(channel_from(server, ip).await)
+        .allocate(request(me, peer, &[7; 32]))
         .await
         .map(tonic::Response::into_inner)
 }
@@ -105,12 +115,11 @@ async fn metric_reaches(server: &RunningServer, prefix: &str, want: f64) {
 #[tokio::test]
 async fn a_pair_exchanges_datagrams_through_its_ports_and_strangers_are_dropped() {
     let server = server_common::start(relay_config(RelayLimits::default())).await;
-    let mut c = client(&server).await;
-    let a = allocate(&mut c, "node-a", "node-b", "127.0.0.1")
+    join(&server, "cluster", &["node-a", "node-b"]).await;
+    let a = allocate(&server, "node-a", "node-b", "127.0.0.1")
         .await
         .unwrap();
-    let mut from_b = client_at(&server, "127.0.0.2").await;
-    let b = allocate(&mut from_b, "node-b", "node-a", "127.0.0.2")
+    let b = allocate(&server, "node-b", "node-a", "127.0.0.2")
         .await
         .unwrap();
     assert_ne!(a.port, b.port);
@@ -120,7 +129,7 @@ async fn a_pair_exchanges_datagrams_through_its_ports_and_strangers_are_dropped(
         ("127.0.0.1", "127.0.0.2")
     );
     // A refresh returns the same port.
-    let again = allocate(&mut c, "node-a", "node-b", "127.0.0.1")
+    let again = allocate(&server, "node-a", "node-b", "127.0.0.1")
         .await
         .unwrap();
     assert_eq!(again.port, a.port);
@@ -174,19 +183,16 @@ async fn a_pair_exchanges_datagrams_through_its_ports_and_strangers_are_dropped(
 async fn bad_requests_name_the_field_and_allocate_nothing() {
     let server = server_common::start(relay_config(RelayLimits::default())).await;
     let mut c = client(&server).await;
-    let status = c
-        .allocate(request("a", "b", &[1; 31], "127.0.0.1"))
-        .await
-        .unwrap_err();
+    let status = c.allocate(request("a", "b", &[1; 31])).await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     assert_eq!(status.message(), "pair_token is 31 bytes, not 32");
-    let status = allocate(&mut c, "a", "a", "127.0.0.1").await.unwrap_err();
+    let status = allocate(&server, "a", "a", "127.0.0.1").await.unwrap_err();
     assert_eq!(status.code(), Code::InvalidArgument);
     assert!(
         status.message().starts_with("peer_affiliate_id"),
         "{status:?}"
     );
-    let status = allocate(&mut c, "", "b", "127.0.0.1").await.unwrap_err();
+    let status = allocate(&server, "", "b", "127.0.0.1").await.unwrap_err();
     assert_eq!(status.message(), "affiliate_id is empty");
     assert_eq!(metric(&server, "discovery_relay_allocations "), 0.0);
     assert_eq!(
@@ -206,24 +212,142 @@ async fn limits_refuse_new_pairs_with_resource_exhausted() {
         ..RelayLimits::default()
     };
     let server = server_common::start(relay_config(limits)).await;
-    let mut c = client(&server).await;
-    allocate(&mut c, "a", "b", "127.0.0.1").await.unwrap();
-    let status = allocate(&mut c, "a", "c", "127.0.0.1").await.unwrap_err();
+    join(&server, "cluster", &["a", "b", "c"]).await;
+    allocate(&server, "a", "b", "127.0.0.1").await.unwrap();
+    let status = allocate(&server, "a", "c", "127.0.0.1").await.unwrap_err();
     assert_eq!(status.code(), Code::ResourceExhausted);
     assert!(
         status.message().contains("maximum of 1 allocations"),
         "{status:?}"
     );
     // The pair that has one still refreshes it.
-    allocate(&mut c, "b", "a", "127.0.0.2").await.unwrap();
+    allocate(&server, "b", "a", "127.0.0.2").await.unwrap();
     server.shutdown().await.unwrap();
 }
 
 #[tokio::test]
 async fn a_server_without_the_relay_answers_unimplemented() {
     let server = server_common::start(ServerConfig::default()).await;
-    let mut c = client(&server).await;
-    let status = allocate(&mut c, "a", "b", "127.0.0.1").await.unwrap_err();
+    let status = allocate(&server, "a", "b", "127.0.0.1").await.unwrap_err();
     assert_eq!(status.code(), Code::Unimplemented);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn allocate_is_refused_unless_both_nodes_are_live_affiliates_of_a_known_cluster() {
+    let server = server_common::start(relay_config(RelayLimits::default())).await;
+    // No such cluster: no free UDP proxy for strangers.
+    let status = allocate(&server, "a", "b", "127.0.0.1").await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(status.message().starts_with("cluster_id"), "{status:?}");
+    join(&server, "cluster", &["a"]).await;
+    let status = allocate(&server, "x", "a", "127.0.0.1").await.unwrap_err();
+    assert_eq!(status.code(), Code::FailedPrecondition);
+    assert!(status.message().starts_with("affiliate_id"), "{status:?}");
+    let status = allocate(&server, "a", "b", "127.0.0.1").await.unwrap_err();
+    assert!(
+        status.message().starts_with("peer_affiliate_id"),
+        "{status:?}"
+    );
+    assert_eq!(metric(&server, "discovery_relay_allocations "), 0.0);
+    assert_eq!(
+        metric(
+            &server,
+            "discovery_relay_allocate_requests_total{result=\"absent\"}"
+        ),
+        3.0
+    );
+    join(&server, "cluster", &["b"]).await;
+    allocate(&server, "a", "b", "127.0.0.1").await.unwrap();
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_cluster_holds_at_most_its_share_of_allocations() {
+    let server = server_common::start(relay_config(RelayLimits {
+        max_per_cluster: 1,
+        ..RelayLimits::default()
+    }))
+    .await;
+    join(&server, "cluster", &["a", "b", "c"]).await;
+    allocate(&server, "a", "b", "127.0.0.1").await.unwrap();
+    let status = allocate(&server, "a", "c", "127.0.0.1").await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(
+        status.message().contains("cluster holds its maximum of 1"),
+        "{status:?}"
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_full_descriptor_budget_refuses_allocations_and_hello_still_works() {
+    let server = server_common::start(relay_config(RelayLimits {
+        max_fds: 6,
+        ..RelayLimits::default()
+    }))
+    .await;
+    let peers = ["p1", "p2", "p3", "p4"];
+    join(&server, "cluster", &["a"]).await;
+    join(&server, "cluster", &peers).await;
+    for peer in &peers[..3] {
+        allocate(&server, "a", peer, "127.0.0.1").await.unwrap();
+    }
+    let status = allocate(&server, "a", "p4", "127.0.0.1").await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert!(
+        status.message().contains("budget of 6 file descriptors"),
+        "{status:?}"
+    );
+    // Allocated pairs still refresh, and a new connection says Hello.
+    allocate(&server, "p1", "a", "127.0.0.2").await.unwrap();
+    let mut c = server_common::client(&server).await;
+    c.hello(HelloRequest {
+        cluster_id: "cluster".into(),
+        client_version: "v1".into(),
+    })
+    .await
+    .unwrap();
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn another_port_of_a_nodes_address_does_not_redirect_the_pair_until_it_allocates_again() {
+    let server = server_common::start(relay_config(RelayLimits::default())).await;
+    join(&server, "cluster", &["node-a", "node-b"]).await;
+    let a = allocate(&server, "node-a", "node-b", "127.0.0.1")
+        .await
+        .unwrap();
+    let b = allocate(&server, "node-b", "node-a", "127.0.0.2")
+        .await
+        .unwrap();
+    let port_a: SocketAddr = format!("127.0.0.1:{}", a.port).parse().unwrap();
+    let port_b: SocketAddr = format!("127.0.0.1:{}", b.port).parse().unwrap();
+    let sock_a = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    let sock_b = UdpSocket::bind("127.0.0.2:0").await.unwrap();
+    // Another socket on node a's address: its NAT's next mapping, or an attacker there.
+    let other = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+    sock_a.send_to(b"a1", port_a).await.unwrap();
+    sock_b.send_to(b"b1", port_b).await.unwrap();
+    assert_eq!(recv(&sock_a).await.0, b"b1");
+
+    other.send_to(b"hijack", port_a).await.unwrap();
+    metric_reaches(
+        &server,
+        "discovery_relay_datagrams_total{result=\"port\"}",
+        1.0,
+    )
+    .await;
+    sock_b.send_to(b"b2", port_b).await.unwrap();
+    assert_eq!(recv(&sock_a).await.0, b"b2");
+
+    // Node a allocates again (its mapping moved): its next datagram's port is learned.
+    allocate(&server, "node-a", "node-b", "127.0.0.1")
+        .await
+        .unwrap();
+    other.send_to(b"a2", port_a).await.unwrap();
+    assert_eq!(recv(&sock_b).await.0, b"a2");
+    sock_b.send_to(b"b3", port_b).await.unwrap();
+    assert_eq!(recv(&other).await.0, b"b3");
     server.shutdown().await.unwrap();
 }

@@ -6,7 +6,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 use anyhow::Context as _;
 use wirespan_discovery::{
     relay::{table::RelayLimits, RelayConfig},
-    server::{self, DeletePolicy, ServerConfig, TlsFiles},
+    server::{self, transport::TransportLimits, DeletePolicy, ServerConfig, TlsFiles},
 };
 
 fn parse_delete_policy(s: &str) -> Result<DeletePolicy, String> {
@@ -88,16 +88,76 @@ pub struct Args {
     /// Most relay allocations (node pairs) at once; more get RESOURCE_EXHAUSTED.
     #[arg(long, value_name = "N", default_value_t = RelayLimits::default().max_allocations)]
     relay_max_allocations: usize,
+    /// Most relay allocations of one cluster; more get RESOURCE_EXHAUSTED.
+    #[arg(long, value_name = "N", default_value_t = RelayLimits::default().max_per_cluster)]
+    relay_max_per_cluster: usize,
     /// KiB per second one pair may send through the relay (both directions); more
     /// is dropped.
     #[arg(long, value_name = "KIB", default_value_t = RelayLimits::default().rate >> 10)]
     relay_rate_kib: u64,
+    #[command(flatten)]
+    transport: TransportArgs,
     /// TLS certificate chain (PEM); needs --tls-key.
     #[arg(long, value_name = "FILE", requires = "tls_key")]
     tls_cert: Option<PathBuf>,
     /// TLS private key (PEM); needs --tls-cert.
     #[arg(long, value_name = "FILE", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+}
+
+/// Connection limits of both listeners.
+#[derive(Debug, clap::Args)]
+struct TransportArgs {
+    /// Most open gRPC connections; more are closed at accept. Lowered to fit the
+    /// descriptor limit (RLIMIT_NOFILE), which it shares with the relay's sockets.
+    #[arg(long, value_name = "N", default_value_t = TransportLimits::default().max_connections)]
+    max_connections: usize,
+    /// Most open connections from one client address (IPv6: one /64), on each port;
+    /// more are closed at accept. Raise it for a site of more nodes behind one NAT
+    /// address.
+    #[arg(long, value_name = "N", default_value_t = TransportLimits::default().max_connections_per_ip)]
+    max_connections_per_ip: usize,
+    /// Most concurrent HTTP/2 streams (calls, Watch included) per gRPC connection.
+    #[arg(long, value_name = "N", default_value_t = TransportLimits::default().max_concurrent_streams)]
+    max_concurrent_streams: u32,
+    /// Time a new gRPC connection has to finish TLS and send the HTTP/2 preface, and
+    /// a metrics-port request its headers, before it is closed.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    handshake_timeout: Duration,
+    /// Time a gRPC call has until its answer (for Watch: until the stream opens; the
+    /// stream itself lives on); longer calls get DEADLINE_EXCEEDED.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = humantime::parse_duration)]
+    request_timeout: Duration,
+}
+
+impl TransportArgs {
+    fn limits(&self) -> anyhow::Result<TransportLimits> {
+        let positive = [
+            ("--max-connections", self.max_connections),
+            ("--max-connections-per-ip", self.max_connections_per_ip),
+            (
+                "--max-concurrent-streams",
+                self.max_concurrent_streams as usize,
+            ),
+        ];
+        if let Some((flag, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            anyhow::bail!("{flag} must be positive");
+        }
+        if self.handshake_timeout.is_zero() {
+            anyhow::bail!("--handshake-timeout must be positive");
+        }
+        if self.request_timeout.is_zero() {
+            anyhow::bail!("--request-timeout must be positive");
+        }
+        Ok(TransportLimits {
+            max_connections: self.max_connections,
+            max_connections_per_ip: self.max_connections_per_ip,
+            max_concurrent_streams: self.max_concurrent_streams,
+            handshake_timeout: self.handshake_timeout,
+            request_timeout: self.request_timeout,
+            ..TransportLimits::default()
+        })
+    }
 }
 
 impl Args {
@@ -137,6 +197,10 @@ impl Args {
         if self.relay_max_allocations == 0 {
             anyhow::bail!("--relay-max-allocations must be positive");
         }
+        if self.relay_max_per_cluster == 0 {
+            anyhow::bail!("--relay-max-per-cluster must be positive");
+        }
+        let transport = self.transport.limits()?;
         let Some(rate) = self.relay_rate_kib.checked_mul(1024).filter(|r| *r > 0) else {
             anyhow::bail!("--relay-rate-kib must be between 1 and {}", u64::MAX >> 10);
         };
@@ -145,6 +209,7 @@ impl Args {
             address: self.relay_address,
             limits: RelayLimits {
                 max_allocations: self.relay_max_allocations,
+                max_per_cluster: self.relay_max_per_cluster,
                 rate,
                 // A quarter of a second at the rate, at least a few full-size packets.
                 burst: (rate / 4).max(64 << 10),
@@ -153,6 +218,7 @@ impl Args {
         });
         Ok(ServerConfig {
             relay,
+            transport,
             gc_interval: self.gc_interval,
             rate_limit: !self.no_rate_limit,
             redirect_endpoint: self.redirect_endpoint,

@@ -32,14 +32,30 @@ impl Discovery {
     /// Starts the server and waits until its metrics listener answers (it binds both
     /// listeners before serving either).
     pub fn start() -> Self {
+        Self::start_with(&[], None)
+    }
+
+    /// Like [`Self::start`], with more arguments, and under a soft and hard
+    /// `RLIMIT_NOFILE` of `nofile` if given (set by the shell before it execs the
+    /// binary).
+    pub fn start_with(args: &[&str], nofile: Option<u32>) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("discovery.log");
         let (grpc, web) = (free_port(), free_port());
-        let child = Command::new(BIN)
+        let mut command = match nofile {
+            Some(n) => {
+                let mut c = Command::new("sh");
+                c.args(["-c", &format!("ulimit -n {n} && exec \"$0\" \"$@\""), BIN]);
+                c
+            }
+            None => Command::new(BIN),
+        };
+        let child = command
             .args(["discovery", "--listen", &grpc.to_string()])
             .args(["--metrics-listen", &web.to_string()])
             // Many requests from one address in a burst.
             .arg("--no-rate-limit")
+            .args(args)
             .env_remove("NOTIFY_SOCKET")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -66,6 +82,21 @@ impl Discovery {
             std::thread::sleep(Duration::from_millis(20));
         }
         d
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.0.id()
+    }
+
+    /// The server's resident set size, in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid())).unwrap();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS in /proc/<pid>/status")
     }
 
     pub fn log_text(&self) -> String {

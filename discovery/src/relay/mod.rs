@@ -50,6 +50,10 @@ pub enum RelayError {
     /// The caller's address is unknown (it is what the allocation binds to).
     #[error("the client's address is unknown")]
     NoAddress,
+    /// The cluster, or one of the pair's affiliates, is not on the server: the relay
+    /// serves only pairs of live affiliates.
+    #[error("{0}")]
+    Absent(&'static str),
 }
 
 impl From<RelayError> for Status {
@@ -58,7 +62,7 @@ impl From<RelayError> for Status {
             RelayError::InvalidField(..) => tonic::Code::InvalidArgument,
             RelayError::Exhausted(_) => tonic::Code::ResourceExhausted,
             RelayError::Bind(_) => tonic::Code::Unavailable,
-            RelayError::NoAddress => tonic::Code::FailedPrecondition,
+            RelayError::NoAddress | RelayError::Absent(_) => tonic::Code::FailedPrecondition,
         };
         Status::new(code, e.to_string())
     }
@@ -94,7 +98,7 @@ impl RelayMetrics {
         );
         registry.register(
             "discovery_relay_allocate_requests",
-            "Relay allocate calls by result (created, refreshed, refused)",
+            "Relay allocate calls by result (created, refreshed, refused, absent)",
             self.allocated.clone(),
         );
         registry.register(
@@ -345,6 +349,7 @@ impl RelayService {
             r.peer_affiliate_id,
             &r.pair_token,
         )?;
+        self.check_present(&pair)?;
         let grant = self.relay.allocate(&pair, observed)?;
         let config = &self.relay.inner.config;
         Ok(Response::new(pb::AllocateResponse {
@@ -352,6 +357,28 @@ impl RelayService {
             address: config.address.map(|a| a.to_string()).unwrap_or_default(),
             ttl_seconds: u32::try_from(config.limits.idle.as_secs()).unwrap_or(u32::MAX),
             observed_address: observed.to_string(),
+        }))
+    }
+}
+
+impl RelayService {
+    /// Refuses a pair unless both nodes are live affiliates of a cluster the server
+    /// holds: the relay is no proxy for strangers.
+    fn check_present(&self, pair: &PairRequest) -> Result<(), RelayError> {
+        let absent = self.shared.state().relay_pair_absent(
+            &pair.cluster_id,
+            &pair.affiliate_id,
+            &pair.peer_affiliate_id,
+            Instant::now(),
+        );
+        let Some(field) = absent else {
+            return Ok(());
+        };
+        self.relay.inner.metrics.allocate("absent");
+        Err(RelayError::Absent(match field {
+            "cluster_id" => "cluster_id names no cluster on this server",
+            "affiliate_id" => "affiliate_id is not a live affiliate of the cluster",
+            _ => "peer_affiliate_id is not a live affiliate of the cluster",
         }))
     }
 }

@@ -22,6 +22,12 @@ pub struct RelayLimits {
     pub max_allocations: usize,
     /// Most allocation sides bound to one address (one node behind it per side).
     pub max_per_address: usize,
+    /// Most allocations of one cluster.
+    pub max_per_cluster: usize,
+    /// Descriptors the relay may hold, two per allocation; the server lowers it to what
+    /// the descriptor limit leaves after connections, so the relay is refused before
+    /// accept and Hello run out of descriptors.
+    pub max_fds: usize,
     /// Bytes per second one allocation forwards, both directions together.
     pub rate: u64,
     /// Bytes one allocation may forward at once above the rate.
@@ -35,6 +41,8 @@ impl Default for RelayLimits {
         Self {
             max_allocations: 1024,
             max_per_address: 256,
+            max_per_cluster: 256,
+            max_fds: usize::MAX,
             rate: 8 << 20,
             burst: 1 << 20,
             idle: Duration::from_secs(300),
@@ -132,15 +140,20 @@ struct PairKey {
 pub type AllocationId = u64;
 
 /// One side of an allocation: the port its node sends to, the address it must send
-/// from, and where it was last heard (its NAT's mapping towards the relay).
+/// from, and where it was heard (its NAT's mapping towards the relay). The port is
+/// learned once per allocate call of the side's node: the first datagram from the
+/// bound address after the call fixes it, and datagrams from other ports of that
+/// address are dropped until the node calls again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Side {
     /// Relay port this side's node sends to.
     pub port: u16,
     /// The node's observed address; `None` until the node allocates.
     pub bound: Option<IpAddr>,
-    /// Source of the node's last datagram.
+    /// Where the node's datagrams come from (and the other side's go to).
     pub learned: Option<SocketAddr>,
+    /// Whether the next datagram from `bound` sets `learned`.
+    pub learning: bool,
 }
 
 #[derive(Debug)]
@@ -172,6 +185,8 @@ pub enum Dropped {
     Unknown,
     /// It came from another address than the side's node.
     Source,
+    /// It came from the side's address but not from its learned port.
+    Port,
     /// The other side's node has not sent anything yet (its address is unknown).
     PeerUnknown,
     /// Over the allocation's rate.
@@ -185,6 +200,7 @@ impl Dropped {
         match self {
             Self::Unknown => "unknown",
             Self::Source => "source",
+            Self::Port => "port",
             Self::PeerUnknown => "peer_unknown",
             Self::Rate => "rate",
         }
@@ -198,6 +214,7 @@ pub struct Table {
     by_key: HashMap<PairKey, AllocationId>,
     allocations: HashMap<AllocationId, Allocation>,
     per_address: HashMap<IpAddr, usize>,
+    per_cluster: HashMap<String, usize>,
     next_id: AllocationId,
 }
 
@@ -210,6 +227,7 @@ impl Table {
             by_key: HashMap::new(),
             allocations: HashMap::new(),
             per_address: HashMap::new(),
+            per_cluster: HashMap::new(),
             next_id: 1,
         }
     }
@@ -250,12 +268,7 @@ impl Table {
         let (id, created) = match self.by_key.get(&key) {
             Some(&id) => (id, false),
             None => {
-                if self.allocations.len() >= self.limits.max_allocations {
-                    return Err(RelayError::Exhausted(format!(
-                        "the relay holds its maximum of {} allocations",
-                        self.limits.max_allocations
-                    )));
-                }
+                self.check_new(&key.cluster)?;
                 self.check_address(observed)?;
                 let ports = bind()?;
                 let id = self.next_id;
@@ -264,7 +277,9 @@ impl Table {
                     port,
                     bound: None,
                     learned: None,
+                    learning: false,
                 };
+                *self.per_cluster.entry(key.cluster.clone()).or_default() += 1;
                 self.allocations.insert(
                     id,
                     Allocation {
@@ -293,12 +308,39 @@ impl Table {
         }
         let a = self.allocations.get_mut(&id).expect("looked up");
         a.last_active = now;
+        // Each call re-opens learning: a node whose NAT mapping moved calls again.
+        a.sides[side].learning = true;
         Ok(Grant {
             id,
             side,
             port: a.sides[side].port,
             created,
         })
+    }
+
+    /// Whether one more allocation fits the total, the cluster's share and the
+    /// descriptor budget.
+    fn check_new(&self, cluster: &str) -> Result<(), RelayError> {
+        let limits = self.limits;
+        if self.allocations.len() >= limits.max_allocations {
+            return Err(RelayError::Exhausted(format!(
+                "the relay holds its maximum of {} allocations",
+                limits.max_allocations
+            )));
+        }
+        if self.per_cluster.get(cluster).copied().unwrap_or(0) >= limits.max_per_cluster {
+            return Err(RelayError::Exhausted(format!(
+                "the cluster holds its maximum of {} relay allocations",
+                limits.max_per_cluster
+            )));
+        }
+        if (self.allocations.len() + 1).saturating_mul(2) > limits.max_fds {
+            return Err(RelayError::Exhausted(format!(
+                "the relay's budget of {} file descriptors (2 per allocation) is used up",
+                limits.max_fds
+            )));
+        }
+        Ok(())
     }
 
     fn check_address(&self, ip: IpAddr) -> Result<(), RelayError> {
@@ -336,11 +378,18 @@ impl Table {
         let limits = self.limits;
         let a = self.allocations.get_mut(&id).ok_or(Dropped::Unknown)?;
         let src = SocketAddr::new(src.ip().to_canonical(), src.port());
-        if a.sides[side].bound != Some(src.ip()) {
+        let me = &mut a.sides[side];
+        if me.bound != Some(src.ip()) {
             return Err(Dropped::Source);
         }
-        // NAT mappings change (and a symmetric NAT's is only known once it sends).
-        a.sides[side].learned = Some(src);
+        // A symmetric NAT's mapping is only known once it sends; after that, another
+        // port of the same address is someone else until the node allocates again.
+        if me.learning {
+            me.learned = Some(src);
+            me.learning = false;
+        } else if me.learned != Some(src) {
+            return Err(Dropped::Port);
+        }
         let to = a.sides[1 - side].learned.ok_or(Dropped::PeerUnknown)?;
         let elapsed = now.saturating_duration_since(a.refilled).as_secs_f64();
         a.tokens = (a.tokens + elapsed * limits.rate as f64).min(limits.burst as f64);
@@ -364,6 +413,12 @@ impl Table {
             .collect();
         for id in &gone {
             if let Some(a) = self.allocations.remove(id) {
+                if let Some(n) = self.per_cluster.get_mut(&a.key.cluster) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.per_cluster.remove(&a.key.cluster);
+                    }
+                }
                 self.by_key.remove(&a.key);
                 for ip in a.sides.iter().filter_map(|s| s.bound) {
                     self.release_address(ip);
@@ -439,9 +494,20 @@ mod tests {
         // b sends: it goes to where a was heard from, and back.
         assert_eq!(t.datagram(ga.id, 1, at(B, 9002), 92, now), Ok(at(A, 7001)));
         assert_eq!(t.datagram(ga.id, 0, at(A, 7001), 32, now), Ok(at(B, 9002)));
-        // A new mapping of a's NAT is followed.
+        // Another port of a's address is dropped and redirects nothing...
+        assert_eq!(
+            t.datagram(ga.id, 0, at(A, 7555), 32, now),
+            Err(Dropped::Port)
+        );
+        assert_eq!(t.datagram(ga.id, 1, at(B, 9002), 32, now), Ok(at(A, 7001)));
+        // ...until a allocates again (its NAT's mapping moved): then it is followed.
+        t.allocate(&req("a", "b", 1), ip(A), now, ports(0)).unwrap();
         assert_eq!(t.datagram(ga.id, 0, at(A, 7555), 32, now), Ok(at(B, 9002)));
         assert_eq!(t.datagram(ga.id, 1, at(B, 9002), 32, now), Ok(at(A, 7555)));
+        assert_eq!(
+            t.datagram(ga.id, 0, at(A, 7001), 32, now),
+            Err(Dropped::Port)
+        );
     }
 
     #[test]
@@ -493,6 +559,8 @@ mod tests {
         let limits = RelayLimits {
             max_allocations: 2,
             max_per_address: 1,
+            max_per_cluster: 2,
+            max_fds: 4,
             rate: 1000,
             burst: 1500,
             idle: Duration::from_secs(60),
@@ -521,6 +589,42 @@ mod tests {
         // 0.2 s refills 200 bytes.
         let later = now + Duration::from_millis(200);
         assert!(t.datagram(g.id, 0, at(A, 1), 200, later).is_ok());
+    }
+
+    #[test]
+    fn a_cluster_and_the_descriptor_budget_cap_new_allocations() {
+        let mut t = Table::new(RelayLimits {
+            max_per_cluster: 1,
+            max_fds: 5,
+            ..RelayLimits::default()
+        });
+        let now = Instant::now();
+        let in_cluster = |c: &str, me: &str| {
+            PairRequest::new(c.into(), me.into(), "peer".into(), &[1; 32]).unwrap()
+        };
+        t.allocate(&in_cluster("c1", "a"), ip(A), now, ports(1))
+            .unwrap();
+        let e = t
+            .allocate(&in_cluster("c1", "b"), ip(B), now, ports(3))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("cluster holds its maximum of 1"),
+            "{e}"
+        );
+        t.allocate(&in_cluster("c2", "a"), ip(A), now, ports(5))
+            .unwrap();
+        // Three allocations would take 6 descriptors.
+        let e = t
+            .allocate(&in_cluster("c3", "a"), ip(A), now, ports(7))
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("budget of 5 file descriptors"),
+            "{e}"
+        );
+        // Expiry frees the cluster's share.
+        assert_eq!(t.expire(now + Duration::from_secs(301)).len(), 2);
+        t.allocate(&in_cluster("c1", "b"), ip(B), now, ports(9))
+            .unwrap();
     }
 
     #[test]

@@ -91,6 +91,9 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    /// The TLS certificate or key is not usable.
+    #[error("TLS material: {0}")]
+    Tls(String),
     /// The gRPC transport failed (bad TLS material, accept loop error).
     #[error("gRPC transport")]
     Transport(#[from] tonic::transport::Error),

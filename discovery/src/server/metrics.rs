@@ -76,6 +76,8 @@ pub struct Metrics {
     version_labels: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The server relay's series (at zero while it is off).
     pub relay: crate::relay::RelayMetrics,
+    /// Connection caps, handshake and request timeouts of both listeners.
+    pub transport: super::transport::TransportMetrics,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -124,9 +126,11 @@ impl Metrics {
             rate_limit_buckets: Family::default(),
             version_labels: std::sync::Mutex::default(),
             relay: crate::relay::RelayMetrics::default(),
+            transport: super::transport::TransportMetrics::default(),
             registry: Registry::default(),
         };
         m.relay.register(&mut registry);
+        m.transport.register(&mut registry);
         registry.register(
             "discovery_state_clusters",
             "Number of clusters",

@@ -15,7 +15,7 @@ use std::{
 
 use tokio::{net::TcpListener, task::JoinHandle};
 use tokio_util::sync::CancellationToken;
-use tonic::transport::{server::TcpIncoming, Identity, Server, ServerTlsConfig};
+use tonic::transport::Server;
 
 mod error;
 mod health;
@@ -26,6 +26,7 @@ pub mod ratelimit;
 pub mod service;
 pub mod snapshot;
 pub mod state;
+pub mod transport;
 mod watch;
 mod web;
 
@@ -97,6 +98,8 @@ pub struct ServerConfig {
     pub tls: Option<TlsFiles>,
     /// The server relay (`wirespan.relay.v1`); off when `None`.
     pub relay: Option<crate::relay::RelayConfig>,
+    /// Connection caps, timeouts and HTTP/2 limits of both listeners.
+    pub transport: transport::TransportLimits,
 }
 
 impl Default for ServerConfig {
@@ -118,6 +121,7 @@ impl Default for ServerConfig {
             max_affiliates: state::MAX_AFFILIATES,
             tls: None,
             relay: None,
+            transport: transport::TransportLimits::default(),
         }
     }
 }
@@ -396,15 +400,128 @@ fn spawn_lag_probe(shared: &Shared, runtime: tokio::runtime::Handle, stop: Cance
     }
 }
 
-fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig, ServerError> {
+fn tls_acceptor(files: &TlsFiles) -> Result<tokio_rustls::TlsAcceptor, ServerError> {
     let read = |path: &PathBuf| {
         std::fs::read(path).map_err(|source| ServerError::TlsFile {
             path: path.clone(),
             source,
         })
     };
-    let identity = Identity::from_pem(read(&files.cert)?, read(&files.key)?);
-    Ok(ServerTlsConfig::new().identity(identity))
+    let (cert, key) = (read(&files.cert)?, read(&files.key)?);
+    let bad = |what: &str, e: &dyn std::fmt::Display| ServerError::Tls(format!("{what}: {e}"));
+    let chain = rustls_pemfile::certs(&mut cert.as_slice())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| bad("certificate", &e))?;
+    let key = rustls_pemfile::private_key(&mut key.as_slice())
+        .map_err(|e| bad("private key", &e))?
+        .ok_or_else(|| ServerError::Tls(format!("no private key in {}", files.key.display())))?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| bad("protocol versions", &e))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| bad("certificate and key", &e))?;
+    // gRPC is HTTP/2 only.
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// How the descriptor limit is shared between connections and the relay; logged, with
+/// a warning when the relay cannot hold its configured allocations.
+fn fd_plan(config: &ServerConfig) -> transport::FdPlan {
+    let nofile = transport::limits::nofile_limit();
+    let plan = transport::FdPlan::new(
+        nofile,
+        config.transport.max_connections,
+        config.relay.is_some(),
+    );
+    if let Some(relay) = &config.relay {
+        let wanted = relay.limits.max_allocations.saturating_mul(2);
+        if plan.relay < wanted.min(relay.limits.max_fds) {
+            tracing::warn!(
+                nofile = ?nofile,
+                relay_allocations = plan.relay / 2,
+                "the descriptor limit holds fewer relay allocations than configured; raise LimitNOFILE"
+            );
+        }
+    }
+    if plan.connections < config.transport.max_connections {
+        tracing::warn!(
+            nofile = ?nofile,
+            connections = plan.connections,
+            "the descriptor limit holds fewer gRPC connections than configured; raise LimitNOFILE"
+        );
+    }
+    plan
+}
+
+/// The gRPC server: its HTTP/2 limits, services and accept loop.
+fn serve_grpc(
+    shared: &Arc<Shared>,
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    fds: transport::FdPlan,
+) -> JoinHandle<Result<(), tonic::transport::Error>> {
+    let limits = shared.config.transport;
+    let max = limits.max_request_bytes;
+    let token = shared.shutdown.clone();
+    let service = ClusterService {
+        shared: Arc::clone(shared),
+    };
+    let svc = watch::Routes {
+        cluster: ClusterServer::new(service.clone()).max_decoding_message_size(max),
+        service,
+        max_request_bytes: max,
+    };
+    // Without the relay its service is absent: clients get UNIMPLEMENTED.
+    let relay = shared.config.relay.map(|mut config| {
+        config.limits.max_fds = config.limits.max_fds.min(fds.relay);
+        let relay = crate::relay::Relay::start(config, shared.metrics.relay.clone(), token.clone());
+        crate::proto::relay::relay_server::RelayServer::new(crate::relay::RelayService {
+            relay,
+            shared: Arc::clone(shared),
+        })
+        .max_decoding_message_size(max)
+    });
+    let health = crate::proto::health::health_server::HealthServer::new(health::HealthService {
+        shutdown: token.clone(),
+    })
+    .max_decoding_message_size(max);
+    let admission = transport::Admission::new(
+        "grpc",
+        fds.connections,
+        limits.max_connections_per_ip,
+        shared.metrics.transport.clone(),
+    );
+    let incoming = transport::grpc_incoming(
+        listener,
+        tls,
+        admission,
+        limits.handshake_timeout,
+        token.clone(),
+    );
+    let timeout = transport::RequestTimeoutLayer {
+        limit: limits.request_timeout,
+        metrics: shared.metrics.transport.clone(),
+    };
+    // No server-initiated pings and no ping-rate enforcement: hyper/h2 never answers
+    // client pings with GOAWAY too_many_pings, which is laxer than upstream's 10 s
+    // minimum, as the protocol allows.
+    tokio::spawn(
+        Server::builder()
+            .max_concurrent_streams(limits.max_concurrent_streams)
+            .initial_stream_window_size(transport::limits::STREAM_WINDOW)
+            .initial_connection_window_size(transport::limits::CONNECTION_WINDOW)
+            .max_frame_size(transport::limits::MAX_FRAME)
+            .http2_max_header_list_size(transport::limits::MAX_HEADER_LIST)
+            .layer(panic::CatchPanicLayer)
+            .layer(timeout)
+            .add_service(svc)
+            .add_optional_service(relay)
+            .add_service(health)
+            .serve_with_incoming_shutdown(incoming, token.cancelled_owned()),
+    )
 }
 
 /// Serves gRPC (plaintext h2c, or TLS if `config.tls` is set) on `listener` until
@@ -435,10 +552,7 @@ pub async fn spawn_with_metrics(
         .map(TcpListener::local_addr)
         .transpose()
         .map_err(ServerError::Web)?;
-    let mut builder = Server::builder();
-    if let Some(files) = &config.tls {
-        builder = builder.tls_config(tls_config(files)?)?;
-    }
+    let tls = config.tls.as_ref().map(tls_acceptor).transpose()?;
     let mut state = restore(&config);
     state.set_max_affiliates(config.max_affiliates);
     state.set_max_clusters(config.max_clusters);
@@ -447,44 +561,26 @@ pub async fn spawn_with_metrics(
     state.set_watch_budget(config.watch_budget);
     let token = CancellationToken::new();
     let shared = Arc::new(Shared::new(config, state, token.clone()));
-    let service = ClusterService {
-        shared: Arc::clone(&shared),
-    };
-    let svc = watch::Routes {
-        cluster: ClusterServer::new(service.clone()),
-        service,
-    };
-    // Without the relay its service is absent: clients get UNIMPLEMENTED.
-    let relay = shared.config.relay.map(|config| {
-        let relay = crate::relay::Relay::start(config, shared.metrics.relay.clone(), token.clone());
-        crate::proto::relay::relay_server::RelayServer::new(crate::relay::RelayService {
-            relay,
-            shared: Arc::clone(&shared),
-        })
-    });
+    let fds = fd_plan(&shared.config);
     // GC at start (before serving, so it cannot race the first requests), then every
     // interval.
     run_gc(&shared);
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    // No server-initiated pings and no ping-rate enforcement: hyper/h2 never answers
-    // client pings with GOAWAY too_many_pings, which is laxer than upstream's 10 s
-    // minimum, as the protocol allows.
-    let grpc = tokio::spawn(
-        builder
-            .layer(panic::CatchPanicLayer)
-            .add_service(svc)
-            .add_optional_service(relay)
-            .add_service(crate::proto::health::health_server::HealthServer::new(
-                health::HealthService {
-                    shutdown: token.clone(),
-                },
-            ))
-            .serve_with_incoming_shutdown(incoming, token.clone().cancelled_owned()),
-    );
+    let grpc = serve_grpc(&shared, listener, tls, fds);
     let web = metrics_listener.map(|l| {
-        let router = web::router(Arc::clone(&shared));
-        let stop = token.clone().cancelled_owned();
-        tokio::spawn(async move { axum::serve(l, router).with_graceful_shutdown(stop).await })
+        let limits = shared.config.transport;
+        let admission = transport::Admission::new(
+            "web",
+            fds.web,
+            limits.max_connections_per_ip,
+            shared.metrics.transport.clone(),
+        );
+        tokio::spawn(transport::serve_web(
+            l,
+            web::router(Arc::clone(&shared)),
+            admission,
+            limits.handshake_timeout,
+            token.clone(),
+        ))
     });
     let background = tokio::spawn(background(Arc::clone(&shared)));
     spawn_lag_probe(&shared, tokio::runtime::Handle::current(), token);

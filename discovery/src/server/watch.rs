@@ -88,6 +88,8 @@ impl Decoder for RequestDecoder {
 pub(crate) struct Routes {
     pub(crate) cluster: ClusterServer<ClusterService>,
     pub(crate) service: ClusterService,
+    /// Largest request message decoded.
+    pub(crate) max_request_bytes: usize,
 }
 
 impl NamedService for Routes {
@@ -110,8 +112,10 @@ impl tower::Service<http::Request<Body>> for Routes {
                 service: self.service.clone(),
                 slot: Arc::clone(&slot),
             };
+            let max = self.max_request_bytes;
             Box::pin(async move {
-                let mut grpc = tonic::server::Grpc::new(EncodedCodec);
+                let mut grpc =
+                    tonic::server::Grpc::new(EncodedCodec).max_decoding_message_size(max);
                 let response = grpc.server_streaming(svc, req).await;
                 // tonic decoded the request and made the headers; the body is ours.
                 // No stream in the slot: tonic answered with an error status.

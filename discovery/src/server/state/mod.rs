@@ -916,6 +916,31 @@ impl State {
         counts
     }
 
+    /// Which of a relay pair's two affiliates is not a live affiliate of the cluster
+    /// (`Some("cluster_id")` if the cluster is unknown), or `None` if both are.
+    #[must_use]
+    pub fn relay_pair_absent(
+        &self,
+        cluster_id: &str,
+        affiliate_id: &str,
+        peer_affiliate_id: &str,
+        now: Instant,
+    ) -> Option<&'static str> {
+        let Some(cluster) = self.clusters.get(cluster_id) else {
+            return Some("cluster_id");
+        };
+        let live = |id: &str| {
+            cluster
+                .affiliates
+                .get(id)
+                .is_some_and(|a| a.expiration() > now)
+        };
+        if !live(affiliate_id) {
+            return Some("affiliate_id");
+        }
+        (!live(peer_affiliate_id)).then_some("peer_affiliate_id")
+    }
+
     /// Affiliates of one cluster for the inspect page, sorted by ID; `None` if the
     /// cluster does not exist (inspecting does not create it).
     #[must_use]
