@@ -165,8 +165,9 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, usize::from);
     println!("wirespan bench discovery");
     println!(
-        "server: `{} discovery --no-rate-limit` (child process, loopback, rate limit off: all \
-         load comes from one address; the hostile section runs it with its default limits \
+        "server: `{} discovery --no-rate-limit --max-connections-per-ip 1000000` (child \
+         process, loopback, per-address limits off: all load comes from one address; the \
+         hostile section runs it with its default limits \
          and the relay, every client from an address of its own); {cores} cores shared by \
          server and load generator",
         exe.display()

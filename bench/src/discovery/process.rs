@@ -23,10 +23,12 @@ impl ServerProcess {
         Self::start_with(exe, &[])
     }
 
-    /// A server with the rate limit off (the capacity sections' load comes from one
-    /// address) and `extra` flags.
+    /// A server with the per-address limits off (the capacity sections' load stands for
+    /// many hosts but comes from one address) and `extra` flags.
     pub(super) fn start_with(exe: &std::path::Path, extra: &[String]) -> anyhow::Result<Self> {
-        let mut args = vec!["--no-rate-limit".to_string()];
+        let mut args: Vec<String> = ["--no-rate-limit", "--max-connections-per-ip", "1000000"]
+            .map(String::from)
+            .to_vec();
         args.extend_from_slice(extra);
         Self::start_public(exe, &args)
     }
