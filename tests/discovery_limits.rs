@@ -190,3 +190,36 @@ fn under_a_small_descriptor_limit_a_full_relay_is_refused_and_hello_keeps_workin
         }
     });
 }
+
+#[test]
+fn a_zero_connection_limit_is_refused_naming_the_flag() {
+    for flag in [
+        "--max-connections",
+        "--max-connections-per-ip",
+        "--max-concurrent-streams",
+        "--relay-max-per-cluster",
+    ] {
+        let out = std::process::Command::new(common::BIN)
+            .args(["discovery", "--listen", "127.0.0.1:0", flag, "0"])
+            .env_remove("NOTIFY_SOCKET")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{flag} 0 was accepted");
+        assert!(
+            stderr.contains(&format!("{flag} must be positive")),
+            "{flag}: {stderr}"
+        );
+    }
+    let out = std::process::Command::new(common::BIN)
+        .args([
+            "discovery",
+            "--listen",
+            "127.0.0.1:0",
+            "--request-timeout",
+            "0s",
+        ])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--request-timeout must be positive"));
+}

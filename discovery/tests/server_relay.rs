@@ -328,6 +328,13 @@ async fn another_port_of_a_nodes_address_does_not_redirect_the_pair_until_it_all
     // Another socket on node a's address: its NAT's next mapping, or an attacker there.
     let other = UdpSocket::bind("127.0.0.1:0").await.unwrap();
     sock_a.send_to(b"a1", port_a).await.unwrap();
+    // a's port is learned (b's is not yet known) before b sends.
+    metric_reaches(
+        &server,
+        "discovery_relay_datagrams_total{result=\"peer_unknown\"}",
+        1.0,
+    )
+    .await;
     sock_b.send_to(b"b1", port_b).await.unwrap();
     assert_eq!(recv(&sock_a).await.0, b"b1");
 

@@ -8,6 +8,7 @@ use std::{
 };
 
 use super::RelayError;
+use crate::server::transport::limits::ip_key;
 
 /// Longest cluster or affiliate id (the discovery service's own limit).
 pub const ID_MAX: usize = 256;
@@ -20,7 +21,8 @@ pub const TOKEN_LEN: usize = 32;
 pub struct RelayLimits {
     /// Most allocations at once.
     pub max_allocations: usize,
-    /// Most allocation sides bound to one address (one node behind it per side).
+    /// Most allocation sides bound to one address (one node behind it per side); an
+    /// IPv6 address counts by its /64, which one host can hold whole.
     pub max_per_address: usize,
     /// Most allocations of one cluster.
     pub max_per_cluster: usize,
@@ -301,7 +303,7 @@ impl Table {
             if let Some(old) = bound {
                 self.release_address(old);
             }
-            *self.per_address.entry(observed).or_default() += 1;
+            *self.per_address.entry(ip_key(observed)).or_default() += 1;
             let s = &mut self.allocations.get_mut(&id).expect("looked up").sides[side];
             s.bound = Some(observed);
             s.learned = None;
@@ -344,7 +346,7 @@ impl Table {
     }
 
     fn check_address(&self, ip: IpAddr) -> Result<(), RelayError> {
-        if self.per_address.get(&ip).copied().unwrap_or(0) >= self.limits.max_per_address {
+        if self.per_address.get(&ip_key(ip)).copied().unwrap_or(0) >= self.limits.max_per_address {
             return Err(RelayError::Exhausted(format!(
                 "{ip} holds its maximum of {} relay allocations",
                 self.limits.max_per_address
@@ -354,10 +356,11 @@ impl Table {
     }
 
     fn release_address(&mut self, ip: IpAddr) {
-        if let Some(n) = self.per_address.get_mut(&ip) {
+        let key = ip_key(ip);
+        if let Some(n) = self.per_address.get_mut(&key) {
             *n -= 1;
             if *n == 0 {
-                self.per_address.remove(&ip);
+                self.per_address.remove(&key);
             }
         }
     }
@@ -577,8 +580,13 @@ mod tests {
             "{e}"
         );
         t.allocate(&req("b", "a", 1), ip(B), now, ports(0)).unwrap();
-        t.allocate(&req("x", "y", 1), ip("192.0.2.3"), now, ports(5))
+        t.allocate(&req("x", "y", 1), ip("2001:db8::1"), now, ports(5))
             .unwrap();
+        // Another address of the same IPv6 /64 is the same client.
+        let e = t
+            .allocate(&req("y", "x", 1), ip("2001:db8::ffff"), now, ports(0))
+            .unwrap_err();
+        assert!(e.to_string().contains("holds its maximum of 1"), "{e}");
         let e = t
             .allocate(&req("x", "z", 1), ip("192.0.2.4"), now, ports(7))
             .unwrap_err();
