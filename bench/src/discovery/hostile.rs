@@ -60,7 +60,9 @@ impl Counts {
         } else {
             Self {
                 good: 16,
-                rounds: 100,
+                // 15 s per phase: longer than the server's 10 s handshake timeout, so the
+                // slowloris connections see it.
+                rounds: 150,
                 phases: 2,
                 hostile_affiliates: MAX_AFFILIATES,
                 slow_watchers: 1000,
