@@ -109,9 +109,11 @@ async fn cancelled_hellos_do_not_lock_the_client_out() {
         .map(|_| {
             let mut c = c.clone();
             tokio::spawn(async move {
-                // Dropped (RST_STREAM) after 5 ms, waiting or not.
+                // No deadline in the request (it would be refused rather than queue);
+                // dropped by the client (RST_STREAM) after 200 ms, once it has
+                // reached the server and reserved its token.
                 let _ =
-                    tokio::time::timeout(Duration::from_millis(5), c.hello(hello_request(None)))
+                    tokio::time::timeout(Duration::from_millis(200), c.hello(hello_request(None)))
                         .await;
             })
         })
@@ -143,7 +145,9 @@ async fn a_call_cancelled_while_waiting_refunds_its_token() {
     // Once the debt is full a call is refused at once for it.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let result = c.hello(hello_request(Some(Duration::from_millis(2)))).await;
+        let result = c
+            .hello(hello_request(Some(Duration::from_millis(100))))
+            .await;
         if result
             .as_ref()
             .is_err_and(|status| status.message().contains("queued"))
