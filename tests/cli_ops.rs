@@ -483,6 +483,34 @@ fn discovery_notifies_readiness_when_it_listens() {
     assert_eq!(next_notification(&notify, &mut server, &log), "STOPPING=1");
 }
 
+/// The discovery server's admission flags: bad values are refused naming the flag, and
+/// the removed header-trust flags are gone (proxies are named with `--trusted-proxy`).
+#[test]
+fn discovery_admission_flags_are_checked() {
+    let refused = |args: &[&str], needle: &str| {
+        let out = Command::new(BIN)
+            .args(["discovery", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} was accepted");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    };
+    refused(&["--no-trust-x-real-ip"], "--no-trust-x-real-ip");
+    refused(
+        &["--no-trust-x-forwarded-for"],
+        "--no-trust-x-forwarded-for",
+    );
+    refused(&["--trusted-proxy", "10.0.0.1/33"], "--trusted-proxy");
+    refused(&["--affiliate-delete", "maybe"], "allow or refuse");
+    refused(&["--max-clusters", "0"], "--max-clusters must be positive");
+    refused(
+        &["--state-budget-mib", "0"],
+        "--state-budget-mib must be between",
+    );
+}
+
 /// `wirespan status` inside a 2-node lab: the mesh up through a discovery server.
 #[test]
 fn status_in_a_lab_node_counts_peers_and_discovery() {

@@ -9,6 +9,14 @@ use wirespan_discovery::{
     server::{self, transport::TransportLimits, DeletePolicy, ServerConfig, TlsFiles},
 };
 
+/// `mib` in bytes, if it is positive and fits.
+fn mib_to_bytes(mib: usize, flag: &str) -> anyhow::Result<usize> {
+    match mib.checked_mul(1 << 20).filter(|b| *b > 0) {
+        Some(bytes) => Ok(bytes),
+        None => anyhow::bail!("{flag} must be between 1 and {}", usize::MAX >> 20),
+    }
+}
+
 fn parse_delete_policy(s: &str) -> Result<DeletePolicy, String> {
     match s {
         "allow" => Ok(DeletePolicy::Allow),
@@ -171,29 +179,11 @@ impl Args {
         if self.max_affiliates == 0 {
             anyhow::bail!("--max-affiliates must be positive");
         }
-        let Some(watch_budget) = self
-            .watch_budget_mib
-            .checked_mul(1 << 20)
-            .filter(|b| *b > 0)
-        else {
-            anyhow::bail!(
-                "--watch-budget-mib must be between 1 and {}",
-                usize::MAX >> 20
-            );
-        };
+        let watch_budget = mib_to_bytes(self.watch_budget_mib, "--watch-budget-mib")?;
         if self.max_clusters == 0 {
             anyhow::bail!("--max-clusters must be positive");
         }
-        let Some(state_budget) = self
-            .state_budget_mib
-            .checked_mul(1 << 20)
-            .filter(|b| *b > 0)
-        else {
-            anyhow::bail!(
-                "--state-budget-mib must be between 1 and {}",
-                usize::MAX >> 20
-            );
-        };
+        let state_budget = mib_to_bytes(self.state_budget_mib, "--state-budget-mib")?;
         if self.relay_max_allocations == 0 {
             anyhow::bail!("--relay-max-allocations must be positive");
         }

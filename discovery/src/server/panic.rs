@@ -34,7 +34,8 @@ fn internal(panic: &(dyn std::any::Any + Send)) -> http::Response<Body> {
         .copied()
         .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
         .unwrap_or("unknown panic");
-    tracing::error!(panic = what, "RPC handler panicked; answered INTERNAL");
+    // Debug: a panic message may quote request data; escaped, it cannot forge a line.
+    tracing::error!(panic = ?what, "RPC handler panicked; answered INTERNAL");
     tonic::Status::internal("internal error").into_http()
 }
 

@@ -403,6 +403,7 @@ impl Import<'_> {
     /// budget; its affiliates as [`Self::affiliate`] allows.
     fn cluster(&mut self, msg: RawCluster) {
         let dropped = 1 + msg.affiliates.len() as u64;
+        let had_affiliates = !msg.affiliates.is_empty();
         let Some(id) = valid_id(&msg.id, state::validate_cluster_id) else {
             return self.drop_part("cluster", "invalid cluster ID", None, dropped);
         };
@@ -429,8 +430,9 @@ impl Import<'_> {
             bytes += size;
             affiliates.insert(affiliate);
         }
-        if affiliates.is_empty() {
-            // Nothing left to serve (GC would remove it at once): not worth a slot.
+        if affiliates.is_empty() && had_affiliates {
+            // Emptied by the checks: nothing left to serve, not worth a slot. (An
+            // empty cluster in the file loads as such, so files round-trip.)
             return;
         }
         if self.state.stored_bytes() + bytes > self.limits.state_budget {

@@ -579,8 +579,9 @@ impl State {
     /// upstream does.
     ///
     /// # Errors
-    /// Validation errors, [`RequestError::TooManyAffiliates`],
-    /// [`RequestError::TooManyEndpoints`].
+    /// Validation errors, [`RequestError::TooManyClusters`] and
+    /// [`RequestError::StateBudget`] (checked before anything changes),
+    /// [`RequestError::TooManyAffiliates`], [`RequestError::TooManyEndpoints`].
     pub fn update(
         &mut self,
         now: Instant,
