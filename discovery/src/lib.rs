@@ -5,11 +5,13 @@
 //! - [`server`]: the discovery server.
 //! - [`relay`]: the server relay (wirespan's own service beside the discovery API).
 //! - [`client`]: the client library: blob crypto, typed affiliates, run loop.
+//! - [`text`]: sanitising and escaping untrusted names from affiliates.
 
 pub mod client;
 pub mod proto;
 pub mod relay;
 pub mod server;
+pub mod text;
 
 /// Helpers of the unit tests.
 #[cfg(test)]

@@ -5,6 +5,7 @@ use std::{fmt::Write as _, path::Path};
 use anyhow::Context as _;
 use serde_json::{json, Value};
 use wirespan_control::api::{client::connect, proto};
+use wirespan_discovery::text::escape_terminal;
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -243,7 +244,10 @@ impl Printer {
                 cell(lookup(&spec, &col.json_path))
             });
         }
-        Ok(c)
+        // Cells show names other nodes chose: an escape sequence is printed as text.
+        Ok(c.into_iter()
+            .map(|s| escape_terminal(&s).into_owned())
+            .collect())
     }
 
     fn document(&self, r: &proto::Resource, mark: Option<&str>) -> anyhow::Result<Value> {
