@@ -417,7 +417,11 @@ impl ConfigLoader {
                 // Reading and parsing are blocking work: off the async workers.
                 let (now, res) = {
                     let (loader, path, last) = (loader.clone(), path.clone(), last.clone());
-                    match tokio::task::spawn_blocking(move || reload(&loader, &path, last)).await {
+                    match tokio::task::spawn_blocking(move || {
+                        reload(&loader, &path, last.as_deref())
+                    })
+                    .await
+                    {
                         Ok(Some(r)) => r,
                         Ok(None) => continue,
                         Err(e) => {
@@ -441,10 +445,10 @@ impl ConfigLoader {
 fn reload(
     loader: &ConfigLoader,
     path: &Path,
-    last: Option<String>,
+    last: Option<&str>,
 ) -> Option<(Option<String>, Result<Accepted, LoadError>)> {
     let now = read_file(path);
-    if matches!((&now, &last), (Ok(a), Some(b)) if a == b) {
+    if matches!((&now, last), (Ok(a), Some(b)) if a == b) {
         return None;
     }
     Some(match now {
