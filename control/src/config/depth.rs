@@ -39,6 +39,7 @@ struct Scan {
 /// # Errors
 /// The first place where it does.
 pub fn check(text: &str, limit: usize) -> Result<(), TooDeep> {
+    check_raw_flow(text)?;
     let mut s = Scan {
         document: 1,
         ..Scan::default()
@@ -65,6 +66,36 @@ pub fn check(text: &str, limit: usize) -> Result<(), TooDeep> {
                 document: s.document,
                 line: i + 1,
             });
+        }
+    }
+    Ok(())
+}
+
+/// Open `[`/`{` counted with no regard to quotes or comments that
+/// [`check_raw_flow`] allows: a backstop, should the scan above ever take a bracket
+/// for text that the parser reads as nesting. No config comes near it, and a parse
+/// this deep is still cheap.
+const RAW_FLOW_LIMIT: usize = 1024;
+
+fn check_raw_flow(text: &str) -> Result<(), TooDeep> {
+    let (mut open, mut document, mut content) = (0usize, 1, false);
+    for (i, line) in text.lines().enumerate() {
+        if is_document_marker(line) && line.starts_with("---") && content {
+            (document, content) = (document + 1, false);
+        }
+        content |= !line.trim().is_empty();
+        for b in line.bytes() {
+            match b {
+                b'[' | b'{' => open += 1,
+                b']' | b'}' => open = open.saturating_sub(1),
+                _ => {}
+            }
+            if open > RAW_FLOW_LIMIT {
+                return Err(TooDeep {
+                    document,
+                    line: i + 1,
+                });
+            }
         }
     }
     Ok(())
@@ -119,7 +150,10 @@ impl Scan {
     /// nesting reached (`base` plus the open flow collections).
     fn characters(&mut self, rest: &str, base: usize) -> usize {
         let mut deepest = base + self.flow;
-        let mut prev = ' ';
+        // The last character and the last one that is not a blank: a quote opens a
+        // quoted scalar only where a value starts (`key: 'x'`, `- "x"`, `[a, 'b']`),
+        // not inside a plain one (`rock 'n roll`).
+        let (mut prev, mut prev_token) = (' ', ':');
         let mut chars = rest.chars().peekable();
         while let Some(c) = chars.next() {
             match (self.quote, c) {
@@ -131,7 +165,7 @@ impl Scan {
                 }
                 (Some(q), c) if c == q => self.quote = None,
                 (Some(_), _) => {}
-                (None, '"' | '\'') if starts_token(prev) => self.quote = Some(c),
+                (None, '"' | '\'') if starts_value(prev_token) => self.quote = Some(c),
                 (None, '#') if prev == ' ' || prev == '\t' => break,
                 (None, '[' | '{') => {
                     self.flow += 1;
@@ -141,15 +175,18 @@ impl Scan {
                 _ => {}
             }
             prev = c;
+            if !matches!(c, ' ' | '\t') {
+                prev_token = c;
+            }
         }
         deepest
     }
 }
 
-/// Whether a quote after `prev` opens a quoted scalar (rather than being part of a
-/// plain one, as in `it's`).
-fn starts_token(prev: char) -> bool {
-    matches!(prev, ' ' | '\t' | '[' | '{' | ',' | ':' | '-' | '?')
+/// Whether a quote after the non-blank `prev` opens a quoted scalar (rather than
+/// being part of a plain one, as in `it's` or `rock 'n roll`).
+fn starts_value(prev: char) -> bool {
+    matches!(prev, '[' | '{' | ',' | ':' | '-' | '?')
 }
 
 /// Whether a line ends with a block scalar header (`key: |`, `- >-`, `|2+`).
@@ -223,6 +260,14 @@ mod tests {
         ] {
             assert_eq!(check(&text, 4), Ok(()), "{text}");
         }
+    }
+
+    #[test]
+    fn an_apostrophe_in_a_plain_value_hides_nothing() {
+        let text = format!("a: rock 'n roll\nb: {}\n", "[".repeat(100));
+        assert_eq!(check(&text, 8).unwrap_err().line, 2);
+        let text = format!("a: \"x\"\nb: '{}\n", "[".repeat(2000));
+        assert_eq!(check(&text, 8).unwrap_err().line, 2, "the raw backstop");
     }
 
     #[test]
