@@ -370,7 +370,11 @@ pub fn run(args: &Args, socket: &Path) -> anyhow::Result<()> {
         Format::Text => print!("{}", render_text(&lines)),
         Format::Json => {
             let m: BTreeMap<&str, &String> = lines.iter().map(|(k, v)| (*k, v)).collect();
-            println!("{}", serde_json::to_string_pretty(&m)?);
+            let json = serde_json::to_string_pretty(&m)?;
+            println!(
+                "{}",
+                super::get::escape_document(&json, super::get::Format::Json)
+            );
         }
     }
     Ok(())
