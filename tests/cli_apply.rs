@@ -120,3 +120,77 @@ fn node_config_apply_and_reload_reach_the_kernel_and_bad_configs_change_nothing(
                 == serde_json::json!(["10.88.0.7/24"])
     });
 }
+
+/// Hostile configs through `wirespan apply`: 30,000 invalid documents get a reply of a
+/// few KB (50 problems and a count of the rest), in the CLI's output and in
+/// `configstatus`; 100,000 levels of `[` are refused before parsing, naming the
+/// document and line; the node answers `get` afterwards.
+#[test]
+fn hostile_configs_get_short_errors() {
+    let ns = NetnsGuard::new("wscli").unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("node.sock");
+    let child = common::bin_in(&ns)
+        .arg("--socket")
+        .arg(&socket)
+        .arg("node")
+        .arg("--state-dir")
+        .arg(dir.path().join("state"))
+        .env_remove("WIRESPAN_SOCKET")
+        .spawn()
+        .unwrap();
+    let _node = ChildGuard(child);
+    wait_for_path(&socket);
+
+    let many = dir.path().join("many.yaml");
+    std::fs::write(
+        &many,
+        "apiVersion: v1alpha1\nkind: Bogus\n---\n".repeat(30_000),
+    )
+    .unwrap();
+    for dry_run in [true, false] {
+        let mut args = vec!["apply", many.to_str().unwrap()];
+        if dry_run {
+            args.push("--dry-run");
+        }
+        let o = cli(&socket, &args);
+        assert!(!o.status.success());
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.len() < 16 * 1024,
+            "dry run {dry_run}: {} bytes",
+            err.len()
+        );
+        assert!(err.contains("and 29950 more problems"), "{err}");
+        assert!(
+            err.contains("document 1 (Bogus): kind: unknown kind"),
+            "{err}"
+        );
+    }
+    let status = common::stdout(&cli(&socket, &["get", "configstatus", "-o", "json"]));
+    let status: serde_json::Value = serde_json::from_str(&status).unwrap();
+    let last_error = status["spec"]["lastError"].as_str().unwrap();
+    assert!(last_error.len() < 16 * 1024, "{} bytes", last_error.len());
+    assert!(
+        last_error.ends_with("and 29950 more problems"),
+        "{last_error}"
+    );
+
+    let deep = dir.path().join("deep.yaml");
+    std::fs::write(
+        &deep,
+        format!(
+            "apiVersion: v1alpha1\nkind: X\nv: {}\n",
+            "[".repeat(100_000)
+        ),
+    )
+    .unwrap();
+    let o = cli(&socket, &["apply", "--dry-run", deep.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("document 1: line 3: nested deeper than 64 levels"),
+        "{err}"
+    );
+    assert!(cli(&socket, &["get", "configstatus"]).status.success());
+}

@@ -190,3 +190,83 @@ fn forced_kernel_wireguard_refuses_to_start_without_the_module() {
         "{err}"
     );
 }
+
+/// The node under umask 000 (so nothing it creates is private by accident), with a
+/// config so that the last good copy is written too; stderr to `log`.
+fn start_under_umask_000(
+    ns: &NetnsGuard,
+    dir: &std::path::Path,
+    log: &std::path::Path,
+) -> ChildGuard {
+    let config = dir.join("config.yaml");
+    std::fs::write(
+        &config,
+        "apiVersion: v1alpha1\nkind: TCPProbeConfig\nname: b\nendpoint: 127.0.0.1:1\ninterval: 30s\n",
+    )
+    .unwrap();
+    let child = Command::new("sh")
+        .args(["-c", "umask 000 && exec \"$@\"", "sh"])
+        .args(["ip", "netns", "exec", ns.name(), common::BIN, "node"])
+        .arg("--socket")
+        .arg(dir.join("run/node.sock"))
+        .arg("--state-dir")
+        .arg(dir.join("state"))
+        .arg("--config")
+        .arg(&config)
+        .env_remove("WIRESPAN_SOCKET")
+        .stderr(std::fs::File::create(log).unwrap())
+        .spawn()
+        .unwrap();
+    let guard = ChildGuard(child);
+    wait_for_path(&dir.join("run/node.sock"));
+    guard
+}
+
+/// Every entry of the state dir and its mode, once the node ID and the last good
+/// config are written.
+fn state_modes(dir: &std::path::Path) -> Vec<(String, u32)> {
+    node_id(&dir.join("run/node.sock"));
+    let state = dir.join("state");
+    wait_for_path(&state.join("last-good-config.yaml"));
+    let mut modes: Vec<(String, u32)> = std::fs::read_dir(&state)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let mode = e.metadata().unwrap().permissions().mode() & 0o7777;
+            (e.file_name().to_string_lossy().into_owned(), mode)
+        })
+        .collect();
+    modes.sort();
+    let dir_mode = std::fs::metadata(&state).unwrap().permissions().mode() & 0o7777;
+    modes.insert(0, (".".to_owned(), dir_mode));
+    modes
+}
+
+#[test]
+fn under_umask_000_the_state_dir_is_0700_and_its_files_0600() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("node.log");
+    let ns = NetnsGuard::new("wsnode").unwrap();
+    let want = vec![
+        (".".to_owned(), 0o700),
+        ("last-good-config.yaml".to_owned(), 0o600),
+        ("node-id".to_owned(), 0o600),
+    ];
+
+    // Created by the node.
+    let node = start_under_umask_000(&ns, dir.path(), &log);
+    assert_eq!(state_modes(dir.path()), want);
+    assert!(sigterm_and_wait(node).success());
+
+    // Found open to everyone: tightened, and the node says so.
+    let state = dir.path().join("state");
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let node = start_under_umask_000(&ns, dir.path(), &log);
+    assert_eq!(state_modes(dir.path()), want);
+    assert!(sigterm_and_wait(node).success());
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        text.contains("state dir was open to other users; set it to 0700"),
+        "{text}"
+    );
+}

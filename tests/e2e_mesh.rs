@@ -1798,3 +1798,66 @@ fn ebpf_fast_path_marks_forwarded_traffic_into_the_mesh() {
         tx - tx0
     );
 }
+
+/// Cluster members choose their own names, and anyone with the cluster ID can publish
+/// one: a foreign peer whose nodename and hostname carry a forged metrics series and
+/// a terminal escape (clear screen) shows up on the nodes with neither working: no
+/// `forged_series` line in node1's `/metrics`, no ESC byte in `wirespan get peers`.
+#[test]
+fn a_crafted_nodename_forges_no_metrics_series_and_no_terminal_escape() {
+    const CRAFTED: &str = "evil\"} 1\nforged_series 1\n\u{1b}[2J";
+    let lab = mesh(2);
+    let st = lab.status();
+    let talos = TalosPeer::builder(&st).start();
+    talos.publish_as(CRAFTED, CRAFTED);
+    let public = talos.public_key().to_owned();
+
+    let peer = eventually("the crafted peer on node1", || {
+        get_one(&lab, "node1", "peers", &public)
+    });
+
+    let table = lab.exec("node1", &["wirespan", "get", "peers"]);
+    assert!(table.status.success());
+    let row = String::from_utf8_lossy(&table.stdout)
+        .lines()
+        .find(|l| l.contains(&public))
+        .unwrap_or_else(|| panic!("no row for the crafted peer"))
+        .to_owned();
+    assert!(row.contains("evil\"} 1"), "{row}");
+    assert!(!table.stdout.contains(&0x1b), "raw ESC printed: {row:?}");
+
+    let addr = node(&st, "node1")["metricsAddress"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let metrics = eventually("node1's metrics to list the crafted peer", || {
+        let text = lab.exec_ok(
+            "node1",
+            &[
+                "curl",
+                "-sSf",
+                "--max-time",
+                "5",
+                &format!("http://{addr}/metrics"),
+            ],
+        );
+        text.contains(&public).then_some(text)
+    });
+    assert!(
+        !metrics.lines().any(|l| l.starts_with("forged_series")),
+        "{metrics}"
+    );
+    let up = metrics
+        .lines()
+        .find(|l| l.starts_with("wirespan_kubespan_peer_up{") && l.contains(&public))
+        .unwrap();
+    assert!(up.contains("label=\"evil\\\"} 1"), "{up}");
+
+    // The first defence: the name was sanitised when decoded.
+    let label = peer["spec"]["label"].as_str().unwrap();
+    assert!(label.starts_with("evil\"} 1"), "{peer}");
+    assert!(
+        !label.contains(['\n', '\u{1b}']),
+        "sanitised at decode: {label:?}"
+    );
+}

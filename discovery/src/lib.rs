@@ -6,12 +6,14 @@
 //! - [`relay`]: the server relay (wirespan's own service beside the discovery API).
 //! - [`client`]: the client library: blob crypto, typed affiliates, run loop.
 //! - [`redact`]: what logs print instead of cluster IDs.
+//! - [`text`]: sanitising and escaping untrusted names from affiliates.
 
 pub mod client;
 pub mod proto;
 pub mod redact;
 pub mod relay;
 pub mod server;
+pub mod text;
 
 /// Helpers of the unit tests.
 #[cfg(test)]

@@ -5,6 +5,7 @@ use std::{fmt::Write as _, path::Path};
 use anyhow::Context as _;
 use serde_json::{json, Value};
 use wirespan_control::api::{client::connect, proto};
+use wirespan_discovery::text::{escape_terminal, is_unsafe_char};
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -168,6 +169,27 @@ fn cell(v: Option<&Value>) -> String {
     }
 }
 
+/// A YAML or JSON document with the characters its serialiser leaves raw but a
+/// terminal obeys (bidi overrides; C1 and DEL in JSON) escaped: as `\uXXXX` in JSON
+/// (the same string), as visible text in YAML. Names in specs come from other nodes.
+pub(crate) fn escape_document(doc: &str, format: Format) -> String {
+    let line = |l: &str| -> String {
+        if format != Format::Json {
+            return escape_terminal(l).into_owned();
+        }
+        let mut out = String::with_capacity(l.len());
+        for c in l.chars() {
+            if is_unsafe_char(c) {
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
+            } else {
+                out.push(c);
+            }
+        }
+        out
+    };
+    doc.split('\n').map(line).collect::<Vec<_>>().join("\n")
+}
+
 impl Printer {
     fn new(def: &proto::Definition, format: Format, watch: bool) -> Self {
         let mut p = Self {
@@ -243,7 +265,10 @@ impl Printer {
                 cell(lookup(&spec, &col.json_path))
             });
         }
-        Ok(c)
+        // Cells show names other nodes chose: an escape sequence is printed as text.
+        Ok(c.into_iter()
+            .map(|s| escape_terminal(&s).into_owned())
+            .collect())
     }
 
     fn document(&self, r: &proto::Resource, mark: Option<&str>) -> anyhow::Result<Value> {
@@ -284,12 +309,18 @@ impl Printer {
     fn render(&mut self, r: &proto::Resource, mark: Option<&str>) -> anyhow::Result<String> {
         match self.format {
             Format::Table => Ok(self.line(&self.cells(r, mark)?)),
-            Format::Json => Ok(serde_json::to_string_pretty(&self.document(r, mark)?)?),
+            Format::Json => {
+                let j = serde_json::to_string_pretty(&self.document(r, mark)?)?;
+                Ok(escape_document(&j, Format::Json))
+            }
             Format::Yaml => {
                 let sep = if self.docs > 0 { "---\n" } else { "" };
                 self.docs += 1;
                 let y = serde_yaml_ng::to_string(&self.document(r, mark)?)?;
-                Ok(format!("{sep}{}", y.trim_end()))
+                Ok(format!(
+                    "{sep}{}",
+                    escape_document(y.trim_end(), Format::Yaml)
+                ))
             }
         }
     }
@@ -321,5 +352,56 @@ impl Printer {
             out.push('\n');
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A resource as the server sends it: its spec in YAML for `-o yaml`, else JSON.
+    fn resource(label: &str, format: Format) -> proto::Resource {
+        let spec = json!({ "label": label });
+        proto::Resource {
+            metadata: Some(proto::Metadata {
+                namespace: "kubespan".into(),
+                id: "k".into(),
+                version: 1,
+                ..Default::default()
+            }),
+            spec: if format == Format::Yaml {
+                serde_yaml_ng::to_string(&spec).unwrap()
+            } else {
+                serde_json::to_string(&spec).unwrap()
+            },
+            ..Default::default()
+        }
+    }
+
+    /// A printed name cannot drive the terminal, in any format.
+    #[test]
+    fn escape_sequences_in_specs_are_printed_as_text() {
+        let def = proto::Definition {
+            display_type: "KubeSpanPeerStatus".into(),
+            print_columns: vec![proto::PrintColumn {
+                name: "Label".into(),
+                json_path: ".label".into(),
+            }],
+            ..Default::default()
+        };
+        for format in [Format::Table, Format::Yaml, Format::Json] {
+            let r = resource("evil\u{1b}[2J\u{9b}31m\u{202e}", format);
+            let out = Printer::new(&def, format, false).render_all(&[r]).unwrap();
+            assert!(
+                !out.contains(['\u{1b}', '\u{9b}', '\u{202e}']),
+                "{format:?}: {out:?}"
+            );
+            assert!(out.contains("evil"), "{format:?}: {out:?}");
+        }
+        let out = Printer::new(&def, Format::Json, false)
+            .render_all(&[resource("a\u{9b}\u{202e}", Format::Json)])
+            .unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["spec"]["label"], "a\u{9b}\u{202e}", "the same string");
     }
 }

@@ -230,9 +230,14 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
     });
     meta::register(&store, &resources::definitions())
         .context("registering resource definitions")?;
+    wirespan_control::resources::identity::ensure_private_dir(&args.state_dir)
+        .with_context(|| format!("creating the state dir {}", args.state_dir.display()))?;
     let config_loader = loader::ConfigLoader::in_state_dir(store.clone(), &args.state_dir);
-    config_loader
-        .start(args.config.as_deref())
+    // Parsing is blocking work: off the async workers, like every later parse.
+    let (start_loader, start_file) = (config_loader.clone(), args.config.clone());
+    tokio::task::spawn_blocking(move || start_loader.start(start_file.as_deref()))
+        .await
+        .context("loading the config")?
         .with_context(|| match &args.config {
             Some(p) => format!(
                 "loading config {} (and no last good config to fall back to)",

@@ -20,6 +20,7 @@ use wirespan_control::{
     },
     runtime::ResourceKind,
 };
+use wirespan_discovery::text::escape_terminal;
 
 /// The config's status kind; looked up by name, so that a node without it shows "n/a".
 const CONFIG_STATUS: &str = "ConfigStatus";
@@ -301,7 +302,8 @@ pub fn render_text(lines: &[(&str, String)]) -> String {
     let w = lines.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     let mut out = String::new();
     for (k, v) in lines {
-        let _ = writeln!(out, "{k:w$}  {v}");
+        // Values hold names other nodes chose: an escape sequence is printed as text.
+        let _ = writeln!(out, "{k:w$}  {}", escape_terminal(v));
     }
     out
 }
@@ -368,7 +370,11 @@ pub fn run(args: &Args, socket: &Path) -> anyhow::Result<()> {
         Format::Text => print!("{}", render_text(&lines)),
         Format::Json => {
             let m: BTreeMap<&str, &String> = lines.iter().map(|(k, v)| (*k, v)).collect();
-            println!("{}", serde_json::to_string_pretty(&m)?);
+            let json = serde_json::to_string_pretty(&m)?;
+            println!(
+                "{}",
+                super::get::escape_document(&json, super::get::Format::Json)
+            );
         }
     }
     Ok(())

@@ -370,11 +370,17 @@ impl TalosPeer {
     /// as Talos does (Hello, then AffiliateUpdate); returns the client IP the server
     /// reflected.
     pub fn publish(&self) -> Vec<u8> {
+        self.publish_as(NODENAME, &format!("{NODENAME}.example"))
+    }
+
+    /// [`Self::publish`] with another node name and host name (any text: a cluster
+    /// member chooses its own).
+    pub fn publish_as(&self, nodename: &str, hostname: &str) -> Vec<u8> {
         let affiliate = Affiliate {
             node_id: "7x1SuC8Ege5BGXdAfTEff5iQnlWZLfv9h1LGMxA2pYkC".into(),
             addresses: vec![ip_bytes(self.address)],
-            hostname: format!("{NODENAME}.example"),
-            nodename: NODENAME.into(),
+            hostname: hostname.into(),
+            nodename: nodename.into(),
             machine_type: "controlplane".into(),
             operating_system: "Talos (v1.12.0)".into(),
             kubespan: Some(KubeSpan {

@@ -36,6 +36,51 @@ struct ConfigApply {
     file: Option<PathBuf>,
 }
 
+impl ConfigApply {
+    /// `ApplyConfig`'s work, blocking (parsing, the store, file writes).
+    fn apply(&self, req: &proto::ApplyConfigRequest) -> Result<proto::ApplyConfigResponse, Status> {
+        let rejected = |e: &loader::LoadError| proto::ApplyConfigResponse {
+            changed: false,
+            errors: e.problems(),
+            accepted_version: self.loader.accepted_version(),
+            documents: 0,
+        };
+        if req.dry_run {
+            return Ok(match loader::validate(&req.config) {
+                Ok(_) => proto::ApplyConfigResponse {
+                    accepted_version: self.loader.accepted_version(),
+                    ..Default::default()
+                },
+                Err(e) => rejected(&e),
+            });
+        }
+        let accepted = match self.loader.accept(&req.config, "api") {
+            Ok(a) => a,
+            Err(e) => return Ok(rejected(&e)),
+        };
+        if let Some(file) = &self.file {
+            // Skipped when the file already holds it: no rewrite, no reload event.
+            if std::fs::read(file).ok().as_deref() != Some(req.config.as_bytes()) {
+                crate::resources::identity::write_atomic(file, req.config.as_bytes()).map_err(
+                    |e| {
+                        Status::internal(format!(
+                            "config accepted (version {}), but writing {} failed: {e}; the file still holds the previous config",
+                            accepted.version,
+                            file.display()
+                        ))
+                    },
+                )?;
+            }
+        }
+        Ok(proto::ApplyConfigResponse {
+            changed: accepted.changed,
+            errors: Vec::new(),
+            accepted_version: accepted.version,
+            documents: u32::try_from(accepted.documents).unwrap_or(u32::MAX),
+        })
+    }
+}
+
 impl ResourceApi {
     /// Serves `store`; `graph` feeds `DependencyGraph`.
     #[must_use]
@@ -226,46 +271,14 @@ impl proto::resource_service_server::ResourceService for ResourceApi {
         let Some(apply) = &self.config_apply else {
             return Err(Status::unimplemented("this server does not take configs"));
         };
+        let apply = apply.clone();
         let req = request.into_inner();
-        let rejected = |e: &loader::LoadError| proto::ApplyConfigResponse {
-            changed: false,
-            errors: e.problems(),
-            accepted_version: apply.loader.accepted_version(),
-            documents: 0,
-        };
-        if req.dry_run {
-            return Ok(Response::new(match loader::validate(&req.config) {
-                Ok(_) => proto::ApplyConfigResponse {
-                    accepted_version: apply.loader.accepted_version(),
-                    ..Default::default()
-                },
-                Err(e) => rejected(&e),
-            }));
-        }
-        let accepted = match apply.loader.accept(&req.config, "api") {
-            Ok(a) => a,
-            Err(e) => return Ok(Response::new(rejected(&e))),
-        };
-        if let Some(file) = &apply.file {
-            // Skipped when the file already holds it: no rewrite, no reload event.
-            if std::fs::read(file).ok().as_deref() != Some(req.config.as_bytes()) {
-                crate::resources::identity::write_atomic(file, req.config.as_bytes()).map_err(
-                    |e| {
-                        Status::internal(format!(
-                            "config accepted (version {}), but writing {} failed: {e}; the file still holds the previous config",
-                            accepted.version,
-                            file.display()
-                        ))
-                    },
-                )?;
-            }
-        }
-        Ok(Response::new(proto::ApplyConfigResponse {
-            changed: accepted.changed,
-            errors: Vec::new(),
-            accepted_version: accepted.version,
-            documents: u32::try_from(accepted.documents).unwrap_or(u32::MAX),
-        }))
+        // Parsing a config is CPU work of up to a few MiB of YAML: on a blocking
+        // thread, so the async workers keep serving every other call meanwhile.
+        tokio::task::spawn_blocking(move || apply.apply(&req))
+            .await
+            .map_err(|e| Status::internal(format!("config apply task failed: {e}")))?
+            .map(Response::new)
     }
 
     async fn dependency_graph(
@@ -500,5 +513,27 @@ mod tests {
                 big.len()
             )]
         );
+    }
+
+    /// The one worker of a current-thread runtime runs the spawned apply as soon as
+    /// this test yields: a parse on the worker would be finished by the time the test
+    /// runs again; a parse on a blocking thread is still going.
+    #[tokio::test(flavor = "current_thread")]
+    async fn apply_parses_off_the_async_worker_and_lists_at_most_50_problems() {
+        let store = Store::new(StoreOptions::default());
+        let loader = ConfigLoader::new(store.clone(), None);
+        let api = ResourceApi::new(store, None).with_config_apply(loader, None);
+        let text = "apiVersion: v1alpha1\nkind: Bogus\n---\n".repeat(30_000);
+        let task = tokio::spawn(async move { apply(&api, &text, true).await });
+        tokio::task::yield_now().await;
+        assert!(
+            !task.is_finished(),
+            "the config was parsed on the async worker"
+        );
+        let r = task.await.unwrap();
+        assert_eq!(r.errors.len(), 51, "{:?}", &r.errors[..3]);
+        assert_eq!(r.errors[50], "and 29950 more problems");
+        let bytes: usize = r.errors.iter().map(String::len).sum();
+        assert!(bytes < 16 * 1024, "{bytes} bytes of errors");
     }
 }

@@ -81,11 +81,12 @@ pub enum LoadError {
 }
 
 impl LoadError {
-    /// The problems, one line each (one per document of an invalid config).
+    /// The problems, one line each (one per document of an invalid config, at most
+    /// [`super::MAX_LISTED_PROBLEMS`] problems, then a count of the rest).
     #[must_use]
     pub fn problems(&self) -> Vec<String> {
         match self {
-            Self::Invalid(e) => e.documents.iter().map(ToString::to_string).collect(),
+            Self::Invalid(e) => e.listed(),
             other => vec![other.to_string()],
         }
     }
@@ -413,20 +414,23 @@ impl ConfigLoader {
                     // Several events of one write: one read.
                     while rx.try_recv().is_ok() {}
                 }
-                let now = read_file(&path);
-                let unchanged = match (&now, &last) {
-                    (Ok(a), Some(b)) => a == b,
-                    _ => false,
+                // Reading and parsing are blocking work: off the async workers.
+                let (now, res) = {
+                    let (loader, path, last) = (loader.clone(), path.clone(), last.clone());
+                    match tokio::task::spawn_blocking(move || {
+                        reload(&loader, &path, last.as_deref())
+                    })
+                    .await
+                    {
+                        Ok(Some(r)) => r,
+                        Ok(None) => continue,
+                        Err(e) => {
+                            tracing::error!(error = %e, "config reload task failed");
+                            continue;
+                        }
+                    }
                 };
-                if unchanged {
-                    continue;
-                }
-                last = now.as_ref().ok().cloned();
-                let res = match now {
-                    Ok(text) => loader.accept(&text, &path.display().to_string()),
-                    // A read failure is a rejection too (recorded by accept_file).
-                    Err(_) => loader.accept_file(&path),
-                };
+                last = now;
                 if let Some(r) = &reports {
                     let _ = r.send(res.map_err(|e| e.to_string()));
                 }
@@ -434,6 +438,27 @@ impl ConfigLoader {
             drop(watcher);
         }
     }
+}
+
+/// One reload of the watched file: `None` when its content is `last`, else the new
+/// content (`None` when unreadable) and the outcome of accepting it.
+fn reload(
+    loader: &ConfigLoader,
+    path: &Path,
+    last: Option<&str>,
+) -> Option<(Option<String>, Result<Accepted, LoadError>)> {
+    let now = read_file(path);
+    if matches!((&now, last), (Ok(a), Some(b)) if a == b) {
+        return None;
+    }
+    Some(match now {
+        Ok(text) => {
+            let res = loader.accept(&text, &path.display().to_string());
+            (Some(text), res)
+        }
+        // A read failure is a rejection too (recorded by accept_file).
+        Err(_) => (None, loader.accept_file(path)),
+    })
 }
 
 /// Whether `ev` ends a write of the file named `name` in the watched directory: the

@@ -22,6 +22,7 @@ use serde::{de::DeserializeOwned, Deserialize, Serialize};
 use serde_yaml_ng::Value;
 
 pub mod cluster;
+pub mod depth;
 pub mod duration;
 pub mod kubespan;
 pub mod loader;
@@ -80,15 +81,21 @@ pub struct DocumentError {
     pub errors: Vec<FieldError>,
 }
 
+impl DocumentError {
+    /// `document N (Kind "name")`.
+    fn header(&self) -> String {
+        let p = self.position;
+        match (&self.kind, &self.name) {
+            (Some(k), Some(n)) => format!("document {p} ({k} {n:?})"),
+            (Some(k), None) => format!("document {p} ({k})"),
+            _ => format!("document {p}"),
+        }
+    }
+}
+
 impl fmt::Display for DocumentError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "document {}", self.position)?;
-        match (&self.kind, &self.name) {
-            (Some(k), Some(n)) => write!(f, " ({k} {n:?})")?,
-            (Some(k), None) => write!(f, " ({k})")?,
-            _ => {}
-        }
-        f.write_str(": ")?;
+        write!(f, "{}: ", self.header())?;
         for (i, e) in self.errors.iter().enumerate() {
             if i > 0 {
                 f.write_str("; ")?;
@@ -106,16 +113,63 @@ pub struct ConfigError {
     pub documents: Vec<DocumentError>,
 }
 
+/// Most problems a [`ConfigError`] lists (in its text, the API's reply, the log and
+/// `ConfigStatus`); the rest are counted. Thousands of bad documents would otherwise
+/// make an error of megabytes.
+pub const MAX_LISTED_PROBLEMS: usize = 50;
+
+/// Longest text of one listed problem (and of a document's header), in bytes; a
+/// longer one is cut (a document's name or kind can be as long as the file).
+pub const MAX_PROBLEM_BYTES: usize = 256;
+
+/// `s` cut at a character boundary to at most `max` bytes, marked with `…`.
+fn cut(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return s.into();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end]).into()
+}
+
+impl ConfigError {
+    /// The problems, one line per document, at most [`MAX_LISTED_PROBLEMS`] of them
+    /// in all (each cut to [`MAX_PROBLEM_BYTES`]), then `and N more problems`.
+    #[must_use]
+    pub fn listed(&self) -> Vec<String> {
+        let mut budget = MAX_LISTED_PROBLEMS;
+        let mut lines = Vec::new();
+        let total: usize = self.documents.iter().map(|d| d.errors.len().max(1)).sum();
+        for d in &self.documents {
+            if budget == 0 {
+                break;
+            }
+            let shown = d.errors.len().min(budget);
+            budget -= shown.max(1);
+            let problems: Vec<String> = d.errors[..shown]
+                .iter()
+                .map(|e| cut(&e.to_string(), MAX_PROBLEM_BYTES).into_owned())
+                .collect();
+            let header = d.header();
+            lines.push(format!(
+                "{}: {}",
+                cut(&header, MAX_PROBLEM_BYTES),
+                problems.join("; ")
+            ));
+        }
+        let listed = MAX_LISTED_PROBLEMS - budget;
+        if total > listed {
+            lines.push(format!("and {} more problems", total - listed));
+        }
+        lines
+    }
+}
+
 impl fmt::Display for ConfigError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("invalid config: ")?;
-        for (i, d) in self.documents.iter().enumerate() {
-            if i > 0 {
-                f.write_str(" | ")?;
-            }
-            write!(f, "{d}")?;
-        }
-        Ok(())
+        write!(f, "invalid config: {}", self.listed().join(" | "))
     }
 }
 
@@ -268,6 +322,23 @@ impl MachineConfig {
 /// # Errors
 /// Every problem of every document, each naming the document and the field.
 pub fn parse(text: &str) -> Result<MachineConfig, ConfigError> {
+    if let Err(at) = depth::check(text, depth::MAX_DEPTH) {
+        return Err(ConfigError {
+            documents: vec![DocumentError {
+                position: at.document,
+                kind: None,
+                name: None,
+                errors: vec![FieldError::new(
+                    "",
+                    format!(
+                        "line {}: nested deeper than {} levels (the limit of a config)",
+                        at.line,
+                        depth::MAX_DEPTH
+                    ),
+                )],
+            }],
+        });
+    }
     let mut documents = Vec::new();
     let mut errors = Vec::new();
     for (i, de) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {

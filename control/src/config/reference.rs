@@ -381,6 +381,11 @@ are the fields of that kind below.
   rejected whole, every error naming the document (position, kind, name) and the
   field, and the config in force stays. An empty file is an error too (turn the mesh
   off with `enabled: false`), and so is a file over {max} bytes ({mib} MiB).
+- Limits that keep a hostile file cheap: a file nested deeper than {depth} levels
+  (flow `[`/`{{`, block indentation and `- ` markers counted together) is refused
+  before it is parsed, naming the document and line; an error lists at most
+  {listed} problems, each cut to {problem_bytes} bytes, then `and N more problems`
+  (in `wirespan apply`'s reply, the log and `wirespan get configstatus`).
 - Unknown fields are errors, field names are case-sensitive, and an empty document
   (a trailing `---`) is skipped.
 - Integers may be written in decimal or hex (`0x20`). A field marked *required*
@@ -396,6 +401,9 @@ are the fields of that kind below.
 ",
         max = MAX_CONFIG_BYTES,
         mib = MAX_CONFIG_BYTES >> 20,
+        depth = super::depth::MAX_DEPTH,
+        listed = super::MAX_LISTED_PROBLEMS,
+        problem_bytes = super::MAX_PROBLEM_BYTES,
         last_good = super::loader::LAST_GOOD_FILE,
     );
     for k in kinds {

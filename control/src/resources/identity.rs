@@ -111,35 +111,60 @@ pub fn create_private_parent(path: &Path) -> std::io::Result<()> {
     }
 }
 
+/// Creates the directory `dir` (and missing parents, 0700) and forces its own mode to
+/// 0700 whatever the umask: the node's state dir holds its keys and the cluster
+/// secret. An existing directory open to group or others is tightened, with a warning.
+///
+/// # Errors
+/// I/O errors.
+pub fn ensure_private_dir(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)?;
+    let mode = fs::metadata(dir)?.permissions().mode() & 0o7777;
+    if mode != 0o700 {
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+        if mode & 0o077 != 0 {
+            tracing::warn!(dir = %dir.display(), was = %format!("{mode:04o}"),
+                "state dir was open to other users; set it to 0700");
+        }
+    }
+    Ok(())
+}
+
 /// Writes `contents` to `path` atomically with mode 0600 (temp file, fsync, rename,
-/// fsync of the directory).
+/// fsync of the directory). The temp file has an unpredictable name and is created
+/// with `O_EXCL|O_NOFOLLOW`: in a directory others can write to, a file or symlink
+/// planted under that name makes the write fail instead of being followed.
 ///
 /// # Errors
 /// I/O errors.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
-    // Unique per process and call: concurrent writers never share a temp file.
-    static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let tmp = dir.join(format!(
-        ".{}.tmp{}.{}",
+        ".{}.tmp.{:016x}",
         path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),
-        std::process::id(),
-        SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        rand::random::<u64>()
     ));
+    let mut created = false;
     let res = (|| {
         let mut f = fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .custom_flags(nix::libc::O_NOFOLLOW)
             .mode(0o600)
             .open(&tmp)?;
+        created = true;
         f.set_permissions(fs::Permissions::from_mode(0o600))?;
         f.write_all(contents)?;
         f.sync_all()?;
         fs::rename(&tmp, path)?;
         fs::File::open(dir)?.sync_all()
     })();
-    if res.is_err() {
+    // Only our own temp file is removed, never one that was there before.
+    if res.is_err() && created {
         let _ = fs::remove_file(&tmp);
     }
     res
@@ -172,7 +197,7 @@ pub fn load_or_generate(dir: &Path) -> Result<String, IdentityError> {
             Ok(id.to_owned())
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            fs::create_dir_all(dir).map_err(io)?;
+            ensure_private_dir(dir).map_err(io)?;
             let id = generate_node_id();
             write_atomic(&path, format!("{id}\n").as_bytes()).map_err(io)?;
             tracing::info!(path = %path.display(), "generated node identity");
@@ -271,6 +296,31 @@ mod tests {
             fs::metadata(&path).unwrap().permissions().mode() & 0o777,
             0o600
         );
+    }
+
+    #[test]
+    fn a_symlink_onto_the_target_is_replaced_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        fs::write(&victim, "root-owned").unwrap();
+        let path = dir.path().join("secret");
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        write_atomic(&path, b"new").unwrap();
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "root-owned");
+        assert!(!fs::symlink_metadata(&path).unwrap().is_symlink());
+        assert_eq!(fs::read_to_string(&path).unwrap(), "new");
+    }
+
+    #[test]
+    fn the_private_dir_is_0700_whatever_it_was() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("a/state");
+        ensure_private_dir(&state).unwrap();
+        let mode = |p: &Path| fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&state), 0o700);
+        fs::set_permissions(&state, fs::Permissions::from_mode(0o777)).unwrap();
+        ensure_private_dir(&state).unwrap();
+        assert_eq!(mode(&state), 0o700, "an open dir is tightened");
     }
 
     #[test]

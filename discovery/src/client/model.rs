@@ -13,7 +13,7 @@ use std::{
 use ipnet::IpNet;
 use prost::Message as _;
 
-use crate::proto::client as pb;
+use crate::{proto::client as pb, text};
 
 /// Role of a node, as carried in `machine_type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
@@ -270,7 +270,8 @@ impl AffiliateInfo {
         bytes
     }
 
-    /// Decodes an `Affiliate` protobuf. Items with a malformed IP (and prefixes
+    /// Decodes an `Affiliate` protobuf. The node ID, names and OS description are
+    /// [sanitised](text::sanitize) (untrusted text). Items with a malformed IP (and prefixes
     /// longer than their family allows) are skipped one by one; a KubeSpan part
     /// whose address is not 16 bytes is dropped as a whole, since a peer cannot
     /// be configured without its ULA; a control-plane port above 65535 drops the
@@ -317,17 +318,20 @@ impl AffiliateInfo {
                 exclude_advertised_networks,
             })
         });
+        // Names are untrusted text: sanitised here, once, for every later use.
+        // A node ID changed by this no longer equals its affiliate ID, so the record
+        // is dropped where IDs are compared.
         Ok(Self {
-            node_id: msg.node_id,
+            node_id: text::sanitize(&msg.node_id, text::MAX_TEXT_BYTES),
             addresses: msg
                 .addresses
                 .iter()
                 .filter_map(|a| parse_ip("addresses", a).ok())
                 .collect(),
-            hostname: msg.hostname,
-            nodename: msg.nodename,
+            hostname: text::sanitize(&msg.hostname, text::MAX_NAME_BYTES),
+            nodename: text::sanitize(&msg.nodename, text::MAX_NAME_BYTES),
             machine_type: MachineType::from_wire(&msg.machine_type),
-            operating_system: msg.operating_system,
+            operating_system: text::sanitize(&msg.operating_system, text::MAX_TEXT_BYTES),
             kubespan,
             control_plane: msg.control_plane.and_then(|c| {
                 Some(ControlPlaneInfo {
@@ -678,5 +682,29 @@ mod tests {
             assert_eq!(MachineType::from_wire(t.as_str()), t);
         }
         assert_eq!(MachineType::from_wire(""), MachineType::Unknown);
+    }
+
+    #[test]
+    fn decoded_names_are_sanitised_and_bounded() {
+        let sent = AffiliateInfo {
+            node_id: "id\u{1b}".into(),
+            hostname: format!("h\u{1b}[2J{}", "x".repeat(1000)),
+            nodename: "n\"}\nforged_series 1\n\u{202e}".into(),
+            operating_system: "os\u{9b}".into(),
+            ..sample()
+        };
+        let got = AffiliateInfo::decode(&sent.encode()).unwrap();
+        assert_eq!(got.node_id, "id\u{fffd}");
+        assert!(
+            got.hostname.starts_with("h\u{fffd}[2Jxx"),
+            "{}",
+            got.hostname
+        );
+        assert!(got.hostname.len() <= crate::text::MAX_NAME_BYTES);
+        assert_eq!(got.nodename, "n\"}\u{fffd}forged_series 1\u{fffd}\u{fffd}");
+        assert_eq!(got.operating_system, "os\u{fffd}");
+        // Everything else is decoded as sent.
+        assert_eq!(got.kubespan, sent.kubespan);
+        assert_eq!(got.addresses, sent.addresses);
     }
 }

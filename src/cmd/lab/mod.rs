@@ -181,7 +181,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             if *output == Output::Json {
                 println!(
                     "{}",
-                    serde_json::to_string_pretty(&status::to_json(&state, &views))?
+                    crate::cmd::get::escape_document(
+                        &serde_json::to_string_pretty(&status::to_json(&state, &views))?,
+                        crate::cmd::get::Format::Json
+                    )
                 );
             } else {
                 print!("{}", status::render_nodes(&state, &views));

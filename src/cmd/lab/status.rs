@@ -3,6 +3,7 @@
 use std::fmt::Write as _;
 
 use serde_json::{json, Value};
+use wirespan_discovery::text::escape_terminal;
 
 use super::{
     host,
@@ -120,6 +121,11 @@ fn node_of<'a>(state: &'a LabState, views: &[NodeView], public_key: &str) -> Opt
 }
 
 fn table(rows: &[Vec<String>]) -> String {
+    // Cells show names the nodes chose: an escape sequence is printed as text.
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| r.iter().map(|c| escape_terminal(c).into_owned()).collect())
+        .collect();
     let cols = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..cols)
         .map(|c| {
@@ -131,7 +137,7 @@ fn table(rows: &[Vec<String>]) -> String {
         })
         .collect();
     let mut s = String::new();
-    for r in rows {
+    for r in &rows {
         let mut line = String::new();
         for (c, cell) in r.iter().enumerate() {
             let _ = write!(line, "{cell:<w$}   ", w = widths[c]);
@@ -574,5 +580,15 @@ mod tests {
             .contains("userspace"));
         assert_eq!(json["nodes"][0]["peers"][1]["node"], "node3");
         assert_eq!(json["nodes"][2]["publicKey"], "k3");
+    }
+
+    #[test]
+    fn table_cells_print_escape_sequences_as_text() {
+        let out = table(&[
+            vec!["NODE".into(), "LABEL".into()],
+            vec!["node1".into(), "x\u{1b}[2J".into()],
+        ]);
+        assert!(!out.contains('\u{1b}'), "{out:?}");
+        assert!(out.contains("node1   x\\x1b[2J"), "{out:?}");
     }
 }

@@ -186,3 +186,10 @@ fn disabled_mesh_and_long_lists() {
         "0/8 up (not up: n0 down, n1 down, n2 down, n3 down, n4 down, … (3 more))"
     );
 }
+
+#[test]
+fn an_escape_sequence_in_a_value_is_printed_as_text() {
+    let out = render_text(&[("peers", "n\u{1b}[2J up".to_owned())]);
+    assert!(!out.contains('\u{1b}'), "{out:?}");
+    assert!(out.contains("n\\x1b[2J up"), "{out:?}");
+}

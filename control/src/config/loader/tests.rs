@@ -404,3 +404,40 @@ async fn a_kubernetes_style_symlink_swap_is_seen() {
     cancel.cancel();
     task.await.unwrap();
 }
+
+#[test]
+fn thousands_of_bad_documents_make_a_short_error() {
+    let store = new_store();
+    let loader = ConfigLoader::new(store.clone(), None);
+    let text = "apiVersion: v1alpha1\nkind: Bogus\n---\n".repeat(30_000);
+    let err = loader.accept(&text, "test").unwrap_err();
+    let problems = err.problems();
+    assert_eq!(problems.len(), crate::config::MAX_LISTED_PROBLEMS + 1);
+    assert_eq!(problems.last().unwrap(), "and 29950 more problems");
+    assert!(problems[0].starts_with("document 1 (Bogus): kind: unknown kind"));
+    let text = err.to_string();
+    assert!(text.len() < 16 * 1024, "{} bytes", text.len());
+    let recorded = status(&store).last_error;
+    assert!(recorded.len() < 16 * 1024, "{} bytes", recorded.len());
+    assert!(recorded.ends_with("and 29950 more problems"), "{recorded}");
+}
+
+#[test]
+fn a_long_name_is_cut_in_the_error() {
+    let name = "n".repeat(1 << 20);
+    let text =
+        format!("apiVersion: v1alpha1\nkind: HTTPProbeConfig\nname: {name}\nurl: ftp://x/\n");
+    let err = validate(&text).unwrap_err().to_string();
+    assert!(err.len() < 4096, "{} bytes", err.len());
+    assert!(err.contains("url: HTTP probe URL scheme"), "{err}");
+}
+
+#[test]
+fn deep_nesting_is_refused_before_parsing_naming_document_and_line() {
+    let text = format!("{GOOD}---\nkind: X\nv: {}\n", "[".repeat(100_000));
+    let err = validate(&text).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        "invalid config: document 2: line 7: nested deeper than 64 levels (the limit of a config)"
+    );
+}

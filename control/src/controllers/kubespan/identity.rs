@@ -16,7 +16,7 @@ use crate::{
     kubespan::ula::{cluster_prefix, node_address, parse_mac, PURPOSE_KUBESPAN},
     resources::{
         cluster::{ClusterIdentity, CLUSTER},
-        identity::write_atomic,
+        identity::{ensure_private_dir, write_atomic},
         kubespan::{KubeSpanConfig, KubeSpanIdentity, KubeSpanIdentitySpec, KUBESPAN, NS},
     },
     runtime::{
@@ -151,7 +151,7 @@ pub fn load_or_generate_key(dir: &Path) -> Result<PrivateKey, MeshIdentityError>
         Ok(s) => PrivateKey::from_base64("privateKey", s.trim())
             .map_err(|_| MeshIdentityError::Invalid { path: path.clone() }),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            fs::create_dir_all(dir).map_err(io)?;
+            ensure_private_dir(dir).map_err(io)?;
             let key = PrivateKey::generate();
             write_atomic(&path, format!("{}\n", key.to_base64()).as_bytes()).map_err(io)?;
             tracing::info!(path = %path.display(), public_key = %key.public_key(), "generated KubeSpan key");

@@ -12,8 +12,19 @@ use prometheus_client::{
 };
 
 use wirespan_dataplane::fastpath::Counters;
+use wirespan_discovery::text::escape_label_value;
 
 type Labels = Vec<(&'static str, String)>;
+
+/// A label set with every value escaped for the text exposition: prometheus-client
+/// writes label values as given, and some (peer labels) are nodenames that other
+/// cluster members chose. Every label set of this module is built here.
+fn labels(pairs: &[(&'static str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| (*k, escape_label_value(v).into_owned()))
+        .collect()
+}
 
 fn duration_histogram() -> Histogram {
     // 20 µs … ~5 s.
@@ -159,9 +170,7 @@ impl MeshMetrics {
         );
         // At zero from the start: `increase()` needs the zero to see the first packets.
         for r in PACKET_RESULTS {
-            let _ = m
-                .fast_path_packets
-                .get_or_create(&vec![("result", r.to_owned())]);
+            let _ = m.fast_path_packets.get_or_create(&labels(&[("result", r)]));
         }
         registry.register(
             "wirespan_kubespan_marked_prefixes",
@@ -213,7 +222,7 @@ impl MeshMetrics {
 
     /// Records one reconcile of `controller`.
     pub fn observe_reconcile(&self, controller: &str, took: Duration) {
-        let l = vec![("controller", controller.to_owned())];
+        let l = labels(&[("controller", controller)]);
         self.reconcile.get_or_create(&l).observe(took.as_secs_f64());
         // The restart counter at zero from the first reconcile on: a family without
         // series is not rendered, and `increase()` needs the zero to see the first one.
@@ -223,7 +232,7 @@ impl MeshMetrics {
     /// Counts a restart of `controller`.
     pub fn controller_restarted(&self, controller: &str) {
         self.restarts
-            .get_or_create(&vec![("controller", controller.to_owned())])
+            .get_or_create(&labels(&[("controller", controller)]))
             .inc();
     }
 
@@ -236,7 +245,7 @@ impl MeshMetrics {
         self.peer_path.clear();
         let mut counts = [("up", 0i64), ("down", 0), ("unknown", 0)];
         for p in peers {
-            let l: Labels = vec![("peer", p.public_key.clone()), ("label", p.label.clone())];
+            let l = labels(&[("peer", &p.public_key), ("label", &p.label)]);
             if let Some(age) = p.handshake_age {
                 self.handshake_age.get_or_create(&l).set(age);
             }
@@ -245,8 +254,11 @@ impl MeshMetrics {
                 .set(i64::from(p.state == "up"));
             self.rx.get_or_create(&l).set(p.rx);
             self.tx.get_or_create(&l).set(p.tx);
-            let mut with_path = l.clone();
-            with_path.push(("path", p.path.to_owned()));
+            let with_path = labels(&[
+                ("peer", &p.public_key),
+                ("label", &p.label),
+                ("path", p.path),
+            ]);
             self.peer_path.get_or_create(&with_path).set(1);
             if let Some(c) = counts.iter_mut().find(|(s, _)| *s == p.state) {
                 c.1 += 1;
@@ -254,7 +266,7 @@ impl MeshMetrics {
         }
         for (state, n) in counts {
             self.peers
-                .get_or_create(&vec![("state", state.to_owned())])
+                .get_or_create(&labels(&[("state", state)]))
                 .set(n);
         }
     }
@@ -262,10 +274,7 @@ impl MeshMetrics {
     /// Counts a change of the path to a peer.
     pub fn path_changed(&self, public_key: &str, label: &str) {
         self.peer_path_changes
-            .get_or_create(&vec![
-                ("peer", public_key.to_owned()),
-                ("label", label.to_owned()),
-            ])
+            .get_or_create(&labels(&[("peer", public_key), ("label", label)]))
             .inc();
     }
 
@@ -274,13 +283,13 @@ impl MeshMetrics {
     pub fn set_marking(&self, in_use: &str, fallback: bool, v4: usize, v6: usize) {
         for fp in ["nftables", "ebpf"] {
             self.fast_path
-                .get_or_create(&vec![("fast_path", fp.to_owned())])
+                .get_or_create(&labels(&[("fast_path", fp)]))
                 .set(i64::from(fp == in_use));
         }
         self.fast_path_fallback.set(i64::from(fallback));
         for (family, n) in [("ipv4", v4), ("ipv6", v6)] {
             self.marked_prefixes
-                .get_or_create(&vec![("family", family.to_owned())])
+                .get_or_create(&labels(&[("family", family)]))
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
@@ -293,10 +302,7 @@ impl MeshMetrics {
         // One series: the version in force.
         self.config_info.clear();
         self.config_info
-            .get_or_create(&vec![
-                ("version", version.to_owned()),
-                ("source", source.to_owned()),
-            ])
+            .get_or_create(&labels(&[("version", version), ("source", source)]))
             .set(1);
     }
 
@@ -333,7 +339,7 @@ impl MeshMetrics {
             // The map only grows while the classifier lives; less means it was reloaded.
             let delta = now.checked_sub(*last).unwrap_or(now);
             self.fast_path_packets
-                .get_or_create(&vec![("result", (*r).to_owned())])
+                .get_or_create(&labels(&[("result", r)]))
                 .inc_by(delta);
             *last = now;
         }
@@ -545,6 +551,32 @@ mod tests {
         assert!(
             !text.contains("version=\"v0\""),
             "one config series: {text}"
+        );
+    }
+
+    #[test]
+    fn a_peer_label_cannot_forge_a_series() {
+        let m = MeshMetrics::new();
+        m.set_peers(&[PeerFigures {
+            public_key: "k\\".into(),
+            label: "n\"} 1\nforged_series 1\n".into(),
+            state: "up",
+            handshake_age: None,
+            rx: 1,
+            tx: 2,
+            path: "direct",
+        }]);
+        m.path_changed("k", "x\"}\nforged_series 1\n");
+        let text = m.render();
+        assert!(
+            !text.lines().any(|l| l.starts_with("forged_series")),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "wirespan_kubespan_peer_up{peer=\"k\\\\\",label=\"n\\\"} 1\\nforged_series 1\\n\"} 1"
+            ),
+            "{text}"
         );
     }
 }

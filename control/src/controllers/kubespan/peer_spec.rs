@@ -244,7 +244,7 @@ impl KubeSpanPeerSpecController {
             affiliates.iter().map(|a| (a.metadata.id.as_str(), &a.spec)),
         );
         for c in &conflicts {
-            tracing::warn!(public_key = %c.public_key, kept = %c.kept, dropped = %c.dropped,
+            tracing::warn!(public_key = ?c.public_key, kept = %c.kept, dropped = %c.dropped,
                 "two affiliates claim one KubeSpan public key; keeping the first by node ID");
         }
         let versions: HashMap<&str, u64> = affiliates
@@ -281,7 +281,7 @@ impl KubeSpanPeerSpecController {
         let mut union = reserved.clone();
         for (s, r) in selected.iter().zip(resolved) {
             if r.allowed_ips.is_empty() {
-                tracing::warn!(peer = %s.public_key, node = %s.node_id, "peer keeps no AllowedIPs");
+                tracing::warn!(peer = ?s.public_key, node = ?s.node_id, "peer keeps no AllowedIPs");
             }
             if r.removed.is_empty() {
                 if let Some((_, _, set)) = self.claimed.get(s.node_id) {
@@ -293,10 +293,10 @@ impl KubeSpanPeerSpecController {
                     .iter()
                     .any(|p| reserved.overlaps(&PrefixSet::from_prefix(p)))
                 {
-                    tracing::warn!(peer = %s.public_key, node = %s.node_id,
+                    tracing::warn!(peer = ?s.public_key, node = ?s.node_id,
                         "peer claims this node's KubeSpan address (same MAC, a cloned machine?); not routed to it");
                 }
-                tracing::warn!(peer = %s.public_key, node = %s.node_id, removed = ?r.removed,
+                tracing::warn!(peer = ?s.public_key, node = ?s.node_id, removed = ?r.removed,
                     "peer address overlap: ranges already claimed by an earlier peer or this node");
             }
             desired.insert(

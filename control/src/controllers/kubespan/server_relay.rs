@@ -139,7 +139,7 @@ impl ServerRelayController {
         for r in rt.list::<KubeSpanRelayEndpoint>(NS)? {
             let key = &r.metadata.id;
             if !wanted.iter().any(|w| &w.public_key == key) {
-                tracing::info!(peer = %key, "server relay allocation no longer needed");
+                tracing::info!(peer = ?key, "server relay allocation no longer needed");
                 rt.destroy(&Pointer::new(NS, KubeSpanRelayEndpoint::TYPE, key))?;
             }
         }
@@ -180,7 +180,7 @@ impl ServerRelayController {
                         self.not_offered.insert(name.clone(), now + NOT_OFFERED_FOR);
                     }
                     Err(e) => {
-                        tracing::warn!(service = %name, peer = %key, error = %e, "server relay allocation failed");
+                        tracing::warn!(service = %name, peer = ?key, error = %e, "server relay allocation failed");
                     }
                 }
             }
@@ -190,7 +190,7 @@ impl ServerRelayController {
                 continue;
             };
             if self.held.get(key).map(|h| h.endpoint) != Some(ep.endpoint) {
-                tracing::info!(peer = %key, service = %service, relay = %ep.endpoint, "server relay allocation granted");
+                tracing::info!(peer = ?key, service = %service, relay = %ep.endpoint, "server relay allocation granted");
             }
             self.retry_at.remove(key);
             self.held.insert(

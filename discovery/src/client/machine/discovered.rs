@@ -56,19 +56,19 @@ impl<R: RngCore> Machine<R> {
         let plaintext = match self.cipher.open_affiliate(&wire_affiliate.data) {
             Ok(p) => p,
             Err(e) => {
-                tracing::warn!(affiliate = %id, error = %e, "skipping affiliate data that does not decrypt");
+                tracing::warn!(affiliate = ?id, error = %e, "skipping affiliate data that does not decrypt");
                 return None;
             }
         };
         let info = match AffiliateInfo::decode(&plaintext) {
             Ok(i) => i,
             Err(e) => {
-                tracing::warn!(affiliate = %id, error = %e, "skipping affiliate data that does not decode");
+                tracing::warn!(affiliate = ?id, error = %e, "skipping affiliate data that does not decode");
                 return None;
             }
         };
         if info.node_id != *id {
-            tracing::warn!(affiliate = %id, "skipping affiliate whose data names another node");
+            tracing::warn!(affiliate = ?id, "skipping affiliate whose data names another node");
             return None;
         }
         let endpoints = wire_affiliate
@@ -83,7 +83,7 @@ impl<R: RngCore> Machine<R> {
                 match decoded {
                     Ok(ep) => Some(ep),
                     Err(error) => {
-                        tracing::debug!(affiliate = %id, %error, "skipping endpoint blob");
+                        tracing::debug!(affiliate = ?id, %error, "skipping endpoint blob");
                         None
                     }
                 }

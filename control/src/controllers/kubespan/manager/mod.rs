@@ -513,7 +513,7 @@ impl KubeSpanManagerController {
             }
         }
         let Ok(public_key) = PublicKey::from_base64("publicKey", key) else {
-            tracing::warn!(peer = %key, "peer spec id is not a WireGuard public key; skipped");
+            tracing::warn!(peer = ?key, "peer spec id is not a WireGuard public key; skipped");
             return None;
         };
         let peer = WgPeer {

@@ -138,7 +138,7 @@ impl KubeSpanManagerController {
         } else {
             return true;
         };
-        tracing::info!(peer = %key, why, "trying the direct path again");
+        tracing::info!(peer = ?key, why, "trying the direct path again");
         self.server_relayed.remove(key);
         self.direct.insert(key.to_owned(), DirectPath::default());
         false
@@ -170,7 +170,7 @@ impl KubeSpanManagerController {
                 let r = match self.server_relayed.remove(key) {
                     Some(r) if r.endpoint == *endpoint => r,
                     _ => {
-                        tracing::info!(peer = %spec.spec.label, relay = %endpoint, "no direct path and no peer relay: traffic goes through the server relay");
+                        tracing::info!(peer = ?spec.spec.label, relay = %endpoint, "no direct path and no peer relay: traffic goes through the server relay");
                         ServerRelayed {
                             endpoint: *endpoint,
                             since: now,
@@ -186,7 +186,7 @@ impl KubeSpanManagerController {
             .keys()
             .filter(|k| !using.contains_key(*k))
         {
-            tracing::info!(peer = %key, "peer no longer on the server relay");
+            tracing::info!(peer = ?key, "peer no longer on the server relay");
         }
         wanted.sort_by(|a, b| a.public_key.cmp(&b.public_key));
         self.server_wanted = wanted;
@@ -267,7 +267,7 @@ impl KubeSpanManagerController {
         };
         for (peer, relay) in &relays {
             if self.relayed.get(peer) != Some(relay) {
-                tracing::info!(peer = %label(peer), relay = %label(relay), "peer not reachable directly: traffic goes through a relay");
+                tracing::info!(peer = ?label(peer), relay = ?label(relay), "peer not reachable directly: traffic goes through a relay");
             }
         }
         for peer in self.relayed.keys().filter(|k| !relays.contains_key(*k)) {
@@ -275,7 +275,7 @@ impl KubeSpanManagerController {
                 .statuses
                 .get(peer)
                 .is_some_and(|st| st.state == PeerState::Up);
-            tracing::info!(peer = %label(peer), direct, "peer no longer relayed");
+            tracing::info!(peer = ?label(peer), direct, "peer no longer relayed");
         }
         let down: Vec<u64> = self
             .direct
