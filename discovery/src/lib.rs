@@ -5,9 +5,11 @@
 //! - [`server`]: the discovery server.
 //! - [`relay`]: the server relay (wirespan's own service beside the discovery API).
 //! - [`client`]: the client library: blob crypto, typed affiliates, run loop.
+//! - [`redact`]: what logs say instead of a cluster ID.
 
 pub mod client;
 pub mod proto;
+pub mod redact;
 pub mod relay;
 pub mod server;
 
