@@ -38,7 +38,9 @@ impl TimedPing {
     /// One echo request every 0.2 s to `to` for `secs` seconds, 1 s to answer each.
     fn start(netns: &str, to: &str, secs: u64) -> Self {
         let child = Command::new("ip")
-            .args(["netns", "exec", netns, "ping", "-n", "-q", "-i", "0.2", "-W", "1"])
+            .args([
+                "netns", "exec", netns, "ping", "-n", "-q", "-i", "0.2", "-W", "1",
+            ])
             .args(["-w", &secs.to_string(), to])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -149,7 +151,10 @@ fn node<'a>(st: &'a Value, name: &str) -> &'a Value {
 
 /// Re-publishes node `name` counted (its discovery service status).
 fn republishes(lab: &Lab, name: &str) -> u64 {
-    let out = lab.exec_ok(name, &["wirespan", "get", "discoveryservices", "-o", "json"]);
+    let out = lab.exec_ok(
+        name,
+        &["wirespan", "get", "discoveryservices", "-o", "json"],
+    );
     serde_json::Deserializer::from_str(&out)
         .into_iter::<Value>()
         .map(|v| v.unwrap()["spec"]["republishes"].as_u64().unwrap_or(0))
@@ -162,14 +167,22 @@ fn a_stranger_with_the_cluster_id_deleting_every_second_does_not_cut_the_mesh() 
     lab.ok(&["up", "--nodes", "2", "--timeout", "45s", "--no-hints"]);
     let st = lab.status();
     let (cluster_id, _) = cluster_identity(&st);
-    let server: SocketAddr = st["discovery"]["address"].as_str().unwrap().parse().unwrap();
+    let server: SocketAddr = st["discovery"]["address"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     // The attacker runs beside the server: it needs nothing but a route and the ID.
     let attacker = Netns::named(st["discovery"]["namespace"].as_str().unwrap());
     let id = cluster_id.clone();
     let before = attacker
         .block_on(move || async move { listed(server, &id).await })
         .unwrap();
-    assert_eq!(before.len(), 2, "both nodes listed before the attack: {before:?}");
+    assert_eq!(
+        before.len(),
+        2,
+        "both nodes listed before the attack: {before:?}"
+    );
     let ula2 = node(&st, "node2")["addresses"]["kubespan"]
         .as_str()
         .unwrap()
@@ -186,7 +199,10 @@ fn a_stranger_with_the_cluster_id_deleting_every_second_does_not_cut_the_mesh() 
         .block_on(move || async move { delete_storm(server, id, ids, ATTACK).await })
         .unwrap();
     eprintln!("attack: {accepted} of {calls} deletes accepted");
-    assert!(accepted > 0, "the server refused every delete: nothing was tested");
+    assert!(
+        accepted > 0,
+        "the server refused every delete: nothing was tested"
+    );
     let stopped = Instant::now();
     let relisted = loop {
         let id = cluster_id.clone();
@@ -216,7 +232,13 @@ fn a_stranger_with_the_cluster_id_deleting_every_second_does_not_cut_the_mesh() 
     for name in ["node1", "node2"] {
         assert!(republishes(&lab, name) > 0, "{name} never re-published");
         let log = std::fs::read_to_string(node(&st, name)["log"].as_str().unwrap()).unwrap();
-        assert!(log.contains("re-publishing"), "{name}'s log has no re-publish line");
-        assert!(!log.contains(&cluster_id), "{name}'s log contains the cluster ID");
+        assert!(
+            log.contains("re-publishing"),
+            "{name}'s log has no re-publish line"
+        );
+        assert!(
+            !log.contains(&cluster_id),
+            "{name}'s log contains the cluster ID"
+        );
     }
 }

@@ -508,7 +508,8 @@ mod tests {
     #[test]
     fn discovery_republishes_keep_rising_across_client_restarts() {
         let m = MeshMetrics::new();
-        let line = |n: u64| format!("wirespan_discovery_own_republishes_total{{service=\"d\"}} {n}");
+        let line =
+            |n: u64| format!("wirespan_discovery_own_republishes_total{{service=\"d\"}} {n}");
         m.set_discovery_republishes(&[("d".into(), 3)]);
         assert!(m.render().contains(&line(3)), "{}", m.render());
         m.set_discovery_republishes(&[("d".into(), 5)]);

@@ -518,38 +518,53 @@ fn watch_messages_apply_as_spec_section_8_5() {
     // A corrupt update keeps the previous copy; an identical one changes nothing.
     let mut corrupt = sealed("a", &key, &[]);
     corrupt.data[20] ^= 1;
-    assert!(!m.watch_message(t0, &wire::WatchResponse {
-        affiliates: vec![corrupt],
-        deleted: false
-    }));
+    assert!(!m.watch_message(
+        t0,
+        &wire::WatchResponse {
+            affiliates: vec![corrupt],
+            deleted: false
+        }
+    ));
     assert_eq!(m.affiliates()["a"].endpoints.len(), 1);
-    assert!(!m.watch_message(t0, &wire::WatchResponse {
-        affiliates: vec![sealed("a", &key, &["10.0.0.1:51820"])],
-        deleted: false
-    }));
+    assert!(!m.watch_message(
+        t0,
+        &wire::WatchResponse {
+            affiliates: vec![sealed("a", &key, &["10.0.0.1:51820"])],
+            deleted: false
+        }
+    ));
     // Upsert replaces the entry (endpoints included).
-    assert!(m.watch_message(t0, &wire::WatchResponse {
-        affiliates: vec![sealed("a", &key, &[])],
-        deleted: false
-    }));
+    assert!(m.watch_message(
+        t0,
+        &wire::WatchResponse {
+            affiliates: vec![sealed("a", &key, &[])],
+            deleted: false
+        }
+    ));
     assert!(m.affiliates()["a"].endpoints.is_empty());
     // Delete removes.
-    assert!(m.watch_message(t0, &wire::WatchResponse {
-        affiliates: vec![wire::Affiliate {
-            id: "a".into(),
-            ..Default::default()
-        }],
-        deleted: true
-    }));
+    assert!(m.watch_message(
+        t0,
+        &wire::WatchResponse {
+            affiliates: vec![wire::Affiliate {
+                id: "a".into(),
+                ..Default::default()
+            }],
+            deleted: true
+        }
+    ));
     assert!(!m.affiliates().contains_key("a"));
 
     // A new stream's snapshot replaces everything.
     m.watch_ended(t0);
     connect(&mut m, t0, &[]);
-    assert!(m.watch_message(t0, &wire::WatchResponse {
-        affiliates: vec![sealed("c", &key, &[])],
-        deleted: false
-    }));
+    assert!(m.watch_message(
+        t0,
+        &wire::WatchResponse {
+            affiliates: vec![sealed("c", &key, &[])],
+            deleted: false
+        }
+    ));
     let ids: Vec<&String> = m.affiliates().keys().collect();
     assert_eq!(ids, ["c"]);
 }
@@ -586,10 +601,13 @@ fn stale_results_are_ignored() {
     let mut m = machine(t0);
     m.hello_succeeded(t0, &wire::HelloResponse::default());
     m.refresh_done(t0, false);
-    assert!(!m.watch_message(t0, &wire::WatchResponse {
-        affiliates: vec![sealed("a", &secret(), &[])],
-        deleted: false
-    }));
+    assert!(!m.watch_message(
+        t0,
+        &wire::WatchResponse {
+            affiliates: vec![sealed("a", &secret(), &[])],
+            deleted: false
+        }
+    ));
     assert!(drain(&mut m).is_empty());
     assert!(m.affiliates().is_empty());
     assert_eq!(m.connection_state(), ConnectionState::Backoff);
@@ -649,13 +667,20 @@ fn republish(actions: &[Action]) -> wire::AffiliateUpdateRequest {
 fn own_affiliate_deleted_by_someone_else_is_republished_at_once() {
     let (mut m, blob, now) = published_and_confirmed(Instant::now());
     // A peer's harvested endpoints get published for everyone: nothing to do.
-    m.set_other_endpoints(BTreeMap::from([("peer".to_string(), vec![ep("9.9.9.9:1")])]));
+    m.set_other_endpoints(BTreeMap::from([(
+        "peer".to_string(),
+        vec![ep("9.9.9.9:1")],
+    )]));
     drain(&mut m);
     m.refresh_done(now, true);
     m.watch_message(now, &own_deleted());
     let update = republish(&drain(&mut m));
     assert_eq!(update.affiliate_id, "self");
-    assert_eq!(update.affiliate_data.as_deref(), Some(&blob[..]), "same bytes");
+    assert_eq!(
+        update.affiliate_data.as_deref(),
+        Some(&blob[..]),
+        "same bytes"
+    );
     assert_eq!(update.ttl.unwrap().seconds, 1800);
     assert_eq!(m.republishes(), 1);
     // A second delete event before the re-publish's echo changes nothing.
@@ -670,9 +695,14 @@ fn own_affiliate_deleted_by_someone_else_is_republished_at_once() {
 fn own_data_altered_is_republished_but_harvested_endpoints_are_not() {
     let (mut m, blob, now) = published_and_confirmed(Instant::now());
     let cipher = Cipher::new(&secret());
-    let harvested = cipher.seal_endpoint(&encode_endpoint(&ep("5.6.7.8:1"))).unwrap();
+    let harvested = cipher
+        .seal_endpoint(&encode_endpoint(&ep("5.6.7.8:1")))
+        .unwrap();
     m.watch_message(now, &own_record(&blob, &[harvested]));
-    assert!(drain(&mut m).is_empty(), "another node's endpoint is harvesting");
+    assert!(
+        drain(&mut m).is_empty(),
+        "another node's endpoint is harvesting"
+    );
     assert_eq!(m.republishes(), 0);
     let forged = sealed("self", &secret(), &[]).data;
     assert_ne!(forged, blob);
