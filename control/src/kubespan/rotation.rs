@@ -423,7 +423,7 @@ pub fn defers_first_handshake(
 pub const UNLISTED_KEPT: &str = "not listed by discovery; kept while its session is fresh";
 
 /// Whether a peer that discovery no longer lists stays programmed (`docs/kubespan.md`
-/// §8.9): while its WireGuard session is fresh, that is while [`step`] judges it up
+/// §8.10): while its WireGuard session is fresh, that is while [`step`] judges it up
 /// (for a wirespan peer: something received within its receive window) and its last
 /// handshake is recent enough for the session to carry data ([`REJECT_AFTER_TIME`]).
 /// The cluster ID is a bearer credential of the upstream protocol: anyone who knows it

@@ -261,7 +261,7 @@ pub struct KubeSpanPeerStatusSpec {
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub via: String,
     /// Why the peer is programmed though discovery no longer lists it (`docs/kubespan.md`
-    /// §8.9), else empty.
+    /// §8.10), else empty.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub retained_reason: String,
 }

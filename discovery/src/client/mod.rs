@@ -149,7 +149,7 @@ pub struct DiscoveryState {
     /// server's message.
     pub last_error: Option<String>,
     /// Times the client re-published its own affiliate because someone else deleted
-    /// or altered it on the server (docs/discovery-protocol.md §8.6).
+    /// or altered it on the server (docs/discovery-protocol.md §8.8).
     pub republishes: u64,
 }
 

@@ -1523,7 +1523,7 @@ fn destroy_affiliate(store: &Store, n: u8) {
         .unwrap();
 }
 
-/// §8.9: a peer discovery stops listing (anyone with the cluster ID can delete its
+/// §8.10: a peer discovery stops listing (anyone with the cluster ID can delete its
 /// affiliate) stays, with its AllowedIPs and routes, while its session is fresh, and
 /// says why in its status; listed again it is an ordinary peer without a device change;
 /// once its session goes stale (its receive window passes in silence) it is removed. A

@@ -1,4 +1,4 @@
-//! The own affiliate as Watch shows it (docs/discovery-protocol.md §8.6). The cluster
+//! The own affiliate as Watch shows it (docs/discovery-protocol.md §8.8). The cluster
 //! ID is a bearer credential: anyone who knows it can delete or overwrite this node's
 //! affiliate, and its peers would then drop it. So the machine watches its own record
 //! too, and re-publishes at once when someone else deleted it (an expiry looks the

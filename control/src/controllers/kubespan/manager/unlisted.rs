@@ -1,5 +1,5 @@
 //! Peers discovery stopped listing while their WireGuard session was fresh
-//! (`docs/kubespan.md` §8.9). Anyone who knows the cluster ID can delete affiliates, so a
+//! (`docs/kubespan.md` §8.10). Anyone who knows the cluster ID can delete affiliates, so a
 //! vanished peer spec alone does not cut a working tunnel: the peer keeps its last spec
 //! (AllowedIPs, routes, marking) until [`keeps_unlisted`] says its session went stale,
 //! and a spec that comes back takes over without a change on the device.
