@@ -16,7 +16,9 @@ use wirespan_discovery::{
         crypto::Cipher, AffiliateInfo, Client, ClientConfig, ClusterSecret, ConnectionState,
         DiscoveryState, KubeSpanInfo, MachineType,
     },
-    proto::server::{cluster_client::ClusterClient, AffiliateUpdateRequest, ListRequest},
+    proto::server::{
+        cluster_client::ClusterClient, AffiliateDeleteRequest, AffiliateUpdateRequest, ListRequest,
+    },
     server::{self, RunningServer, ServerConfig, TlsFiles},
 };
 
@@ -200,6 +202,78 @@ async fn two_clients_see_each_other_updates_and_deletes() -> Result<()> {
 
 /// Spec §9: n clients, each publishing an own IPv4 endpoint and an "other" IPv6
 /// endpoint for its neighbour; everyone sees n−1 peers with exactly 2 endpoints.
+/// The data the server lists for `id` in cluster `prey`.
+async fn data_of(
+    raw: &mut ClusterClient<tonic::transport::Channel>,
+    id: &str,
+) -> Result<Option<Vec<u8>>> {
+    let list = raw
+        .list(ListRequest {
+            cluster_id: "prey".into(),
+        })
+        .await?
+        .into_inner();
+    Ok(list
+        .affiliates
+        .into_iter()
+        .find(|x| x.id == id)
+        .map(|x| x.data))
+}
+
+/// Someone else (a raw client with the cluster ID) deletes and then overwrites a
+/// node's affiliate: the node re-publishes it at once, and its peer sees it back.
+#[tokio::test]
+async fn a_deleted_or_overwritten_own_affiliate_is_republished() -> Result<()> {
+    let server = start_server(None).await?;
+    let addr = server.local_addr();
+    let mut a = Node::start(addr, "prey", "node-a", secret())?;
+    let mut b = Node::start(addr, "prey", "node-b", secret())?;
+    a.client
+        .set_local_data(info("node-a", 1), vec![v4_endpoint(1)])?;
+    b.wait_for("b sees a", |s| s.affiliates.contains_key("node-a"))
+        .await?;
+    let mut raw = ClusterClient::connect(format!("http://{addr}")).await?;
+    let published = data_of(&mut raw, "node-a").await?.context("a listed")?;
+    raw.affiliate_delete(AffiliateDeleteRequest {
+        cluster_id: "prey".into(),
+        affiliate_id: "node-a".into(),
+    })
+    .await?;
+    a.wait_for("a re-published", |s| s.republishes == 1).await?;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while data_of(&mut raw, "node-a").await? != Some(published.clone()) {
+        assert!(tokio::time::Instant::now() < deadline, "a not listed again");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    b.wait_for("b sees a again", |s| s.affiliates.contains_key("node-a"))
+        .await?;
+
+    // Data the attacker cannot encrypt replaces it: back to what a published.
+    raw.affiliate_update(AffiliateUpdateRequest {
+        cluster_id: "prey".into(),
+        affiliate_id: "node-a".into(),
+        affiliate_data: Some(vec![0; 64]),
+        affiliate_endpoints: vec![],
+        ttl: None,
+    })
+    .await?;
+    a.wait_for("a re-published again", |s| s.republishes == 2)
+        .await?;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while data_of(&mut raw, "node-a").await? != Some(published.clone()) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "a's data not restored"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(b.state.borrow().republishes, 0, "b was not touched");
+    a.stop().await;
+    b.stop().await;
+    server.shutdown().await?;
+    Ok(())
+}
+
 async fn cluster_with_harvested_endpoints_converges(n: u8) -> Result<()> {
     let server = start_server(None).await?;
     let cluster = format!("harvest-{n}");

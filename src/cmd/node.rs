@@ -88,11 +88,23 @@ pub enum WireGuardArg {
     Userspace,
 }
 
-/// Mirrors the ConfigStatus resource into the metrics at each scrape (it changes
-/// rarely; reading it then costs one store lookup).
+/// Mirrors the ConfigStatus and DiscoveryServiceStatus resources into the metrics at
+/// each scrape (they change rarely; reading them then costs a few store lookups).
 fn config_status_collector(store: Store) -> kubespan::metrics::Collector {
-    use wirespan_control::resources::config::{attempt, ConfigStatus, CURRENT};
+    use wirespan_control::resources::{
+        cluster::DiscoveryServiceStatus,
+        config::{attempt, ConfigStatus, CURRENT},
+    };
     Box::new(move |m| {
+        let counts: Vec<(String, u64)> = store
+            .list::<DiscoveryServiceStatus>(
+                DiscoveryServiceStatus::DEFAULT_NAMESPACE,
+                &wirespan_control::runtime::Filter::all(),
+            )
+            .iter()
+            .map(|r| (r.metadata.id.clone(), r.spec.republishes))
+            .collect();
+        m.set_discovery_republishes(&counts);
         if let Ok(st) = store.get::<ConfigStatus>(ConfigStatus::DEFAULT_NAMESPACE, CURRENT) {
             let s = &st.spec;
             m.set_config(

@@ -419,6 +419,38 @@ pub fn defers_first_handshake(
             .is_some_and(|t| now.duration_since(t).unwrap_or_default() < FIRST_HANDSHAKE_DEFERRAL)
 }
 
+/// What the status of a peer kept by [`keeps_unlisted`] says.
+pub const UNLISTED_KEPT: &str = "not listed by discovery; kept while its session is fresh";
+
+/// Whether a peer that discovery no longer lists stays programmed (`docs/kubespan.md`
+/// §8.10): while its WireGuard session is fresh, that is while [`step`] judges it up
+/// (for a wirespan peer: something received within its receive window) and its last
+/// handshake is recent enough for the session to carry data ([`REJECT_AFTER_TIME`]).
+/// The cluster ID is a bearer credential of the upstream protocol: anyone who knows it
+/// can delete affiliates, so a missing listing alone must not cut a working tunnel.
+/// Once the session goes stale the peer is removed as any unlisted one.
+#[must_use]
+pub fn keeps_unlisted(status: &KubeSpanPeerStatusSpec, now: SystemTime) -> bool {
+    status.state == PeerState::Up && unlisted_until(status).is_some_and(|t| now < t)
+}
+
+/// When a kept unlisted peer's session is too old to carry data, whatever else happens.
+#[must_use]
+pub fn unlisted_until(status: &KubeSpanPeerStatusSpec) -> Option<SystemTime> {
+    status.last_handshake_time.map(|h| h + REJECT_AFTER_TIME)
+}
+
+/// Notes in `status` whether the peer is `listed` by discovery; returns whether the
+/// peer stays (always when listed; see [`keeps_unlisted`] otherwise).
+pub fn note_listing(status: &mut KubeSpanPeerStatusSpec, listed: bool, now: SystemTime) -> bool {
+    let keep = listed || keeps_unlisted(status, now);
+    status.retained_reason.clear();
+    if !listed && keep {
+        UNLISTED_KEPT.clone_into(&mut status.retained_reason);
+    }
+    keep
+}
+
 /// When the peer should be looked at again without waiting for the tick (§8.5): while
 /// it is unknown, every [`HANDSHAKE_POLL`] until `lastEndpointChange + 15 s`, then at
 /// that deadline (where it turns down and the next endpoint is pushed); while it is up,
@@ -511,6 +543,41 @@ mod tests {
             peer_state(now, Some(t(726)), Some(t(725)), used, PEER_DOWN_INTERVAL),
             PeerState::Up
         );
+    }
+
+    #[test]
+    fn an_unlisted_peer_is_kept_while_up_with_a_session_that_carries_data() {
+        let up = KubeSpanPeerStatusSpec {
+            state: PeerState::Up,
+            last_handshake_time: Some(t(1000)),
+            ..KubeSpanPeerStatusSpec::default()
+        };
+        let mut st = up.clone();
+        assert!(note_listing(&mut st, false, t(1010)));
+        assert_eq!(st.retained_reason, UNLISTED_KEPT);
+        // Listed again: the reason goes, the peer stays.
+        assert!(note_listing(&mut st, true, t(1011)));
+        assert_eq!(st.retained_reason, "");
+        // The session is too old to carry data (up by the handshake rule alone).
+        assert!(keeps_unlisted(&up, t(1179)));
+        assert!(!keeps_unlisted(&up, t(1180)));
+        assert_eq!(unlisted_until(&up), Some(t(1180)));
+        let mut stale = up.clone();
+        assert!(!note_listing(&mut stale, false, t(1180)));
+        assert_eq!(stale.retained_reason, "");
+        // Down or unknown (a wirespan peer silent for its receive window is down).
+        for state in [PeerState::Down, PeerState::Unknown] {
+            let st = KubeSpanPeerStatusSpec {
+                state,
+                ..up.clone()
+            };
+            assert!(!keeps_unlisted(&st, t(1001)), "{state:?}");
+        }
+        let never = KubeSpanPeerStatusSpec {
+            last_handshake_time: None,
+            ..up
+        };
+        assert!(!keeps_unlisted(&never, t(1001)));
     }
 
     #[test]

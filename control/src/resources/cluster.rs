@@ -216,4 +216,8 @@ pub struct DiscoveryServiceStatusSpec {
     pub public_ip: Option<IpAddr>,
     /// Affiliates of other nodes this service currently lists (decoded ones only).
     pub affiliate_count: usize,
+    /// Times this node re-published its affiliate because someone else deleted or
+    /// altered it on the server (since the client started).
+    #[serde(default)]
+    pub republishes: u64,
 }

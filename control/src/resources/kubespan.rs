@@ -228,6 +228,7 @@ impl ResourceKind for KubeSpanPeerStatus {
             .column("Last Handshake", ".lastHandshakeTime")
             .column("Rx", ".receiveBytes")
             .column("Tx", ".transmitBytes")
+            .column("Retained", ".retainedReason")
     }
 }
 
@@ -259,6 +260,10 @@ pub struct KubeSpanPeerStatusSpec {
     /// The relay for [`PeerPath::Relay`] (its label), else empty.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub via: String,
+    /// Why the peer is programmed though discovery no longer lists it (`docs/kubespan.md`
+    /// §8.10), else empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub retained_reason: String,
 }
 
 /// How traffic reaches a peer.

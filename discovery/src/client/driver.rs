@@ -285,7 +285,7 @@ pub(super) async fn run(shared: Arc<Shared>, cancel: CancellationToken) {
             }
             message = next_message(&mut io.watch) => match message {
                 Some(Ok(response)) => {
-                    shared.lock().watch_message(&response);
+                    shared.lock().watch_message(now(), &response);
                 }
                 other => {
                     match other {

@@ -148,6 +148,9 @@ pub struct DiscoveryState {
     /// became [`ConnectionState::Connected`]; at most [`MAX_ERROR_LEN`] bytes of the
     /// server's message.
     pub last_error: Option<String>,
+    /// Times the client re-published its own affiliate because someone else deleted
+    /// or altered it on the server (docs/discovery-protocol.md §8.8).
+    pub republishes: u64,
 }
 
 /// Longest error text kept in [`DiscoveryState::last_error`] (a hostile server
@@ -220,6 +223,7 @@ impl Shared {
                 connection,
                 endpoint: m.current_endpoint().clone(),
                 last_error: last_error.clone(),
+                republishes: m.republishes(),
             }
         };
         self.state.send_if_modified(|current| {
@@ -230,6 +234,7 @@ impl Shared {
                 && current.connection == next.connection
                 && current.endpoint == next.endpoint
                 && current.last_error == next.last_error
+                && current.republishes == next.republishes
             {
                 return false;
             }
@@ -295,6 +300,7 @@ impl Client {
             connection: ConnectionState::Backoff,
             endpoint,
             last_error: None,
+            republishes: 0,
         });
         Ok(Self {
             shared: Arc::new(Shared {

@@ -107,7 +107,13 @@ fn start_client(
     };
     match Client::new(config) {
         Ok(client) => {
-            tracing::info!(service = name, endpoint = %spec.endpoint, "starting discovery client");
+            // The cluster ID is a credential: a tag identifies the cluster in logs.
+            tracing::info!(
+                service = name,
+                endpoint = %spec.endpoint,
+                cluster = %wirespan_discovery::redact::cluster_tag(&spec.cluster_id),
+                "starting discovery client"
+            );
             drop(client.spawn(cancel.clone()));
             let mut state = client.subscribe();
             let stop = cancel.clone();
@@ -231,6 +237,7 @@ fn status_of(endpoint: &str, state: &DiscoveryState) -> DiscoveryServiceStatusSp
         last_error: state.last_error.clone(),
         public_ip: state.public_ip,
         affiliate_count: state.affiliates.len(),
+        republishes: state.republishes,
     }
 }
 

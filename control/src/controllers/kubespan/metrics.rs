@@ -73,6 +73,9 @@ pub struct MeshMetrics {
     tx: Family<Labels, Gauge>,
     reconcile: Family<Labels, Histogram, fn() -> Histogram>,
     restarts: Family<Labels, Counter>,
+    republishes: Family<Labels, Counter>,
+    /// Each discovery service's re-publish count as last mirrored.
+    republishes_seen: std::sync::Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl std::fmt::Debug for MeshMetrics {
@@ -130,6 +133,8 @@ impl MeshMetrics {
             tx: Family::default(),
             reconcile: Family::new_with_constructor(duration_histogram),
             restarts: Family::default(),
+            republishes: Family::default(),
+            republishes_seen: std::sync::Mutex::default(),
             registry: Registry::default(),
         };
         registry.register(
@@ -217,7 +222,30 @@ impl MeshMetrics {
             "Controller restarts after an error or panic",
             m.restarts.clone(),
         );
+        registry.register(
+            "wirespan_discovery_own_republishes",
+            "Re-publishes of this node's affiliate after someone else deleted or altered \
+             it on the discovery server, by service",
+            m.republishes.clone(),
+        );
         Self { registry, ..m }
+    }
+
+    /// Mirrors each discovery service's re-publish count (`service`, count since its
+    /// client started); the exported counter keeps rising across client restarts.
+    pub fn set_discovery_republishes(&self, counts: &[(String, u64)]) {
+        let mut seen = self
+            .republishes_seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (service, now) in counts {
+            let last = seen.insert(service.clone(), *now).unwrap_or(0);
+            // Less than before: the client restarted from zero.
+            let delta = now.checked_sub(last).unwrap_or(*now);
+            self.republishes
+                .get_or_create(&vec![("service", service.clone())])
+                .inc_by(delta);
+        }
     }
 
     /// Records one reconcile of `controller`.
@@ -481,6 +509,20 @@ mod tests {
             text.contains("wirespan_kubespan_peer_path_changes_total{peer=\"k\",label=\"n1\"} 1"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn discovery_republishes_keep_rising_across_client_restarts() {
+        let m = MeshMetrics::new();
+        let line =
+            |n: u64| format!("wirespan_discovery_own_republishes_total{{service=\"d\"}} {n}");
+        m.set_discovery_republishes(&[("d".into(), 3)]);
+        assert!(m.render().contains(&line(3)), "{}", m.render());
+        m.set_discovery_republishes(&[("d".into(), 5)]);
+        assert!(m.render().contains(&line(5)));
+        // The client restarted: its count starts from zero again.
+        m.set_discovery_republishes(&[("d".into(), 1)]);
+        assert!(m.render().contains(&line(6)));
     }
 
     #[test]

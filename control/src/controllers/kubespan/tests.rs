@@ -1509,3 +1509,129 @@ async fn a_peer_without_a_direct_path_goes_through_a_relay_and_comes_back_direct
     .await;
     m.h.stop().await.unwrap();
 }
+
+fn destroy_affiliate(store: &Store, n: u8) {
+    store
+        .destroy(
+            &Pointer::new(
+                "cluster",
+                crate::resources::cluster::Affiliate::TYPE,
+                format!("node{n}"),
+            ),
+            "",
+        )
+        .unwrap();
+}
+
+/// §8.10: a peer discovery stops listing (anyone with the cluster ID can delete its
+/// affiliate) stays, with its AllowedIPs and routes, while its session is fresh, and
+/// says why in its status; listed again it is an ordinary peer without a device change;
+/// once its session goes stale (its receive window passes in silence) it is removed. A
+/// peer that never handshook is removed at once, as before.
+#[tokio::test]
+async fn an_unlisted_peer_with_a_fresh_session_is_kept_until_it_goes_stale() {
+    use crate::kubespan::rotation::UNLISTED_KEPT;
+    let m = start("peerReceiveTimeout: 30s\n", tempfile::tempdir().unwrap());
+    let store = &m.h.store;
+    let ours = AffiliateSpec {
+        wirespan: Some(WirespanAffiliateSpec {
+            version: 1,
+            persistent_keepalive_secs: 10,
+            ..WirespanAffiliateSpec::default()
+        }),
+        ..affiliate(1, &["192.0.2.1:51820"])
+    };
+    set_affiliate(store, &ours);
+    set_affiliate(store, &affiliate(2, &["192.0.2.2:51820"]));
+    let k1 = PublicKey::from_bytes([1; 32]);
+    eventually("both peers on the device", || {
+        (device_peers(&m.wg) == 2).then_some(())
+    })
+    .await;
+    m.clock.advance(Duration::from_secs(1));
+    let mut rx = 100;
+    m.wg.handshake(&k1, m.clock.now(), rx, 100);
+    m.clock.advance(Duration::from_secs(1));
+    assert_resource::<KubeSpanPeerStatus>(store, NS, &key(1), |r| {
+        (r.spec.state == PeerState::Up)
+            .then_some(())
+            .ok_or_else(|| format!("{:?}", r.spec))
+    })
+    .await;
+    let allowed = device_allowed(&m.wg, &k1);
+    assert!(allowed.contains(&"10.244.1.0/24".to_owned()), "{allowed:?}");
+
+    // Both affiliates vanish: peer 2 (never handshook) goes, peer 1 stays as it was.
+    destroy_affiliate(store, 1);
+    destroy_affiliate(store, 2);
+    assert_no_resource(store, &Pointer::new(NS, KubeSpanPeerStatus::TYPE, key(2))).await;
+    assert_no_resource(store, &Pointer::new(NS, KubeSpanPeerSpec::TYPE, key(1))).await;
+    eventually("peer 2 removed from the device", || {
+        (device_peers(&m.wg) == 1).then_some(())
+    })
+    .await;
+    assert_resource::<KubeSpanPeerStatus>(store, NS, &key(1), |r| {
+        (r.spec.retained_reason == UNLISTED_KEPT && r.spec.state == PeerState::Up)
+            .then_some(())
+            .ok_or_else(|| format!("{:?}", r.spec))
+    })
+    .await;
+    assert_eq!(device_allowed(&m.wg, &k1), allowed);
+    assert!(routed_v4(&m.marking.spec().unwrap()).contains(&"10.244.1.0/24".to_owned()));
+
+    // Traffic keeps coming for several receive windows (the device is read as its
+    // rules say): kept all along.
+    for _ in 0..16 {
+        m.clock.advance(Duration::from_secs(5));
+        rx += 100;
+        m.wg.handshake(&k1, m.clock.now(), rx, 100);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let st = peer_status(store, 1).unwrap();
+        assert_eq!(st.retained_reason, UNLISTED_KEPT, "{st:?}");
+        assert_eq!(st.state, PeerState::Up, "{st:?}");
+        assert_eq!(device_allowed(&m.wg, &k1), allowed);
+    }
+    eventually("reads saw the traffic", || {
+        peer_status(store, 1).filter(|s| s.receive_bytes >= 1000)
+    })
+    .await;
+
+    // Listed again: the reason goes, nothing on the device changes.
+    let writes = m.wg.updates().len();
+    set_affiliate(store, &ours);
+    eventually("the reason cleared", || {
+        peer_status(store, 1).filter(|s| s.retained_reason.is_empty())
+    })
+    .await;
+    assert_eq!(
+        endpoint_writes(&m.wg, writes),
+        vec![],
+        "an endpoint was pushed"
+    );
+    assert!(
+        m.wg.updates()[writes..]
+            .iter()
+            .flat_map(|u| &u.peers)
+            .all(|p| !p.remove),
+        "the peer was removed and re-added"
+    );
+    assert_eq!(device_allowed(&m.wg, &k1), allowed);
+
+    // Unlisted again, and silent from now on: removed once its window passed.
+    destroy_affiliate(store, 1);
+    eventually("kept again", || {
+        peer_status(store, 1).filter(|s| s.retained_reason == UNLISTED_KEPT)
+    })
+    .await;
+    for _ in 0..8 {
+        m.clock.advance(Duration::from_secs(10));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_no_resource(store, &Pointer::new(NS, KubeSpanPeerStatus::TYPE, key(1))).await;
+    eventually("peer 1 removed from the device", || {
+        (device_peers(&m.wg) == 0).then_some(())
+    })
+    .await;
+    assert!(!routed_v4(&m.marking.spec().unwrap()).contains(&"10.244.1.0/24".to_owned()));
+    m.h.stop().await.unwrap();
+}

@@ -1,7 +1,7 @@
 //! The discovered set: Watch messages decrypted and decoded into [`Affiliate`]s
 //! (docs/discovery-protocol.md §8.5). What does not decrypt or decode is skipped, never fatal.
 
-use std::sync::Arc;
+use std::{sync::Arc, time::Instant};
 
 use rand::RngCore;
 
@@ -12,14 +12,17 @@ use crate::{
 };
 
 impl<R: RngCore> Machine<R> {
-    /// One Watch message arrived. Returns whether the discovered set changed.
-    pub fn watch_message(&mut self, response: &wire::WatchResponse) -> bool {
+    /// One Watch message arrived at `now`. Returns whether the discovered set changed.
+    /// The own record is not part of the set; it is checked against the local data
+    /// (see `own`).
+    pub fn watch_message(&mut self, now: Instant, response: &wire::WatchResponse) -> bool {
         let Phase::Watching { snapshot_seen } = &mut self.phase else {
             return false;
         };
         let mut changed = false;
         if !*snapshot_seen {
             *snapshot_seen = true;
+            self.own.confirmed = false;
             // The first message is the snapshot: it replaces everything.
             if !self.affiliates.is_empty() {
                 Arc::make_mut(&mut self.affiliates).clear();
@@ -28,6 +31,7 @@ impl<R: RngCore> Machine<R> {
         }
         for wire_affiliate in &response.affiliates {
             if wire_affiliate.id == self.config.affiliate_id {
+                self.own_seen(now, response.deleted, &wire_affiliate.data);
                 continue;
             }
             if response.deleted {

@@ -8,11 +8,13 @@
 //!
 //! The machine's parts, by concern: `connection` (backoff, Hello, redirects,
 //! Watch), `publish` (own data and harvested endpoints, encrypted, sent as refresh
-//! batches), `discovered` (Watch messages into decoded affiliates). This file holds
-//! the types, the timers and the accessors.
+//! batches), `discovered` (Watch messages into decoded affiliates), `own` (the own
+//! affiliate as Watch shows it: re-published when someone else deleted or altered
+//! it). This file holds the types, the timers and the accessors.
 
 mod connection;
 mod discovered;
+mod own;
 mod publish;
 #[cfg(test)]
 mod tests;
@@ -38,6 +40,11 @@ use crate::proto::server as wire;
 pub const MAX_REDIRECTS: u32 = 5;
 /// Endpoints per affiliate the server keeps (§7.8); more own endpoints are refused.
 pub const MAX_ENDPOINTS: usize = 64;
+/// At most one re-publish of the own affiliate per this interval (see `own`); later
+/// ones are coalesced into the next allowed one. Far below the server's per-address
+/// rate limit, so an attacker who deletes the affiliate in a loop cannot make this
+/// node hammer the server.
+pub const REPUBLISH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Static parameters of the machine.
 #[derive(Debug, Clone)]
@@ -184,6 +191,7 @@ pub struct Machine<R> {
     affiliates: Arc<BTreeMap<String, Affiliate>>,
     public_ip: Option<IpAddr>,
     actions: VecDeque<Action>,
+    own: own::OwnGuard,
 }
 
 impl<R: RngCore> Machine<R> {
@@ -209,6 +217,7 @@ impl<R: RngCore> Machine<R> {
             affiliates: Arc::new(BTreeMap::new()),
             public_ip: None,
             actions: VecDeque::new(),
+            own: own::OwnGuard::default(),
         }
     }
 
@@ -220,13 +229,15 @@ impl<R: RngCore> Machine<R> {
     /// When [`Machine::handle_timeout`] must be called next.
     #[must_use]
     pub fn poll_timeout(&self) -> Instant {
-        match self.phase {
+        let at = match self.phase {
             Phase::Backoff { until } => until.min(self.next_tick),
             _ => self.next_tick,
-        }
+        };
+        self.republish_at().map_or(at, |r| r.min(at))
     }
 
-    /// Advances timers: the refresh ticker (every TTL/2) and the backoff.
+    /// Advances timers: the refresh ticker (every TTL/2), the backoff and a
+    /// re-publish held back by [`REPUBLISH_INTERVAL`].
     pub fn handle_timeout(&mut self, now: Instant) {
         if now >= self.next_tick {
             self.refresh_due = true;
@@ -250,6 +261,7 @@ impl<R: RngCore> Machine<R> {
             }
         }
         self.maybe_refresh();
+        self.maybe_republish(now);
     }
 
     /// Decoded affiliates of other nodes by ID.

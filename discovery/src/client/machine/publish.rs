@@ -25,6 +25,7 @@ impl<R: RngCore> Machine<R> {
         if ok {
             self.backoff.reset();
             self.maybe_refresh();
+            self.maybe_republish(now);
         } else {
             self.refresh_due = true;
             self.actions.push_back(Action::CancelWatch);
@@ -77,6 +78,7 @@ impl<R: RngCore> Machine<R> {
             endpoint_blobs,
         });
         self.deleted = false;
+        self.own.confirmed = false;
         self.refresh_due = true;
         self.maybe_refresh();
         Ok(true)
@@ -122,6 +124,8 @@ impl<R: RngCore> Machine<R> {
         }
         self.local = None;
         self.deleted = true;
+        self.own.confirmed = false;
+        self.republish_covered();
         self.refresh_due = true;
         self.maybe_refresh();
     }
@@ -151,8 +155,21 @@ impl<R: RngCore> Machine<R> {
             self.backoff.reset();
             return;
         }
+        self.republish_covered();
         self.refresh_in_flight = true;
         self.actions.push_back(Action::Refresh(batch));
+    }
+
+    /// The update of the own affiliate (data and own endpoints), if there is data.
+    pub(super) fn own_update(&self) -> Option<RefreshCall> {
+        let local = self.local.as_ref().filter(|_| !self.deleted)?;
+        Some(RefreshCall::Update(wire::AffiliateUpdateRequest {
+            cluster_id: self.config.cluster_id.clone(),
+            affiliate_id: self.config.affiliate_id.clone(),
+            affiliate_data: Some(local.data_blob.clone()),
+            affiliate_endpoints: local.endpoint_blobs.clone(),
+            ttl: prost_types::Duration::try_from(self.config.ttl).ok(),
+        }))
     }
 
     fn refresh_batch(&self) -> Vec<RefreshCall> {
@@ -163,17 +180,11 @@ impl<R: RngCore> Machine<R> {
                 affiliate_id: self.config.affiliate_id.clone(),
             })];
         }
-        let Some(local) = &self.local else {
+        let Some(own) = self.own_update() else {
             return Vec::new();
         };
         let ttl = prost_types::Duration::try_from(self.config.ttl).ok();
-        let mut batch = vec![RefreshCall::Update(wire::AffiliateUpdateRequest {
-            cluster_id: cluster_id.clone(),
-            affiliate_id: self.config.affiliate_id.clone(),
-            affiliate_data: Some(local.data_blob.clone()),
-            affiliate_endpoints: local.endpoint_blobs.clone(),
-            ttl,
-        })];
+        let mut batch = vec![own];
         for (peer, (_, blobs)) in &self.others {
             batch.push(RefreshCall::Update(wire::AffiliateUpdateRequest {
                 cluster_id: cluster_id.clone(),

@@ -140,7 +140,7 @@ fn first_hello_waits_one_backoff_and_connects() {
         })],
         "no local data yet: no refresh"
     );
-    assert!(!m.watch_message(&wire::WatchResponse::default()));
+    assert!(!m.watch_message(t0, &wire::WatchResponse::default()));
     assert_eq!(m.connection_state(), ConnectionState::Connected);
 }
 
@@ -504,7 +504,7 @@ fn watch_messages_apply_as_spec_section_8_5() {
         ],
         deleted: false,
     };
-    assert!(m.watch_message(&snapshot));
+    assert!(m.watch_message(t0, &snapshot));
     let ids: Vec<&String> = m.affiliates().keys().collect();
     assert_eq!(ids, ["a", "b"]);
     assert_eq!(m.affiliates()["a"].info, info("a"));
@@ -518,38 +518,53 @@ fn watch_messages_apply_as_spec_section_8_5() {
     // A corrupt update keeps the previous copy; an identical one changes nothing.
     let mut corrupt = sealed("a", &key, &[]);
     corrupt.data[20] ^= 1;
-    assert!(!m.watch_message(&wire::WatchResponse {
-        affiliates: vec![corrupt],
-        deleted: false
-    }));
+    assert!(!m.watch_message(
+        t0,
+        &wire::WatchResponse {
+            affiliates: vec![corrupt],
+            deleted: false
+        }
+    ));
     assert_eq!(m.affiliates()["a"].endpoints.len(), 1);
-    assert!(!m.watch_message(&wire::WatchResponse {
-        affiliates: vec![sealed("a", &key, &["10.0.0.1:51820"])],
-        deleted: false
-    }));
+    assert!(!m.watch_message(
+        t0,
+        &wire::WatchResponse {
+            affiliates: vec![sealed("a", &key, &["10.0.0.1:51820"])],
+            deleted: false
+        }
+    ));
     // Upsert replaces the entry (endpoints included).
-    assert!(m.watch_message(&wire::WatchResponse {
-        affiliates: vec![sealed("a", &key, &[])],
-        deleted: false
-    }));
+    assert!(m.watch_message(
+        t0,
+        &wire::WatchResponse {
+            affiliates: vec![sealed("a", &key, &[])],
+            deleted: false
+        }
+    ));
     assert!(m.affiliates()["a"].endpoints.is_empty());
     // Delete removes.
-    assert!(m.watch_message(&wire::WatchResponse {
-        affiliates: vec![wire::Affiliate {
-            id: "a".into(),
-            ..Default::default()
-        }],
-        deleted: true
-    }));
+    assert!(m.watch_message(
+        t0,
+        &wire::WatchResponse {
+            affiliates: vec![wire::Affiliate {
+                id: "a".into(),
+                ..Default::default()
+            }],
+            deleted: true
+        }
+    ));
     assert!(!m.affiliates().contains_key("a"));
 
     // A new stream's snapshot replaces everything.
     m.watch_ended(t0);
     connect(&mut m, t0, &[]);
-    assert!(m.watch_message(&wire::WatchResponse {
-        affiliates: vec![sealed("c", &key, &[])],
-        deleted: false
-    }));
+    assert!(m.watch_message(
+        t0,
+        &wire::WatchResponse {
+            affiliates: vec![sealed("c", &key, &[])],
+            deleted: false
+        }
+    ));
     let ids: Vec<&String> = m.affiliates().keys().collect();
     assert_eq!(ids, ["c"]);
 }
@@ -586,11 +601,201 @@ fn stale_results_are_ignored() {
     let mut m = machine(t0);
     m.hello_succeeded(t0, &wire::HelloResponse::default());
     m.refresh_done(t0, false);
-    assert!(!m.watch_message(&wire::WatchResponse {
-        affiliates: vec![sealed("a", &secret(), &[])],
-        deleted: false
-    }));
+    assert!(!m.watch_message(
+        t0,
+        &wire::WatchResponse {
+            affiliates: vec![sealed("a", &secret(), &[])],
+            deleted: false
+        }
+    ));
     assert!(drain(&mut m).is_empty());
     assert!(m.affiliates().is_empty());
     assert_eq!(m.connection_state(), ConnectionState::Backoff);
+}
+
+/// Connected, own data published and its echo seen on the stream; returns the
+/// published data blob and the time.
+fn published_and_confirmed(t0: Instant) -> (Machine<StdRng>, Vec<u8>, Instant) {
+    let mut m = machine(t0);
+    let now = connect(&mut m, t0, &[]);
+    m.set_local_data(info("self"), vec![ep("1.2.3.4:51820")])
+        .unwrap();
+    let update = own_update(&drain(&mut m));
+    let blob = update.affiliate_data.clone().unwrap();
+    // The snapshot predates the update: the own record is absent, which is no delete.
+    assert!(!m.watch_message(now, &wire::WatchResponse::default()));
+    m.refresh_done(now, true);
+    assert!(drain(&mut m).is_empty());
+    m.watch_message(now, &own_record(&blob, &update.affiliate_endpoints));
+    assert!(drain(&mut m).is_empty(), "its own echo is not a change");
+    (m, blob, now)
+}
+
+fn own_record(data: &[u8], endpoints: &[Vec<u8>]) -> wire::WatchResponse {
+    wire::WatchResponse {
+        affiliates: vec![wire::Affiliate {
+            id: "self".into(),
+            data: data.to_vec(),
+            endpoints: endpoints.to_vec(),
+        }],
+        deleted: false,
+    }
+}
+
+fn own_deleted() -> wire::WatchResponse {
+    wire::WatchResponse {
+        affiliates: vec![wire::Affiliate {
+            id: "self".into(),
+            ..Default::default()
+        }],
+        deleted: true,
+    }
+}
+
+/// The one own-data update of a re-publish, or a panic.
+fn republish(actions: &[Action]) -> wire::AffiliateUpdateRequest {
+    match actions {
+        [Action::Refresh(batch)] => match &batch[..] {
+            [RefreshCall::Update(u)] => u.clone(),
+            other => panic!("not an own-data-only batch: {other:?}"),
+        },
+        other => panic!("expected one refresh, got {other:?}"),
+    }
+}
+
+#[test]
+fn own_affiliate_deleted_by_someone_else_is_republished_at_once() {
+    let (mut m, blob, now) = published_and_confirmed(Instant::now());
+    // A peer's harvested endpoints get published for everyone: nothing to do.
+    m.set_other_endpoints(BTreeMap::from([(
+        "peer".to_string(),
+        vec![ep("9.9.9.9:1")],
+    )]));
+    drain(&mut m);
+    m.refresh_done(now, true);
+    m.watch_message(now, &own_deleted());
+    let update = republish(&drain(&mut m));
+    assert_eq!(update.affiliate_id, "self");
+    assert_eq!(
+        update.affiliate_data.as_deref(),
+        Some(&blob[..]),
+        "same bytes"
+    );
+    assert_eq!(update.ttl.unwrap().seconds, 1800);
+    assert_eq!(m.republishes(), 1);
+    // A second delete event before the re-publish's echo changes nothing.
+    m.watch_message(now, &own_deleted());
+    assert!(drain(&mut m).is_empty());
+    m.refresh_done(now, true);
+    assert!(drain(&mut m).is_empty());
+    assert_eq!(m.republishes(), 1);
+}
+
+#[test]
+fn own_data_altered_is_republished_but_harvested_endpoints_are_not() {
+    let (mut m, blob, now) = published_and_confirmed(Instant::now());
+    let cipher = Cipher::new(&secret());
+    let harvested = cipher
+        .seal_endpoint(&encode_endpoint(&ep("5.6.7.8:1")))
+        .unwrap();
+    m.watch_message(now, &own_record(&blob, &[harvested]));
+    assert!(
+        drain(&mut m).is_empty(),
+        "another node's endpoint is harvesting"
+    );
+    assert_eq!(m.republishes(), 0);
+    let forged = sealed("self", &secret(), &[]).data;
+    assert_ne!(forged, blob);
+    m.watch_message(now, &own_record(&forged, &[]));
+    assert_eq!(
+        republish(&drain(&mut m)).affiliate_data.as_deref(),
+        Some(&blob[..])
+    );
+    assert_eq!(m.republishes(), 1);
+    // An endpoints-only update on a deleted record leaves it without data: altered.
+    m.refresh_done(now, true);
+    m.watch_message(now, &own_record(&blob, &[]));
+    let later = now + REPUBLISH_INTERVAL;
+    m.watch_message(later, &own_record(&[], &[vec![1; 16]]));
+    republish(&drain(&mut m));
+    assert_eq!(m.republishes(), 2);
+}
+
+#[test]
+fn a_delete_loop_gets_at_most_one_republish_per_interval() {
+    let (mut m, blob, t0) = published_and_confirmed(Instant::now());
+    let echo = |m: &mut Machine<StdRng>, at: Instant| {
+        m.refresh_done(at, true);
+        m.watch_message(at, &own_record(&blob, &[]));
+    };
+    m.watch_message(t0, &own_deleted());
+    republish(&drain(&mut m));
+    echo(&mut m, t0 + Duration::from_millis(10));
+    // Deleted again 100 ms later, and again: one re-publish, held back to t0 + 1 s.
+    let t1 = t0 + Duration::from_millis(100);
+    m.watch_message(t1, &own_deleted());
+    assert!(drain(&mut m).is_empty(), "within the interval: held back");
+    assert_eq!(m.poll_timeout(), t0 + REPUBLISH_INTERVAL);
+    m.handle_timeout(t0 + REPUBLISH_INTERVAL - Duration::from_millis(1));
+    assert!(drain(&mut m).is_empty());
+    m.handle_timeout(t0 + REPUBLISH_INTERVAL);
+    republish(&drain(&mut m));
+    assert_eq!(m.republishes(), 2);
+    echo(&mut m, t0 + REPUBLISH_INTERVAL);
+    // An attacker deleting 100 times a second for 10 s: at most 11 re-publishes.
+    let mut now = t0 + REPUBLISH_INTERVAL;
+    let mut sent = 0;
+    for _ in 0..1000 {
+        now += Duration::from_millis(10);
+        if m.poll_timeout() <= now {
+            m.handle_timeout(now);
+        }
+        let actions = drain(&mut m);
+        if !actions.is_empty() {
+            republish(&actions);
+            sent += 1;
+            echo(&mut m, now);
+        }
+        m.watch_message(now, &own_deleted());
+        let actions = drain(&mut m);
+        if !actions.is_empty() {
+            republish(&actions);
+            sent += 1;
+            echo(&mut m, now);
+        }
+    }
+    assert!((9..=11).contains(&sent), "{sent} re-publishes in 10 s");
+    assert_eq!(m.republishes(), 2 + sent);
+}
+
+#[test]
+fn no_republish_without_published_data_or_after_an_own_delete() {
+    let t0 = Instant::now();
+    let mut m = machine(t0);
+    connect(&mut m, t0, &[]);
+    drain(&mut m);
+    // No local data: a record under this ID is not ours to defend.
+    m.watch_message(t0, &own_deleted());
+    assert!(drain(&mut m).is_empty());
+
+    let (mut m, _, now) = published_and_confirmed(t0);
+    m.delete_own_affiliate();
+    drain(&mut m);
+    m.refresh_done(now, true);
+    m.watch_message(now, &own_deleted());
+    assert!(drain(&mut m).is_empty(), "this node deleted it");
+    assert_eq!(m.republishes(), 0);
+
+    // A new stream: its snapshot's stale record (from before a reconnect's refresh)
+    // is not a change by someone else.
+    let (mut m, blob, now) = published_and_confirmed(t0);
+    m.watch_ended(now);
+    let now = connect(&mut m, now, &[]);
+    drain(&mut m);
+    m.watch_message(now, &own_record(&[1, 2, 3], &[]));
+    assert!(drain(&mut m).is_empty());
+    m.refresh_done(now, true);
+    m.watch_message(now, &own_record(&blob, &[]));
+    m.watch_message(now, &own_deleted());
+    republish(&drain(&mut m));
 }

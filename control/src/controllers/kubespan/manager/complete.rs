@@ -28,7 +28,8 @@ use crate::{
         peers::routed_prefixes,
         prefixset::PrefixSet,
         rotation::{
-            next_wake, peer_state, rx_window, seed, step, Observed, RxRule, RxTrack, RECONCILE_TICK,
+            next_wake, note_listing, peer_state, rx_window, seed, step, unlisted_until, Observed,
+            RxRule, RxTrack, RECONCILE_TICK,
         },
     },
     resources::{
@@ -137,7 +138,14 @@ impl KubeSpanManagerController {
         // Step 1, 3–5: statuses and desired endpoints.
         self.own_key = PublicKey::from_base64("publicKey", &identity.spec.public_key).ok();
         let psk = PresharedKey::from_bytes(*cluster.spec.secret.bytes());
-        let specs: Vec<Arc<Resource<KubeSpanPeerSpec>>> = self.specs.values().cloned().collect();
+        // Listed peers first, then those kept though unlisted (see `unlisted`).
+        let specs: Vec<Arc<Resource<KubeSpanPeerSpec>>> = self
+            .specs
+            .values()
+            .chain(self.unlisted.values())
+            .cloned()
+            .collect();
+        let mut stale: Vec<String> = Vec::new();
         let force = !s.allow_down_peer_bypass;
         let mut stepped: Vec<(String, WgPeer, Option<std::net::SocketAddr>)> =
             Vec::with_capacity(specs.len());
@@ -183,6 +191,10 @@ impl KubeSpanManagerController {
                 .zip(window)
                 .map(|(track, window)| RxRule { track, window });
             let step = step(st, &r.spec.endpoints, seen, now, s.peer_down_interval, rule);
+            if !note_listing(st, !self.unlisted.contains_key(key), now) {
+                stale.push(key.clone());
+                continue;
+            }
             if let (Some(t), Some(w)) = (track, window) {
                 if st.state == PeerState::Up && t.take_probe(now, w) {
                     probes.extend(r.spec.address);
@@ -205,6 +217,10 @@ impl KubeSpanManagerController {
             stepped.push((key.clone(), base, step.desired_endpoint));
         }
 
+        for key in &stale {
+            self.drop_unlisted(key);
+        }
+        self.yield_to_listed(&mut stepped);
         let t_judged = started.elapsed();
         // §8.7: peers not reachable directly go through a relay both ends choose alike;
         // §8.8: those without one through the server relay, where it granted one.
@@ -238,7 +254,11 @@ impl KubeSpanManagerController {
             };
             set_path(self.deps.metrics.as_deref(), key, st, path);
             st.via = via.unwrap_or_default();
-            let window = self.specs.get(key).and_then(|r| rx_window_of(s, &r.spec));
+            let window = self
+                .specs
+                .get(key)
+                .or_else(|| self.unlisted.get(key))
+                .and_then(|r| rx_window_of(s, &r.spec));
             let rx = self.rx.get(key).zip(window);
             let next = if relay.is_some() {
                 relayed_wake(st, now)
@@ -254,7 +274,13 @@ impl KubeSpanManagerController {
                 .direct
                 .get(key)
                 .and_then(|d| d.down_at(now, s.peer_receive_timeout));
-            for w in next.into_iter().chain(down_at) {
+            // A kept peer is dropped when its session is too old to carry data.
+            let stale_at = if st.retained_reason.is_empty() {
+                None
+            } else {
+                unlisted_until(st)
+            };
+            for w in next.into_iter().chain(down_at).chain(stale_at) {
                 wake = Some(wake.map_or(w, |x: SystemTime| x.min(w)));
             }
             // Through the server relay only once handshakes through it work: a relay
@@ -317,15 +343,18 @@ impl KubeSpanManagerController {
 
         // Statuses of peers that went away: every spec has a status now, so there are
         // more statuses than specs exactly when some are stale (no lookups otherwise).
-        if self.statuses.len() > specs.len()
-            || self.peers.len() > specs.len()
-            || self.rx.len() > specs.len()
-            || self.direct.len() > specs.len()
+        let live = self.specs.len() + self.unlisted.len();
+        if self.statuses.len() > live
+            || self.peers.len() > live
+            || self.rx.len() > live
+            || self.direct.len() > live
         {
-            self.statuses.retain(|k, _| self.specs.contains_key(k));
-            self.peers.retain(|k, _| self.specs.contains_key(k));
-            self.rx.retain(|k, _| self.specs.contains_key(k));
-            self.direct.retain(|k, _| self.specs.contains_key(k));
+            let (listed, kept) = (&self.specs, &self.unlisted);
+            let known = |k: &String| listed.contains_key(k) || kept.contains_key(k);
+            self.statuses.retain(|k, _| known(k));
+            self.peers.retain(|k, _| known(k));
+            self.rx.retain(|k, _| known(k));
+            self.direct.retain(|k, _| known(k));
         }
 
         // Step 6: device, routed set, statuses.
@@ -468,11 +497,15 @@ impl KubeSpanManagerController {
             Some(o) => {
                 self.retained = o
                     .iter()
-                    .filter(|(k, _)| !self.specs.contains_key(*k))
+                    .filter(|(k, _)| {
+                        !self.specs.contains_key(*k) && !self.unlisted.contains_key(*k)
+                    })
                     .map(|(k, r)| (k.clone(), r.clone()))
                     .collect();
             }
-            None => self.retained.retain(|k, _| !self.specs.contains_key(k)),
+            None => self
+                .retained
+                .retain(|k, _| !self.specs.contains_key(k) && !self.unlisted.contains_key(k)),
         }
         if self.retained.is_empty() {
             return;

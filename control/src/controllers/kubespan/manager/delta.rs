@@ -14,7 +14,7 @@ use crate::{
     config::kubespan::KubeSpanConfig as Settings,
     kubespan::{
         peers::routed_prefixes,
-        rotation::{next_wake, seed, step, RxRule, RECONCILE_TICK},
+        rotation::{next_wake, note_listing, seed, step, RxRule, RECONCILE_TICK},
     },
     resources::{
         cluster::ClusterIdentity,
@@ -76,6 +76,8 @@ impl KubeSpanManagerController {
                 .zip(window)
                 .map(|(track, window)| RxRule { track, window });
             let step = step(st, &spec.endpoints, None, now, s.peer_down_interval, rule);
+            // Listed (again): a peer kept while unlisted is an ordinary one now.
+            note_listing(st, true, now);
             // No relay is in use in a delta round (see `relay_active`).
             let path = if st.state == PeerState::Up {
                 PeerPath::Direct

@@ -19,6 +19,7 @@ mod outputs;
 mod probe;
 mod relay;
 mod teardown;
+mod unlisted;
 
 pub use probe::UdpProber;
 
@@ -221,6 +222,9 @@ pub struct KubeSpanManagerController {
     retain_until: Option<SystemTime>,
     /// Those peers, by public key.
     retained: BTreeMap<String, Retained>,
+    /// Peers whose spec vanished while their session was fresh, with their last spec,
+    /// by public key (see `unlisted`).
+    unlisted: BTreeMap<String, Arc<Resource<KubeSpanPeerSpec>>>,
     /// Reverse-path filtering off on the mesh link, with the value it replaced.
     rp_filter: Option<MeshRpFilter>,
     /// The direct path of each peer that takes part in relays, by public key.
@@ -399,6 +403,7 @@ impl KubeSpanManagerController {
             adopt_checked: false,
             retain_until: None,
             retained: BTreeMap::new(),
+            unlisted: BTreeMap::new(),
             rp_filter: None,
             direct: HashMap::new(),
             relayed: BTreeMap::new(),
@@ -424,7 +429,7 @@ impl KubeSpanManagerController {
         rt: &mut ControllerRuntime,
         timer: bool,
     ) -> Result<Option<SystemTime>, ControllerError> {
-        let changed = self.feed.sync(rt, &mut self.specs)?;
+        let changed = self.sync_specs(rt, self.deps.clock.now())?;
         let cfg = rt.get_opt::<KubeSpanConfig>(NS, KUBESPAN)?;
         if cfg.is_none() && config_pending(rt)? {
             // The machine config turns the mesh on but the config controller has not
@@ -457,6 +462,7 @@ impl KubeSpanManagerController {
                 self.wg.is_some()
                     && keys.len() <= DELTA_MAX
                     && !self.relay_active
+                    && self.unlisted.is_empty()
                     && self.basis.as_ref() == Some(&basis)
             })
             .map(Vec::len);

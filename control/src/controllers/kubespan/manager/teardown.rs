@@ -59,6 +59,7 @@ impl KubeSpanManagerController {
             self.teardown_kernel().await;
         }
         self.statuses.clear();
+        self.unlisted.clear();
         self.destroy_outputs(rt)?;
         Ok(())
     }
