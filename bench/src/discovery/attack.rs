@@ -116,13 +116,21 @@ pub(super) struct Targets {
 #[derive(Debug, Default)]
 struct Tally {
     by_code: BTreeMap<String, u64>,
+    /// The first message seen per error code, for the report.
+    example: BTreeMap<String, String>,
 }
 
 impl Tally {
     fn add<T>(&mut self, r: &Result<T, tonic::Status>) {
         let code = match r {
             Ok(_) => "OK".to_string(),
-            Err(s) => format!("{:?}", s.code()),
+            Err(s) => {
+                let code = format!("{:?}", s.code());
+                self.example
+                    .entry(code.clone())
+                    .or_insert_with(|| s.message().chars().take(120).collect());
+                code
+            }
         };
         *self.by_code.entry(code).or_default() += 1;
     }
@@ -139,6 +147,9 @@ impl Tally {
         for (k, v) in other.by_code {
             *self.by_code.entry(k).or_default() += v;
         }
+        for (k, v) in other.example {
+            self.example.entry(k).or_insert(v);
+        }
     }
 }
 
@@ -147,7 +158,10 @@ impl std::fmt::Display for Tally {
         let parts: Vec<String> = self
             .by_code
             .iter()
-            .map(|(k, v)| format!("{k} {v}"))
+            .map(|(k, v)| match self.example.get(k) {
+                Some(e) => format!("{k} {v} ({e:?})"),
+                None => format!("{k} {v}"),
+            })
             .collect();
         write!(f, "{}", parts.join(", "))
     }
