@@ -43,7 +43,7 @@ enum LogFormat {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run the discovery server.
-    Discovery(cmd::discovery::Args),
+    Discovery(Box<cmd::discovery::Args>),
     /// Run the mesh daemon.
     Node(cmd::node::Args),
     /// Replace a running node's config (validated whole; rejected configs change nothing).
@@ -102,7 +102,7 @@ fn init_tracing(cli: &Cli) -> anyhow::Result<()> {
 fn run(cli: Cli) -> anyhow::Result<()> {
     init_tracing(&cli)?;
     match cli.command {
-        Command::Discovery(args) => cmd::discovery::run(args),
+        Command::Discovery(args) => cmd::discovery::run(*args),
         Command::Bench(bench) => cmd::bench::run(&bench),
         Command::Gen(g) => cmd::gen::run(&g),
         Command::Node(args) => cmd::node::run(&args, &cli.socket),
