@@ -141,16 +141,18 @@ async fn a_call_cancelled_while_waiting_refunds_its_token() {
         c.hello(hello_request(None)).await.unwrap();
     }
     // Callers reserve the next second of tokens and wait (tokens refilled meanwhile
-    // go to some at once; those beyond the second are refused).
-    let waiting: Vec<_> = (0..40)
-        .map(|_| {
-            let mut c = c.clone();
-            tokio::spawn(async move { c.hello(hello_request(None)).await })
-        })
-        .collect();
+    // go to some at once; those beyond the second are refused). More are sent until
+    // the debt is seen full: on a loaded machine the first ones may have been served
+    // before the probe below runs.
+    let mut waiting = Vec::new();
     // Once the debt is full a call is refused at once for it.
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
+        waiting.extend((0..20).map(|_| {
+            let mut c = c.clone();
+            tokio::spawn(async move { c.hello(hello_request(None)).await })
+        }));
+        tokio::task::yield_now().await;
         let result = c
             .hello(hello_request(Some(Duration::from_millis(100))))
             .await;

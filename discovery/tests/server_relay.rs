@@ -358,3 +358,42 @@ async fn another_port_of_a_nodes_address_does_not_redirect_the_pair_until_it_all
     assert_eq!(recv(&other).await.0, b"b3");
     server.shutdown().await.unwrap();
 }
+
+/// Finding: allocations that only claimed a node's address in `X-Real-IP` used up that
+/// address's share and locked the node out. Sides bind to the connection's address.
+#[tokio::test]
+async fn a_header_naming_another_address_binds_nothing_to_it() {
+    let limits = RelayLimits {
+        max_per_address: 2,
+        ..RelayLimits::default()
+    };
+    let server = server_common::start(relay_config(limits)).await;
+    join(
+        &server,
+        "cluster",
+        &["node-a", "node-b", "node-c", "node-d"],
+    )
+    .await;
+    let mut attacker = RelayClient::new(channel_from(&server, "127.0.0.3").await);
+    for peer in ["node-c", "node-d"] {
+        let mut req = request("node-a", peer, &[1; 32]);
+        for header in ["x-real-ip", "x-forwarded-for"] {
+            req.metadata_mut()
+                .insert(header, "127.0.0.2".parse().unwrap());
+        }
+        let granted = attacker.allocate(req).await.unwrap().into_inner();
+        assert_eq!(granted.observed_address, "127.0.0.3");
+    }
+    // The address the headers named still has its whole share.
+    allocate(&server, "node-b", "node-a", "127.0.0.2")
+        .await
+        .unwrap();
+    allocate(&server, "node-b", "node-c", "127.0.0.2")
+        .await
+        .unwrap();
+    // The attacker's own address has used its share.
+    let refused = allocate(&server, "node-c", "node-d", "127.0.0.3")
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), Code::ResourceExhausted, "{refused:?}");
+}
