@@ -186,57 +186,91 @@ fn with_headers<T>(msg: T, n: u64) -> Request<T> {
     req
 }
 
-/// The running attackers.
+/// The attackers: connected first, sending once [`Attacks::begin`] says so.
 pub(super) struct Attacks {
     stop: Arc<AtomicBool>,
+    go: tokio::sync::watch::Sender<bool>,
     started: Instant,
     rpc: Vec<(&'static str, JoinHandle<Tally>)>,
     slow: Vec<(&'static str, JoinHandle<Option<Duration>>)>,
 }
 
+/// An attacker's connection, and the signal to start sending on it.
+struct Armed {
+    channel: Option<Channel>,
+    go: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Armed {
+    /// The channel once the attack begins; `None` if it never connected or never began.
+    async fn fire(mut self) -> Option<Channel> {
+        let channel = self.channel?;
+        self.go.wait_for(|go| *go).await.ok()?;
+        Some(channel)
+    }
+}
+
 impl Attacks {
-    /// Starts every attacker against `t`.
-    pub(super) fn start(t: &Targets, c: AttackCounts) -> Self {
+    /// Connects every attacker to `t` (before the rest of the hostile set, so the
+    /// server's connection caps do not keep them out) and starts the slowloris
+    /// connections, which need no signal; the RPC attackers wait for [`Self::begin`].
+    pub(super) async fn connect(t: &Targets, c: AttackCounts) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
+        let (go, armed) = tokio::sync::watch::channel(false);
+        let arm = |host: usize| {
+            let armed = armed.clone();
+            async move {
+                Armed {
+                    channel: channel_from(source(host), t.grpc).await.ok(),
+                    go: armed,
+                }
+            }
+        };
         let mut rpc = Vec::new();
         for d in 0..c.deleters {
-            rpc.push((
-                "delete storm",
-                tokio::spawn(delete_storm(t.clone(), d, Arc::clone(&stop))),
-            ));
+            let a = arm(100 + d).await;
+            let task = tokio::spawn(delete_storm(t.clone(), a, Arc::clone(&stop)));
+            rpc.push(("delete storm", task));
         }
         for r in 0..c.rotators {
+            let a = arm(200 + r).await;
             rpc.push((
                 "header rotation",
-                tokio::spawn(rotate(t.grpc, r, Arc::clone(&stop))),
+                tokio::spawn(rotate(a, r, Arc::clone(&stop))),
             ));
         }
-        for a in 0..c.allocators {
-            rpc.push((
-                "relay exhaustion",
-                tokio::spawn(exhaust_relay(t.clone(), a, Arc::clone(&stop))),
-            ));
+        for x in 0..c.allocators {
+            let a = arm(300 + x).await;
+            let task = tokio::spawn(exhaust_relay(t.clone(), a, x, Arc::clone(&stop)));
+            rpc.push(("relay exhaustion", task));
         }
         let mut slow = Vec::new();
         for s in 0..c.slowloris {
             let from = source(400 + s % 16);
-            slow.push((
-                "HTTP/2 preface",
-                tokio::spawn(slowloris(from, t.grpc, H2_PREFACE, Arc::clone(&stop))),
-            ));
-            if let Some(web) = t.web {
+            let mut ports = vec![("HTTP/2 preface", t.grpc, H2_PREFACE)];
+            ports.extend(t.web.map(|web| ("HTTP/1 headers", web, H1_HEADERS)));
+            for (kind, to, bytes) in ports {
+                let conn = tcp_from(from, to).await.ok();
                 slow.push((
-                    "HTTP/1 headers",
-                    tokio::spawn(slowloris(from, web, H1_HEADERS, Arc::clone(&stop))),
+                    kind,
+                    tokio::spawn(slowloris(conn, bytes, Arc::clone(&stop))),
                 ));
             }
         }
         Self {
             stop,
+            go,
             started: Instant::now(),
             rpc,
             slow,
         }
+    }
+
+    /// The RPC attackers start sending.
+    pub(super) fn begin(&mut self) {
+        self.started = Instant::now();
+        // Nobody listening only means every attacker failed to connect.
+        let _ = self.go.send(true);
     }
 
     /// Stops every attacker; returns one report line per kind.
@@ -285,8 +319,8 @@ impl Attacks {
 
 /// Sends `AffiliateDelete` for the good clients' affiliates and the hostile ones, as
 /// fast as the server answers, `IN_FLIGHT` at a time, each with new proxy headers.
-async fn delete_storm(t: Targets, host: usize, stop: Arc<AtomicBool>) -> Tally {
-    let Ok(channel) = channel_from(source(100 + host), t.grpc).await else {
+async fn delete_storm(t: Targets, armed: Armed, stop: Arc<AtomicBool>) -> Tally {
+    let Some(channel) = armed.fire().await else {
         return Tally::default();
     };
     let victims: Vec<(String, String)> = t
@@ -317,8 +351,8 @@ async fn delete_storm(t: Targets, host: usize, stop: Arc<AtomicBool>) -> Tally {
 }
 
 /// Small updates to a cluster of its own, each call claiming another client address.
-async fn rotate(grpc: SocketAddr, host: usize, stop: Arc<AtomicBool>) -> Tally {
-    let Ok(channel) = channel_from(source(200 + host), grpc).await else {
+async fn rotate(armed: Armed, host: usize, stop: Arc<AtomicBool>) -> Tally {
+    let Some(channel) = armed.fire().await else {
         return Tally::default();
     };
     pipeline(&stop, |n| {
@@ -343,8 +377,8 @@ async fn rotate(grpc: SocketAddr, host: usize, stop: Arc<AtomicBool>) -> Tally {
 
 /// Relay allocations for clusters that do not exist and for pairs of the hostile
 /// cluster's affiliates with made-up tokens, claiming other addresses in headers.
-async fn exhaust_relay(t: Targets, host: usize, stop: Arc<AtomicBool>) -> Tally {
-    let Ok(channel) = channel_from(source(300 + host), t.grpc).await else {
+async fn exhaust_relay(t: Targets, armed: Armed, host: usize, stop: Arc<AtomicBool>) -> Tally {
+    let Some(channel) = armed.fire().await else {
         return Tally::default();
     };
     let n_aff = t.hostile_affiliates.max(2) as u64;
@@ -410,15 +444,14 @@ const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x0c\x04\x00
 const H1_HEADERS: &[u8] =
     b"GET /metrics HTTP/1.1\r\nHost: bench\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 
-/// Sends `bytes` one at a time, one every [`TRICKLE`], until `stop`; returns how long
-/// after connecting the server closed the connection, if it did.
+/// Sends `bytes` on `conn` one at a time, one every [`TRICKLE`], until `stop`; returns
+/// how long after it started the server closed the connection, if it did.
 async fn slowloris(
-    from: IpAddr,
-    to: SocketAddr,
+    conn: Option<TcpStream>,
     bytes: &'static [u8],
     stop: Arc<AtomicBool>,
 ) -> Option<Duration> {
-    let mut conn = tcp_from(from, to).await.ok()?;
+    let mut conn = conn?;
     let opened = Instant::now();
     let mut i = 0;
     let mut buf = [0u8; 512];

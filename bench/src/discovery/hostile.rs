@@ -513,17 +513,17 @@ pub(super) async fn generate(
     use tokio::io::AsyncReadExt as _;
     let c = fit_idle(Counts::new(quick), false);
     let built = Instant::now();
+    let targets = Targets {
+        grpc: addr,
+        web,
+        good_clusters: (0..c.good).map(good_cluster).collect(),
+        hostile_cluster: HOSTILE_CLUSTER.into(),
+        hostile_affiliates: c.hostile_affiliates,
+    };
+    // The attackers hold their connections before the idle set may fill the server's.
+    let mut attacks = Attacks::connect(&targets, c.attacks).await;
     let mut hostile = start_hostile(addr, c).await?;
-    let attacks = Attacks::start(
-        &Targets {
-            grpc: addr,
-            web,
-            good_clusters: (0..c.good).map(good_cluster).collect(),
-            hostile_cluster: HOSTILE_CLUSTER.into(),
-            hostile_affiliates: c.hostile_affiliates,
-        },
-        c.attacks,
-    );
+    attacks.begin();
     let mut out = std::io::stdout();
     writeln!(out, "ready {}", built.elapsed().as_secs_f64())?;
     out.flush()?;
