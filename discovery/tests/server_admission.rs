@@ -10,17 +10,8 @@ use server_common::*;
 use tonic::{transport::Channel, Code, Request};
 use wirespan_discovery::{
     proto::server::{cluster_client::ClusterClient, *},
-    server::{DeletePolicy, RunningServer, ServerConfig},
+    server::{DeletePolicy, ServerConfig},
 };
-
-/// The value of the series `name` (exact, labels included) in the server's metrics.
-fn metric(server: &RunningServer, name: &str) -> f64 {
-    server
-        .metrics_text()
-        .lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
-        .unwrap_or(0.0)
-}
 
 fn with_real_ip<T>(msg: T, ip: &str) -> Request<T> {
     let mut req = Request::new(msg);

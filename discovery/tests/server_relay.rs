@@ -6,6 +6,7 @@
 
 mod server_common;
 
+use server_common::metric;
 use std::{net::SocketAddr, time::Duration};
 
 use tokio::net::UdpSocket;
@@ -79,17 +80,6 @@ async fn allocate(
         .map(tonic::Response::into_inner)
 }
 
-/// The value of the first series of `metrics` starting with `prefix`.
-fn metric(server: &RunningServer, prefix: &str) -> f64 {
-    server
-        .metrics_text()
-        .lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
 async fn recv(sock: &UdpSocket) -> (Vec<u8>, SocketAddr) {
     let mut buf = [0u8; 2048];
     let (n, from) = tokio::time::timeout(Duration::from_secs(10), sock.recv_from(&mut buf))
@@ -133,7 +123,7 @@ async fn a_pair_exchanges_datagrams_through_its_ports_and_strangers_are_dropped(
         .await
         .unwrap();
     assert_eq!(again.port, a.port);
-    assert_eq!(metric(&server, "discovery_relay_allocations "), 1.0);
+    assert_eq!(metric(&server, "discovery_relay_allocations"), 1.0);
 
     let port_a: SocketAddr = format!("127.0.0.1:{}", a.port).parse().unwrap();
     let port_b: SocketAddr = format!("127.0.0.1:{}", b.port).parse().unwrap();
@@ -194,7 +184,7 @@ async fn bad_requests_name_the_field_and_allocate_nothing() {
     );
     let status = allocate(&server, "", "b", "127.0.0.1").await.unwrap_err();
     assert_eq!(status.message(), "affiliate_id is empty");
-    assert_eq!(metric(&server, "discovery_relay_allocations "), 0.0);
+    assert_eq!(metric(&server, "discovery_relay_allocations"), 0.0);
     assert_eq!(
         metric(
             &server,
@@ -249,7 +239,7 @@ async fn allocate_is_refused_unless_both_nodes_are_live_affiliates_of_a_known_cl
         status.message().starts_with("peer_affiliate_id"),
         "{status:?}"
     );
-    assert_eq!(metric(&server, "discovery_relay_allocations "), 0.0);
+    assert_eq!(metric(&server, "discovery_relay_allocations"), 0.0);
     assert_eq!(
         metric(
             &server,

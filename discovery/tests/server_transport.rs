@@ -8,7 +8,7 @@ mod server_common;
 use std::{net::SocketAddr, time::Duration};
 
 use bytes::Bytes;
-use server_common::{client, next, open_watch, update};
+use server_common::{client, metric, next, open_watch, update};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::{TcpSocket, TcpStream},
@@ -53,17 +53,6 @@ async fn closed_within(stream: &mut TcpStream, limit: Duration) -> Duration {
             Ok(Ok(_)) => {}
         }
     }
-}
-
-/// The value of the series of the metrics text that starts with `prefix`.
-fn metric(server: &RunningServer, prefix: &str) -> f64 {
-    server
-        .metrics_text()
-        .lines()
-        .find(|l| l.starts_with(prefix))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
 }
 
 async fn hello_from(server: &RunningServer, from: &str) -> Result<(), tonic::Status> {

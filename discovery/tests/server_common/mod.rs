@@ -104,3 +104,13 @@ pub async fn list(client: &mut ClusterClient<Channel>, cluster: &str) -> Vec<Aff
             .affiliates,
     )
 }
+
+/// The value of the series named exactly `series` (name and labels) in the server's
+/// metrics text; 0 when it is not rendered.
+pub fn metric(server: &RunningServer, series: &str) -> f64 {
+    server
+        .metrics_text()
+        .lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
