@@ -102,6 +102,41 @@ async fn metric_reaches(server: &RunningServer, prefix: &str, want: f64) {
     }
 }
 
+/// The two relay ports of a pair allocated from 127.0.0.1 (a) and 127.0.0.2 (b), and a
+/// socket of each node whose source the relay has learned.
+struct Pair {
+    port_a: SocketAddr,
+    port_b: SocketAddr,
+    sock_a: UdpSocket,
+    sock_b: UdpSocket,
+}
+
+impl Pair {
+    /// a sends first (dropped: b is not known yet), then b, whose datagram reaches a
+    /// out of a's port.
+    async fn learned(server: &RunningServer, a: &AllocateResponse, b: &AllocateResponse) -> Self {
+        let port_a: SocketAddr = format!("127.0.0.1:{}", a.port).parse().unwrap();
+        let port_b: SocketAddr = format!("127.0.0.1:{}", b.port).parse().unwrap();
+        let sock_a = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let sock_b = UdpSocket::bind("127.0.0.2:0").await.unwrap();
+        sock_a.send_to(b"a1", port_a).await.unwrap();
+        metric_reaches(
+            server,
+            "discovery_relay_datagrams_total{result=\"peer_unknown\"}",
+            1.0,
+        )
+        .await;
+        sock_b.send_to(b"b1", port_b).await.unwrap();
+        assert_eq!(recv(&sock_a).await, (b"b1".to_vec(), port_a));
+        Self {
+            port_a,
+            port_b,
+            sock_a,
+            sock_b,
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_pair_exchanges_datagrams_through_its_ports_and_strangers_are_dropped() {
     let server = server_common::start(relay_config(RelayLimits::default())).await;
@@ -125,23 +160,13 @@ async fn a_pair_exchanges_datagrams_through_its_ports_and_strangers_are_dropped(
     assert_eq!(again.port, a.port);
     assert_eq!(metric(&server, "discovery_relay_allocations"), 1.0);
 
-    let port_a: SocketAddr = format!("127.0.0.1:{}", a.port).parse().unwrap();
-    let port_b: SocketAddr = format!("127.0.0.1:{}", b.port).parse().unwrap();
-    let sock_a = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let sock_b = UdpSocket::bind("127.0.0.2:0").await.unwrap();
+    let Pair {
+        port_a,
+        port_b,
+        sock_a,
+        sock_b,
+    } = Pair::learned(&server, &a, &b).await;
     let stranger = UdpSocket::bind("127.0.0.3:0").await.unwrap();
-
-    // a first: b's address is not known yet, so it is dropped.
-    sock_a.send_to(b"a1", port_a).await.unwrap();
-    metric_reaches(
-        &server,
-        "discovery_relay_datagrams_total{result=\"peer_unknown\"}",
-        1.0,
-    )
-    .await;
-    // b's datagram goes to where a was heard from, out of a's port.
-    sock_b.send_to(b"b1", port_b).await.unwrap();
-    assert_eq!(recv(&sock_a).await, (b"b1".to_vec(), port_a));
     sock_a.send_to(b"a2", port_a).await.unwrap();
     assert_eq!(recv(&sock_b).await, (b"a2".to_vec(), port_b));
     // A stranger on either port is dropped; the pair's next datagram is what arrives.
@@ -311,22 +336,14 @@ async fn another_port_of_a_nodes_address_does_not_redirect_the_pair_until_it_all
     let b = allocate(&server, "node-b", "node-a", "127.0.0.2")
         .await
         .unwrap();
-    let port_a: SocketAddr = format!("127.0.0.1:{}", a.port).parse().unwrap();
-    let port_b: SocketAddr = format!("127.0.0.1:{}", b.port).parse().unwrap();
-    let sock_a = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    let sock_b = UdpSocket::bind("127.0.0.2:0").await.unwrap();
+    let Pair {
+        port_a,
+        port_b,
+        sock_a,
+        sock_b,
+    } = Pair::learned(&server, &a, &b).await;
     // Another socket on node a's address: its NAT's next mapping, or an attacker there.
     let other = UdpSocket::bind("127.0.0.1:0").await.unwrap();
-    sock_a.send_to(b"a1", port_a).await.unwrap();
-    // a's port is learned (b's is not yet known) before b sends.
-    metric_reaches(
-        &server,
-        "discovery_relay_datagrams_total{result=\"peer_unknown\"}",
-        1.0,
-    )
-    .await;
-    sock_b.send_to(b"b1", port_b).await.unwrap();
-    assert_eq!(recv(&sock_a).await.0, b"b1");
 
     other.send_to(b"hijack", port_a).await.unwrap();
     metric_reaches(
