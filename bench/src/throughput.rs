@@ -110,10 +110,24 @@ fn parse_iperf(json: &str, udp: bool) -> anyhow::Result<Sample> {
     let end = &v["end"];
     if udp {
         let sum = &end["sum"];
+        let lost = sum["lost_percent"].as_f64().unwrap_or(0.0);
+        // The receiver's own count when iperf3 reports it: the sender's count less the
+        // loss overstates delivery when datagrams after the last one received are lost.
+        let received = &end["sum_received"];
+        if let (Some(bytes), Some(rate)) = (
+            received["bytes"].as_u64(),
+            received["bits_per_second"].as_f64(),
+        ) {
+            return Ok(Sample {
+                mbps: rate / 1e6,
+                delivered_bytes: bytes,
+                lost_percent: lost,
+                mss: 0,
+            });
+        }
         let sent_rate = sum["bits_per_second"]
             .as_f64()
             .context("iperf3 UDP report without end.sum.bits_per_second")?;
-        let lost = sum["lost_percent"].as_f64().unwrap_or(0.0);
         Ok(Sample {
             mbps: sent_rate * (1.0 - lost / 100.0) / 1e6,
             delivered_bytes: (sum["bytes"].as_f64().unwrap_or(0.0) * (1.0 - lost / 100.0)) as u64,
@@ -529,6 +543,10 @@ mod tests {
         let s = parse_iperf(udp, true).unwrap();
         assert!((s.mbps - 750.0).abs() < 1e-9);
         assert_eq!(s.delivered_bytes, 375);
+        let udp = r#"{"end":{"sum":{"bytes":500,"bits_per_second":1e9,"lost_percent":10.0},"sum_received":{"bytes":300,"bits_per_second":6e8}}}"#;
+        let s = parse_iperf(udp, true).unwrap();
+        assert!((s.mbps - 600.0).abs() < 1e-9);
+        assert_eq!((s.delivered_bytes, s.lost_percent), (300, 10.0));
         let err = parse_iperf(r#"{"error":"unable to connect to server"}"#, false).unwrap_err();
         assert!(err.to_string().contains("connect"), "{err}");
         assert!(parse_iperf("", false).is_err());
