@@ -37,6 +37,13 @@ have bash         || need+=(bash)
 # (tests/discovery_pages_browser.rs).
 [ -x /usr/bin/chromium ] || need+=(chromium)
 
+# The VM tier (scripts/vm.sh, tests run inside Debian 12's 6.1 kernel): QEMU, the
+# kernel (the generic flavour: the cloud one has no 9p) and busybox for virtme-ng's
+# initramfs. Debian stable's versions, checked below: QEMU 7.2, kernel 6.1.
+have qemu-system-x86_64 || need+=(qemu-system-x86)
+ls /boot/vmlinuz-6.1.*-amd64 >/dev/null 2>&1 || need+=(linux-image-amd64)
+have busybox || need+=(busybox-static)
+
 if [ "${#need[@]}" -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: missing system packages (${need[*]}); run as root to install them" >&2
@@ -47,6 +54,19 @@ if [ "${#need[@]}" -gt 0 ]; then
   apt-get update -q
   # --no-install-recommends: wireguard-tools would otherwise pull in a kernel.
   apt-get install -y -q --no-install-recommends "${need[@]}"
+fi
+
+case "$(qemu-system-x86_64 --version | head -n1)" in
+  *"version 7.2"*) ;;
+  *) echo "setup: the VM tier was checked with QEMU 7.2 (Debian 12); found: $(qemu-system-x86_64 --version | head -n1)" >&2 ;;
+esac
+
+# virtme-ng boots a kernel with this machine's filesystem as the guest's root.
+VIRTME_NG_VERSION=1.42
+if [ "$(vng --version 2>/dev/null)" != "virtme-ng $VIRTME_NG_VERSION" ]; then
+  echo "setup: installing virtme-ng $VIRTME_NG_VERSION (PyPI)" >&2
+  PIP_BREAK_SYSTEM_PACKAGES=1 python3 -m pip install --quiet "virtme-ng==$VIRTME_NG_VERSION"
+  hash -r
 fi
 
 # Kubernetes manifests are checked against the Kubernetes schemas
