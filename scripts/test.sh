@@ -8,8 +8,21 @@ bash scripts/setup.sh
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+# Tests append what they ran (WireGuard backend, fast-path attach mode) here; the
+# last line of the run names it all (scripts/ran-summary.sh).
+export WIRESPAN_TEST_RECORD="$PWD/target/suite-ran.txt"
+rm -f "$WIRESPAN_TEST_RECORD"
+
 # Doc tests first, so the run ends on the summary of the whole suite.
 cargo test --workspace --locked --doc
 # nextest runs each test in its own process: kernel tests that enter namespaces
 # cannot leak that state into their neighbours. setup.sh installed it.
-cargo nextest run --workspace --locked --no-fail-fast
+status=0
+cargo nextest run --workspace --locked --no-fail-fast || status=$?
+# The VM tier: the kernel-dependent tests again on Debian's 6.1 kernel (kernel
+# WireGuard, clsact), with the binaries just built. WIRESPAN_VM_TIER=0 leaves it out.
+if [ "${WIRESPAN_VM_TIER:-1}" != 0 ]; then
+  bash scripts/vm-tier.sh || status=$?
+fi
+bash scripts/ran-summary.sh "$WIRESPAN_TEST_RECORD"
+exit "$status"

@@ -79,6 +79,9 @@ for name in $(compgen -e); do
       script+="export $name=$(printf '%q' "${!name}"); " ;;
   esac
 done
+# A booted Debian creates /dev/net/tun (wireguard-go needs it) from the module's static
+# node; virtme-ng's init does not.
+script+="modprobe -q tun 2>/dev/null || true; "
 script+="echo \"vm: kernel \$(uname -r) ($(printf '%q' "$kernel")), accelerator $accel, $cpus cpus, $memory\" >&2; "
 script+="cd $(printf '%q' "$repo") && exec $(printf '%q ' "$@")"
 

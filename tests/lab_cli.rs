@@ -434,6 +434,25 @@ fn wireguard_go_in(ns: &str) -> bool {
         })
 }
 
+/// Whether this kernel can make a WireGuard link, asked with `ip` in a throwaway
+/// namespace (`unshare --net`): independent of the product's own probe.
+fn kernel_has_wireguard() -> bool {
+    Command::new("unshare")
+        .args([
+            "--net",
+            "ip",
+            "link",
+            "add",
+            "wstestprobe",
+            "type",
+            "wireguard",
+        ])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
 /// `--wireguard userspace` runs wireguard-go on every node and `lab status` (JSON and
 /// table) says so per node.
 #[test]
@@ -481,7 +500,7 @@ fn up_with_kernel_wireguard_fails_fast_without_the_module_or_runs_it() {
         "--no-hints",
     ]);
     let err = String::from_utf8_lossy(&o.stderr);
-    if !wirespan_dataplane::wireguard::kernel::supported_on_host() {
+    if !kernel_has_wireguard() {
         assert!(!o.status.success(), "{err}");
         assert!(
             err.contains("the `wireguard` kernel module is missing"),
@@ -497,5 +516,84 @@ fn up_with_kernel_wireguard_fails_fast_without_the_module_or_runs_it() {
     for n in st["nodes"].as_array().unwrap() {
         assert_eq!(n["wireguard"], "kernel", "{n}");
         assert!(!wireguard_go_in(n["namespace"].as_str().unwrap()), "{n}");
+    }
+}
+
+/// A mixed lab: `--wireguard node1=kernel,node2=userspace` runs kernel WireGuard on
+/// node1 and wireguard-go on node2, and the two mesh (both peers up, pings through the
+/// tunnel). Where the kernel has no WireGuard, `up` refuses as for `--wireguard
+/// kernel`. A node not in the lab is refused by name, making nothing.
+#[test]
+fn a_mixed_lab_runs_kernel_wireguard_and_wireguard_go_side_by_side() {
+    let lab = Lab::new();
+    let bad = lab.run(&[
+        "up",
+        "--nodes",
+        "2",
+        "--wireguard",
+        "node3=kernel",
+        "--no-hints",
+    ]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success(), "{err}");
+    assert!(
+        err.contains("\"node3\"") && err.contains("node1, node2"),
+        "{err}"
+    );
+    assert!(lab.namespaces().is_empty(), "{:?}", lab.namespaces());
+
+    let o = lab.run(&[
+        "up",
+        "--nodes",
+        "2",
+        "--wireguard",
+        "node1=kernel,node2=userspace",
+        "--timeout",
+        "90s",
+        "--no-hints",
+    ]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    if !kernel_has_wireguard() {
+        assert!(!o.status.success(), "{err}");
+        assert!(
+            err.contains("the `wireguard` kernel module is missing"),
+            "{err}"
+        );
+        assert!(lab.namespaces().is_empty(), "{:?}", lab.namespaces());
+        return;
+    }
+    assert!(o.status.success(), "{err}");
+    let st = lab.status();
+    assert_eq!(st["wireguard"], "node1=kernel,node2=userspace");
+    for (node, want, wg_go) in [("node1", "kernel", false), ("node2", "userspace", true)] {
+        assert_eq!(lab.backend(node), want);
+        common::ran::record("wireguard", want);
+        let n = st["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == node)
+            .unwrap();
+        assert_eq!(
+            wireguard_go_in(n["namespace"].as_str().unwrap()),
+            wg_go,
+            "{n}"
+        );
+    }
+    // `up` waited for both peers; the tunnel (each node's mesh address) carries
+    // traffic both ways.
+    for (from, to) in [("node1", "node2"), ("node2", "node1")] {
+        let n = st["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == to)
+            .unwrap();
+        let ula = n["addresses"]["kubespan"].as_str().unwrap();
+        let ula = ula.split('/').next().unwrap();
+        lab.exec_ok(
+            from,
+            &["ping", "-n", "-q", "-c", "3", "-i", "0.2", "-w", "20", ula],
+        );
     }
 }

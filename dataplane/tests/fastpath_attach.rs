@@ -1,6 +1,14 @@
 //! Attaching the fast-path classifier in a throwaway namespace: every interface but
 //! `lo` and the excluded one, interfaces created later too; real packets counted as
-//! hits; teardown leaves no program attached. Needs root.
+//! hits; teardown leaves no program attached, and never a qdisc or filter it did not
+//! add. Needs root.
+//!
+//! The attach mode expected is the one this kernel offers, decided from its release
+//! (tcx came in Linux 6.6), not from the product's own detection: on this host tcx, in
+//! the suite's VM tier (Debian's 6.1) a cls_bpf filter on a clsact qdisc.
+
+#[path = "support/ran.rs"]
+mod ran;
 
 use std::time::{Duration, Instant};
 
@@ -10,6 +18,44 @@ use wirespan_dataplane::{
     marking::MarkingSpec,
     netns::{unique_name, NetnsGuard, NetnsThread},
 };
+
+/// The attach mode this kernel offers, from its release: tcx from Linux 6.6 on.
+fn expected_mode() -> AttachMode {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let mut parts = release
+        .trim()
+        .split(|c: char| !c.is_ascii_digit())
+        .map(|p| p.parse::<u32>().unwrap_or(0));
+    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    let mode = if (major, minor) >= (6, 6) {
+        AttachMode::Tcx
+    } else {
+        AttachMode::Clsact
+    };
+    ran::record(
+        "attach",
+        match mode {
+            AttachMode::Tcx => "tcx",
+            AttachMode::Clsact => "clsact",
+        },
+    );
+    mode
+}
+
+/// Our classifiers on `dev`'s ingress, counted where the expected mode puts them:
+/// tcx links, or direct-action cls_bpf filters (`tc filter show`; the foreign filters
+/// these tests add are classic BPF, shown as `bytecode`).
+fn programs(ns: &NetnsGuard, dev: &str) -> usize {
+    match expected_mode() {
+        AttachMode::Tcx => tcx_programs(ns, dev),
+        AttachMode::Clsact => ns
+            .run_stdout("tc", &["filter", "show", "dev", dev, "ingress"])
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("direct-action"))
+            .count(),
+    }
+}
 
 fn tcx_programs(ns: &NetnsGuard, dev: &str) -> usize {
     let dev = dev.to_owned();
@@ -88,10 +134,15 @@ fn classifier_on_every_interface_but_excluded_ones_including_later_ones() {
     let mut have = names(&fp);
     have.sort();
     assert_eq!(have, want);
-    assert!(fp.interfaces().iter().all(|i| i.mode == AttachMode::Tcx));
-    assert_eq!(tcx_programs(&a, &va), 1);
-    assert_eq!(tcx_programs(&a, &excluded), 0);
-    assert_eq!(tcx_programs(&a, "lo"), 0);
+    let mode = expected_mode();
+    assert!(
+        fp.interfaces().iter().all(|i| i.mode == mode),
+        "expected {mode:?}: {:?}",
+        fp.interfaces()
+    );
+    assert_eq!(programs(&a, &va), 1);
+    assert_eq!(programs(&a, &excluded), 0);
+    assert_eq!(programs(&a, "lo"), 0);
 
     // Packets from B to A's address (in the set) arrive on A's veth: hits.
     fp.apply(&MarkingSpec {
@@ -129,7 +180,7 @@ fn classifier_on_every_interface_but_excluded_ones_including_later_ones() {
         let n = names(&fp);
         n.contains(&later) && n.contains(&later_peer)
     });
-    assert_eq!(tcx_programs(&a, &later), 1);
+    assert_eq!(programs(&a, &later), 1);
     // And one that goes away is forgotten.
     a.run("ip", &["link", "del", &later]).unwrap();
     eventually("the deleted interface is forgotten", || {
@@ -137,7 +188,7 @@ fn classifier_on_every_interface_but_excluded_ones_including_later_ones() {
     });
 
     fp.teardown().unwrap();
-    assert_eq!(tcx_programs(&a, &va), 0);
+    assert_eq!(programs(&a, &va), 0);
     assert_eq!(reader.read(), None);
 }
 
@@ -160,8 +211,118 @@ fn only_selects_the_listed_interfaces() {
     .unwrap();
     assert_eq!(fp.interfaces().len(), 1);
     assert_eq!(fp.interfaces()[0].name, two);
-    assert_eq!(tcx_programs(&a, &one), 0);
+    assert_eq!(fp.interfaces()[0].mode, expected_mode());
+    assert_eq!(programs(&a, &one), 0);
+    assert_eq!(programs(&a, &two), 1);
     // Dropping detaches as well.
     drop(fp);
-    assert_eq!(tcx_programs(&a, &two), 0);
+    assert_eq!(programs(&a, &two), 0);
+}
+
+/// A foreign classic-BPF filter (what other software on the host would own) on
+/// `dev`'s ingress, adding the clsact qdisc if there is none.
+fn add_foreign_filter(ns: &NetnsGuard, dev: &str) {
+    if !qdiscs(ns, dev).contains("clsact") {
+        ns.run("tc", &["qdisc", "add", "dev", dev, "clsact"])
+            .unwrap();
+    }
+    ns.run(
+        "tc",
+        &[
+            "filter",
+            "add",
+            "dev",
+            dev,
+            "ingress",
+            "pref",
+            "1",
+            "bpf",
+            "bytecode",
+            "1,6 0 0 0,",
+        ],
+    )
+    .unwrap();
+}
+
+fn qdiscs(ns: &NetnsGuard, dev: &str) -> String {
+    ns.run_stdout("tc", &["qdisc", "show", "dev", dev]).unwrap()
+}
+
+fn foreign_filters(ns: &NetnsGuard, dev: &str) -> usize {
+    ns.run_stdout("tc", &["filter", "show", "dev", dev, "ingress"])
+        .unwrap()
+        .lines()
+        .filter(|l| l.contains("bytecode"))
+        .count()
+}
+
+/// The clsact qdisc is shared with other software: a qdisc that was there before is
+/// left with its filters, and one the fast path added is kept when someone else put a
+/// filter on it meanwhile. Only our own filters go. (On a tcx kernel the fast path
+/// never touches either; the VM tier runs this on clsact.)
+#[test]
+fn teardown_never_removes_a_qdisc_or_filter_it_did_not_add() {
+    let a = NetnsGuard::new("wsfpQ").unwrap();
+    let (before, after) = (unique_name("fq"), unique_name("fr"));
+    a.run(
+        "ip",
+        &[
+            "link", "add", &before, "type", "veth", "peer", "name", &after,
+        ],
+    )
+    .unwrap();
+    add_foreign_filter(&a, &before);
+    let fp = FastPath::attach(
+        a.netns(),
+        FastPathConfig {
+            interfaces: Interfaces::Only(vec![before.clone(), after.clone()]),
+            ..FastPathConfig::default()
+        },
+    )
+    .unwrap();
+    let mode = expected_mode();
+    assert!(fp.interfaces().iter().all(|i| i.mode == mode));
+    assert_eq!((programs(&a, &before), programs(&a, &after)), (1, 1));
+    // Someone else uses the qdisc the fast path added (or adds one on tcx).
+    add_foreign_filter(&a, &after);
+
+    fp.teardown().unwrap();
+    for dev in [&before, &after] {
+        assert_eq!(programs(&a, dev), 0, "{dev}: our filter left");
+        assert_eq!(foreign_filters(&a, dev), 1, "{dev}: a foreign filter went");
+        assert!(qdiscs(&a, dev).contains("clsact"), "{dev}: the qdisc went");
+    }
+
+    // Alone on a qdisc it added, the fast path removes it again.
+    let (alone, alone_peer) = (unique_name("fs"), unique_name("ft"));
+    a.run(
+        "ip",
+        &[
+            "link",
+            "add",
+            &alone,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &alone_peer,
+        ],
+    )
+    .unwrap();
+    let fp = FastPath::attach(
+        a.netns(),
+        FastPathConfig {
+            interfaces: Interfaces::Only(vec![alone.clone()]),
+            ..FastPathConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(programs(&a, &alone), 1);
+    fp.teardown().unwrap();
+    assert_eq!(programs(&a, &alone), 0);
+    assert!(
+        !qdiscs(&a, &alone).contains("clsact"),
+        "{}",
+        qdiscs(&a, &alone)
+    );
 }

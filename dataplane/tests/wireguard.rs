@@ -1,8 +1,16 @@
-//! Kernel tests of the WireGuard backends (wireguard-go here; the kernel backend where
-//! the kernel has WireGuard), each in a fresh network namespace with a uniquely named
-//! interface.
+//! Kernel tests of the WireGuard backends, each in a fresh network namespace with a
+//! uniquely named interface. The backend-independent tests run on the backend named by
+//! `WIRESPAN_TEST_WIREGUARD` (`userspace`, the default: this host's kernel has no
+//! WireGuard; the suite's VM tier sets `kernel`); the supervisor and adoption tests
+//! are wireguard-go's own.
 
-use std::net::UdpSocket;
+#[path = "support/ran.rs"]
+mod ran;
+
+use std::{
+    net::UdpSocket,
+    time::{Duration, SystemTime},
+};
 
 use wirespan_dataplane::{
     netns::{unique_name, NetnsGuard, NetnsThread},
@@ -35,11 +43,42 @@ fn peer(ips: &[&str]) -> WgPeer {
     }
 }
 
-fn setup(port: u16) -> (NetnsGuard, UserspaceBackend, WgDevice) {
+/// The backend the backend-independent tests run on (`WIRESPAN_TEST_WIREGUARD`).
+fn backend_under_test() -> BackendChoice {
+    match std::env::var("WIRESPAN_TEST_WIREGUARD").as_deref() {
+        Ok("kernel") => BackendChoice::Kernel,
+        Ok("userspace") | Err(_) => BackendChoice::Userspace,
+        Ok(other) => panic!("WIRESPAN_TEST_WIREGUARD={other}: kernel or userspace"),
+    }
+}
+
+/// The backend under test for `name` in `ns`, recorded for the suite's summary.
+fn backend_in(ns: &NetnsGuard, name: &str) -> Box<dyn WireGuard + Send> {
+    let wg = wireguard::select(backend_under_test(), name, ns.netns()).unwrap();
+    ran::record("wireguard", wg.backend());
+    wg
+}
+
+fn setup(port: u16) -> (NetnsGuard, Box<dyn WireGuard + Send>, WgDevice) {
+    let ns = NetnsGuard::new("wswg").unwrap();
+    let name = unique_name("wst");
+    let wg = backend_in(&ns, &name);
+    let dev = device(name, port);
+    (ns, wg, dev)
+}
+
+/// wireguard-go's own tests (its process, its reads).
+fn setup_userspace(port: u16) -> (NetnsGuard, UserspaceBackend, WgDevice) {
     let ns = NetnsGuard::new("wswg").unwrap();
     let name = unique_name("wst");
     let wg = UserspaceBackend::new(&name, ns.netns().clone());
-    let dev = WgDevice {
+    ran::record("wireguard", "userspace");
+    let dev = device(name, port);
+    (ns, wg, dev)
+}
+
+fn device(name: String, port: u16) -> WgDevice {
+    WgDevice {
         name,
         private_key: PrivateKey::generate(),
         listen_port: port,
@@ -51,8 +90,7 @@ fn setup(port: u16) -> (NetnsGuard, UserspaceBackend, WgDevice) {
                 ..peer(&["10.1.0.2/32", "fd00:1::2/128"])
             },
         ],
-    };
-    (ns, wg, dev)
+    }
 }
 
 fn find<'a>(peers: &'a [Vec<String>], p: &WgPeer) -> &'a Vec<String> {
@@ -112,6 +150,11 @@ fn apply_from_empty_then_noop_then_incremental() {
     assert!(st.present);
     assert_eq!(st.listen_port, 51820);
     assert_eq!(st.peers.len(), 2);
+    // Keepalive reads back as written (the restart adoption compares it).
+    assert!(
+        st.peers.iter().all(|p| p.persistent_keepalive == 25),
+        "{st:?}"
+    );
 }
 
 /// Peer changes touch only the peers named; the device then is exactly what a full
@@ -260,7 +303,7 @@ fn refused_port_leaves_previous_state() {
 
 #[test]
 fn supervisor_restarts_dead_daemon_and_teardown_kills_it() {
-    let (ns, mut wg, dev) = setup(0);
+    let (ns, mut wg, dev) = setup_userspace(0);
     wg.apply(&dev).unwrap();
     let pid = wg.pid().unwrap();
     nix::sys::signal::kill(
@@ -316,7 +359,7 @@ fn zombie(pid: u32) -> bool {
 /// second wireguard-go) and its teardown stops it.
 #[test]
 fn a_kept_wireguard_go_is_adopted_not_duplicated_and_its_teardown_stops_it() {
-    let (ns, mut wg, dev) = setup(0);
+    let (ns, mut wg, dev) = setup_userspace(0);
     wg.apply(&dev).unwrap();
     let pid = wg.pid().unwrap();
     let before = dump(&ns, &dev.name);
@@ -355,7 +398,7 @@ fn a_kept_wireguard_go_is_adopted_not_duplicated_and_its_teardown_stops_it() {
 /// the next apply.
 #[test]
 fn steady_state_applies_without_reading_and_observe_resyncs() {
-    let (ns, mut wg, mut dev) = setup(51820);
+    let (ns, mut wg, mut dev) = setup_userspace(51820);
     assert!(wg.apply(&dev).unwrap());
     let reads = wg.reads();
     assert!(!wg.apply(&dev).unwrap());
@@ -452,4 +495,158 @@ fn forced_kernel_backend() {
     assert_eq!(peers.len(), 2);
     wg.teardown().unwrap();
     assert!(ns.run("ip", &["link", "show", &name]).is_err());
+}
+
+/// A peer removed behind the backend's back is seen by `observe` and restored by the
+/// next apply, its endpoint included.
+#[test]
+fn a_peer_removed_behind_our_back_is_restored() {
+    let (ns, mut wg, dev) = setup(51826);
+    assert!(wg.apply(&dev).unwrap());
+    let key = dev.peers[1].public_key.to_base64();
+    ns.run("wg", &["set", &dev.name, "peer", &key, "remove"])
+        .unwrap();
+    assert_eq!(wg.observe().unwrap().peers.len(), 1);
+    assert!(wg.apply(&dev).unwrap());
+    let (_, peers) = dump(&ns, &dev.name);
+    assert_eq!(peers.len(), 2);
+    assert_eq!(find(&peers, &dev.peers[1])[2], "192.0.2.10:51820");
+}
+
+/// One side of [`two_devices_handshake_count_traffic_and_learn_the_roamed_endpoint`].
+struct Side {
+    ns: NetnsGuard,
+    wg: Box<dyn WireGuard + Send>,
+    dev: WgDevice,
+}
+
+impl Side {
+    fn new(prefix: &str, port: u16) -> Self {
+        let ns = NetnsGuard::new(prefix).unwrap();
+        let name = unique_name("wsh");
+        let wg = backend_in(&ns, &name);
+        let dev = WgDevice {
+            name,
+            private_key: PrivateKey::generate(),
+            listen_port: port,
+            fwmark: 0x20,
+            peers: Vec::new(),
+        };
+        let side = Self { ns, wg, dev };
+        side.ns.run("ip", &["link", "set", "lo", "up"]).unwrap();
+        side
+    }
+
+    fn status_of(&mut self, other: &WgDevice) -> wireguard::PeerStatus {
+        let key = other.private_key.public_key();
+        self.wg
+            .observe()
+            .unwrap()
+            .peers
+            .into_iter()
+            .find(|p| p.public_key == key)
+            .expect("peer present")
+    }
+}
+
+/// Two devices in two namespaces: a handshake and traffic show as a recent last
+/// handshake and non-zero counters on both sides; the side with no endpoint for its
+/// peer learns the one the peer came from (roaming); an in-place peer update keeps
+/// handshake and counters (the receive-window detector reads them), a removal and
+/// re-add starts them from nothing.
+#[test]
+fn two_devices_handshake_count_traffic_and_learn_the_roamed_endpoint() {
+    let mut a = Side::new("wshA", 51830);
+    let mut b = Side::new("wshB", 51831);
+    let (va, vb) = (unique_name("ha"), unique_name("hb"));
+    a.ns.run(
+        "ip",
+        &["link", "add", &va, "type", "veth", "peer", "name", &vb],
+    )
+    .unwrap();
+    a.ns.run("ip", &["link", "set", &vb, "netns", b.ns.name()])
+        .unwrap();
+    for (side, veth, under) in [(&a, &va, "192.168.77.1/24"), (&b, &vb, "192.168.77.2/24")] {
+        side.ns
+            .run("ip", &["addr", "add", under, "dev", veth])
+            .unwrap();
+        side.ns.run("ip", &["link", "set", veth, "up"]).unwrap();
+    }
+    // A knows B's key but not where it is; B knows A's endpoint.
+    a.dev.peers = vec![WgPeer {
+        public_key: b.dev.private_key.public_key(),
+        preshared_key: None,
+        persistent_keepalive: 0,
+        endpoint: None,
+        allowed_ips: vec!["10.77.0.2/32".parse().unwrap()],
+    }];
+    b.dev.peers = vec![WgPeer {
+        public_key: a.dev.private_key.public_key(),
+        preshared_key: None,
+        persistent_keepalive: 0,
+        endpoint: Some("192.168.77.1:51830".parse().unwrap()),
+        allowed_ips: vec!["10.77.0.1/32".parse().unwrap()],
+    }];
+    for (side, overlay) in [(&mut a, "10.77.0.1/24"), (&mut b, "10.77.0.2/24")] {
+        assert!(side.wg.apply(&side.dev).unwrap());
+        side.ns
+            .run("ip", &["addr", "add", overlay, "dev", &side.dev.name])
+            .unwrap();
+        side.ns
+            .run("ip", &["link", "set", &side.dev.name, "up"])
+            .unwrap();
+    }
+    let before = a.status_of(&b.dev);
+    assert_eq!(before.last_handshake, None, "{before:?}");
+    assert_eq!((before.rx_bytes, before.tx_bytes), (0, 0), "{before:?}");
+
+    let started = SystemTime::now() - Duration::from_secs(1);
+    b.ns.run("ping", &["-c", "3", "-i", "0.2", "-W", "3", "10.77.0.1"])
+        .unwrap();
+    let ended = SystemTime::now() + Duration::from_secs(1);
+    let (a_sees, b_sees) = (a.status_of(&b.dev), b.status_of(&a.dev));
+    for seen in [&a_sees, &b_sees] {
+        let at = seen.last_handshake.expect("a handshake");
+        assert!(
+            started <= at && at <= ended,
+            "handshake at {at:?}: {seen:?}"
+        );
+        assert!(seen.rx_bytes > 0 && seen.tx_bytes > 0, "{seen:?}");
+    }
+    assert_eq!(
+        a_sees.endpoint,
+        Some("192.168.77.2:51831".parse().unwrap()),
+        "A did not learn where B came from"
+    );
+
+    // In place: another allowed IP for B. Handshake and counters stay.
+    a.dev.peers[0]
+        .allowed_ips
+        .push("10.78.0.0/16".parse().unwrap());
+    assert!(a
+        .wg
+        .apply_peers(&[wireguard::PeerChange::Upsert(a.dev.peers[0].clone())])
+        .unwrap());
+    let updated = a.status_of(&b.dev);
+    assert_eq!(updated.last_handshake, a_sees.last_handshake);
+    assert!(
+        updated.rx_bytes >= a_sees.rx_bytes,
+        "{a_sees:?} -> {updated:?}"
+    );
+    assert_eq!(
+        updated.endpoint, a_sees.endpoint,
+        "the roamed endpoint was lost"
+    );
+
+    // Removed and added again: a new peer as far as WireGuard knows.
+    let peer = a.dev.peers.remove(0);
+    assert!(a.wg.apply(&a.dev).unwrap());
+    assert!(a.wg.observe().unwrap().peers.is_empty());
+    a.dev.peers.push(peer);
+    assert!(a.wg.apply(&a.dev).unwrap());
+    let fresh = a.status_of(&b.dev);
+    assert_eq!(fresh.last_handshake, None, "{fresh:?}");
+    assert_eq!((fresh.rx_bytes, fresh.tx_bytes), (0, 0), "{fresh:?}");
+    a.wg.teardown().unwrap();
+    b.wg.teardown().unwrap();
 }

@@ -78,7 +78,7 @@ pub const KERNEL_WIREGUARD_MISSING: &str = "--wireguard kernel: this kernel cann
     `modprobe wireguard`); use --wireguard userspace (wireguard-go) or auto";
 
 /// `--wireguard`.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum WireGuardArg {
     /// Kernel if supported, else wireguard-go.
     Auto,

@@ -46,11 +46,19 @@ impl Lab {
         lab
     }
 
+    /// `wirespan lab ARGS --name NAME`. An `up` that does not say which WireGuard runs
+    /// gets the one `WIRESPAN_TEST_WIREGUARD` names (the suite's VM tier sets
+    /// `kernel`; unset, the lab's own default `auto`), so the same scenarios run on
+    /// wireguard-go on the host and on kernel WireGuard in the VM.
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(BIN);
-        c.arg("lab")
-            .args(args)
-            .arg("--name")
+        c.arg("lab").args(args);
+        if args.first() == Some(&"up") && !args.contains(&"--wireguard") {
+            if let Ok(w) = std::env::var("WIRESPAN_TEST_WIREGUARD") {
+                c.args(["--wireguard", &w]);
+            }
+        }
+        c.arg("--name")
             .arg(&self.name)
             .env_remove("WIRESPAN_LAB")
             .env_remove("WIRESPAN_SOCKET")
@@ -74,11 +82,13 @@ impl Lab {
         if args.first() == Some(&"up") {
             // The test output says which WireGuard ran: the suite passes on kernels
             // with and without it, and a failure should say which one it met.
-            eprintln!(
-                "lab {}: WireGuard {}",
-                self.name,
-                self.backends().join(", ")
-            );
+            let backends = self.backends();
+            eprintln!("lab {}: WireGuard {}", self.name, backends.join(", "));
+            for b in &backends {
+                if let Some((_, w)) = b.split_once('=').filter(|(_, w)| *w != "?") {
+                    super::ran::record("wireguard", w);
+                }
+            }
         }
         String::from_utf8(o.stdout).unwrap()
     }

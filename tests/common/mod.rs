@@ -5,6 +5,8 @@
 
 pub mod discovery;
 pub mod lab;
+#[path = "../../dataplane/tests/support/ran.rs"]
+pub mod ran;
 pub mod talos;
 pub mod upstream;
 

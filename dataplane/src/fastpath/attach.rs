@@ -76,6 +76,26 @@ pub(super) fn list_links(netns: &Netns, dev: Option<&str>) -> io::Result<Vec<IpL
     serde_json::from_str(&out).map_err(io::Error::other)
 }
 
+/// Says once per process that this kernel has no tcx and the clsact path is used (a
+/// warning per interface would repeat it for every link).
+fn log_tcx_fallback_once(error: &dyn std::fmt::Display) {
+    static LOGGED: std::sync::Once = std::sync::Once::new();
+    LOGGED.call_once(|| {
+        tracing::warn!(%error, "tcx is not available on this kernel (it needs Linux 6.6): the fast-path classifier is attached as a cls_bpf filter on a clsact qdisc");
+    });
+}
+
+/// Whether any tc filter is left on `dev`'s ingress or egress hook (`tc filter show`
+/// prints nothing when there is none). On a failed read, assume there is one: keeping
+/// an empty qdisc is harmless, deleting someone's filter is not.
+fn has_tc_filters(netns: &Netns, dev: &str) -> bool {
+    ["ingress", "egress"].iter().any(|hook| {
+        netns
+            .run_stdout("tc", &["filter", "show", "dev", dev, hook])
+            .map_or(true, |out| !out.trim().is_empty())
+    })
+}
+
 pub(super) fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
     shared.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -107,6 +127,7 @@ impl Shared {
         let (link_id, mode, added_clsact) = match tcx {
             Ok(id) => (id, AttachMode::Tcx, false),
             Err(tcx_err) => {
+                log_tcx_fallback_once(&tcx_err);
                 tracing::debug!(interface = %link.ifname, error = %tcx_err, "tcx attach failed, trying a clsact qdisc");
                 let added = match aya::programs::tc::qdisc_add_clsact(&link.ifname) {
                     Ok(()) => true,
@@ -165,10 +186,16 @@ impl Shared {
             return Ok(());
         }
         r.map_err(|e| attach_error(&a.info.name, e))?;
+        // The clsact qdisc is shared: other software may have added filters to it
+        // since we added it, and deleting the qdisc would delete theirs.
         if a.added_clsact {
-            netns
-                .run("tc", &["qdisc", "del", "dev", &a.info.name, "clsact"])
-                .map_err(|e| attach_error(&a.info.name, e))?;
+            if has_tc_filters(netns, &a.info.name) {
+                tracing::info!(interface = %a.info.name, "clsact qdisc kept: other filters use it");
+            } else {
+                netns
+                    .run("tc", &["qdisc", "del", "dev", &a.info.name, "clsact"])
+                    .map_err(|e| attach_error(&a.info.name, e))?;
+            }
         }
         tracing::info!(interface = %a.info.name, "fast-path classifier detached");
         Ok(())

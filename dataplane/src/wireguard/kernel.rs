@@ -1,9 +1,11 @@
 //! Kernel WireGuard through `wireguard-control` (generic netlink) and `rtnetlink`
 //! (link kind `wireguard`), on a thread inside the target namespace.
 //!
-//! The machines this was written on have no WireGuard in the kernel, so this backend is
-//! exercised only by [`supported`] returning false there; the diff it applies is the
-//! same pure [`super::diff`] the userspace backend uses.
+//! The development host has no WireGuard in its kernel: this backend is tested in the
+//! suite's VM tier (Debian's 6.1 kernel, `scripts/vm.sh`). The diff it applies is the
+//! same pure [`super::diff`] the userspace backend uses, and like that backend it
+//! remembers what it last read or wrote ([`KnownState`]), so a per-peer change that
+//! changes nothing writes nothing.
 
 use std::str::FromStr;
 
@@ -12,8 +14,9 @@ use rtnetlink::LinkWireguard;
 use wireguard_control::{Backend, Device, DeviceUpdate, InterfaceName, Key, PeerConfigBuilder};
 
 use super::{
-    diff, full_update, validate_changes, DeviceState, PeerChange, PeerState, PresharedKey,
-    PrivateKey, PublicKey, WgDevice, WgError, WgStatus, WgUpdate, WireGuard,
+    align_order, apply_peer_updates, apply_update, diff, diff_peers, validate_changes, DeviceState,
+    Indexed, KnownState, PeerChange, PeerState, PresharedKey, PrivateKey, PublicKey, WgDevice,
+    WgError, WgStatus, WgUpdate, WireGuard,
 };
 use crate::netns::{Netns, NetnsThread};
 
@@ -67,6 +70,7 @@ pub struct KernelBackend {
     iface: InterfaceName,
     thread: NetnsThread,
     writes: u64,
+    known: KnownState,
 }
 
 fn io<'a>(op: &'static str, name: &'a str) -> impl FnOnce(std::io::Error) -> WgError + 'a {
@@ -149,6 +153,14 @@ fn to_update(up: &WgUpdate) -> DeviceUpdate {
     u
 }
 
+/// An update that sets only the listen port.
+fn port_only(port: u16) -> WgUpdate {
+    WgUpdate {
+        listen_port: Some(port),
+        ..WgUpdate::default()
+    }
+}
+
 impl KernelBackend {
     fn create_link(&self) -> Result<(), WgError> {
         let name = self.name.clone();
@@ -180,17 +192,43 @@ impl KernelBackend {
             iface,
             thread,
             writes: 0,
+            known: KnownState::default(),
         })
     }
 
+    /// Writes `up`. The kernel sets the fwmark before the port and stops at a refused
+    /// port (peers and key after it), so a port change goes first, alone: refused, it
+    /// has changed nothing. A refusal is [`WgError::Refused`] with the kernel's errno,
+    /// as from wireguard-go. The remembered state is forgotten until the write is done.
     fn write(&mut self, up: &WgUpdate) -> Result<(), WgError> {
-        let (update, iface) = (to_update(up), self.iface);
+        self.known.forget();
+        let rest = match up.listen_port {
+            Some(port) if up != &port_only(port) => {
+                self.send(DeviceUpdate::new().set_listen_port(port))?;
+                WgUpdate {
+                    listen_port: None,
+                    ..up.clone()
+                }
+            }
+            _ => up.clone(),
+        };
+        self.send(to_update(&rest))?;
+        self.writes += 1;
+        Ok(())
+    }
+
+    fn send(&self, update: DeviceUpdate) -> Result<(), WgError> {
+        let iface = self.iface;
         self.thread
             .run(move || update.apply(&iface, Backend::Kernel))
             .map_err(io("set", &self.name))?
-            .map_err(io("set", &self.name))?;
-        self.writes += 1;
-        Ok(())
+            .map_err(|e| match e.raw_os_error() {
+                Some(errno) => WgError::Refused {
+                    name: self.name.clone(),
+                    errno,
+                },
+                None => io("set", &self.name)(e),
+            })
     }
 
     fn read(&self) -> Result<Option<DeviceState>, WgError> {
@@ -221,7 +259,9 @@ impl WireGuard for KernelBackend {
 
     fn apply(&mut self, desired: &WgDevice) -> Result<bool, WgError> {
         desired.validate()?;
-        // One read serves as the existence check and the diff base.
+        // Every whole-device apply reads (the existence check and the diff base): a
+        // link deleted behind our back is recreated here.
+        let now = std::time::Instant::now();
         let current = match self.read()? {
             Some(st) => st,
             None => {
@@ -231,9 +271,14 @@ impl WireGuard for KernelBackend {
         };
         let up = diff(&current, desired);
         if up.is_empty() {
+            self.known.remember_indexed(0, Indexed::new(now, current));
             return Ok(false);
         }
         self.write(&up)?;
+        let mut after = current;
+        apply_update(&mut after, &up);
+        align_order(&mut after, desired);
+        self.known.remember_indexed(0, Indexed::new(now, after));
         Ok(true)
     }
 
@@ -241,26 +286,54 @@ impl WireGuard for KernelBackend {
         if changes.is_empty() {
             return Ok(false);
         }
-        // No read (a dump of every peer): each named peer is written in full, which
-        // the kernel applies in place without touching its session.
-        validate_changes(None, changes)?;
+        let now = std::time::Instant::now();
+        let mut known = match self.known.take_fresh_indexed(now, 0) {
+            Some(k) => k,
+            None => {
+                let st = match self.read()? {
+                    Some(st) => st,
+                    None => {
+                        self.create_link()?;
+                        DeviceState::default()
+                    }
+                };
+                Indexed::new(now, st)
+            }
+        };
+        if let Err(e) = validate_changes(known.own.as_ref(), changes) {
+            self.known.remember_indexed(0, known);
+            return Err(e.into());
+        }
+        // Only what differs, each peer in place: the kernel keeps its session,
+        // handshake and counters.
+        let peers = diff_peers(&known.state, &known.index, changes);
+        if peers.is_empty() {
+            self.known.remember_indexed(0, known);
+            return Ok(false);
+        }
         let up = WgUpdate {
-            peers: changes.iter().map(full_update).collect(),
+            peers,
             ..WgUpdate::default()
         };
         self.write(&up)?;
+        apply_peer_updates(&mut known.state, &mut known.index, &up.peers);
+        self.known.remember_indexed(0, known);
         Ok(true)
     }
 
     fn observe(&mut self) -> Result<WgStatus, WgError> {
-        Ok(self
-            .read()?
-            .as_ref()
-            .map(WgStatus::from)
-            .unwrap_or_default())
+        let now = std::time::Instant::now();
+        let Some(st) = self.read()? else {
+            self.known.forget();
+            return Ok(WgStatus::default());
+        };
+        let status = WgStatus::from(&st);
+        self.known.remember(now, 0, st);
+        Ok(status)
     }
 
     fn teardown(&mut self) -> Result<(), WgError> {
+        self.known.forget();
         let name = self.name.clone();
         self.thread
             .block_on(move || async move {

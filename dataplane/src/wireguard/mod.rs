@@ -42,4 +42,4 @@ pub use state::{DeviceState, PeerState, PeerStatus, WgStatus};
 
 pub(crate) use diff::align_order;
 pub(crate) use known::{Indexed, KnownState};
-pub(crate) use peers::{apply_peer_updates, diff_peers, full_update, index_of, PeerIndex};
+pub(crate) use peers::{apply_peer_updates, diff_peers, index_of, PeerIndex};

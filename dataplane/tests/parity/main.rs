@@ -13,6 +13,9 @@
 //!
 //! One module per adapter; `runner` holds the step runner and its diff.
 
+#[path = "../support/ran.rs"]
+mod ran;
+
 mod marking;
 mod network;
 mod routing;

@@ -188,9 +188,11 @@ fn wireguard(f: &Facts, w: &Want) -> Finding {
     };
     let kernel_fix = "load the module (`modprobe wireguard`) or use a kernel with CONFIG_WIREGUARD (Linux >= 5.6)";
     match (w.wireguard, f.kernel_wireguard, userspace) {
-        (WireGuardChoice::Auto | WireGuardChoice::Kernel, true, _) => {
-            finding(C, Level::Ok, "kernel WireGuard available")
-        }
+        (WireGuardChoice::Auto | WireGuardChoice::Kernel, true, _) => finding(
+            C,
+            Level::Ok,
+            format!("kernel WireGuard available (tested on {TESTED_KERNEL_WIREGUARD})"),
+        ),
         (WireGuardChoice::Kernel, false, _) => with_fix(
             finding(
                 C,
@@ -264,10 +266,21 @@ fn bpf(f: &Facts, w: &Want) -> Finding {
     }
 }
 
+/// The kernels the suite runs each path on (`docs/operations.md`, "Kernels tested"):
+/// the host's for wireguard-go and tcx, Debian 12's in the VM tier for kernel
+/// WireGuard and clsact.
+const TESTED_KERNEL_WIREGUARD: &str = "Debian 12's Linux 6.1";
+const TESTED_TCX: &str = "Linux 6.18";
+const TESTED_CLSACT: &str = "Debian 12's Linux 6.1";
+
 fn tc(f: &Facts, w: &Want) -> Finding {
     if let Some((maj, min)) = f.kernel {
         if (maj, min) >= (6, 6) {
-            return finding("tc", Level::Ok, format!("tcx (Linux {maj}.{min})"));
+            return finding(
+                "tc",
+                Level::Ok,
+                format!("tcx (Linux {maj}.{min}; tested on {TESTED_TCX})"),
+            );
         }
     }
     let level = if w.ebpf { Level::Warn } else { Level::Ok };
@@ -278,7 +291,11 @@ fn tc(f: &Facts, w: &Want) -> Finding {
     };
     match (f.sch_ingress, f.cls_bpf) {
         (Module::Present | Module::Available, Module::Present | Module::Available) => {
-            finding("tc", Level::Ok, "clsact qdisc and cls_bpf available")
+            finding(
+                "tc",
+                Level::Ok,
+                format!("no tcx (Linux < 6.6): the fast path uses the clsact qdisc and cls_bpf, both available (tested on {TESTED_CLSACT})"),
+            )
         }
         (Module::Unknown, _) | (_, Module::Unknown) => with_fix(
             finding(

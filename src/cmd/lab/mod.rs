@@ -3,6 +3,7 @@
 //! UTS namespace (hostname = node name), on a bridge in an underlay namespace, with a
 //! discovery server in a namespace of its own. Nothing is routed to the host's network.
 
+mod backends;
 mod chaos;
 mod down;
 mod host;
@@ -71,9 +72,11 @@ enum Lab {
         #[arg(long, value_enum, default_value_t = FastPathArg::Nftables)]
         fast_path: FastPathArg,
         /// WireGuard implementation of every node (`auto`: kernel where the kernel has
-        /// WireGuard, else wireguard-go); `lab status` shows which one runs.
-        #[arg(long, value_enum, default_value_t = super::node::WireGuardArg::Auto)]
-        wireguard: super::node::WireGuardArg,
+        /// WireGuard, else wireguard-go; `kernel`; `userspace`), or one per node:
+        /// `node1=kernel,node2=userspace` (nodes not named run `auto`, or the bare
+        /// value in the list). `lab status` shows which one runs.
+        #[arg(long, value_name = "WHICH|NODE=WHICH,...", default_value = "auto")]
+        wireguard: backends::WireGuardPlan,
         /// How long to wait for the peers to be up (the lab stays up on timeout).
         #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
         timeout: Duration,
@@ -167,7 +170,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                     FastPathArg::Nftables => FastPath::Nftables,
                     FastPathArg::Ebpf => FastPath::Ebpf,
                 },
-                wireguard: *wireguard,
+                wireguard: wireguard.clone(),
                 timeout: *timeout,
                 no_wait: *no_wait,
                 no_hints: *no_hints,

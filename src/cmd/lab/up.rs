@@ -20,8 +20,9 @@ use wirespan_control::{
 };
 use wirespan_dataplane::{netns::Netns, wireguard::PresharedKey};
 
-use super::super::node::{WireGuardArg, KERNEL_WIREGUARD_MISSING};
+use super::super::node::KERNEL_WIREGUARD_MISSING;
 use super::{
+    backends::{wireguard_name, WireGuardPlan},
     host, observe, ping,
     plan::{self, LabName, LabState, NodeState, RouterState},
     status,
@@ -35,8 +36,8 @@ pub struct Options {
     pub topology: Topology,
     /// Marking implementation.
     pub fast_path: FastPath,
-    /// WireGuard implementation of the daemons.
-    pub wireguard: WireGuardArg,
+    /// WireGuard implementation of each daemon.
+    pub wireguard: WireGuardPlan,
     /// How long to wait for every peer to be up.
     pub timeout: Duration,
     /// Return once the daemons answer, without waiting for the mesh.
@@ -84,9 +85,13 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
     }
     // Forced kernel WireGuard where the kernel has none: every daemon would refuse to
     // start; say so before anything is made.
-    if matches!(opts.wireguard, WireGuardArg::Kernel)
-        && !wirespan_dataplane::wireguard::kernel::supported_on_host()
-    {
+    let node_names: Vec<String> = (1..=opts.topology.nodes.len())
+        .map(plan::node_name)
+        .collect();
+    opts.wireguard
+        .check_nodes(&node_names)
+        .map_err(anyhow::Error::msg)?;
+    if opts.wireguard.any_kernel() && !wirespan_dataplane::wireguard::kernel::supported_on_host() {
         anyhow::bail!("{KERNEL_WIREGUARD_MISSING}");
     }
     let started = Instant::now();
@@ -136,15 +141,6 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
         print!("{}", hints(&state));
     }
     Ok(())
-}
-
-/// The value of `--wireguard` as typed on a command line.
-fn wireguard_name(w: WireGuardArg) -> &'static str {
-    match w {
-        WireGuardArg::Auto => "auto",
-        WireGuardArg::Kernel => "kernel",
-        WireGuardArg::Userspace => "userspace",
-    }
 }
 
 fn mkdir_private(dir: &Path) -> anyhow::Result<()> {
@@ -534,7 +530,7 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
             "--metrics-listen".into(),
             plan::node_metrics_address().to_string(),
             "--wireguard".into(),
-            wireguard_name(opts.wireguard).into(),
+            wireguard_name(opts.wireguard.for_node(&n.name)).into(),
         ];
         if supports_config {
             args.extend(["--config".into(), path_str(&n.config)?.to_owned()]);
@@ -557,7 +553,7 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
             FastPath::Nftables => "nftables".into(),
             FastPath::Ebpf => "ebpf".into(),
         },
-        wireguard: wireguard_name(opts.wireguard).into(),
+        wireguard: opts.wireguard.to_string(),
         underlay_namespace: underlay,
         topology: opts.topology.name.clone(),
         blocked: opts
