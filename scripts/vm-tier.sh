@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 
 mkdir -p target/vm
 cargo metadata --format-version 1 --locked >target/vm/cargo-metadata.json
-cargo nextest list --workspace --locked --list-type binaries-only --message-format json \
+cargo nextest list -p wirespan-dataplane -p wirespan --locked --list-type binaries-only --message-format json \
   >target/vm/binaries.json
 
 # What runs in the guest: the backend-independent WireGuard tests on the kernel

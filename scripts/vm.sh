@@ -85,10 +85,16 @@ script+="modprobe -q tun 2>/dev/null || true; "
 script+="echo \"vm: kernel \$(uname -r) ($(printf '%q' "$kernel")), accelerator $accel, $cpus cpus, $memory\" >&2; "
 script+="cd $(printf '%q' "$repo") && exec $(printf '%q ' "$@")"
 
+# The script goes to the guest as a file in target/vm/: virtme-ng would pass it on the
+# kernel command line, which the kernel cuts at 2048 bytes (the guest then hangs).
+guest_script=$(mktemp "$repo/target/vm/guest-XXXXXX.sh")
+trap 'rm -f "$guest_script"' EXIT
+printf '%s\n' "$script" >"$guest_script"
+
 # qemu reopens its stdout and stderr by path: were they one file (2>&1 >log), its
 # writes would overwrite ours. Pipes keep the order and nothing is lost.
 set +e
-"${base[@]}" --exec "$script" </dev/null 2> >(cat >&2) | cat
+"${base[@]}" --exec "bash $(printf '%q' "$guest_script")" </dev/null 2> >(cat >&2) | cat
 status=${PIPESTATUS[0]}
 wait
 exit "$status"
