@@ -50,8 +50,10 @@ pub struct Options {
     pub peer_receive_timeout: Option<Duration>,
 }
 
-/// How long a process may take to start answering.
-const START_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a process may take to start answering. Generous: in the suite's VM tier
+/// (QEMU without KVM on a loaded machine) a daemon took longer than 15 s; a daemon
+/// that exits is reported at once whatever this is.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
     let leftovers: Vec<String> = host::netns_list()
