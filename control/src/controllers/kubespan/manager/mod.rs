@@ -9,22 +9,29 @@
 //! only those peers are stepped and written, as WireGuard peer changes and a
 //! routed-set delta (see `reconcile`).
 //!
+//! The decisions are the planner's (`crate::kubespan::planner`): this controller
+//! gathers a round's inputs (the specs from a change feed, the device as read, probe
+//! replies, server relay allocations), asks [`MeshState`] for a plan, and executes it.
+//! Its state is in three parts: the mesh state, the kernel handles ([`Kernel`]) and
+//! what was last written to the store ([`Written`]).
+//!
 //! By concern: this file holds the public types, the controller's run loop and the
-//! choice between a `complete` and a `delta` round; `outputs` writes statuses,
-//! endpoints and network specs; `teardown` removes kernel state.
+//! choice between a `complete` and a `delta` round; `complete` and `delta` execute the
+//! two kinds of plan; `outputs` writes statuses, endpoints and network specs;
+//! `teardown` removes kernel state.
 
 mod complete;
 mod delta;
 mod outputs;
 mod probe;
-mod relay;
 mod teardown;
-mod unlisted;
 
 pub use probe::UdpProber;
 
+pub use crate::kubespan::planner::{PERSISTENT_KEEPALIVE, RETAIN_AFTER_START};
+
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     fmt,
     net::IpAddr,
     sync::Arc,
@@ -32,44 +39,32 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use ipnet::IpNet;
 use wirespan_dataplane::{
     marking::{Marking, MarkingError},
     routing::Routing,
     sysctl::{MeshRpFilter, Sysctl, SysctlError},
-    wireguard::{PresharedKey, PublicKey, WgError, WgPeer, WireGuard},
+    wireguard::{WgError, WireGuard},
 };
 
 use super::metrics::MeshMetrics;
 use crate::{
     config::kubespan::FastPath,
-    kubespan::{
-        clock::Clock,
-        relay::DirectPath,
-        rotation::{
-            defers_first_handshake, wirespan_keepalive, Observed, RxTrack, PEER_DOWN_INTERVAL,
-            RECONCILE_TICK,
-        },
-    },
+    kubespan::{clock::Clock, planner::MeshState, rotation::RECONCILE_TICK},
     resources::{
         cluster::{self, ClusterIdentity, CLUSTER},
         config::MachineConfig,
         kubespan::{
             KubeSpanConfig, KubeSpanEndpoint, KubeSpanEndpointSpec, KubeSpanIdentity,
-            KubeSpanManagerStatus, KubeSpanPeerSpec, KubeSpanPeerSpecSpec, KubeSpanPeerStatus,
-            KubeSpanPeerStatusSpec, KubeSpanRelayEndpoint, ServerRelayWant, KUBESPAN, NS,
+            KubeSpanManagerStatus, KubeSpanPeerSpec, KubeSpanPeerStatus, KubeSpanPeerStatusSpec,
+            KubeSpanRelayEndpoint, KUBESPAN, NS,
         },
         network::{AddressSpec, LinkSpec, RouteSpec, RoutingRuleSpec},
     },
     runtime::{
         ChangeFeed, Controller, ControllerError, ControllerResult, ControllerRuntime, Input,
-        InputKind, Output, Resource,
+        InputKind, Output,
     },
 };
-
-/// Persistent keepalive of Talos peers (seconds); wirespan peers get a third of
-/// `peerReceiveTimeout` (`docs/kubespan.md` §8.6).
-pub const PERSISTENT_KEEPALIVE: u16 = 25;
 
 /// Sends a probe through the tunnel to a peer's mesh address, so that a live peer
 /// answers (see [`RxTrack`]): its kernel at once (an ICMPv6 error), its WireGuard
@@ -182,88 +177,49 @@ struct ActiveMarking {
 /// The mesh manager.
 pub struct KubeSpanManagerController {
     deps: ManagerDeps,
+    /// What the mesh knows between rounds (the planner's state).
+    mesh: MeshState,
+    /// The kernel objects it drives.
+    kernel: Kernel,
+    /// What was last written to the store.
+    written: Written,
+    /// The peer specs' change feed (the mesh state holds their mirror).
+    feed: ChangeFeed<KubeSpanPeerSpec>,
+    /// The non-peer inputs of the last complete round (`None`: the next is complete).
+    basis: Option<Basis>,
+}
+
+/// The kernel objects the manager drives, and when it last read them.
+#[derive(Default)]
+struct Kernel {
     wg: Option<Box<dyn WireGuard + Send>>,
     /// Notified when the backend recreated the device empty (see
     /// [`WireGuard::recreated`]): a complete round with a read follows at once.
     wg_recreated: Option<Arc<tokio::sync::Notify>>,
-    wg_link: String,
+    link: String,
     marking: Option<ActiveMarking>,
-    /// Live per-peer state (the rotation cursor), by public key.
-    statuses: BTreeMap<String, KubeSpanPeerStatusSpec>,
-    /// Receive tracking of wirespan peers, by public key.
-    rx: HashMap<String, RxTrack>,
-    /// What was last written to the store.
-    written_statuses: BTreeMap<String, KubeSpanPeerStatusSpec>,
-    written_endpoints: BTreeMap<String, KubeSpanEndpointSpec>,
-    /// Network specs written: (type, id).
-    written_specs: BTreeSet<(&'static str, String)>,
-    /// public key → (spec, peer without endpoint), so unchanged peers are not rebuilt.
-    peers: HashMap<String, (KubeSpanPeerSpecSpec, WgPeer)>,
-    /// Peer specs as last seen (the feed's mirror).
-    specs: BTreeMap<String, Arc<Resource<KubeSpanPeerSpec>>>,
-    feed: ChangeFeed<KubeSpanPeerSpec>,
-    /// The non-peer inputs of the last complete round (`None`: the next is complete).
-    basis: Option<Basis>,
-    /// Each peer's prefixes in the marking set as last applied.
-    routed: HashMap<String, Vec<IpNet>>,
-    /// The earliest per-peer wake-up known.
-    wake: Option<SystemTime>,
-    /// This node's public key (set by a complete round).
-    own_key: Option<PublicKey>,
-    /// Kernel state may exist from an earlier run: clean it up once if disabled.
-    first_round: bool,
-    /// When the device was last read (`None`: never, or the device is new).
-    last_read: Option<SystemTime>,
-    /// Whether the device was read once since start (the read that adopts kernel
-    /// state kept by an earlier run).
-    adopt_checked: bool,
-    /// Until when peers found on the device at start but without a spec yet are kept
-    /// as they are (see [`Retained`]).
-    retain_until: Option<SystemTime>,
-    /// Those peers, by public key.
-    retained: BTreeMap<String, Retained>,
-    /// Peers whose spec vanished while their session was fresh, with their last spec,
-    /// by public key (see `unlisted`).
-    unlisted: BTreeMap<String, Arc<Resource<KubeSpanPeerSpec>>>,
     /// Reverse-path filtering off on the mesh link, with the value it replaced.
     rp_filter: Option<MeshRpFilter>,
-    /// The direct path of each peer that takes part in relays, by public key.
-    direct: HashMap<String, DirectPath>,
-    /// Relayed peers as last applied: peer → relay, by public key.
-    relayed: BTreeMap<String, String>,
-    /// Relays are in use or needed: rounds stay complete (a delta round would write a
-    /// relay's or a relayed peer's AllowedIPs without the move).
-    relay_active: bool,
-    /// Key ids of the peers not reachable directly (`None`: too many to publish).
-    direct_down: Option<Vec<u64>>,
-    /// Peers with neither a direct path nor a peer relay (asked of the server relay).
-    server_wanted: Vec<ServerRelayWant>,
-    /// Peers sent through the server relay, by public key.
-    server_relayed: HashMap<String, relay::ServerRelayed>,
+    /// When the device was last read (`None`: never, or the device is new).
+    last_read: Option<SystemTime>,
+    /// Kernel state may exist from an earlier run: clean it up once if disabled.
+    first_round: bool,
 }
 
-/// A peer the device held at start (kernel state kept by an earlier run) that has no
-/// spec yet: after a restart the specs come back only when discovery answers, and
-/// removing the peer meanwhile would cut a working tunnel. It stays as the device has
-/// it (minus prefixes a peer with a spec claims) until its spec arrives, when its
-/// status is seeded from it, or until [`RETAIN_AFTER_START`] has passed.
-#[derive(Debug, Clone)]
-struct Retained {
-    observed: Observed,
-    allowed_ips: Vec<IpNet>,
-    /// As the device has it: an earlier run may have set a wirespan peer's shorter one.
-    keepalive: u16,
+/// What the manager last wrote to the store, so unchanged outputs are not rewritten.
+#[derive(Debug, Default)]
+struct Written {
+    statuses: BTreeMap<String, KubeSpanPeerStatusSpec>,
+    endpoints: BTreeMap<String, KubeSpanEndpointSpec>,
+    /// Network specs: (type, id).
+    specs: BTreeSet<(&'static str, String)>,
 }
-
-/// How long after start a device peer without a spec is kept: as long as a peer that
-/// stopped handshaking counts as up, so a kept peer outlives neither.
-pub const RETAIN_AFTER_START: std::time::Duration = PEER_DOWN_INTERVAL;
 
 impl fmt::Debug for KubeSpanManagerController {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KubeSpanManagerController")
-            .field("link", &self.wg_link)
-            .field("peers", &self.statuses.len())
+            .field("link", &self.kernel.link)
+            .field("peers", &self.mesh.statuses().len())
             .finish_non_exhaustive()
     }
 }
@@ -345,23 +301,6 @@ async fn blocking<T: Send + 'static, R: Send + 'static>(
     .map_err(ControllerError::other)
 }
 
-/// The keepalive to program for a peer now (0 while its first handshake is deferred).
-fn keepalive(
-    own_key: Option<&PublicKey>,
-    peer: &WgPeer,
-    status: &KubeSpanPeerStatusSpec,
-    now: SystemTime,
-) -> u16 {
-    let defer = own_key.is_some_and(|own| {
-        defers_first_handshake(own.as_bytes(), peer.public_key.as_bytes(), status, now)
-    });
-    if defer {
-        0
-    } else {
-        peer.persistent_keepalive
-    }
-}
-
 /// Whether the active machine config has a mesh document the config controller has not
 /// turned into `KubeSpanConfig` yet.
 fn config_pending(rt: &ControllerRuntime) -> Result<bool, ControllerError> {
@@ -382,35 +321,14 @@ impl KubeSpanManagerController {
     pub fn new(deps: ManagerDeps) -> Self {
         Self {
             deps,
-            wg: None,
-            wg_recreated: None,
-            wg_link: String::new(),
-            marking: None,
-            statuses: BTreeMap::new(),
-            rx: HashMap::new(),
-            written_statuses: BTreeMap::new(),
-            written_endpoints: BTreeMap::new(),
-            written_specs: BTreeSet::new(),
-            peers: HashMap::new(),
-            specs: BTreeMap::new(),
+            mesh: MeshState::new(),
+            kernel: Kernel {
+                first_round: true,
+                ..Kernel::default()
+            },
+            written: Written::default(),
             feed: ChangeFeed::new(NS),
             basis: None,
-            routed: HashMap::new(),
-            wake: None,
-            own_key: None,
-            first_round: true,
-            last_read: None,
-            adopt_checked: false,
-            retain_until: None,
-            retained: BTreeMap::new(),
-            unlisted: BTreeMap::new(),
-            rp_filter: None,
-            direct: HashMap::new(),
-            relayed: BTreeMap::new(),
-            relay_active: false,
-            direct_down: Some(Vec::new()),
-            server_wanted: Vec::new(),
-            server_relayed: HashMap::new(),
         }
     }
 
@@ -429,7 +347,8 @@ impl KubeSpanManagerController {
         rt: &mut ControllerRuntime,
         timer: bool,
     ) -> Result<Option<SystemTime>, ControllerError> {
-        let changed = self.sync_specs(rt, self.deps.clock.now())?;
+        let changes = self.feed.take(rt)?;
+        let changed = self.mesh.sync_specs(changes, self.deps.clock.now());
         let cfg = rt.get_opt::<KubeSpanConfig>(NS, KUBESPAN)?;
         if cfg.is_none() && config_pending(rt)? {
             // The machine config turns the mesh on but the config controller has not
@@ -440,7 +359,7 @@ impl KubeSpanManagerController {
         let Some(cfg) = cfg.filter(|c| c.spec.config.enabled) else {
             self.basis = None;
             self.disable(rt).await?;
-            self.first_round = false;
+            self.kernel.first_round = false;
             return Ok(None);
         };
         let identity = rt.get_opt::<KubeSpanIdentity>(NS, KUBESPAN)?;
@@ -459,15 +378,14 @@ impl KubeSpanManagerController {
         let delta = changed
             .as_ref()
             .filter(|keys| {
-                self.wg.is_some()
+                self.kernel.wg.is_some()
                     && keys.len() <= DELTA_MAX
-                    && !self.relay_active
-                    && self.unlisted.is_empty()
+                    && self.mesh.delta_allowed()
                     && self.basis.as_ref() == Some(&basis)
             })
             .map(Vec::len);
         match (
-            choose_round(now, self.last_read, self.wake, timer, delta),
+            choose_round(now, self.kernel.last_read, self.mesh.wake(), timer, delta),
             changed,
         ) {
             (round @ (Round::Delta | Round::DeltaThenRead), Some(keys)) => {
@@ -489,49 +407,11 @@ impl KubeSpanManagerController {
                 let wake = self
                     .complete_round(rt, &cfg.spec.config, &identity, &cluster, read)
                     .await?;
-                self.first_round = false;
+                self.kernel.first_round = false;
                 self.basis = Some(basis);
                 Ok(wake)
             }
         }
-    }
-
-    /// The WireGuard peer for a spec (cached while the spec and the secret stay), and
-    /// its routed prefixes; `None` for a spec whose id is not a public key.
-    fn peer_of(
-        &mut self,
-        key: &str,
-        spec: &KubeSpanPeerSpecSpec,
-        psk: &PresharedKey,
-        settings: &crate::config::kubespan::KubeSpanConfig,
-    ) -> Option<WgPeer> {
-        let persistent_keepalive = if spec.wirespan.is_some() {
-            wirespan_keepalive(settings.peer_receive_timeout)
-        } else {
-            PERSISTENT_KEEPALIVE
-        };
-        if let Some((cached, peer)) = self.peers.get(key) {
-            if cached == spec
-                && peer.preshared_key.as_ref() == Some(psk)
-                && peer.persistent_keepalive == persistent_keepalive
-            {
-                return Some(peer.clone());
-            }
-        }
-        let Ok(public_key) = PublicKey::from_base64("publicKey", key) else {
-            tracing::warn!(peer = ?key, "peer spec id is not a WireGuard public key; skipped");
-            return None;
-        };
-        let peer = WgPeer {
-            public_key,
-            preshared_key: Some(psk.clone()),
-            persistent_keepalive,
-            endpoint: None,
-            allowed_ips: spec.allowed_ips.clone(),
-        };
-        self.peers
-            .insert(key.to_owned(), (spec.clone(), peer.clone()));
-        Some(peer)
     }
 }
 
@@ -575,7 +455,7 @@ impl Controller for KubeSpanManagerController {
                     Some(d) => self.deps.clock.sleep_until(d),
                     None => Box::pin(std::future::pending()),
                 };
-                let recreated = self.wg_recreated.clone();
+                let recreated = self.kernel.wg_recreated.clone();
                 let recreated = async move {
                     match recreated {
                         Some(n) => n.notified().await,
@@ -588,7 +468,7 @@ impl Controller for KubeSpanManagerController {
                     () = rt.changed() => false,
                     () = sleep => true,
                     () = recreated => {
-                        tracing::info!(link = %self.wg_link, "WireGuard device recreated empty: applying it whole");
+                        tracing::info!(link = %self.kernel.link, "WireGuard device recreated empty: applying it whole");
                         // Whole, even with a change pending: no delta round first.
                         self.basis = None;
                         true
@@ -607,9 +487,9 @@ impl Controller for KubeSpanManagerController {
                     self.teardown_kernel().await;
                 }
                 OnStop::Keep => {
-                    tracing::info!(link = %self.wg_link, "stopping: keeping mesh kernel state");
+                    tracing::info!(link = %self.kernel.link, "stopping: keeping mesh kernel state");
                     // Not dropped: a userspace backend would stop wireguard-go.
-                    if let Some(wg) = self.wg.take() {
+                    if let Some(wg) = self.kernel.wg.take() {
                         wg.keep();
                     }
                 }
