@@ -59,7 +59,7 @@ impl MeshState {
         let mut programmed = self.program_all(&kept, &relays, s, now);
         self.note_relays(relays, now, s.peer_receive_timeout);
         self.retain_device_peers(
-            inputs.device.as_ref(),
+            inputs.device,
             (psk, !s.allow_down_peer_bypass, s.peer_down_interval),
             now,
             &mut programmed.wg_peers,

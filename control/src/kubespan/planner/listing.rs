@@ -161,7 +161,7 @@ impl MeshState {
     /// one peer only; two claimants would take it from each other on every write).
     pub(super) fn retain_device_peers(
         &mut self,
-        device: Option<&HashMap<String, DevicePeer>>,
+        device: Option<HashMap<String, DevicePeer>>,
         (psk, force, down_interval): (&PresharedKey, bool, Duration),
         now: SystemTime,
         wg_peers: &mut Vec<WgPeer>,
@@ -182,11 +182,7 @@ impl MeshState {
         let spec_less = |k: &String| !specs.contains_key(k) && !unlisted.contains_key(k);
         match device {
             Some(d) => {
-                self.retained = d
-                    .iter()
-                    .filter(|(k, _)| spec_less(k))
-                    .map(|(k, r)| (k.clone(), r.clone()))
-                    .collect();
+                self.retained = d.into_iter().filter(|(k, _)| spec_less(k)).collect();
             }
             None => self.retained.retain(|k, _| spec_less(k)),
         }

@@ -21,8 +21,8 @@ use crate::{
         peers::routed_prefixes,
         relay::DirectPath,
         rotation::{
-            defers_first_handshake, next_wake, note_listing, rx_window, seed, step,
-            unlisted_until, wirespan_keepalive, Observed, RxRule, RxTrack,
+            defers_first_handshake, next_wake, note_listing, rx_window, seed, step, unlisted_until,
+            wirespan_keepalive, Observed, RxRule, RxTrack,
         },
     },
     resources::kubespan::{KubeSpanPeerSpecSpec, KubeSpanPeerStatusSpec, PeerPath, PeerState},

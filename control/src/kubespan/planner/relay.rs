@@ -15,7 +15,9 @@ use crate::{
         relay::{choose, key_id, published_down, Candidate, DirectPath},
         rotation::ENDPOINT_CONNECTION_TIMEOUT,
     },
-    resources::kubespan::{KubeSpanPeerSpecSpec, KubeSpanPeerStatusSpec, PeerState, ServerRelayWant},
+    resources::kubespan::{
+        KubeSpanPeerSpecSpec, KubeSpanPeerStatusSpec, PeerState, ServerRelayWant,
+    },
 };
 
 /// How long a relayed peer's keepalive is held at 0 at the start of each retry cycle:

@@ -178,7 +178,12 @@ impl KubeSpanManagerController {
                 m.path_changed(&c.key, &c.label);
             }
         }
-        if let Some(prober) = self.deps.prober.as_ref().filter(|_| !plan.probes.is_empty()) {
+        if let Some(prober) = self
+            .deps
+            .prober
+            .as_ref()
+            .filter(|_| !plan.probes.is_empty())
+        {
             tracing::debug!(peers = plan.probes.len(), "probing wirespan peers");
             for to in &plan.probes {
                 prober.probe(*to);

@@ -47,19 +47,22 @@ impl KubeSpanManagerController {
     pub(super) fn adopt_outputs(&mut self, rt: &ControllerRuntime) -> ControllerResult {
         let name = rt.name().to_owned();
         for r in rt.list::<KubeSpanPeerStatus>(NS)? {
-            self.written.statuses
+            self.written
+                .statuses
                 .insert(r.metadata.id.clone(), r.spec.clone());
             self.mesh.adopt_status(&r.metadata.id, &r.spec);
         }
         for r in rt.list::<KubeSpanEndpoint>(NS)? {
-            self.written.endpoints
+            self.written
+                .endpoints
                 .insert(r.metadata.id.clone(), r.spec.clone());
         }
         macro_rules! adopt {
             ($k:ty) => {
                 for r in rt.list::<$k>(NS_CONFIG)? {
                     if r.metadata.owner == name {
-                        self.written.specs
+                        self.written
+                            .specs
                             .insert((<$k>::TYPE, r.metadata.id.clone()));
                     }
                 }
