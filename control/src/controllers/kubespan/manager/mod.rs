@@ -11,9 +11,9 @@
 //!
 //! The decisions are the planner's (`crate::kubespan::planner`): this controller
 //! gathers a round's inputs (the specs from a change feed, the device as read, probe
-//! replies, server relay allocations), asks [`MeshState`] for a plan, and executes it.
-//! Its state is in three parts: the mesh state, the kernel handles ([`Kernel`]) and
-//! what was last written to the store ([`Written`]).
+//! replies, server relay allocations), asks the planner's `MeshState` for a plan, and
+//! executes it. Its state is in three parts: the mesh state, the kernel handles
+//! (`Kernel`) and what was last written to the store (`Written`).
 //!
 //! By concern: this file holds the public types, the controller's run loop and the
 //! choice between a `complete` and a `delta` round; `complete` and `delta` execute the
