@@ -680,3 +680,99 @@ fn a_kept_unlisted_peer_yields_its_prefixes_to_a_listed_one() {
         UNLISTED_KEPT
     );
 }
+
+/// §8.7: a relay user whose direct path is down for the window goes through a peer
+/// that offers to relay and is up: its prefixes move to the relay's WireGuard peer
+/// (and stay routed), it keeps its endpoint to retry the direct path, and rounds stay
+/// complete.
+#[test]
+fn a_peer_down_for_the_window_goes_through_a_relay_that_is_up() {
+    let relay_key = key(0x60);
+    let relay_prefix: IpNet = "10.0.0.3/32".parse().unwrap();
+    let relay_endpoint: SocketAddr = "192.0.2.9:51820".parse().unwrap();
+    let relay_spec = KubeSpanPeerSpecSpec {
+        node_id: "node-3".to_owned(),
+        label: "relay".to_owned(),
+        address: None,
+        allowed_ips: vec![relay_prefix],
+        endpoints: vec![relay_endpoint],
+        wirespan: Some(WirespanAffiliateSpec {
+            version: 1,
+            persistent_keepalive_secs: 6,
+            relay_user: true,
+            relay_offered: true,
+            ..WirespanAffiliateSpec::default()
+        }),
+        ..KubeSpanPeerSpecSpec::default()
+    };
+    let mut h = Harness::new(Setup {
+        kind: Kind::RelayUser,
+        ..TALOS
+    });
+    h.mesh.sync_specs(
+        listed(&[
+            (key(PEER), peer_spec(Kind::RelayUser)),
+            (relay_key.clone(), relay_spec),
+        ]),
+        t(0),
+    );
+    let mut round = |at: u64, peer: Device, relay_rx: u64| {
+        let mut device = device_of(peer);
+        let relay = Observed {
+            endpoint: Some(relay_endpoint),
+            last_handshake: Some(t(500)),
+            rx_bytes: relay_rx,
+            tx_bytes: relay_rx,
+        };
+        if at > 0 {
+            device.insert(
+                relay_key.clone(),
+                DevicePeer {
+                    observed: relay,
+                    allowed_ips: Vec::new(),
+                    keepalive: 6,
+                },
+            );
+        }
+        let inputs = h.inputs(Some(device));
+        let plan = h.mesh.plan_complete(inputs, &h.settings, &h.psk, t(at));
+        (plan, h.mesh.delta_allowed())
+    };
+    round(0, Absent, 0);
+    round(1_000, Peer(Some(0), None, 0), 100);
+    let (plan, _) = round(15_000, Peer(Some(0), None, 0), 200);
+    // Not down for the window yet: direct, on its next endpoint.
+    assert!(
+        device_peers(&plan)
+            .iter()
+            .all(|p| !p.allowed_ips.is_empty()),
+        "no move yet"
+    );
+    let (plan, delta_allowed) = round(20_000, Peer(Some(1), None, 0), 300);
+    let st = h.mesh.status(&key(PEER)).unwrap();
+    assert_eq!((st.path, st.via.as_str()), (PeerPath::Relay, "relay"));
+    let peers = device_peers(&plan);
+    let of = |k: &str| {
+        let pk = PublicKey::from_base64("k", k).unwrap();
+        peers.iter().find(|p| p.public_key == pk).unwrap()
+    };
+    assert!(of(&key(PEER)).allowed_ips.is_empty());
+    assert_eq!(
+        of(&key(PEER)).endpoint,
+        Some(ep(1)),
+        "retries its direct path"
+    );
+    let prefix: IpNet = PREFIX.parse().unwrap();
+    // All of its AllowedIPs move, its ULA too (the ULA is never routed, §7).
+    let ula: IpNet = ULA.parse().unwrap();
+    assert_eq!(of(&relay_key).allowed_ips, vec![relay_prefix, prefix, ula]);
+    assert!(
+        routed(&plan).contains(&prefix),
+        "relayed prefixes stay routed"
+    );
+    assert!(!delta_allowed, "relays keep rounds complete");
+    assert!(
+        h.mesh.server_wanted().is_empty(),
+        "a peer relay, not the server's"
+    );
+}
