@@ -15,13 +15,15 @@
 //!
 //! By concern: `peer` is the per-peer judgement, `complete` and `delta` the two rounds,
 //! `relay` the peer and server relays (§8.7, §8.8), `listing` the spec mirror, peers
-//! kept unlisted (§8.10) and peers kept from an earlier run (§6.8).
+//! kept unlisted (§8.10) and peers kept from an earlier run (§6.8), `round` the choice
+//! between a complete and a delta round.
 
 mod complete;
 mod delta;
 mod listing;
 mod peer;
 mod relay;
+mod round;
 #[cfg(test)]
 mod tests;
 
@@ -38,7 +40,10 @@ use wirespan_dataplane::{
     wireguard::{PeerChange, PublicKey, WgPeer},
 };
 
-pub use self::relay::{ServerRelayed, DIRECT_RETRY_REARM};
+pub use self::{
+    relay::{ServerRelayed, DIRECT_RETRY_REARM},
+    round::{choose_round, Round, DELTA_MAX, READ_DEFER_MAX},
+};
 use super::{
     relay::DirectPath,
     rotation::{Observed, RxTrack, PEER_DOWN_INTERVAL},
