@@ -70,8 +70,9 @@ use crate::{
 };
 
 /// Sends a probe through the tunnel to a peer's mesh address, so that a live peer
-/// answers (see [`RxTrack`](crate::kubespan::rotation::RxTrack)): its kernel at once (an ICMPv6 error), its WireGuard
-/// within 10 s (a keepalive). Best effort: failures are only logged.
+/// answers (see [`RxTrack`](crate::kubespan::rotation::RxTrack)): its kernel at once
+/// (an ICMPv6 error), its WireGuard within 10 s (a keepalive). Best effort: failures
+/// are only logged.
 pub trait Prober: Send + Sync + fmt::Debug {
     /// Probes the peer whose mesh address is `to`.
     fn probe(&self, to: IpAddr);
