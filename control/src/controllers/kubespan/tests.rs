@@ -41,6 +41,9 @@ use crate::{
     testing::{assert_length, assert_no_resource, assert_resource, Harness, TIMEOUT},
 };
 
+/// Kernel writes that fail, and kernel state that goes away.
+mod failures;
+
 #[derive(Debug)]
 struct FakeLinks(Vec<LinkInfo>);
 
@@ -100,6 +103,8 @@ struct Mesh {
     clock: FakeClock,
     sysctl: FakeSysctl,
     probes: RecordingProber,
+    /// The controllers restarted after an error, in order (the runtime's restart hook).
+    restarts: Arc<Mutex<Vec<String>>>,
     _dir: tempfile::TempDir,
 }
 
@@ -194,6 +199,11 @@ fn start_over(
 ) -> Mesh {
     let store = Store::new(StoreOptions::default());
     let mut runtime = Runtime::new(store.clone());
+    let restarts = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&restarts);
+    runtime.on_controller_restart(Arc::new(move |name: &str| {
+        seen.lock().unwrap().push(name.to_owned());
+    }));
     // systemd's default for a new link (loose), host-wide filtering off.
     let sysctl = FakeSysctl::new();
     let probes = RecordingProber::default();
@@ -261,6 +271,7 @@ fn start_over(
         clock,
         sysctl,
         probes,
+        restarts,
         _dir: dir,
     }
 }
