@@ -288,6 +288,15 @@ async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
+/// Waits until the manager has handled every advance of `clock` (see
+/// [`FakeClock::settled`]).
+async fn settled(clock: &FakeClock) {
+    eventually("the manager waiting on the clock again", || {
+        clock.settled().then_some(())
+    })
+    .await;
+}
+
 fn device_peers(wg: &FakeWireGuard) -> usize {
     wg.device().map_or(0, |d: DeviceState| d.peers.len())
 }
@@ -1596,7 +1605,7 @@ async fn an_unlisted_peer_with_a_fresh_session_is_kept_until_it_goes_stale() {
         m.clock.advance(Duration::from_secs(5));
         rx += 100;
         m.wg.handshake(&k1, m.clock.now(), rx, 100);
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        settled(&m.clock).await;
         let st = peer_status(store, 1).unwrap();
         assert_eq!(st.retained_reason, UNLISTED_KEPT, "{st:?}");
         assert_eq!(st.state, PeerState::Up, "{st:?}");
@@ -1636,7 +1645,7 @@ async fn an_unlisted_peer_with_a_fresh_session_is_kept_until_it_goes_stale() {
     .await;
     for _ in 0..8 {
         m.clock.advance(Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        settled(&m.clock).await;
     }
     assert_no_resource(store, &Pointer::new(NS, KubeSpanPeerStatus::TYPE, key(1))).await;
     eventually("peer 1 removed from the device", || {
