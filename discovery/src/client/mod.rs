@@ -50,6 +50,7 @@ pub mod machine;
 pub mod model;
 /// Wire details that rest on a presumption (one constant each).
 pub mod presumed;
+pub mod relay;
 
 use std::{
     collections::BTreeMap,
