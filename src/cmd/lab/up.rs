@@ -16,7 +16,7 @@ use wirespan_control::{
         kubespan::{FastPath, KubeSpanConfig},
         ConfigDocument as _,
     },
-    resources::identity::write_atomic,
+    files::write_atomic,
 };
 use wirespan_dataplane::{netns::Netns, wireguard::PresharedKey};
 
