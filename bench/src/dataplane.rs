@@ -96,6 +96,15 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     );
     let mut rows = Vec::new();
 
+    from_empty_rows(args, &mut rows)?;
+    one_peer_change_rows(args, &mut rows)?;
+    set_layout_rows(args, &mut rows)?;
+    print_rows(&rows);
+    Ok(())
+}
+
+/// From empty: wireguard-go start, peers, nftables, routing, and a no-op re-apply.
+fn from_empty_rows(args: &Args, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     // From empty.
     let pb = bar(args.rounds, "from empty");
     let mut runs = Vec::new();
@@ -135,7 +144,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         med(|r| r.start + r.wg + r.nft + r.routing),
     ));
     rows.push(Row::info("re-apply (no change)", med(|r| r.noop)));
+    Ok(())
+}
 
+/// A one-peer change at each mesh size, and whether its cost stays flat.
+fn one_peer_change_rows(args: &Args, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     // One-peer change at each N.
     let mut medians = Vec::new();
     for &n in &args.sizes {
@@ -169,7 +182,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             ));
         }
     }
+    Ok(())
+}
 
+/// nftables set layouts compared on the same prefixes.
+fn set_layout_rows(args: &Args, rows: &mut Vec<Row>) -> anyhow::Result<()> {
     // Set layouts for the from-empty prefixes and ten times as many: a host address
     // change touches a hash set in the split layout, a CIDR change an interval set;
     // the in-memory work is the same for both, so their difference is the kernel's.
@@ -201,14 +218,18 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             ));
         }
     }
+    Ok(())
+}
 
+/// The report table, and how many targets were missed.
+fn print_rows(rows: &[Row]) {
     println!();
     println!(
         "{:<56} {:>18}   {:<8} result",
         "metric", "measured", "target"
     );
     let mut missed = 0;
-    for r in &rows {
+    for r in rows {
         let res = match r.ok {
             Some(true) => "ok",
             Some(false) => {
@@ -227,7 +248,6 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if missed > 0 {
         println!("\n{missed} target(s) missed");
     }
-    Ok(())
 }
 
 enum Measured {
