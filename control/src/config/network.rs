@@ -128,10 +128,25 @@ impl ConfigDocument for LinkConfig {
     }
 }
 
+// One type from config document to kernel: `resources::network::Scope` is this type,
+// and `controllers::network::scope_number` its one mapping to `RT_SCOPE_*`.
 /// Address scope in config documents.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
-pub enum ScopeName {
+pub enum Scope {
     /// Valid everywhere.
     #[default]
     Global,
@@ -158,7 +173,7 @@ pub struct AddressConfig {
     pub address: Option<IpNet>,
     /// Address scope.
     #[serde(default)]
-    pub scope: ScopeName,
+    pub scope: Scope,
 }
 
 impl ConfigDocument for AddressConfig {

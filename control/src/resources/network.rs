@@ -85,22 +85,8 @@ impl std::fmt::Display for Family {
     }
 }
 
-/// Address or route scope.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Scope {
-    /// Global.
-    #[default]
-    Global,
-    /// Site.
-    Site,
-    /// Link.
-    Link,
-    /// Host.
-    Host,
-}
+/// Address or route scope: one type from config document to kernel.
+pub use crate::config::network::Scope;
 
 macro_rules! network_kind {
     ($kind:ident, $spec:ty, $ty:literal, $display:literal, $ns:expr, [$($col:literal => $path:literal),*]) => {

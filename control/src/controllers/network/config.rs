@@ -6,7 +6,7 @@
 use futures::future::BoxFuture;
 
 use crate::{
-    config::network::{AddressConfig, LinkConfig, RouteConfig, RoutingRuleConfig, ScopeName},
+    config::network::{AddressConfig, LinkConfig, RouteConfig, RoutingRuleConfig},
     resources::{
         config::MachineConfig,
         network::{
@@ -55,12 +55,7 @@ pub fn address_spec(a: &AddressConfig) -> AddressSpecSpec {
     AddressSpecSpec {
         address: a.address,
         link_name: a.link.clone(),
-        scope: match a.scope {
-            ScopeName::Global => Scope::Global,
-            ScopeName::Site => Scope::Site,
-            ScopeName::Link => Scope::Link,
-            ScopeName::Host => Scope::Host,
-        },
+        scope: a.scope,
         layer: LAYER,
     }
 }
