@@ -375,7 +375,7 @@ fn a_hand_made_circle_is_found() {
     ];
     let e = edges(&files);
     assert!(circles(&e).is_empty(), "{e:?}");
-    let mut with_circle = files.clone();
+    let mut with_circle = files;
     with_circle.push(file("b/d.rs", "fn f() { crate::a::inner::g(); }"));
     let found = circles(&edges(&with_circle));
     assert_eq!(

@@ -592,7 +592,7 @@ fn add_node(
     )?;
     host::run("nsenter", &[&format!("--uts={u}"), "--", "hostname", &node])?;
     Ok(NodeState {
-        name: node.clone(),
+        name: node,
         namespace: ns,
         mount_namespace: mnt,
         uts_namespace: uts,
