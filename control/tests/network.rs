@@ -618,7 +618,7 @@ async fn one_bad_route_does_not_stall_the_others_and_shows_its_error() {
 /// A feed that never fires: only the resync timer wakes the spec controllers.
 struct SilentFeed;
 
-impl network::ChangeFeed for SilentFeed {
+impl network::KernelEvents for SilentFeed {
     fn subscribe(&self) -> std::io::Result<futures::stream::BoxStream<'static, ()>> {
         use futures::StreamExt as _;
         Ok(futures::stream::pending().boxed())

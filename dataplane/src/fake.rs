@@ -23,9 +23,9 @@ use crate::{
     },
     watch::NetEvent,
     wireguard::{
-        apply_peer_updates, apply_update, diff, diff_peers, index_of, validate_changes,
-        DeviceState, PeerChange, PeerState, PrivateKey, PublicKey, WgDevice, WgError, WgStatus,
-        WgUpdate, WireGuard,
+        apply_peer_updates, apply_update, diff, diff_peers, index_of, validate_changes, DevicePeer,
+        DeviceState, PeerChange, PrivateKey, PublicKey, WgDevice, WgError, WgStatus, WgUpdate,
+        WireGuard,
     },
 };
 
@@ -305,7 +305,7 @@ impl FakeWireGuard {
         lock(&self.inner).updates.clone()
     }
 
-    fn with_peer(&self, key: &PublicKey, f: impl FnOnce(&mut PeerState)) {
+    fn with_peer(&self, key: &PublicKey, f: impl FnOnce(&mut DevicePeer)) {
         let mut g = lock(&self.inner);
         if let Some(p) = g
             .device

@@ -25,11 +25,14 @@ pub mod cluster;
 pub mod depth;
 pub mod duration;
 pub mod kubespan;
-pub mod loader;
 pub mod network;
 pub mod probe;
 pub mod reference;
 pub mod schema;
+
+/// Name of the last good config's copy in the state dir (kept by the config loader,
+/// `crate::config_loader`).
+pub const LAST_GOOD_FILE: &str = "last-good-config.yaml";
 
 /// The only `apiVersion` this build reads.
 pub const API_VERSION: &str = "v1alpha1";

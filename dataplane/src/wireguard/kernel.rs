@@ -12,7 +12,7 @@ use rtnetlink::LinkWireguard;
 use wireguard_control::{Backend, Device, DeviceUpdate, InterfaceName, Key, PeerConfigBuilder};
 
 use super::{
-    diff, full_update, validate_changes, DeviceState, PeerChange, PeerState, PresharedKey,
+    diff, full_update, validate_changes, DevicePeer, DeviceState, PeerChange, PresharedKey,
     PrivateKey, PublicKey, WgDevice, WgError, WgStatus, WgUpdate, WireGuard,
 };
 use crate::netns::{Netns, NetnsThread};
@@ -85,7 +85,7 @@ fn to_state(d: &Device) -> DeviceState {
         peers: d
             .peers
             .iter()
-            .map(|p| PeerState {
+            .map(|p| DevicePeer {
                 public_key: PublicKey::from_bytes(p.config.public_key.0),
                 preshared_key: p
                     .config
