@@ -146,7 +146,7 @@ pub fn read_file(path: &Path) -> Result<String, LoadError> {
 ///
 /// # Errors
 /// Every problem.
-pub fn validate(text: &str) -> Result<crate::config::MachineConfig, LoadError> {
+pub fn validate(text: &str) -> Result<crate::config::ConfigDocuments, LoadError> {
     check_size(text.len() as u64)?;
     let cfg = crate::config::parse(text)?;
     if cfg.documents.is_empty() {

@@ -198,7 +198,7 @@ pub fn node_config(
 ///
 /// # Errors
 /// The config error (which never contains the secret).
-pub fn validate(text: &str) -> Result<config::MachineConfig, config::ConfigError> {
+pub fn validate(text: &str) -> Result<config::ConfigDocuments, config::ConfigError> {
     config::parse(text)
 }
 

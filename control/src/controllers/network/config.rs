@@ -107,7 +107,7 @@ pub fn rule_spec(r: &RoutingRuleConfig) -> RoutingRuleSpecSpec {
 
 /// Pure mapping of documents to configuration-layer specs.
 #[must_use]
-pub fn specs(cfg: &crate::config::MachineConfig) -> NetworkSpecs {
+pub fn specs(cfg: &crate::config::ConfigDocuments) -> NetworkSpecs {
     NetworkSpecs {
         links: cfg.documents_of::<LinkConfig>().map(link_spec).collect(),
         addresses: cfg

@@ -93,7 +93,7 @@ pub fn http_probe_spec(h: &HttpProbeConfig) -> ProbeSpecSpec {
 /// Probe specs of a config's documents (validation rejects two documents with one
 /// target; should they meet here anyway, they are one probe).
 #[must_use]
-pub fn probe_specs(cfg: &crate::config::MachineConfig) -> Vec<ProbeSpecSpec> {
+pub fn probe_specs(cfg: &crate::config::ConfigDocuments) -> Vec<ProbeSpecSpec> {
     let mut out: Vec<ProbeSpecSpec> = Vec::new();
     let mut push = |name: &str, spec: ProbeSpecSpec| {
         if out.iter().any(|s| s.key() == spec.key()) {
