@@ -10,13 +10,27 @@ use std::{
     process::Command,
 };
 
+// BUCKETS, DEFAULT_ENTRIES and the bucket hash multipliers, the one definition.
+include!("src/constants.rs");
+
 const SOURCES: &[&str] = &["marking"];
+
+/// The shared constants as clang `-D` flags.
+fn constant_flags() -> Vec<String> {
+    vec![
+        format!("-DBUCKETS={BUCKETS}"),
+        format!("-DDEFAULT_ENTRIES={DEFAULT_ENTRIES}"),
+        format!("-DBUCKET_HASH4={BUCKET_HASH4:#x}u"),
+        format!("-DBUCKET_HASH6={BUCKET_HASH6:#x}ull"),
+    ]
+}
 
 fn main() {
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
     let clang = env::var_os("CLANG").unwrap_or_else(|| "clang".into());
     println!("cargo:rerun-if-env-changed=CLANG");
     println!("cargo:rerun-if-changed=src/bpf");
+    println!("cargo:rerun-if-changed=src/constants.rs");
 
     let version = Command::new(&clang).arg("--version").output();
     if !matches!(&version, Ok(o) if o.status.success()) {
@@ -42,6 +56,7 @@ fn main() {
         let status = Command::new(&clang)
             .args(["-O2", "-g", "-target", "bpf", "-Wall", "-Werror"])
             .arg(format!("-I{multiarch}"))
+            .args(constant_flags())
             .arg("-c")
             .arg(&src)
             .arg("-o")

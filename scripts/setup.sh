@@ -6,6 +6,8 @@ set -euo pipefail
 need=()
 have() { command -v "$1" >/dev/null 2>&1; }
 have clang        || need+=(clang)
+# libfuzzer-sys builds libFuzzer (C++) when the suite checks the fuzz targets.
+have c++          || need+=(g++)
 have llvm-strip   || need+=(llvm)
 [ -f /usr/include/bpf/bpf_helpers.h ] || need+=(libbpf-dev)
 have nft          || need+=(nftables)

@@ -20,7 +20,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::bar;
+use crate::{bar, sanity::Sanity};
 use wirespan_dataplane::{
     ipnet::{IpNet, Ipv4Net, Ipv6Net},
     marking::{Marking, MarkingSpec, NftMarking, SetLayout},
@@ -95,46 +95,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         args.prefixes_per_peer
     );
     let mut rows = Vec::new();
-
-    // From empty.
-    let pb = bar(args.rounds, "from empty");
-    let mut runs = Vec::new();
-    for _ in 0..args.rounds {
-        runs.push(from_empty(args.peers, args.prefixes_per_peer)?);
-        pb.inc(1);
-    }
-    pb.finish_and_clear();
-    let med = |f: fn(&FromEmpty) -> Duration| median(&mut runs.iter().map(f).collect::<Vec<_>>());
-    let total = med(|r| r.wg + r.nft + r.routing);
-    let label = format!(
-        "{} peers + {} prefixes",
-        args.peers,
-        args.peers * args.prefixes_per_peer
-    );
-    rows.push(Row::info(
-        format!("from empty: wireguard-go start ({label})"),
-        med(|r| r.start),
-    ));
-    rows.push(Row::info("from empty: WireGuard peers", med(|r| r.wg)));
-    rows.push(Row::info(
-        "from empty: nftables table + sets",
-        med(|r| r.nft),
-    ));
-    rows.push(Row::info(
-        "from empty: link, rules, routes",
-        med(|r| r.routing),
-    ));
-    rows.push(Row::target(
-        "from empty: total apply",
-        total,
-        "< 1 s",
-        total < Duration::from_secs(1),
-    ));
-    rows.push(Row::info(
-        "from empty: total incl. daemon start",
-        med(|r| r.start + r.wg + r.nft + r.routing),
-    ));
-    rows.push(Row::info("re-apply (no change)", med(|r| r.noop)));
+    let mut sanity = Sanity::new("dataplane");
+    from_empty_section(args, &mut rows, &mut sanity)?;
 
     // One-peer change at each N.
     let mut medians = Vec::new();
@@ -227,7 +189,73 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if missed > 0 {
         println!("\n{missed} target(s) missed");
     }
+    sanity.into_result()?;
     Ok(())
+}
+
+/// From empty, `args.rounds` times: the rows, and what shows the adapters broken.
+fn from_empty_section(args: &Args, rows: &mut Vec<Row>, sanity: &mut Sanity) -> anyhow::Result<()> {
+    let pb = bar(args.rounds, "from empty");
+    let mut runs = Vec::new();
+    for _ in 0..args.rounds {
+        runs.push(from_empty(args.peers, args.prefixes_per_peer)?);
+        pb.inc(1);
+    }
+    pb.finish_and_clear();
+    let med = |f: fn(&FromEmpty) -> Duration| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+    let total = med(|r| r.wg + r.nft + r.routing);
+    let label = format!(
+        "{} peers + {} prefixes",
+        args.peers,
+        args.peers * args.prefixes_per_peer
+    );
+    rows.push(Row::info(
+        format!("from empty: wireguard-go start ({label})"),
+        med(|r| r.start),
+    ));
+    rows.push(Row::info("from empty: WireGuard peers", med(|r| r.wg)));
+    rows.push(Row::info(
+        "from empty: nftables table + sets",
+        med(|r| r.nft),
+    ));
+    rows.push(Row::info(
+        "from empty: link, rules, routes",
+        med(|r| r.routing),
+    ));
+    rows.push(Row::target(
+        "from empty: total apply",
+        total,
+        "< 1 s",
+        total < Duration::from_secs(1),
+    ));
+    rows.push(Row::info(
+        "from empty: total incl. daemon start",
+        med(|r| r.start + r.wg + r.nft + r.routing),
+    ));
+    rows.push(Row::info("re-apply (no change)", med(|r| r.noop)));
+    judge_from_empty(sanity, args.peers, &runs);
+    Ok(())
+}
+
+/// Broken: peers missing from the device after the apply, or a re-apply of the same
+/// state that wrote to it.
+fn judge_from_empty(sanity: &mut Sanity, peers: usize, runs: &[FromEmpty]) {
+    for (i, r) in runs.iter().enumerate() {
+        sanity.require(r.peers_on_device == peers, || {
+            format!(
+                "from empty, round {}: {} of {peers} peers on the device after the apply",
+                i + 1,
+                r.peers_on_device
+            )
+        });
+        sanity.require(r.noop_writes == 0, || {
+            format!(
+                "from empty, round {}: re-applying the same state wrote {} time(s)",
+                i + 1,
+                r.noop_writes
+            )
+        });
+    }
 }
 
 enum Measured {
@@ -446,6 +474,10 @@ struct FromEmpty {
     nft: Duration,
     routing: Duration,
     noop: Duration,
+    /// Peers the device reports after the apply.
+    peers_on_device: usize,
+    /// WireGuard writes of the re-apply (0 unless the diff is broken).
+    noop_writes: u64,
 }
 
 fn from_empty(peers: usize, per: usize) -> anyhow::Result<FromEmpty> {
@@ -455,15 +487,20 @@ fn from_empty(peers: usize, per: usize) -> anyhow::Result<FromEmpty> {
     node.wg.ensure()?;
     let start = t.elapsed();
     let (wg, nft, routing) = node.apply(&d)?;
+    let writes = node.wg.writes();
     let t = Instant::now();
     node.apply(&d)?;
     let noop = t.elapsed();
+    let noop_writes = node.wg.writes() - writes;
+    let peers_on_device = node.wg.observe()?.peers.len();
     Ok(FromEmpty {
         start,
         wg,
         nft,
         routing,
         noop,
+        peers_on_device,
+        noop_writes,
     })
 }
 
@@ -580,4 +617,37 @@ fn layout_figures(
         net,
         rebuild: median(&mut rebuild),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(peers_on_device: usize, noop_writes: u64) -> FromEmpty {
+        let slow = Duration::from_secs(30);
+        FromEmpty {
+            start: slow,
+            wg: slow,
+            nft: slow,
+            routing: slow,
+            noop: slow,
+            peers_on_device,
+            noop_writes,
+        }
+    }
+
+    #[test]
+    fn missing_peers_or_a_writing_no_op_are_broken_slow_applies_are_not() {
+        let mut s = Sanity::new("dataplane");
+        judge_from_empty(&mut s, 100, &[run(100, 0), run(100, 0)]);
+        assert!(s.problems().is_empty());
+        judge_from_empty(&mut s, 100, &[run(100, 0), run(99, 1)]);
+        assert_eq!(
+            s.problems(),
+            [
+                "from empty, round 2: 99 of 100 peers on the device after the apply",
+                "from empty, round 2: re-applying the same state wrote 1 time(s)"
+            ]
+        );
+    }
 }

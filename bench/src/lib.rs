@@ -20,6 +20,7 @@ mod lab;
 pub mod marking;
 pub mod reconcile;
 pub mod runtime;
+pub mod sanity;
 pub mod throughput;
 
 /// A progress bar for one phase of a benchmark (on stderr, so reports stay clean).

@@ -16,6 +16,8 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
+
+use crate::sanity::Sanity;
 use wirespan_control::runtime::{
     Controller, ControllerResult, ControllerRuntime, Definition, Event, Harness, Input, InputKind,
     Kind, Output, ResourceKind, Runtime, Store, StoreOptions, WatchOptions,
@@ -102,8 +104,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         args.chain_rounds
     );
     let mut rows: Vec<(String, String, String, Option<bool>)> = Vec::new();
+    let mut update_rates = Vec::new();
     for watchers in [0usize, 4, 64] {
         let r = updates(&rt, args, watchers)?;
+        update_rates.push((watchers, r));
         let (target, ok) = if watchers == 4 {
             ("≥ 100k/s".to_owned(), Some(r >= 100_000.0))
         } else {
@@ -116,7 +120,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             ok,
         ));
     }
-    let n = noops(args);
+    let (n, noop_version) = noops(args);
     rows.push((
         "no-op modify/s".into(),
         rate(n),
@@ -150,7 +154,25 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         };
         println!("{name:<34} {measured:>14}   {target:<10} {res}");
     }
+    judge(&update_rates, n, noop_version).into_result()?;
     Ok(())
+}
+
+/// What shows the runtime broken: a rate of nothing, or a no-op modify that wrote
+/// (`noop_version`: the resource's version after them all; only the first modify
+/// writes).
+fn judge(update_rates: &[(usize, f64)], noop_rate: f64, noop_version: u64) -> Sanity {
+    let mut s = Sanity::new("runtime");
+    for (watchers, r) in update_rates {
+        s.positive_rate(&format!("updates with {watchers} kind watchers"), *r);
+    }
+    s.positive_rate("no-op modifies", noop_rate);
+    s.require(noop_version == 1, || {
+        format!(
+            "modifies that changed nothing wrote: the resource is at version {noop_version}, not 1"
+        )
+    });
+    s
 }
 
 fn rate(per_sec: f64) -> String {
@@ -226,18 +248,22 @@ fn updates(rt: &tokio::runtime::Runtime, args: &Args, watchers: usize) -> anyhow
     Ok(args.updates as f64 / elapsed.as_secs_f64())
 }
 
-/// Modify that changes nothing: Get + copy + compare, no write, no event.
-fn noops(args: &Args) -> f64 {
+/// Modify that changes nothing: Get + copy + compare, no write, no event. Returns the
+/// rate and the resource's version after them (1 unless a no-op wrote).
+fn noops(args: &Args) -> (f64, u64) {
     let store = Store::default();
-    let _ = store.modify::<BenchResource>(NS, "x", "bench", |r| r.spec.value = 7);
+    let mut version = store
+        .modify::<BenchResource>(NS, "x", "bench", |r| r.spec.value = 7)
+        .map_or(0, |r| r.metadata.version);
     let start = Instant::now();
     for _ in 0..args.noops {
-        let r = store.modify::<BenchResource>(NS, "x", "bench", |r| r.spec.value = 7);
-        debug_assert!(r.is_ok_and(|r| r.metadata.version == 1));
+        if let Ok(r) = store.modify::<BenchResource>(NS, "x", "bench", |r| r.spec.value = 7) {
+            version = r.metadata.version;
+        }
     }
     #[allow(clippy::cast_precision_loss)]
     let r = args.noops as f64 / start.elapsed().as_secs_f64();
-    r
+    (r, version)
 }
 
 /// Spec of the chain stages: the value copied down the chain.
@@ -348,4 +374,21 @@ async fn chain(rounds: usize) -> anyhow::Result<(Duration, Duration)> {
     let median = lat[lat.len() / 2];
     let p99 = lat[(lat.len() * 99 / 100).min(lat.len() - 1)];
     Ok((median, p99))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_rate_of_nothing_or_a_no_op_that_wrote_is_broken_and_slow_figures_are_not() {
+        let slow = [(0, 1.0), (4, 0.5), (64, 0.1)];
+        assert!(judge(&slow, 3.0, 1).problems().is_empty());
+        let problems = judge(&[(0, 10.0), (4, 0.0)], 5.0, 1).problems().to_vec();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("4 kind watchers"), "{problems:?}");
+        let problems = judge(&slow, 5.0, 1001).problems().to_vec();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("version 1001"), "{problems:?}");
+    }
 }

@@ -21,6 +21,8 @@ use std::{
 };
 
 use anyhow::{bail, Context as _};
+
+use crate::sanity::Sanity;
 use serde_json::Value;
 
 use crate::{
@@ -356,6 +358,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         std::thread::available_parallelism().map_or(0, std::num::NonZero::get),
     );
     let mut groups: Vec<chart::BarGroup> = Vec::new();
+    let mut sanity = Sanity::new("throughput");
     let mut missed = Vec::new();
     for (bi, backend) in backends.iter().enumerate() {
         let pid = std::process::id();
@@ -382,7 +385,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                     let tx0 = lab.mesh_tx()?;
                     let s = measure(&client_ns, target, &server_ns, udp, seconds)?;
                     let tunnelled = lab.mesh_tx()?.saturating_sub(tx0);
-                    check_path(path, udp, &s, tunnelled)?;
+                    if judge_sample(&mut sanity, &ran, path, udp, &s) {
+                        check_path(path, udp, &s, tunnelled)?;
+                    }
                     if udp {
                         samples[pi].udp.push(s);
                     } else {
@@ -435,7 +440,22 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     )
     .with_context(|| format!("writing {}", svg.display()))?;
     println!("report: {}, chart: {}", report.display(), svg.display());
+    sanity.into_result()?;
     Ok(())
+}
+
+/// A run that delivered nothing is broken (the path, not the machine); returns
+/// whether the sample delivered anything, so its path can be checked.
+fn judge_sample(sanity: &mut Sanity, backend: &str, path: PathKind, udp: bool, s: &Sample) -> bool {
+    let delivered = s.delivered_bytes > 0 && s.mbps > 0.0;
+    sanity.require(delivered, || {
+        format!(
+            "{backend} WireGuard, {} {}: nothing reached the receiver",
+            path.label(),
+            if udp { "UDP" } else { "TCP" }
+        )
+    });
+    delivered
 }
 
 /// A run's traffic must cross WireGuard exactly when its path says so: what reached
@@ -564,6 +584,39 @@ mod tests {
         assert!(check_path(PathKind::MeshEbpf, false, &s, 1_000).is_err());
         assert!(check_path(PathKind::Underlay, false, &s, 1_000).is_ok());
         assert!(check_path(PathKind::Underlay, false, &s, 1_100_000).is_err());
+    }
+
+    #[test]
+    fn a_run_that_delivered_nothing_is_broken_a_slow_one_is_not() {
+        let at = |delivered_bytes: u64, mbps: f64| Sample {
+            mbps,
+            delivered_bytes,
+            lost_percent: 99.0,
+            mss: 0,
+        };
+        let mut s = Sanity::new("throughput");
+        assert!(judge_sample(
+            &mut s,
+            "userspace",
+            PathKind::MeshEbpf,
+            true,
+            &at(1_280, 0.01)
+        ));
+        assert!(s.problems().is_empty());
+        assert!(!judge_sample(
+            &mut s,
+            "kernel",
+            PathKind::Underlay,
+            false,
+            &at(0, 0.0)
+        ));
+        assert_eq!(s.problems().len(), 1);
+        assert!(
+            s.problems()[0].starts_with("kernel WireGuard"),
+            "{:?}",
+            s.problems()
+        );
+        assert!(s.problems()[0].ends_with("TCP: nothing reached the receiver"));
     }
 
     #[test]

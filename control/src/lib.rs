@@ -7,7 +7,11 @@
 //!   data plane (node identity), plus the `meta` definitions and namespaces.
 //! * [`kubespan`]: pure logic of the mesh (ULA, AllowedIPs, rotation).
 //! * [`controllers`]: controllers by family.
-//! * [`config`]: the multi-document YAML config and its validation.
+//! * [`config`]: the multi-document YAML config and its validation (a leaf: it uses no
+//!   other module of the crate).
+//! * [`config_loader`]: takes a config file or API text whole or not at all, into the
+//!   store, keeping the last good copy in the state dir.
+//! * [`files`]: atomic 0600 writes and private directories of the state dir.
 //! * [`secret`]: secret values that never print.
 //! * [`api`]: the resource API (tonic over a unix socket) served to the CLI.
 //! * `testing` (tests and the `testing` feature only): assert-eventually helpers and small
@@ -15,7 +19,9 @@
 
 pub mod api;
 pub mod config;
+pub mod config_loader;
 pub mod controllers;
+pub mod files;
 pub mod kubespan;
 pub mod resources;
 pub mod runtime;

@@ -362,10 +362,29 @@ fn the_udp_prober_reports_the_replies_of_a_real_peer_kernel() {
     let got = replies_within(Duration::from_secs(5));
     assert_eq!(got, [peer].into_iter().collect(), "the peer answered");
 
+    // ICMPv6 destination-unreachable messages a has received (each reply, and a
+    // router's error), from its own counters: the event that a reply has arrived.
+    let unreachables_at_a = || -> u64 {
+        a.run_stdout("cat", &["/proc/net/snmp6"])
+            .unwrap()
+            .lines()
+            .find_map(|l| l.strip_prefix("Icmp6InDestUnreachs")?.trim().parse().ok())
+            .unwrap()
+    };
+    let arrival_after = |before: u64| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while unreachables_at_a() <= before {
+            assert!(Instant::now() < deadline, "no ICMPv6 error reached a");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+
     // Twice in a row, without reading in between: the second send is not lost to the
-    // first reply's pending socket error, and both replies are reported.
+    // first reply, pending on the socket as its error when it goes out, and both
+    // replies are reported.
+    let before = unreachables_at_a();
     probe(peer);
-    std::thread::sleep(Duration::from_millis(200));
+    arrival_after(before);
     probe(peer);
     assert_eq!(
         replies_within(Duration::from_secs(5)),
@@ -380,9 +399,17 @@ fn the_udp_prober_reports_the_replies_of_a_real_peer_kernel() {
         "{sent}"
     );
 
-    // A router's error for a host behind it.
+    // A router's error for a host behind it: once it has arrived, and a probe of the
+    // peer sent after it has been answered and reported (the socket's errors queue in
+    // order), only the peer is reported.
+    let before = unreachables_at_a();
     probe(behind);
-    assert!(replies_within(Duration::from_secs(1)).is_empty());
+    arrival_after(before);
+    probe(peer);
+    assert_eq!(
+        replies_within(Duration::from_secs(5)),
+        [peer].into_iter().collect()
+    );
 
     // A peer that drops the probe.
     ok(b.run(
@@ -393,12 +420,20 @@ fn the_udp_prober_reports_the_replies_of_a_real_peer_kernel() {
         ],
     ));
     probe(peer);
-    assert!(replies_within(Duration::from_secs(1)).is_empty());
-    let counted = b
-        .run_stdout("nft", &["list", "chain", "inet", "t", "in"])
-        .unwrap();
-    assert!(
-        counted.contains("packets 1 "),
-        "the probe reached the peer: {counted}"
-    );
+    // Once the peer's firewall has counted the probe, no answer can follow.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let counted = b
+            .run_stdout("nft", &["list", "chain", "inet", "t", "in"])
+            .unwrap();
+        if counted.contains("packets 1 ") {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the probe never reached the peer: {counted}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(prober.kernel_replies().is_empty());
 }

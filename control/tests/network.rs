@@ -205,6 +205,63 @@ async fn config_to_fake_kernel_to_status_and_node_addresses() {
     h.stop().await.unwrap();
 }
 
+/// A link whose carrier drops: its status says so, its address leaves the node's
+/// current and routed addresses (what the mesh announces), and both come back with it.
+#[tokio::test]
+async fn a_link_going_down_shows_in_its_status_and_node_addresses_and_recovers() {
+    let fake = FakeNetwork::new();
+    fake.add_link("eth0", "ether");
+    fake.add_link("eth1", "ether");
+    let store = Store::new(StoreOptions::default());
+    let mut rt = Runtime::new(store.clone());
+    network::register(&mut rt, &fake_deps(&fake)).unwrap();
+    let h = Harness::start(rt);
+    set_config(
+        &store,
+        "apiVersion: v1alpha1\nkind: AddressConfig\nlink: eth0\naddress: 10.0.0.1/24\n---\n\
+         apiVersion: v1alpha1\nkind: AddressConfig\nlink: eth1\naddress: 10.1.0.1/24\n",
+    );
+    let routed = |want: &'static [&'static str]| {
+        move |r: &Resource<NodeAddress>| {
+            let got: Vec<String> = r.spec.addresses.iter().map(ToString::to_string).collect();
+            (got == want).then_some(()).ok_or(format!("{got:?}"))
+        }
+    };
+    let link_up = |up: bool| {
+        move |r: &Resource<LinkStatus>| {
+            (r.spec.is_up() == up)
+                .then_some(())
+                .ok_or(format!("{:?}", r.spec))
+        }
+    };
+    assert_resource(
+        &store,
+        NS,
+        "routed",
+        routed(&["10.0.0.1/24", "10.1.0.1/24"]),
+    )
+    .await;
+
+    fake.set_oper_state("eth1", "down");
+    let down = assert_resource(&store, NS, "eth1", link_up(false)).await;
+    assert_eq!(down.spec.oper_state, "down");
+    assert_resource(&store, NS, "routed", routed(&["10.0.0.1/24"])).await;
+    assert_resource(&store, NS, "current", routed(&["10.0.0.1/24"])).await;
+    // The address itself stays configured on the link.
+    assert_resource::<AddressStatus>(&store, NS, "eth1/10.1.0.1/24", |_| Ok(())).await;
+
+    fake.set_oper_state("eth1", "up");
+    assert_resource(&store, NS, "eth1", link_up(true)).await;
+    assert_resource(
+        &store,
+        NS,
+        "routed",
+        routed(&["10.0.0.1/24", "10.1.0.1/24"]),
+    )
+    .await;
+    h.stop().await.unwrap();
+}
+
 #[tokio::test]
 async fn operator_layer_overrides_link_fields_field_wise() {
     let fake = FakeNetwork::new();
@@ -561,7 +618,7 @@ async fn one_bad_route_does_not_stall_the_others_and_shows_its_error() {
 /// A feed that never fires: only the resync timer wakes the spec controllers.
 struct SilentFeed;
 
-impl network::ChangeFeed for SilentFeed {
+impl network::KernelEvents for SilentFeed {
     fn subscribe(&self) -> std::io::Result<futures::stream::BoxStream<'static, ()>> {
         use futures::StreamExt as _;
         Ok(futures::stream::pending().boxed())

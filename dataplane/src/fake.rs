@@ -23,9 +23,9 @@ use crate::{
     },
     watch::NetEvent,
     wireguard::{
-        apply_peer_updates, apply_update, diff, diff_peers, index_of, validate_changes,
-        DeviceState, PeerChange, PeerState, PrivateKey, PublicKey, WgDevice, WgError, WgStatus,
-        WgUpdate, WireGuard,
+        apply_peer_updates, apply_update, diff, diff_peers, index_of, validate_changes, DevicePeer,
+        DeviceState, PeerChange, PrivateKey, PublicKey, WgDevice, WgError, WgStatus, WgUpdate,
+        WireGuard,
     },
 };
 
@@ -305,7 +305,7 @@ impl FakeWireGuard {
         lock(&self.inner).updates.clone()
     }
 
-    fn with_peer(&self, key: &PublicKey, f: impl FnOnce(&mut PeerState)) {
+    fn with_peer(&self, key: &PublicKey, f: impl FnOnce(&mut DevicePeer)) {
         let mut g = lock(&self.inner);
         if let Some(p) = g
             .device
@@ -888,7 +888,16 @@ mod tests {
     }
 }
 
-/// Fake kernel parameters: a map by dotted name; absent ones fail to read.
+/// Fake kernel parameters: a map by dotted name, refusing what `/proc/sys` refuses
+/// with the error the real adapter ([`crate::sysctl::ProcSysctl`]) returns: a path
+/// that is not plain names, an absent parameter (`ENOENT`), a directory (`EISDIR`: a
+/// prefix of a parameter's name), a non-integer to an integer parameter (`EINVAL`),
+/// and any write once [`FakeSysctl::refuse_writes`] is on (`EROFS`).
+///
+/// A parameter is an integer one when its value is whitespace-separated integers.
+/// Like the kernel's `proc_dointvec`, a write parses integers from the start of the
+/// value (decimal, `0x` hexadecimal or `0` octal, within `i32`), ignores what follows
+/// the last one the parameter holds, and changes nothing when the value is blank.
 #[derive(Debug, Clone, Default)]
 pub struct FakeSysctl(Arc<Mutex<(std::collections::BTreeMap<String, String>, bool)>>);
 
@@ -916,31 +925,99 @@ impl FakeSysctl {
     }
 }
 
+fn sysctl_io(op: &'static str, key: String, errno: i32) -> crate::sysctl::SysctlError {
+    crate::sysctl::SysctlError::Io {
+        op,
+        key,
+        source: std::io::Error::from_raw_os_error(errno),
+    }
+}
+
+/// The errno `/proc/sys` gives for a name that is not a parameter: `EISDIR` when
+/// parameters live under it, `ENOENT` otherwise.
+fn absent_errno(map: &std::collections::BTreeMap<String, String>, key: &str) -> i32 {
+    let dir = format!("{key}.");
+    if map
+        .range(dir.clone()..)
+        .next()
+        .is_some_and(|(k, _)| k.starts_with(&dir))
+    {
+        libc::EISDIR
+    } else {
+        libc::ENOENT
+    }
+}
+
+/// An integer as `proc_dointvec` reads one (base from the prefix, `i32` range).
+fn kernel_int(token: &str) -> Option<i32> {
+    let (negative, digits) = match token.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, token.strip_prefix('+').unwrap_or(token)),
+    };
+    let magnitude = if let Some(hex) = digits
+        .strip_prefix("0x")
+        .or_else(|| digits.strip_prefix("0X"))
+    {
+        i64::from_str_radix(hex, 16).ok()?
+    } else if digits.len() > 1 && digits.starts_with('0') {
+        i64::from_str_radix(&digits[1..], 8).ok()?
+    } else {
+        digits.parse::<i64>().ok()?
+    };
+    i32::try_from(if negative { -magnitude } else { magnitude }).ok()
+}
+
+/// The value an integer parameter holding `old` has after writing `value`, or
+/// `None` when the kernel refuses it (`EINVAL`); `old` unchanged for a blank value.
+fn integer_write(old: &str, value: &str) -> Option<String> {
+    let held = old.split_whitespace().count();
+    let given: Vec<&str> = value.split_whitespace().take(held).collect();
+    if given.is_empty() {
+        return Some(old.to_owned());
+    }
+    let mut ints = given
+        .iter()
+        .map(|t| kernel_int(t).map(|i| i.to_string()))
+        .collect::<Option<Vec<_>>>()?;
+    // Values not given keep theirs.
+    ints.extend(old.split_whitespace().skip(ints.len()).map(str::to_owned));
+    Some(ints.join("\t"))
+}
+
+fn is_integer_value(v: &str) -> bool {
+    let mut tokens = v.split_whitespace().peekable();
+    tokens.peek().is_some() && tokens.all(|t| kernel_int(t).is_some())
+}
+
 impl crate::sysctl::Sysctl for FakeSysctl {
     fn read(&self, path: &[&str]) -> Result<String, crate::sysctl::SysctlError> {
+        crate::sysctl::check_path(path)?;
         let key = crate::sysctl::dotted(path);
-        lock(&self.0)
-            .0
-            .get(&key)
-            .cloned()
-            .ok_or(crate::sysctl::SysctlError::Io {
-                op: "read",
-                key,
-                source: std::io::ErrorKind::NotFound.into(),
-            })
+        let g = lock(&self.0);
+        match g.0.get(&key) {
+            Some(v) => Ok(v.clone()),
+            None => Err(sysctl_io("read", key.clone(), absent_errno(&g.0, &key))),
+        }
     }
 
     fn write(&self, path: &[&str], value: &str) -> Result<(), crate::sysctl::SysctlError> {
+        crate::sysctl::check_path(path)?;
         let key = crate::sysctl::dotted(path);
         let mut g = lock(&self.0);
+        let Some(old) = g.0.get(&key).cloned() else {
+            let errno = absent_errno(&g.0, &key);
+            return Err(sysctl_io("write", key, errno));
+        };
         if g.1 {
-            return Err(crate::sysctl::SysctlError::Io {
-                op: "write",
-                key,
-                source: std::io::Error::from_raw_os_error(30),
-            });
+            return Err(sysctl_io("write", key, libc::EROFS));
         }
-        g.0.insert(key, value.to_owned());
+        let new = if is_integer_value(&old) {
+            integer_write(&old, value)
+                .ok_or_else(|| sysctl_io("write", key.clone(), libc::EINVAL))?
+        } else {
+            value.trim_end_matches('\n').to_owned()
+        };
+        g.0.insert(key, new);
         Ok(())
     }
 }

@@ -58,6 +58,15 @@ pub enum SysctlError {
         /// The value found.
         value: String,
     },
+    /// A path component that would leave the parameter's directory (`..`, `.`, empty,
+    /// or holding a `/`): never a parameter or an interface name.
+    #[error("invalid sysctl path {key}: component {component:?} is not a name")]
+    InvalidPath {
+        /// The path, dotted.
+        key: String,
+        /// The offending component.
+        component: String,
+    },
 }
 
 /// Reads and writes kernel parameters, named by their path under `/proc/sys`
@@ -107,15 +116,37 @@ impl ProcSysctl {
     }
 }
 
-fn proc_path(path: &[&str]) -> PathBuf {
+/// Refuses a path whose components are not plain names: `["net", "ipv4", "conf",
+/// "..", ...]` would otherwise reach another parameter, and an interface name can be
+/// none of these (the kernel refuses them as link names).
+///
+/// # Errors
+/// [`SysctlError::InvalidPath`] naming the first bad component.
+pub fn check_path(path: &[&str]) -> Result<(), SysctlError> {
+    let bad = |c: &&&str| c.is_empty() || **c == "." || **c == ".." || c.contains('/');
+    match path.iter().find(bad) {
+        Some(c) => Err(SysctlError::InvalidPath {
+            key: dotted(path),
+            component: (*c).to_owned(),
+        }),
+        None if path.is_empty() => Err(SysctlError::InvalidPath {
+            key: String::new(),
+            component: String::new(),
+        }),
+        None => Ok(()),
+    }
+}
+
+fn proc_path(path: &[&str]) -> Result<PathBuf, SysctlError> {
+    check_path(path)?;
     let mut p = PathBuf::from("/proc/sys");
     p.extend(path);
-    p
+    Ok(p)
 }
 
 impl Sysctl for ProcSysctl {
     fn read(&self, path: &[&str]) -> Result<String, SysctlError> {
-        let file = proc_path(path);
+        let file = proc_path(path)?;
         self.in_netns(move || std::fs::read_to_string(file))
             .map(|s| s.trim().to_owned())
             .map_err(|source| SysctlError::Io {
@@ -126,7 +157,7 @@ impl Sysctl for ProcSysctl {
     }
 
     fn write(&self, path: &[&str], value: &str) -> Result<(), SysctlError> {
-        let (file, value) = (proc_path(path), value.to_owned());
+        let (file, value) = (proc_path(path)?, value.to_owned());
         self.in_netns(move || std::fs::write(file, value))
             .map_err(|source| SysctlError::Io {
                 op: "write",

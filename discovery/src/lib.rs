@@ -3,7 +3,8 @@
 //!
 //! - [`proto`]: generated message and service types of the three protobuf packages.
 //! - [`server`]: the discovery server.
-//! - [`relay`]: the server relay (wirespan's own service beside the discovery API).
+//! - [`relay`]: the pair token both sides of the server relay compute or check (the
+//!   relay itself is [`server::relay`], a node's allocation call [`client::relay`]).
 //! - [`client`]: the client library: blob crypto, typed affiliates, run loop.
 //! - [`redact`]: what logs print instead of cluster IDs.
 //! - [`text`]: sanitising and escaping untrusted names from affiliates.

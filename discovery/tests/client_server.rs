@@ -1,5 +1,7 @@
 //! The discovery client against the project's real discovery server on loopback.
 
+mod server_common;
+
 use std::{
     collections::BTreeMap,
     net::{IpAddr, SocketAddr},
@@ -9,6 +11,7 @@ use std::{
 use aes::cipher::{Array, BlockCipherEncrypt, KeyInit};
 use aes_gcm::{aead::Aead, Aes256Gcm};
 use anyhow::{bail, Context, Result};
+use server_common::metric;
 use tokio::{net::TcpListener, sync::watch};
 use tokio_util::sync::CancellationToken;
 use wirespan_discovery::{
@@ -599,15 +602,40 @@ async fn stopped_client_with_short_ttl_disappears_via_gc() -> Result<()> {
     watcher
         .wait_for("watcher sees short", |s| s.affiliates.contains_key("short"))
         .await?;
-    // While running, refreshes every TTL/2 keep it alive past several TTLs.
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // While running, refreshes every TTL/2 keep it alive past several TTLs: wait for
+    // the server to take four updates (the first would have expired after two), then
+    // for a GC pass after the last, and GC must have removed nothing.
+    let updates = r#"grpc_server_handled_total{grpc_method="AffiliateUpdate",grpc_code="Ok"}"#;
+    let gc_runs = "discovery_state_gc_runs_total";
+    let gc_removed = "discovery_state_gc_affiliates_total";
+    poll("four affiliate updates", || metric(&server, updates) >= 4.0).await?;
+    let runs = metric(&server, gc_runs);
+    poll("a GC pass after them", || metric(&server, gc_runs) > runs).await?;
+    assert_eq!(
+        metric(&server, gc_removed),
+        0.0,
+        "GC removed a refreshed affiliate"
+    );
     assert!(watcher.state.borrow().affiliates.contains_key("short"));
     short.stop().await;
     watcher
         .wait_for("short expires", |s| !s.affiliates.contains_key("short"))
         .await?;
+    assert_eq!(metric(&server, gc_removed), 1.0);
     watcher.stop().await;
     server.shutdown().await?;
+    Ok(())
+}
+
+/// Polls `done` until it holds or [`WAIT`] passes.
+async fn poll(what: &str, mut done: impl FnMut() -> bool) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !done() {
+        if tokio::time::Instant::now() > deadline {
+            bail!("{what}: timed out");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     Ok(())
 }
 
@@ -734,13 +762,18 @@ async fn tls_endpoint_with_custom_roots() -> Result<()> {
     // A client that does not trust the CA never connects (and never panics).
     let other_dir = tempfile::tempdir()?;
     let wrong_ca = make_certs(other_dir.path())?;
-    let c = Node::with_config(ClientConfig {
+    let mut c = Node::with_config(ClientConfig {
         ca_pem: Some(wrong_ca),
         ..config(&url, "tls", "node-c", secret())
     })?;
     c.client.set_local_data(info("node-c", 3), vec![])?;
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    c.wait_for("c's connection attempt fails", |s| s.last_error.is_some())
+        .await?;
+    let error = c.state.borrow().last_error.clone().unwrap_or_default();
+    assert!(error.contains("certificate"), "{error}");
     assert_ne!(c.state.borrow().connection, ConnectionState::Connected);
+    // Nothing of c reached the server: the cluster holds a and b only.
+    assert_eq!(metric(&server, "discovery_state_affiliates"), 2.0);
     assert!(!a.state.borrow().affiliates.contains_key("node-c"));
     for n in [a, b, c] {
         n.stop().await;

@@ -94,25 +94,73 @@ async fn untrusted_headers_and_disabled_reporting() {
     server.shutdown().await.unwrap();
 }
 
-#[tokio::test]
-async fn ipv6_and_v4_mapped_peers() {
-    // A dual-stack listener on [::] sees IPv4 clients as ::ffff:a.b.c.d.
-    let Ok(listener) = tokio::net::TcpListener::bind("[::]:0").await else {
-        eprintln!("no IPv6 on this host, skipping");
-        return;
+/// A dual-stack listener on [::] sees IPv4 clients as ::ffff:a.b.c.d and reports
+/// them as IPv4. Runs where IPv6 loopback exists: on this host, or else in a network
+/// namespace of its own (a fresh one has `::1` on `lo`); fails when neither can be had.
+#[test]
+fn ipv6_and_v4_mapped_peers() {
+    with_ipv6_loopback(|| async {
+        let listener = tokio::net::TcpListener::bind("[::]:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = server::spawn(ServerConfig::default(), listener)
+            .await
+            .unwrap();
+        let connect = |url: String| async move {
+            ClusterClient::new(Endpoint::from_shared(url).unwrap().connect().await.unwrap())
+        };
+        let mut v4 = connect(format!("http://127.0.0.1:{port}")).await;
+        assert_eq!(hello_ip(&mut v4, &[]).await, [127, 0, 0, 1]);
+        let mut v6 = connect(format!("http://[::1]:{port}")).await;
+        let mut expected = [0u8; 16];
+        expected[15] = 1;
+        assert_eq!(hello_ip(&mut v6, &[]).await, expected);
+        server.shutdown().await.unwrap();
+    });
+}
+
+fn has_ipv6_loopback() -> bool {
+    std::net::TcpListener::bind("[::1]:0").is_ok()
+}
+
+/// Runs `test` on a current-thread runtime where `::1` can be bound: here, or on a
+/// thread that moved into a new network namespace (freed with the thread, so nothing
+/// to clean up). Panics, never skips, when neither works.
+fn with_ipv6_loopback<F, Fut>(test: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()>,
+{
+    let run = move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(test());
     };
-    let port = listener.local_addr().unwrap().port();
-    let server = server::spawn(ServerConfig::default(), listener)
-        .await
-        .unwrap();
-    let connect = |url: String| async move {
-        ClusterClient::new(Endpoint::from_shared(url).unwrap().connect().await.unwrap())
-    };
-    let mut v4 = connect(format!("http://127.0.0.1:{port}")).await;
-    assert_eq!(hello_ip(&mut v4, &[]).await, [127, 0, 0, 1]);
-    let mut v6 = connect(format!("http://[::1]:{port}")).await;
-    let mut expected = [0u8; 16];
-    expected[15] = 1;
-    assert_eq!(hello_ip(&mut v6, &[]).await, expected);
-    server.shutdown().await.unwrap();
+    if has_ipv6_loopback() {
+        return run();
+    }
+    let in_own_netns = std::thread::spawn(move || {
+        // `unshare` moves only this thread; children it starts inherit the namespace.
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).unwrap_or_else(|e| {
+            panic!(
+                "this host has no IPv6 loopback and a network namespace with one cannot \
+                 be made ({e}): run as root or enable IPv6 on lo"
+            )
+        });
+        let up = std::process::Command::new("ip")
+            .args(["link", "set", "lo", "up"])
+            .status()
+            .unwrap();
+        assert!(up.success(), "ip link set lo up: {up}");
+        assert!(
+            has_ipv6_loopback(),
+            "no IPv6 loopback even in a fresh network namespace: this kernel has no IPv6"
+        );
+        run();
+    })
+    .join();
+    if let Err(panic) = in_own_netns {
+        std::panic::resume_unwind(panic);
+    }
 }

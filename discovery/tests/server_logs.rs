@@ -19,7 +19,7 @@ use wirespan_discovery::{
         storage::{AffiliateSnapshot, ClusterSnapshot},
     },
     redact::cluster_tag,
-    relay::{table::RelayLimits, RelayConfig},
+    server::relay::{table::RelayLimits, RelayConfig},
     server::ServerConfig,
 };
 

@@ -19,7 +19,7 @@ use wirespan_discovery::{
         relay::{relay_client::RelayClient, AllocateRequest, AllocateResponse},
         server::HelloRequest,
     },
-    relay::{table::RelayLimits, RelayConfig},
+    server::relay::{table::RelayLimits, RelayConfig},
     server::{RunningServer, ServerConfig},
 };
 

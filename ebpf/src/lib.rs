@@ -16,7 +16,9 @@
 //! - XDP programs for the benchmark: [`PROG_XDP_PASS`] (traffic source with
 //!   `BPF_F_TEST_XDP_LIVE_FRAMES`) and [`PROG_XDP_SINK`] (counts and drops).
 //! - maps: see the `MAP_*` constants; key and value layouts are mirrored by the
-//!   loader.
+//!   loader. Sizes and the bucket hash's multipliers are defined once, in Rust
+//!   ([`BUCKETS`], [`DEFAULT_ENTRIES`], [`BUCKET_HASH4`], [`BUCKET_HASH6`]), and
+//!   passed to clang by `build.rs`.
 
 /// Bytes with the alignment the ELF parser wants.
 #[repr(C, align(32))]
@@ -69,10 +71,12 @@ pub const MAP_LPM_V4: &str = "wirespan_lpm_v4";
 /// LPM trie, IPv6.
 pub const MAP_LPM_V6: &str = "wirespan_lpm_v6";
 
-/// Number of buckets of each bucket map.
-pub const BUCKETS: u32 = 65_536;
-/// Default capacity of each prefix map (the loader may change it).
-pub const DEFAULT_ENTRIES: u32 = 262_144;
+mod constants;
+pub use constants::{BUCKETS, BUCKET_HASH4, BUCKET_HASH6, DEFAULT_ENTRIES};
+
+/// The bucket hash in C (`src/bpf/hash.h`, included by the programs), for tests that
+/// compile it for the host and compare it with the loader's Rust copy.
+pub const BUCKET_HASH_C: &str = include_str!("bpf/hash.h");
 /// Counter indices in [`MAP_COUNTERS`].
 pub mod counter {
     /// Destination in the set: marked.

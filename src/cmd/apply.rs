@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 use wirespan_control::{
     api::{client::connect, proto},
-    config::loader,
+    config_loader as loader,
 };
 
 /// Options of `wirespan apply`.

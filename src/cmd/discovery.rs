@@ -5,7 +5,7 @@ use std::{net::SocketAddr, path::PathBuf, time::Duration};
 
 use anyhow::Context as _;
 use wirespan_discovery::{
-    relay::{table::RelayLimits, RelayConfig},
+    server::relay::{table::RelayLimits, RelayConfig},
     server::{self, transport::TransportLimits, DeletePolicy, ServerConfig, TlsFiles},
 };
 

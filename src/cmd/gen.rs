@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Subcommand;
-use wirespan_control::resources::identity::write_atomic;
+use wirespan_control::files::write_atomic;
 use wirespan_dataplane::wireguard::{PresharedKey, PrivateKey};
 
 /// What to generate.

@@ -1,7 +1,7 @@
 //! `wirespan node`: the mesh daemon. Runs in the network namespace it was started
 //! in: loads `--config FILE` (and reloads it after each complete write; `wirespan
 //! apply` replaces it through the API; a bad file keeps the last good config, see
-//! `config::loader`), runs the controllers and serves the resource API. Under
+//! `config_loader`), runs the controllers and serves the resource API. Under
 //! systemd (`Type=notify`) it reports ready once the first reconcile is done (see
 //! [`Readiness`]).
 
@@ -15,7 +15,8 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 use wirespan_control::{
     api::server::{bind, serve, ResourceApi},
-    config::{cluster::ClusterConfig, loader},
+    config::cluster::ClusterConfig,
+    config_loader as loader,
     controllers::{kubespan, network, probe},
     resources::{
         self,
@@ -242,7 +243,7 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
     });
     meta::register(&store, &resources::definitions())
         .context("registering resource definitions")?;
-    wirespan_control::resources::identity::ensure_private_dir(&args.state_dir)
+    wirespan_control::files::ensure_private_dir(&args.state_dir)
         .with_context(|| format!("creating the state dir {}", args.state_dir.display()))?;
     let config_loader = loader::ConfigLoader::in_state_dir(store.clone(), &args.state_dir);
     // Parsing is blocking work: off the async workers, like every later parse.

@@ -30,7 +30,7 @@ use super::{
     process::free_loopback_port,
     verdict, ServerProcess, DATA_LEN,
 };
-use crate::bar;
+use crate::{bar, sanity::Sanity};
 
 /// Sizes of the section; `--quick` scales the hostile set down.
 #[derive(Debug, Clone, Copy)]
@@ -684,5 +684,46 @@ pub(super) async fn run(exe: &std::path::Path, quick: bool) -> anyhow::Result<()
         println!("    {line}");
     }
     drop(server);
+    let mut sanity = Sanity::new("discovery hostile");
+    judge(&mut sanity, churned, &loaded);
+    sanity.into_result()?;
     Ok(())
+}
+
+/// Broken: the hostile set never re-published (no attack ran, so the loaded figures
+/// measure nothing), or no good client's update or delivery completed under load.
+fn judge(sanity: &mut Sanity, churned: u64, loaded: &Samples) {
+    sanity.require(churned > 0, || {
+        "hostile load: the hostile set re-published nothing, so no attack ran".to_owned()
+    });
+    sanity.require(
+        !loaded.update.is_empty() && !loaded.watch.is_empty(),
+        || {
+            format!(
+                "hostile load: {} good-client updates and {} watch deliveries completed under load",
+                loaded.update.len(),
+                loaded.watch.len()
+            )
+        },
+    );
+}
+
+#[cfg(test)]
+mod sanity_tests {
+    use super::*;
+
+    #[test]
+    fn no_attack_or_no_good_client_served_is_broken_slow_service_is_not() {
+        let slow = Samples {
+            update: vec![Duration::from_secs(5)],
+            watch: vec![Duration::from_secs(9)],
+        };
+        let mut s = Sanity::new("discovery hostile");
+        judge(&mut s, 1, &slow);
+        assert!(s.problems().is_empty());
+        judge(&mut s, 0, &Samples::default());
+        assert_eq!(s.problems().len(), 2, "{:?}", s.problems());
+        assert!(s.problems()[0].contains("no attack ran"));
+        assert!(s.problems()[1].contains("0 good-client updates"));
+    }
 }

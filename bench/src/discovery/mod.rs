@@ -27,7 +27,7 @@ use std::{
 
 use anyhow::{bail, Context as _};
 
-use crate::bar;
+use crate::{bar, sanity::Sanity};
 use process::{connect_many, ServerProcess};
 use watch_readers::{Delivery, WatchReaders};
 use wire::WireClient;
@@ -180,26 +180,32 @@ async fn run_async(args: &Args) -> anyhow::Result<()> {
          tonic clients"
     );
 
+    let mut sanity = Sanity::new("discovery");
     if args.runs(Section::Throughput) || args.runs(Section::Fanout) {
-        throughput_and_fanout(&exe, args).await?;
+        throughput_and_fanout(&exe, args, &mut sanity).await?;
     }
     if args.runs(Section::Memory) {
         memory_section(&exe, args).await?;
     }
     if args.runs(Section::Storm) {
-        storm_section(&exe, args).await?;
+        storm_section(&exe, args, &mut sanity).await?;
     }
     if args.runs(Section::Hostile) {
         // Fresh server, upstream limits.
         hostile::run(&exe, args.quick).await?;
     }
+    sanity.into_result()?;
     Ok(())
 }
 
-async fn throughput_and_fanout(exe: &std::path::Path, args: &Args) -> anyhow::Result<()> {
+async fn throughput_and_fanout(
+    exe: &std::path::Path,
+    args: &Args,
+    sanity: &mut Sanity,
+) -> anyhow::Result<()> {
     let server = ServerProcess::start(exe)?;
     if args.runs(Section::Throughput) {
-        throughput_section(&server, args).await?;
+        throughput_section(&server, args, sanity).await?;
     }
     if args.runs(Section::Fanout) {
         fanout_section(&server, args).await?;
@@ -208,7 +214,11 @@ async fn throughput_and_fanout(exe: &std::path::Path, args: &Args) -> anyhow::Re
     Ok(())
 }
 
-async fn throughput_section(server: &ServerProcess, args: &Args) -> anyhow::Result<()> {
+async fn throughput_section(
+    server: &ServerProcess,
+    args: &Args,
+    sanity: &mut Sanity,
+) -> anyhow::Result<()> {
     let measure = Duration::from_secs(args.seconds.max(1));
     // Warm-up (discarded): connection setup, allocator and page-cache effects of a
     // fresh process would otherwise land on the first measured point.
@@ -283,7 +293,31 @@ async fn throughput_section(server: &ServerProcess, args: &Args) -> anyhow::Resu
             ratio * 100.0
         );
     }
+    judge_throughput(sanity, &rows);
     Ok(())
+}
+
+/// An RPC the server answered not once in a measured window is broken.
+fn judge_throughput(sanity: &mut Sanity, rows: &[(usize, Rate, Rate, Rate)]) {
+    for (clients, empty, hello, update) in rows {
+        for (rpc, r) in [
+            ("Health/Check", empty),
+            ("Hello", hello),
+            ("AffiliateUpdate", update),
+        ] {
+            sanity.positive_rate(&format!("{rpc} with {clients} clients"), r.rate);
+        }
+    }
+}
+
+/// A storm that never converged is broken (slow convergence is a missed target).
+fn judge_storm(sanity: &mut Sanity, s: &storm::Storm) {
+    sanity.require(s.converged == s.nodes, || {
+        format!(
+            "join storm: {} of {} nodes converged before the limit",
+            s.converged, s.nodes
+        )
+    });
 }
 
 async fn fanout_section(server: &ServerProcess, args: &Args) -> anyhow::Result<()> {
@@ -348,7 +382,11 @@ async fn memory_section(exe: &std::path::Path, args: &Args) -> anyhow::Result<()
     Ok(())
 }
 
-async fn storm_section(exe: &std::path::Path, args: &Args) -> anyhow::Result<()> {
+async fn storm_section(
+    exe: &std::path::Path,
+    args: &Args,
+    sanity: &mut Sanity,
+) -> anyhow::Result<()> {
     // Fresh server, its per-cluster cap raised to fit the storm.
     let nodes = args.storm_nodes.max(2);
     let server = ServerProcess::start_with(exe, &max_affiliates_args(nodes))?;
@@ -377,6 +415,7 @@ async fn storm_section(exe: &std::path::Path, args: &Args) -> anyhow::Result<()>
         s.bytes as f64 / 1e9,
         s.bytes as f64 / 1e9 / s.elapsed.as_secs_f64()
     );
+    judge_storm(sanity, &s);
     drop(server);
     Ok(())
 }
@@ -794,4 +833,50 @@ fn cluster_id(i: usize) -> String {
 
 fn affiliate_id(i: usize) -> String {
     format!("node{i:0>40}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rate(rate: f64) -> Rate {
+        Rate {
+            rate,
+            server_us: 1.0,
+            client_us: 1.0,
+        }
+    }
+
+    #[test]
+    fn an_rpc_never_answered_is_broken_a_slow_one_is_not() {
+        let mut s = Sanity::new("discovery");
+        judge_throughput(&mut s, &[(16, rate(3.0), rate(2.0), rate(1.0))]);
+        assert!(s.problems().is_empty());
+        judge_throughput(&mut s, &[(128, rate(900.0), rate(800.0), rate(0.0))]);
+        assert_eq!(s.problems().len(), 1, "{:?}", s.problems());
+        assert!(s.problems()[0].starts_with("AffiliateUpdate with 128 clients"));
+    }
+
+    #[test]
+    fn a_storm_short_of_convergence_is_broken_a_slow_one_is_not() {
+        let storm = |converged| storm::Storm {
+            nodes: 100,
+            converged,
+            elapsed: Duration::from_secs(600),
+            aborted: 40,
+            longest_pass: Duration::from_secs(1),
+            bytes: 0,
+        };
+        let mut s = Sanity::new("discovery");
+        judge_storm(&mut s, &storm(100));
+        assert!(
+            s.problems().is_empty(),
+            "slow and aborting is a missed target"
+        );
+        judge_storm(&mut s, &storm(99));
+        assert_eq!(
+            s.problems(),
+            ["join storm: 99 of 100 nodes converged before the limit"]
+        );
+    }
 }

@@ -11,7 +11,7 @@ use wirespan_dataplane::{
 };
 
 use super::{probe_dst, routed_set, router::Router, Args, Probe};
-use crate::bar;
+use crate::{bar, sanity::Sanity};
 
 /// Routed-set sizes of the macro benchmark (IPv4 prefixes).
 pub(super) const MACRO_SIZES: [usize; 2] = [100, 10_000];
@@ -176,6 +176,20 @@ pub(super) fn macro_bench(args: &Args) -> anyhow::Result<Vec<MacroRow>> {
     Ok(rows)
 }
 
+/// A configuration under which the router forwarded no packet is broken (marking
+/// must never drop); fewer than all is a figure, shown in the report.
+pub(super) fn judge(sanity: &mut Sanity, rows: &[MacroRow]) {
+    for row in rows {
+        sanity.require(row.delivered > 0.0, || {
+            format!(
+                "forwarding with {} marking over {} prefixes: no packet delivered",
+                row.config.name(),
+                row.size
+            )
+        });
+    }
+}
+
 /// Overhead of each round against the same round's no-marking figure.
 pub(super) fn overheads(rows: &[MacroRow], row: &MacroRow) -> Vec<f64> {
     let base = rows
@@ -189,5 +203,26 @@ pub(super) fn overheads(rows: &[MacroRow], row: &MacroRow) -> Vec<f64> {
             .map(|(x, y)| x - y)
             .collect(),
         None => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_configuration_that_delivered_nothing_is_broken_a_lossy_one_is_not() {
+        let row = |config, delivered| MacroRow {
+            size: 1000,
+            config,
+            per_packet: vec![900.0],
+            delivered,
+        };
+        let mut s = Sanity::new("marking");
+        judge(&mut s, &[row(Config::None, 1.0), row(Config::Ebpf, 0.2)]);
+        assert!(s.problems().is_empty());
+        judge(&mut s, &[row(Config::NftSplit, 0.0)]);
+        assert_eq!(s.problems().len(), 1);
+        assert!(s.problems()[0].ends_with("over 1000 prefixes: no packet delivered"));
     }
 }

@@ -185,5 +185,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .with_context(|| format!("writing {}", svg.display()))?;
     println!("{md}");
     println!("report: {}  chart: {}", report.display(), svg.display());
+    let mut sanity = crate::sanity::Sanity::new("marking");
+    forwarding::judge(&mut sanity, &macro_rows);
+    sanity.into_result()?;
     Ok(())
 }

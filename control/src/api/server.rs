@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status};
 
 use super::{proto, resolve};
 use crate::{
-    config::loader::{self, ConfigLoader},
+    config_loader::{self as loader, ConfigLoader},
     resources::meta,
     runtime::{
         graph::{to_dot, EdgeKind},
@@ -61,7 +61,7 @@ impl ConfigApply {
         if let Some(file) = &self.file {
             // Skipped when the file already holds it: no rewrite, no reload event.
             if std::fs::read(file).ok().as_deref() != Some(req.config.as_bytes()) {
-                crate::resources::identity::write_atomic(file, req.config.as_bytes()).map_err(
+                crate::files::write_atomic(file, req.config.as_bytes()).map_err(
                     |e| {
                         Status::internal(format!(
                             "config accepted (version {}), but writing {} failed: {e}; the file still holds the previous config",
@@ -355,7 +355,7 @@ fn bind_with_grace(path: &Path, grace: std::time::Duration) -> Result<UnixListen
         path: path.to_owned(),
         source,
     };
-    crate::resources::identity::create_private_parent(path).map_err(err)?;
+    crate::files::create_private_parent(path).map_err(err)?;
     if let Ok(md) = std::fs::symlink_metadata(path) {
         if !md.file_type().is_socket() {
             return Err(err(std::io::Error::new(
@@ -411,10 +411,7 @@ mod tests {
     use proto::resource_service_server::ResourceService as _;
 
     use super::*;
-    use crate::{
-        config::{loader::version_of, MAX_CONFIG_BYTES},
-        runtime::StoreOptions,
-    };
+    use crate::{config::MAX_CONFIG_BYTES, config_loader::version_of, runtime::StoreOptions};
 
     const GOOD: &str = "apiVersion: v1alpha1\nkind: LinkConfig\nname: eth0\nmtu: 1400\n";
 

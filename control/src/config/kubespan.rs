@@ -160,6 +160,9 @@ pub struct KubeSpanConfig {
     pub peer_relay: bool,
 }
 
+/// Default time without a handshake after which an established peer is down
+/// (180 + 5 + 90); the `peerDownInterval` setting replaces it.
+pub const PEER_DOWN_INTERVAL: Duration = Duration::from_secs(275);
 /// Default of `peerReceiveTimeout`.
 pub const PEER_RECEIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// Bounds of `peerDownInterval`.
@@ -188,7 +191,7 @@ impl Default for KubeSpanConfig {
             rule_priority: 32500,
             fast_path: FastPath::Nftables,
             identity_link: None,
-            peer_down_interval: crate::kubespan::rotation::PEER_DOWN_INTERVAL,
+            peer_down_interval: PEER_DOWN_INTERVAL,
             peer_receive_timeout: PEER_RECEIVE_TIMEOUT,
             peer_relay: true,
         }

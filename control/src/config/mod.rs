@@ -25,11 +25,14 @@ pub mod cluster;
 pub mod depth;
 pub mod duration;
 pub mod kubespan;
-pub mod loader;
 pub mod network;
 pub mod probe;
 pub mod reference;
 pub mod schema;
+
+/// Name of the last good config's copy in the state dir (kept by the config loader,
+/// `crate::config_loader`).
+pub const LAST_GOOD_FILE: &str = "last-good-config.yaml";
 
 /// The only `apiVersion` this build reads.
 pub const API_VERSION: &str = "v1alpha1";
@@ -299,12 +302,12 @@ documents! {
 
 /// A parsed, validated configuration: its documents in file order.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct MachineConfig {
+pub struct ConfigDocuments {
     /// The documents.
     pub documents: Vec<Document>,
 }
 
-impl MachineConfig {
+impl ConfigDocuments {
     /// Every document of kind `D`, in file order.
     pub fn documents_of<D: DocumentVariant>(&self) -> impl Iterator<Item = &D> {
         self.documents.iter().filter_map(D::from_document)
@@ -321,7 +324,7 @@ impl MachineConfig {
 ///
 /// # Errors
 /// Every problem of every document, each naming the document and the field.
-pub fn parse(text: &str) -> Result<MachineConfig, ConfigError> {
+pub fn parse(text: &str) -> Result<ConfigDocuments, ConfigError> {
     if let Err(at) = depth::check(text, depth::MAX_DEPTH) {
         return Err(ConfigError {
             documents: vec![DocumentError {
@@ -371,7 +374,7 @@ pub fn parse(text: &str) -> Result<MachineConfig, ConfigError> {
     check_duplicates(&documents, &mut errors);
     network::check_mesh_reserved(&documents, &mut errors);
     if errors.is_empty() {
-        Ok(MachineConfig {
+        Ok(ConfigDocuments {
             documents: documents.into_iter().map(|(_, d)| d).collect(),
         })
     } else {
@@ -572,7 +575,7 @@ bogus: 1
         let err = parse(&format!("{one}---\n{one}")).unwrap_err();
         assert_eq!(err.documents[0].position, 2);
         assert!(err.to_string().contains("only once"), "{err}");
-        assert_eq!(parse("").unwrap(), MachineConfig::default());
+        assert_eq!(parse("").unwrap(), ConfigDocuments::default());
     }
 
     #[test]

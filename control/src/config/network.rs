@@ -128,10 +128,25 @@ impl ConfigDocument for LinkConfig {
     }
 }
 
+// One type from config document to kernel: `resources::network::Scope` is this type,
+// and `controllers::network::scope_number` its one mapping to `RT_SCOPE_*`.
 /// Address scope in config documents.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Serialize,
+    Deserialize,
+    JsonSchema,
+)]
 #[serde(rename_all = "lowercase")]
-pub enum ScopeName {
+pub enum Scope {
     /// Valid everywhere.
     #[default]
     Global,
@@ -158,7 +173,7 @@ pub struct AddressConfig {
     pub address: Option<IpNet>,
     /// Address scope.
     #[serde(default)]
-    pub scope: ScopeName,
+    pub scope: Scope,
 }
 
 impl ConfigDocument for AddressConfig {
@@ -166,10 +181,7 @@ impl ConfigDocument for AddressConfig {
     const SINGLETON: bool = false;
     fn merge_key(&self) -> Option<(&'static str, String)> {
         // The key the network config controller writes the spec under.
-        Some((
-            "link and address",
-            crate::controllers::network::config::address_spec(self).key(),
-        ))
+        Some(("link and address", address_key(&self.link, self.address)))
     }
     fn validate(&self) -> Vec<FieldError> {
         let mut errs = Vec::new();
@@ -240,13 +252,87 @@ impl RouteConfig {
     }
 }
 
+/// The main routing table (a route's `table` when unset).
+pub const TABLE_MAIN: u32 = 254;
+/// A route's `metric` when unset.
+pub const DEFAULT_METRIC: u32 = 1024;
+
+impl RouteConfig {
+    /// The destination the route is programmed with: a `/0` is a default route, which
+    /// the kernel keys without a destination.
+    #[must_use]
+    pub fn programmed_destination(&self) -> Option<IpNet> {
+        self.destination.filter(|d| d.prefix_len() != 0)
+    }
+
+    /// The table, [`TABLE_MAIN`] when unset.
+    #[must_use]
+    pub fn table_or_main(&self) -> u32 {
+        self.table.unwrap_or(TABLE_MAIN)
+    }
+
+    /// The metric, [`DEFAULT_METRIC`] when unset.
+    #[must_use]
+    pub fn metric_or_default(&self) -> u32 {
+        self.metric.unwrap_or(DEFAULT_METRIC)
+    }
+}
+
+/// The id a route's spec is written under (its merge key): what makes two routes the
+/// same kernel route. The link counts only for IPv6, whose kernel routes are per link.
+#[must_use]
+pub fn route_key(
+    table: u32,
+    ipv6: bool,
+    link: &str,
+    gateway: Option<IpAddr>,
+    destination: Option<IpNet>,
+    priority: u32,
+) -> String {
+    let mut k = String::new();
+    if table != TABLE_MAIN && table != 0 {
+        k.push_str(&format!("{table}/"));
+    }
+    if ipv6 {
+        k.push_str(&format!("{link}/"));
+    }
+    let family = if ipv6 { "inet6" } else { "inet4" };
+    let gw = gateway.map(|g| g.to_string()).unwrap_or_default();
+    let dst = destination.map(|d| d.to_string()).unwrap_or_default();
+    k.push_str(&format!("{family}/{gw}/{dst}/{priority}"));
+    k
+}
+
+/// The id an address's spec is written under: link and address.
+#[must_use]
+pub fn address_key(link: &str, address: Option<IpNet>) -> String {
+    match address {
+        Some(a) => format!("{link}/{a}"),
+        None => format!("{link}/"),
+    }
+}
+
+/// The id a routing rule's spec is written under: family and priority.
+#[must_use]
+pub fn rule_key(ipv6: bool, priority: u32) -> String {
+    let family = if ipv6 { "inet6" } else { "inet4" };
+    format!("{family}/{priority:05}")
+}
+
 impl ConfigDocument for RouteConfig {
     const KIND: &'static str = "RouteConfig";
     const SINGLETON: bool = false;
     fn merge_key(&self) -> Option<(&'static str, String)> {
         Some((
             "table, family, gateway, destination and metric (and link, for IPv6)",
-            crate::controllers::network::config::route_spec(self).key(),
+            route_key(
+                self.table_or_main(),
+                self.is_v6(),
+                &self.link,
+                self.gateway,
+                self.programmed_destination(),
+                self.metric_or_default(),
+            ),
         ))
     }
     fn validate(&self) -> Vec<FieldError> {
@@ -341,10 +427,7 @@ impl ConfigDocument for RoutingRuleConfig {
     const KIND: &'static str = "RoutingRuleConfig";
     const SINGLETON: bool = false;
     fn merge_key(&self) -> Option<(&'static str, String)> {
-        Some((
-            "family and priority",
-            crate::controllers::network::config::rule_spec(self).key(),
-        ))
+        Some(("family and priority", rule_key(self.is_v6(), self.priority)))
     }
     fn validate(&self) -> Vec<FieldError> {
         let mut errs = Vec::new();

@@ -153,10 +153,7 @@ impl ConfigDocument for TcpProbeConfig {
     }
     fn merge_key(&self) -> Option<(&'static str, String)> {
         // The probe id the probe config controller writes the spec under.
-        Some((
-            "target",
-            crate::controllers::probe::tcp_probe_spec(self).key(),
-        ))
+        Some(("target", tcp_probe_key(&self.endpoint)))
     }
     fn validate(&self) -> Vec<FieldError> {
         let mut errs = Vec::new();
@@ -319,10 +316,7 @@ impl ConfigDocument for HttpProbeConfig {
         Some(&self.name)
     }
     fn merge_key(&self) -> Option<(&'static str, String)> {
-        Some((
-            "target",
-            crate::controllers::probe::http_probe_spec(self).key(),
-        ))
+        Some(("target", http_probe_key(&self.url)))
     }
     fn validate(&self) -> Vec<FieldError> {
         let mut errs = Vec::new();
@@ -349,6 +343,31 @@ impl ConfigDocument for HttpProbeConfig {
 #[must_use]
 pub fn or_default(d: Option<Duration>, default: Duration) -> Duration {
     d.filter(|d| !d.is_zero()).unwrap_or(default)
+}
+
+/// `scheme://user:pass@host/…` without `user:pass@`.
+#[must_use]
+pub fn strip_userinfo(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    match rest[..auth_end].rfind('@') {
+        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
+        None => url.to_owned(),
+    }
+}
+
+/// The id a TCP probe's spec is written under: its target.
+#[must_use]
+pub fn tcp_probe_key(endpoint: &str) -> String {
+    format!("tcp:{endpoint}")
+}
+
+/// The id an HTTP probe's spec is written under: its URL without credentials.
+#[must_use]
+pub fn http_probe_key(url: &str) -> String {
+    format!("http:{}", strip_userinfo(url))
 }
 
 #[cfg(test)]

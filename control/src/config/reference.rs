@@ -404,7 +404,7 @@ are the fields of that kind below.
         depth = super::depth::MAX_DEPTH,
         listed = super::MAX_LISTED_PROBLEMS,
         problem_bytes = super::MAX_PROBLEM_BYTES,
-        last_good = super::loader::LAST_GOOD_FILE,
+        last_good = super::LAST_GOOD_FILE,
     );
     for k in kinds {
         let how = if k.singleton {

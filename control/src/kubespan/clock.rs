@@ -1,9 +1,15 @@
 //! The time source of the mesh controllers: the system clock, or a fake one that tests
 //! advance by hand (sleepers wake when it passes their deadline).
 
-#[cfg(any(test, feature = "testing"))]
-use std::sync::Arc;
 use std::time::SystemTime;
+#[cfg(any(test, feature = "testing"))]
+use std::{
+    collections::BTreeMap,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, PoisonError,
+    },
+};
 
 use futures::future::BoxFuture;
 #[cfg(any(test, feature = "testing"))]
@@ -34,34 +40,83 @@ impl Clock for SystemClock {
     }
 }
 
-/// A clock that moves only when told to (tests only).
+/// A clock that moves only when told to (tests only). It knows its sleepers, so a
+/// test can wait until the code under test has handled an advance (see
+/// [`FakeClock::settled`]) instead of sleeping for a while.
 #[cfg(any(test, feature = "testing"))]
 #[derive(Debug, Clone)]
-pub struct FakeClock(Arc<watch::Sender<SystemTime>>);
+pub struct FakeClock {
+    now: Arc<watch::Sender<SystemTime>>,
+    /// Deadlines of the live `sleep_until` futures, by a serial number.
+    sleepers: Arc<Mutex<BTreeMap<u64, SystemTime>>>,
+    next_sleeper: Arc<AtomicU64>,
+}
 
 #[cfg(any(test, feature = "testing"))]
 impl FakeClock {
     /// A clock at `start`.
     #[must_use]
     pub fn new(start: SystemTime) -> Self {
-        Self(Arc::new(watch::Sender::new(start)))
+        Self {
+            now: Arc::new(watch::Sender::new(start)),
+            sleepers: Arc::default(),
+            next_sleeper: Arc::default(),
+        }
     }
 
     /// Moves the clock forward, waking sleepers whose deadline passed.
     pub fn advance(&self, by: std::time::Duration) {
-        self.0.send_modify(|t| *t += by);
+        self.now.send_modify(|t| *t += by);
+    }
+
+    /// Whether every sleeper's deadline is still ahead and there is at least one: the
+    /// code that sleeps on this clock has handled every advance so far and waits for
+    /// the next deadline (a woken sleeper is gone once its loop runs, and the loop's
+    /// next sleep is ahead).
+    #[must_use]
+    pub fn settled(&self) -> bool {
+        let now = self.now();
+        let sleepers = self.sleepers.lock().unwrap_or_else(PoisonError::into_inner);
+        !sleepers.is_empty() && sleepers.values().all(|d| *d > now)
+    }
+}
+
+/// Removes its sleeper from the clock's list when the sleep future goes.
+#[cfg(any(test, feature = "testing"))]
+struct Sleeper {
+    id: u64,
+    sleepers: Arc<Mutex<BTreeMap<u64, SystemTime>>>,
+}
+
+#[cfg(any(test, feature = "testing"))]
+impl Drop for Sleeper {
+    fn drop(&mut self) {
+        self.sleepers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
     }
 }
 
 #[cfg(any(test, feature = "testing"))]
 impl Clock for FakeClock {
     fn now(&self) -> SystemTime {
-        *self.0.borrow()
+        *self.now.borrow()
     }
 
     fn sleep_until(&self, deadline: SystemTime) -> BoxFuture<'static, ()> {
-        let mut rx = self.0.subscribe();
+        let id = self.next_sleeper.fetch_add(1, Ordering::Relaxed);
+        self.sleepers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, deadline);
+        let registered = Sleeper {
+            id,
+            sleepers: Arc::clone(&self.sleepers),
+        };
+        let mut rx = self.now.subscribe();
         Box::pin(async move {
+            let _registered = registered;
             if rx.wait_for(|t| *t >= deadline).await.is_err() {
                 // Clock dropped: never wake.
                 std::future::pending::<()>().await;

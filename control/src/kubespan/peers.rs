@@ -162,19 +162,13 @@ pub fn routed_prefixes(force_routing: bool, allowed: &[IpNet], up: bool) -> Vec<
 }
 
 /// The routed set (§7) split by family, in peer order (stable, so one peer's change
-/// moves few positions): the AllowedIPs of every peer that is up, or of all peers when
-/// `force_routing`, without prefixes whose address is a KubeSpan ULA.
-pub fn routed_set<'a>(
-    force_routing: bool,
-    peers: impl IntoIterator<Item = (&'a [IpNet], bool)>,
-) -> (Vec<IpNet>, Vec<IpNet>) {
+/// moves few positions): the union of each peer's part ([`routed_prefixes`]).
+pub fn routed_set<'a>(parts: impl IntoIterator<Item = &'a [IpNet]>) -> (Vec<IpNet>, Vec<IpNet>) {
     let (mut v4, mut v6) = (Vec::new(), Vec::new());
-    for (allowed, up) in peers {
-        for p in routed_prefixes(force_routing, allowed, up) {
-            match p {
-                IpNet::V4(_) => v4.push(p),
-                IpNet::V6(_) => v6.push(p),
-            }
+    for p in parts.into_iter().flatten() {
+        match p {
+            IpNet::V4(_) => v4.push(*p),
+            IpNet::V6(_) => v6.push(*p),
         }
     }
     (v4, v6)
@@ -361,11 +355,17 @@ mod tests {
             "2001:db8::/64".parse().unwrap(),
         ];
         let p2: Vec<IpNet> = vec!["10.0.0.2/32".parse().unwrap()];
-        let peers = || [(&p1[..], true), (&p2[..], false)];
-        let (v4, v6) = routed_set(true, peers());
+        let set = |force| {
+            let parts = [
+                routed_prefixes(force, &p1, true),
+                routed_prefixes(force, &p2, false),
+            ];
+            routed_set(parts.iter().map(Vec::as_slice))
+        };
+        let (v4, v6) = set(true);
         assert_eq!(v4.len(), 2);
         assert_eq!(v6, vec!["2001:db8::/64".parse::<IpNet>().unwrap()]);
-        let (v4, _) = routed_set(false, peers());
+        let (v4, _) = set(false);
         assert_eq!(v4, vec!["10.0.0.1/32".parse::<IpNet>().unwrap()]);
     }
 

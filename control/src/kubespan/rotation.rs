@@ -10,9 +10,7 @@ use crate::resources::kubespan::{KubeSpanPeerStatusSpec, PeerState};
 
 /// How long a fresh endpoint has to produce a handshake.
 pub const ENDPOINT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(15);
-/// Default time without a handshake after which an established peer is down
-/// (180 + 5 + 90); the `peerDownInterval` setting replaces it.
-pub const PEER_DOWN_INTERVAL: Duration = Duration::from_secs(275);
+pub use crate::config::kubespan::PEER_DOWN_INTERVAL;
 /// How long a wirespan peer that was sent a probe has to answer: WireGuard sends a
 /// keepalive at the latest 10 s after it received data without sending any
 /// (`KEEPALIVE_TIMEOUT`, kernel and wireguard-go alike), plus a margin for latency.

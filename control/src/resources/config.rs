@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
 use crate::{
-    config::MachineConfig as Documents,
+    config::ConfigDocuments,
     runtime::{
         ControllerError, ControllerRuntime, Definition, Input, InputKind, Resource, ResourceKind,
     },
@@ -43,7 +43,7 @@ pub struct MachineConfigSpec {
     /// Number of documents.
     pub document_count: usize,
     /// The documents.
-    pub config: Documents,
+    pub config: ConfigDocuments,
 }
 
 impl MachineConfig {

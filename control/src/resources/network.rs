@@ -10,6 +10,7 @@ use std::{net::IpAddr, time::Duration};
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
+pub use crate::config::probe::strip_userinfo;
 use crate::runtime::{Definition, ResourceKind};
 
 /// Namespace of raw per-source specs.
@@ -84,22 +85,8 @@ impl std::fmt::Display for Family {
     }
 }
 
-/// Address or route scope.
-#[derive(
-    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
-)]
-#[serde(rename_all = "lowercase")]
-pub enum Scope {
-    /// Global.
-    #[default]
-    Global,
-    /// Site.
-    Site,
-    /// Link.
-    Link,
-    /// Host.
-    Host,
-}
+/// Address or route scope: one type from config document to kernel.
+pub use crate::config::network::Scope;
 
 macro_rules! network_kind {
     ($kind:ident, $spec:ty, $ty:literal, $display:literal, $ns:expr, [$($col:literal => $path:literal),*]) => {
@@ -215,10 +202,7 @@ impl AddressSpecSpec {
     /// Merge key `<link>/<prefix>`.
     #[must_use]
     pub fn key(&self) -> String {
-        match self.address {
-            Some(a) => format!("{}/{a}", self.link_name),
-            None => format!("{}/", self.link_name),
-        }
+        crate::config::network::address_key(&self.link_name, self.address)
     }
 }
 
@@ -265,24 +249,20 @@ pub struct RouteSpecSpec {
     pub layer: ConfigLayer,
 }
 
-/// Main routing table.
-pub const TABLE_MAIN: u32 = 254;
+pub use crate::config::network::TABLE_MAIN;
 
 impl RouteSpecSpec {
-    /// Merge key (`docs/kubespan.md` §4.2): `[<table>/ unless main][<link>/ if inet6]<family>/<gateway>/<destination>/<priority>`.
+    /// Merge key (`docs/runtime.md` §4.2): `[<table>/ unless main][<link>/ if inet6]<family>/<gateway>/<destination>/<priority>`.
     #[must_use]
     pub fn key(&self) -> String {
-        let mut k = String::new();
-        if self.table != TABLE_MAIN && self.table != 0 {
-            k.push_str(&format!("{}/", self.table));
-        }
-        if self.family == Family::Inet6 {
-            k.push_str(&format!("{}/", self.out_link_name));
-        }
-        let gw = self.gateway.map(|g| g.to_string()).unwrap_or_default();
-        let dst = self.destination.map(|d| d.to_string()).unwrap_or_default();
-        k.push_str(&format!("{}/{gw}/{dst}/{}", self.family, self.priority));
-        k
+        crate::config::network::route_key(
+            self.table,
+            self.family == Family::Inet6,
+            &self.out_link_name,
+            self.gateway,
+            self.destination,
+            self.priority,
+        )
     }
 }
 
@@ -312,7 +292,7 @@ impl RoutingRuleSpecSpec {
     /// Merge key `<family>/<priority as 5 digits>`.
     #[must_use]
     pub fn key(&self) -> String {
-        format!("{}/{:05}", self.family, self.priority)
+        crate::config::network::rule_key(self.family == Family::Inet6, self.priority)
     }
 }
 
@@ -538,29 +518,16 @@ pub struct ProbeSpecSpec {
 }
 
 impl ProbeSpecSpec {
-    /// Merge key (`docs/kubespan.md` §4.2): `tcp:<endpoint>` or `http:<url without userinfo>`.
+    /// Merge key (`docs/runtime.md` §4.2): `tcp:<endpoint>` or `http:<url without userinfo>`.
     #[must_use]
     pub fn key(&self) -> String {
         if let Some(t) = &self.tcp {
-            format!("tcp:{}", t.endpoint)
+            crate::config::probe::tcp_probe_key(&t.endpoint)
         } else if let Some(h) = &self.http {
-            format!("http:{}", strip_userinfo(&h.url))
+            crate::config::probe::http_probe_key(&h.url)
         } else {
             String::new()
         }
-    }
-}
-
-/// `scheme://user:pass@host/…` without `user:pass@`.
-#[must_use]
-pub fn strip_userinfo(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let auth_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    match rest[..auth_end].rfind('@') {
-        Some(at) => format!("{scheme}://{}", &rest[at + 1..]),
-        None => url.to_owned(),
     }
 }
 

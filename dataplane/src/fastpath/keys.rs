@@ -76,7 +76,8 @@ unsafe impl aya::Pod for Bits6 {}
 /// Bucket of an IPv4 address (from its top 24 bits).
 #[must_use]
 pub fn bucket4(addr: Ipv4Addr) -> u32 {
-    ((u32::from(addr) >> 8).wrapping_mul(0x9E37_79B1) >> 16) & (wirespan_ebpf::BUCKETS - 1)
+    ((u32::from(addr) >> 8).wrapping_mul(wirespan_ebpf::BUCKET_HASH4) >> 16)
+        & (wirespan_ebpf::BUCKETS - 1)
 }
 
 /// Bucket of an IPv6 address (from its top 64 bits).
@@ -84,7 +85,7 @@ pub fn bucket4(addr: Ipv4Addr) -> u32 {
 pub fn bucket6(addr: Ipv6Addr) -> u32 {
     let hi = (u128::from(addr) >> 64) as u64;
     // The shift leaves 16 bits.
-    u32::try_from(hi.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48).unwrap_or(0)
+    u32::try_from(hi.wrapping_mul(wirespan_ebpf::BUCKET_HASH6) >> 48).unwrap_or(0)
         & (wirespan_ebpf::BUCKETS - 1)
 }
 
@@ -166,6 +167,99 @@ pub fn lpm6(n: &Ipv6Net) -> aya::maps::lpm_trie::Key<[u8; 16]> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The C bucket hash the BPF programs use (`hash.h`, with the constants `build.rs`
+    /// passes) compiled for the host gives the buckets this module computes. Fails on
+    /// a hash or a constant changed on one side only.
+    #[test]
+    fn the_c_bucket_hash_agrees_with_the_rust_one() {
+        let v4: Vec<Ipv4Addr> = [
+            "0.0.0.0",
+            "10.0.0.1",
+            "192.168.77.5",
+            "255.255.255.255",
+            "100.64.3.9",
+        ]
+        .iter()
+        .map(|a| a.parse().unwrap())
+        .collect();
+        let v6: Vec<Ipv6Addr> = [
+            "::",
+            "fd00::1",
+            "2001:db8:1234:5678::1",
+            "ffff:ffff:ffff:ffff::",
+        ]
+        .iter()
+        .map(|a| a.parse().unwrap())
+        .collect();
+        let mut main = String::from(
+            "#include <stdio.h>\n#include <linux/types.h>\n#include \"hash.h\"\nint main(void) {\n",
+        );
+        for a in &v4 {
+            main.push_str(&format!(
+                "printf(\"%u\\n\", wirespan_bucket4({}u));\n",
+                u32::from(*a)
+            ));
+        }
+        for a in &v6 {
+            let hi = (u128::from(*a) >> 64) as u64;
+            main.push_str(&format!("printf(\"%u\\n\", wirespan_bucket6({hi}ull));\n"));
+        }
+        main.push_str("return 0;\n}\n");
+        let dir = TempDir::new();
+        std::fs::write(dir.0.join("hash.h"), wirespan_ebpf::BUCKET_HASH_C).unwrap();
+        std::fs::write(dir.0.join("main.c"), main).unwrap();
+        let clang = std::env::var_os("CLANG").unwrap_or_else(|| "clang".into());
+        let bin = dir.0.join("hash");
+        let status = std::process::Command::new(clang)
+            .args([
+                format!("-DBUCKETS={}", wirespan_ebpf::BUCKETS),
+                format!("-DBUCKET_HASH4={:#x}u", wirespan_ebpf::BUCKET_HASH4),
+                format!("-DBUCKET_HASH6={:#x}ull", wirespan_ebpf::BUCKET_HASH6),
+                "-Wall".into(),
+                "-Werror".into(),
+                "-o".into(),
+            ])
+            .arg(&bin)
+            .arg(dir.0.join("main.c"))
+            .status()
+            .expect("clang (needed to build wirespan-ebpf) runs");
+        assert!(status.success());
+        let out = std::process::Command::new(&bin).output().unwrap();
+        let c: Vec<u32> = String::from_utf8(out.stdout)
+            .unwrap()
+            .lines()
+            .map(|l| l.parse().unwrap())
+            .collect();
+        let rust: Vec<u32> = v4
+            .iter()
+            .map(|a| bucket4(*a))
+            .chain(v6.iter().map(|a| bucket6(*a)))
+            .collect();
+        assert_eq!(c, rust);
+        assert!(rust.iter().any(|b| *b != 0), "{rust:?}");
+    }
+
+    /// A directory removed when the test ends, pass or fail.
+    struct TempDir(std::path::PathBuf);
+
+    impl TempDir {
+        fn new() -> Self {
+            let dir = std::env::temp_dir().join(format!(
+                "wirespan-hash-{}-{:016x}",
+                std::process::id(),
+                rand::random::<u64>()
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            Self(dir)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 
     /// What the BPF program computes for a destination and a length bit (mirrors the
     /// C loop body).

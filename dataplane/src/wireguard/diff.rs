@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use ipnet::IpNet;
 
 use super::{
-    index_of, DeviceState, PeerIndex, PeerState, PresharedKey, PrivateKey, PublicKey, WgDevice,
+    index_of, DevicePeer, DeviceState, PeerIndex, PresharedKey, PrivateKey, PublicKey, WgDevice,
     WgPeer,
 };
 
@@ -91,7 +91,7 @@ pub fn diff(current: &DeviceState, desired: &WgDevice) -> WgUpdate {
         up.peers.sort_by(|a, b| a.public_key.cmp(&b.public_key));
         return up;
     }
-    let have: std::collections::HashMap<&PublicKey, &PeerState> =
+    let have: std::collections::HashMap<&PublicKey, &DevicePeer> =
         current.peers.iter().map(|p| (&p.public_key, p)).collect();
     let want: std::collections::HashSet<&PublicKey> =
         desired.peers.iter().map(|p| &p.public_key).collect();
@@ -120,7 +120,7 @@ pub fn diff(current: &DeviceState, desired: &WgDevice) -> WgUpdate {
 }
 
 /// The change that makes `cur` (absent: a new peer) into `p`, if any.
-pub(super) fn peer_update(cur: Option<&PeerState>, p: &WgPeer) -> Option<PeerUpdate> {
+pub(super) fn peer_update(cur: Option<&DevicePeer>, p: &WgPeer) -> Option<PeerUpdate> {
     let Some(cur) = cur else {
         return Some(PeerUpdate {
             public_key: p.public_key.clone(),
@@ -153,7 +153,7 @@ pub(super) fn peer_update(cur: Option<&PeerState>, p: &WgPeer) -> Option<PeerUpd
 
 /// Cheap check, without allocating, that a current peer already is as desired (the
 /// steady state of almost every peer). `false` only means "compare in full".
-fn unchanged(cur: &PeerState, p: &WgPeer) -> bool {
+fn unchanged(cur: &DevicePeer, p: &WgPeer) -> bool {
     cur.preshared_key == p.preshared_key
         && cur.persistent_keepalive == p.persistent_keepalive
         && p.endpoint.is_none_or(|e| cur.endpoint == Some(e))
@@ -242,7 +242,7 @@ pub fn apply_update(state: &mut DeviceState, up: &WgUpdate) {
                 .position(|p| p.public_key == u.public_key),
         };
         let i = found.unwrap_or_else(|| {
-            state.peers.push(PeerState::new(u.public_key.clone()));
+            state.peers.push(DevicePeer::new(u.public_key.clone()));
             let i = state.peers.len() - 1;
             if let Some(m) = &mut index {
                 m.insert(u.public_key.clone(), i);
@@ -253,7 +253,7 @@ pub fn apply_update(state: &mut DeviceState, up: &WgUpdate) {
     }
 }
 
-pub(super) fn apply_fields(peer: &mut PeerState, u: &PeerUpdate) {
+pub(super) fn apply_fields(peer: &mut DevicePeer, u: &PeerUpdate) {
     if let Some(k) = &u.preshared_key {
         peer.preshared_key.clone_from(k);
     }

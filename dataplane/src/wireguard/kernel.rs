@@ -14,8 +14,8 @@ use rtnetlink::LinkWireguard;
 use wireguard_control::{Backend, Device, DeviceUpdate, InterfaceName, Key, PeerConfigBuilder};
 
 use super::{
-    align_order, apply_peer_updates, apply_update, diff, diff_peers, validate_changes, DeviceState,
-    Indexed, KnownState, PeerChange, PeerState, PresharedKey, PrivateKey, PublicKey, WgDevice,
+    align_order, apply_peer_updates, apply_update, diff, diff_peers, validate_changes, DevicePeer,
+    DeviceState, Indexed, KnownState, PeerChange, PresharedKey, PrivateKey, PublicKey, WgDevice,
     WgError, WgStatus, WgUpdate, WireGuard,
 };
 use crate::netns::{Netns, NetnsThread};
@@ -89,7 +89,7 @@ fn to_state(d: &Device) -> DeviceState {
         peers: d
             .peers
             .iter()
-            .map(|p| PeerState {
+            .map(|p| DevicePeer {
                 public_key: PublicKey::from_bytes(p.config.public_key.0),
                 preshared_key: p
                     .config

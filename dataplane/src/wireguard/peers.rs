@@ -5,7 +5,7 @@
 use super::{
     config::validate_peer,
     diff::{apply_fields, normalise, peer_update},
-    DeviceState, PeerState, PeerUpdate, PublicKey, WgPeer,
+    DevicePeer, DeviceState, PeerUpdate, PublicKey, WgPeer,
 };
 use crate::error::Invalid;
 
@@ -121,7 +121,7 @@ pub(crate) fn apply_peer_updates(
             continue;
         }
         let i = *index.entry(u.public_key.clone()).or_insert_with(|| {
-            state.peers.push(PeerState::new(u.public_key.clone()));
+            state.peers.push(DevicePeer::new(u.public_key.clone()));
             state.peers.len() - 1
         });
         apply_fields(&mut state.peers[i], u);

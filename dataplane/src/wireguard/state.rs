@@ -9,7 +9,7 @@ use super::{PresharedKey, PrivateKey, PublicKey};
 
 /// A peer as the device holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerState {
+pub struct DevicePeer {
     /// Public key.
     pub public_key: PublicKey,
     /// Preshared key, `None` when unset (all zeros).
@@ -28,7 +28,7 @@ pub struct PeerState {
     pub tx_bytes: u64,
 }
 
-impl PeerState {
+impl DevicePeer {
     /// A peer with only its key: no PSK, endpoint, keepalive, allowed IPs or traffic.
     #[must_use]
     pub fn new(public_key: PublicKey) -> Self {
@@ -55,7 +55,7 @@ pub struct DeviceState {
     /// fwmark, 0 = none.
     pub fwmark: u32,
     /// Peers.
-    pub peers: Vec<PeerState>,
+    pub peers: Vec<DevicePeer>,
 }
 
 /// Per-peer observation, for status controllers.

@@ -25,7 +25,7 @@ fn state_of(d: &WgDevice) -> DeviceState {
         peers: d
             .peers
             .iter()
-            .map(|p| PeerState {
+            .map(|p| DevicePeer {
                 public_key: p.public_key.clone(),
                 preshared_key: p.preshared_key.clone(),
                 endpoint: p.endpoint,

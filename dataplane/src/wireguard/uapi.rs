@@ -16,7 +16,7 @@ use std::{
 
 use ipnet::IpNet;
 
-use super::{DeviceState, PeerState, PresharedKey, PrivateKey, PublicKey, WgUpdate};
+use super::{DevicePeer, DeviceState, PresharedKey, PrivateKey, PublicKey, WgUpdate};
 
 fn hex32(field: &str, v: &str) -> Result<[u8; 32], String> {
     let mut out = [0u8; 32];
@@ -78,10 +78,10 @@ pub fn format_set(up: &WgUpdate) -> String {
 /// errno (as `Err` with the number).
 pub fn parse_get(text: &str) -> Result<DeviceState, GetError> {
     let mut d = DeviceState::default();
-    let mut peer: Option<PeerState> = None;
+    let mut peer: Option<DevicePeer> = None;
     let mut hs_sec: u64 = 0;
     let mut hs_nsec: u32 = 0;
-    let finish = |peer: Option<PeerState>, sec: u64, nsec: u32, d: &mut DeviceState| {
+    let finish = |peer: Option<DevicePeer>, sec: u64, nsec: u32, d: &mut DeviceState| {
         if let Some(mut p) = peer {
             if sec != 0 || nsec != 0 {
                 // Checked: a bogus time in the answer is a parse error, not a panic.
@@ -103,7 +103,7 @@ pub fn parse_get(text: &str) -> Result<DeviceState, GetError> {
             .split_once('=')
             .ok_or_else(|| GetError::Parse("line without '='".into()))?;
         let bad = |what: &str| GetError::Parse(format!("bad {what}"));
-        let cur = |peer: &mut Option<PeerState>| -> Result<(), GetError> {
+        let cur = |peer: &mut Option<DevicePeer>| -> Result<(), GetError> {
             if peer.is_none() {
                 return Err(GetError::Parse(format!("{k} before public_key")));
             }
@@ -120,7 +120,7 @@ pub fn parse_get(text: &str) -> Result<DeviceState, GetError> {
                 finish(peer.take(), hs_sec, hs_nsec, &mut d)?;
                 hs_sec = 0;
                 hs_nsec = 0;
-                peer = Some(PeerState::new(PublicKey::from_bytes(
+                peer = Some(DevicePeer::new(PublicKey::from_bytes(
                     hex32(k, v).map_err(GetError::Parse)?,
                 )));
             }

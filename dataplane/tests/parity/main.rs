@@ -20,4 +20,5 @@ mod marking;
 mod network;
 mod routing;
 mod runner;
+mod sysctl;
 mod wireguard;

@@ -1,6 +1,7 @@
 //! Reconnect backoff with the defaults of `cenkalti/backoff` v4, which the upstream
 //! client uses (docs/discovery-protocol.md §8.6): start at 0.5 s, randomise ±50 %, grow ×1.5
-//! up to 60 s, never give up.
+//! up to 60 s, never give up. The control runtime restarts failed controllers on the
+//! same schedule with this same type (`wirespan_control::runtime::backoff`).
 
 use std::time::Duration;
 

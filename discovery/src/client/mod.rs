@@ -50,6 +50,7 @@ pub mod machine;
 pub mod model;
 /// Wire details that rest on a presumption (one constant each).
 pub mod presumed;
+pub mod relay;
 
 use std::{
     collections::BTreeMap,
@@ -75,7 +76,7 @@ pub use self::{
 };
 use self::{
     crypto::Cipher,
-    machine::{Machine, MachineConfig},
+    machine::{Machine, MachineSettings},
 };
 
 /// Longest TTL the server accepts (§7.8).
@@ -283,7 +284,7 @@ impl Client {
             return Err(ConfigError::Ttl { ttl: config.ttl });
         }
         let machine = Machine::new(
-            MachineConfig {
+            MachineSettings {
                 endpoint: endpoint.clone(),
                 cluster_id: config.cluster_id,
                 affiliate_id: config.affiliate_id,

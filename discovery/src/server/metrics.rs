@@ -75,7 +75,7 @@ pub struct Metrics {
     /// Client-version labels handed out so far (see [`MAX_VERSION_LABELS`]).
     version_labels: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The server relay's series (at zero while it is off).
-    pub relay: crate::relay::RelayMetrics,
+    pub relay: RelayMetrics,
     /// Connection caps, handshake and request timeouts of both listeners.
     pub transport: super::transport::TransportMetrics,
 }
@@ -125,7 +125,7 @@ impl Metrics {
             rate_limit_refunded: Family::default(),
             rate_limit_buckets: Family::default(),
             version_labels: std::sync::Mutex::default(),
-            relay: crate::relay::RelayMetrics::default(),
+            relay: RelayMetrics::default(),
             transport: super::transport::TransportMetrics::default(),
             registry: Registry::default(),
         };
@@ -478,6 +478,53 @@ pub fn version_label(version: &str) -> String {
         return "unknown".into();
     }
     format!("v{major}.{minor}{}", if pre { "-pre" } else { "" })
+}
+
+/// The relay's metrics, registered with the server's.
+#[derive(Debug, Clone, Default)]
+pub struct RelayMetrics {
+    pub(crate) allocations: Gauge,
+    allocated: Family<Vec<(&'static str, String)>, Counter>,
+    datagrams: Family<Vec<(&'static str, String)>, Counter>,
+    pub(crate) bytes: Counter,
+}
+
+impl RelayMetrics {
+    /// Registers every series.
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "discovery_relay_allocations",
+            "Server relay allocations (node pairs) in use",
+            self.allocations.clone(),
+        );
+        registry.register(
+            "discovery_relay_allocate_requests",
+            "Relay allocate calls by result (created, refreshed, refused, absent)",
+            self.allocated.clone(),
+        );
+        registry.register(
+            "discovery_relay_datagrams",
+            "Datagrams the relay received, by result (forwarded, or why dropped)",
+            self.datagrams.clone(),
+        );
+        registry.register(
+            "discovery_relay_forwarded_bytes",
+            "Bytes the relay forwarded",
+            self.bytes.clone(),
+        );
+    }
+
+    pub(crate) fn datagram(&self, result: &'static str) {
+        self.datagrams
+            .get_or_create(&vec![("result", result.to_owned())])
+            .inc();
+    }
+
+    pub(crate) fn allocate(&self, result: &'static str) {
+        self.allocated
+            .get_or_create(&vec![("result", result.to_owned())])
+            .inc();
+    }
 }
 
 #[cfg(test)]

@@ -22,12 +22,15 @@ mod health;
 pub mod metrics;
 mod panic;
 pub mod ratelimit;
+pub mod relay;
 #[doc(hidden)]
 pub mod service;
+mod shared;
 pub mod snapshot;
 pub mod state;
 pub mod transport;
 mod watch;
+mod watch_frames;
 mod web;
 
 pub use error::{RequestError, ServerError, SnapshotError};
@@ -36,7 +39,8 @@ pub use ratelimit::{DELETE_BURST, DELETE_RATE};
 pub use service::{client_address, grpc_timeout};
 
 use crate::proto::server::cluster_server::ClusterServer;
-use service::{ClusterService, Shared};
+use service::ClusterService;
+use shared::Shared;
 
 /// How long the snapshot save at shutdown may take (upstream: 10 s).
 pub const SHUTDOWN_SAVE_BUDGET: Duration = Duration::from_secs(10);
@@ -97,7 +101,7 @@ pub struct ServerConfig {
     /// Serve TLS (ALPN `h2`) instead of plaintext h2c.
     pub tls: Option<TlsFiles>,
     /// The server relay (`wirespan.relay.v1`); off when `None`.
-    pub relay: Option<crate::relay::RelayConfig>,
+    pub relay: Option<relay::RelayConfig>,
     /// Connection caps, timeouts and HTTP/2 limits of both listeners.
     pub transport: transport::TransportLimits,
 }
@@ -477,8 +481,8 @@ fn serve_grpc(
     // Without the relay its service is absent: clients get UNIMPLEMENTED.
     let relay = shared.config.relay.map(|mut config| {
         config.limits.max_fds = config.limits.max_fds.min(fds.relay);
-        let relay = crate::relay::Relay::start(config, shared.metrics.relay.clone(), token.clone());
-        crate::proto::relay::relay_server::RelayServer::new(crate::relay::RelayService {
+        let relay = relay::Relay::start(config, shared.metrics.relay.clone(), token.clone());
+        crate::proto::relay::relay_server::RelayServer::new(relay::RelayService {
             relay,
             shared: Arc::clone(shared),
         })

@@ -2,7 +2,7 @@
 //! same bytes go to every watcher, so it is routed past the generated service (whose
 //! codec would clone and re-encode the message for each watcher). tonic decodes the
 //! request; the response body is this module's own: the gRPC-framed messages in
-//! pieces of at most [`FRAME`](super::state::watch::FRAME) bytes, taken from the watcher's queue only as the
+//! pieces of at most [`FRAME`](super::state::encode::FRAME) bytes, taken from the watcher's queue only as the
 //! transport asks for them. tonic's encoder would copy each whole message into a
 //! buffer per stream, which HTTP/2 then keeps for as long as the peer does not read:
 //! a full snapshot per watcher that stopped reading, beyond reach of any abort. Here
@@ -19,7 +19,7 @@ use std::{
 };
 
 use bytes::{BufMut as _, Bytes};
-use futures::{future::BoxFuture, Stream, StreamExt as _};
+use futures::{future::BoxFuture, StreamExt as _};
 use hyper::body::Frame;
 use tonic::{
     body::Body,
@@ -28,11 +28,7 @@ use tonic::{
     Request, Response, Status,
 };
 
-use super::{
-    error::RequestError,
-    service::{ClusterService, Shared},
-    state::{CatchUp, Next, Subscription, WatchQueue},
-};
+use super::{service::ClusterService, watch_frames::WatchFrames};
 use crate::proto::server::{self as pb, cluster_server::ClusterServer};
 
 const WATCH_PATH: &str = "/sidero.discovery.server.Cluster/Watch";
@@ -227,105 +223,5 @@ impl hyper::body::Body for FrameBody {
 
     fn is_end_stream(&self) -> bool {
         self.done
-    }
-}
-
-/// Unsubscribes when the Watch stream is dropped (client went away or stream ended).
-struct WatchGuard {
-    shared: Arc<Shared>,
-    cluster_id: String,
-    id: u64,
-}
-
-impl Drop for WatchGuard {
-    fn drop(&mut self) {
-        self.shared.state().unsubscribe(&self.cluster_id, self.id);
-    }
-}
-
-/// A registered watcher's messages: the snapshot first, then its queue (or its
-/// cluster's event log) until the queue is closed or lost; whole messages, or
-/// (`framed`) body frames of at most [`FRAME`](super::state::watch::FRAME) bytes
-/// with the gRPC message prefix. Polled straight from the response body: no
-/// future or boxed stream between the transport and the queue.
-pub(crate) struct WatchFrames {
-    framed: bool,
-    queue: Arc<WatchQueue>,
-    done: bool,
-    guard: WatchGuard,
-}
-
-impl WatchFrames {
-    pub(crate) fn new(shared: Arc<Shared>, sub: Subscription, framed: bool) -> Self {
-        // Always first, even when empty: clients know the snapshot by its position.
-        // It waits in the queue, where an abort can free it.
-        sub.queue.send_first(sub.snapshot);
-        Self {
-            framed,
-            queue: sub.queue,
-            done: false,
-            guard: WatchGuard {
-                shared,
-                cluster_id: sub.cluster_id,
-                id: sub.id,
-            },
-        }
-    }
-}
-
-impl Stream for WatchFrames {
-    type Item = Result<Bytes, Status>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        loop {
-            // Before the look at the queue: whatever changes after it wakes us.
-            self.queue.register(cx.waker());
-            let now = Instant::now();
-            let next = if self.framed {
-                self.queue.next_frame(now)
-            } else {
-                self.queue.next(now)
-            };
-            match next {
-                Next::Send(event) => return Poll::Ready(Some(Ok(event))),
-                Next::CatchUp => {
-                    let g = &self.guard;
-                    let done = g.shared.state().catch_up(now, &g.cluster_id, g.id);
-                    match done {
-                        CatchUp::Gone => {
-                            self.done = true;
-                            return Poll::Ready(None);
-                        }
-                        CatchUp::FromState => self.guard.shared.metrics.watch_catch_up(),
-                        CatchUp::Rejoined | CatchUp::FromLog => {}
-                    }
-                }
-                Next::Lost => {
-                    self.done = true;
-                    self.guard.shared.metrics.watch_aborted();
-                    return Poll::Ready(Some(Err(RequestError::LostUpdate.into())));
-                }
-                Next::Closed => {
-                    self.done = true;
-                    return Poll::Ready(None);
-                }
-                Next::Wait => {
-                    // Stopping sets the flag, then closes every registered queue
-                    // (which wakes its stream); a watcher registered after that sees
-                    // the flag here. A load: waiting on the shutdown token instead
-                    // would register every waiting stream with the one token shared
-                    // by all of them at each event, and even its check takes the
-                    // token's lock.
-                    if self.guard.shared.is_stopping() {
-                        self.done = true;
-                        return Poll::Ready(None);
-                    }
-                    return Poll::Pending;
-                }
-            }
-        }
     }
 }

@@ -11,7 +11,7 @@ use axum::{
     Router,
 };
 
-use super::service::Shared;
+use super::shared::Shared;
 
 /// The router served on the metrics address.
 pub(crate) fn router(shared: Arc<Shared>) -> Router {

@@ -35,8 +35,11 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_endian.h>
 
-#define DEFAULT_ENTRIES 262144
-#define BUCKETS 65536
+#if !defined(BUCKETS) || !defined(DEFAULT_ENTRIES)
+#error "BUCKETS and DEFAULT_ENTRIES are passed by build.rs (ebpf/src/constants.rs)"
+#endif
+
+#include "hash.h"
 
 enum counter { CNT_HIT = 0, CNT_MISS = 1, CNT_SKIPPED = 2, CNT_UNPARSED = 3, CNT_MAX = 4 };
 
@@ -200,19 +203,9 @@ static __always_inline struct dst parse(struct __sk_buff *skb, int l2)
 	return d;
 }
 
-static __always_inline __u32 bucket4(__u32 addr_be)
-{
-	return ((bpf_ntohl(addr_be) >> 8) * 0x9E3779B1u) >> 16;
-}
-
-static __always_inline __u32 bucket6(__u64 hi)
-{
-	return (__u32)((hi * 0x9E3779B97F4A7C15ull) >> 48);
-}
-
 static __always_inline __u32 *phash_lookup4(struct config *cfg, __u32 addr)
 {
-	__u32 b = bucket4(addr) & (BUCKETS - 1);
+	__u32 b = wirespan_bucket4(bpf_ntohl(addr));
 	__u64 *bb = bpf_map_lookup_elem(&wirespan_buckets_v4, &b);
 	__u64 bits = cfg->v4_global | (bb ? *bb : 0);
 	struct key4 k;
@@ -238,7 +231,7 @@ static __always_inline __u32 phash_lookup6(struct config *cfg, struct in6_addr *
 	hi = bpf_be64_to_cpu(hi);
 	lo = bpf_be64_to_cpu(lo);
 
-	__u32 b = bucket6(hi) & (BUCKETS - 1);
+	__u32 b = wirespan_bucket6(hi);
 	struct bits6 *bb = bpf_map_lookup_elem(&wirespan_buckets_v6, &b);
 	__u64 wlo = bb ? bb->lo : 0;
 	__u64 whi = cfg->v6_global_hi | (bb ? bb->hi : 0);

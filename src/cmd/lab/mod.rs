@@ -18,7 +18,7 @@ use std::{path::PathBuf, process::Stdio, time::Duration};
 
 use anyhow::Context as _;
 use clap::Subcommand;
-use wirespan_control::{config::kubespan::FastPath, resources::identity::write_atomic};
+use wirespan_control::{config::kubespan::FastPath, files::write_atomic};
 
 use self::plan::{LabName, LabState};
 

@@ -16,13 +16,12 @@ use std::{
 use serde::{Deserialize, Serialize};
 use wirespan_control::config::{self, kubespan::FastPath, kubespan::KubeSpanConfig, API_VERSION};
 
+pub use super::topology::{node_name, MAX_NODES};
 use super::topology::{Nat, Topology};
 
 /// Where every lab keeps its files (a private bind mount of itself, so namespace
 /// files can be bound inside).
 pub const LAB_ROOT: &str = "/run/wirespan-lab";
-/// Most nodes a lab may have (addresses are `.11` to `.74`).
-pub const MAX_NODES: usize = 64;
 /// Port of the discovery server's gRPC API.
 pub const DISCOVERY_PORT: u16 = 3000;
 /// Port of the discovery server's metrics and inspect pages.
@@ -103,12 +102,6 @@ fn is_role(role: &str) -> bool {
             .strip_prefix("node")
             .or_else(|| role.strip_prefix("router"))
             .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
-}
-
-/// The name of node `i` (from 1).
-#[must_use]
-pub fn node_name(i: usize) -> String {
-    format!("node{i}")
 }
 
 /// Underlay addresses of host number `host` (`.host` / `::host`): two IPv4 addresses
@@ -205,7 +198,7 @@ pub fn node_config(
 ///
 /// # Errors
 /// The config error (which never contains the secret).
-pub fn validate(text: &str) -> Result<config::MachineConfig, config::ConfigError> {
+pub fn validate(text: &str) -> Result<config::ConfigDocuments, config::ConfigError> {
     config::parse(text)
 }
 

@@ -17,7 +17,14 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use serde::{Deserialize, Serialize};
 
-use super::plan::MAX_NODES;
+/// Most nodes a lab may have (addresses are `.11` to `.74`).
+pub const MAX_NODES: usize = 64;
+
+/// The name of node `i` (from 1).
+#[must_use]
+pub fn node_name(i: usize) -> String {
+    format!("node{i}")
+}
 
 /// Where a node sits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -139,7 +146,7 @@ pub fn parse(name: &str, text: &str) -> Result<Topology, String> {
     let index = |b: usize, k: usize, s: &str| -> Result<usize, String> {
         s.strip_prefix("node")
             .and_then(|d| d.parse::<usize>().ok())
-            .filter(|i| (1..=nodes.len()).contains(i) && s == super::plan::node_name(*i))
+            .filter(|i| (1..=nodes.len()).contains(i) && s == node_name(*i))
             .map(|i| i - 1)
             .ok_or_else(|| {
                 format!(

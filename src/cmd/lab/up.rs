@@ -16,7 +16,7 @@ use wirespan_control::{
         kubespan::{FastPath, KubeSpanConfig},
         ConfigDocument as _,
     },
-    resources::identity::write_atomic,
+    files::write_atomic,
 };
 use wirespan_dataplane::{netns::Netns, wireguard::PresharedKey};
 
@@ -338,215 +338,30 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
     let cluster_config = dir.join("cluster.yaml");
     write_config(&cluster_config, &cluster_text)?;
 
-    // The underlay: a bridge in its own namespace.
-    let underlay = name.netns("underlay");
-    host::run("ip", &["netns", "add", &underlay])?;
-    host::ip_in(&underlay, &["link", "set", "lo", "up"])?;
-    host::ip_in(&underlay, &["link", "add", "br0", "type", "bridge"])?;
-    host::ip_in(&underlay, &["link", "set", "br0", "up"])?;
-    if let Some(rules) = &opts.underlay_nft {
-        // Before any daemon runs, so the very first packets already meet the rules.
-        host::run(
-            "nsenter",
-            &[
-                &format!("--net=/run/netns/{underlay}"),
-                "--",
-                "nft",
-                "-f",
-                path_str(rules)?,
-            ],
-        )
-        .with_context(|| format!("loading --underlay-nft {}", rules.display()))?;
-    }
+    let underlay = create_underlay(name, opts)?;
 
-    // The discovery server.
-    let disco_ns = add_host_netns(
-        name,
-        "disco",
-        &plan::underlay_addresses(plan::DISCOVERY_HOST),
-    )?;
-    let disco_log = dir.join("discovery.log");
-    let listen = SocketAddr::new(IpAddr::from([0u16; 8]), plan::DISCOVERY_PORT).to_string();
-    let metrics =
-        SocketAddr::new(IpAddr::from([0u16; 8]), plan::DISCOVERY_METRICS_PORT).to_string();
-    let mut disco = host::spawn_detached(
-        &disco_ns,
-        None,
-        &[
-            &exe,
-            "discovery",
-            "--listen",
-            &listen,
-            "--metrics-listen",
-            &metrics,
-            // Pairs that nothing else connects (both behind symmetric NATs, no node
-            // reaching both) go through it.
-            "--relay",
-        ],
-        &disco_log,
-    )?;
+    let (disco_ns, disco_log, mut disco) = start_discovery(name, &exe, &dir)?;
 
     // The nodes' namespaces.
     let supports_config = super::node_has_config_flag();
     fs::create_dir_all("/run/wireguard").context("creating /run/wireguard")?;
     let mut nodes = Vec::new();
-    let behind_nat = opts.topology.nodes.iter().any(|n| *n != Nat::None);
+    let setup = NodeSetup {
+        lab: name,
+        dir: &dir,
+        ns_dir: &ns_dir,
+        cluster_text: &cluster_text,
+        behind_nat: opts.topology.nodes.iter().any(|n| *n != Nat::None),
+    };
     for (i, nat) in (1..=opts.topology.nodes.len()).zip(opts.topology.nodes.clone()) {
-        let node = plan::node_name(i);
-        let (ns, addresses, router) = if nat == Nat::None {
-            let addresses: Vec<IpAddr> = plan::underlay_addresses(plan::node_host(i))
-                .iter()
-                .map(|(a, _)| *a)
-                .collect();
-            let cidrs = plan::underlay_addresses(plan::node_host(i));
-            let ns = add_host_netns(name, &node, &cidrs)?;
-            if behind_nat {
-                // Like any host on the internet, a default route: the reply to a LAN
-                // address behind a NAT needs one before KubeSpan's mark reroutes it
-                // into the tunnel (without, the first lookup fails: no route).
-                host::ip_in(&ns, &["route", "add", "default", "dev", plan::NODE_LINK])?;
-            }
-            (ns, addresses, None)
-        } else {
-            let (ns, lan, router) = add_natted_node(name, i, nat, &dir)?;
-            (ns, vec![lan], Some(router))
-        };
-        // Like a systemd host (its 50-default.conf): every new link, the mesh link
-        // included, starts with loose reverse-path filtering, which the daemon turns
-        // off on the mesh link. `all` is the host policy the daemon requires to be 0
-        // (a new namespace copies the host's IPv4 `all`, which may be strict).
-        host::run(
-            "ip",
-            &[
-                "netns",
-                "exec",
-                &ns,
-                "sysctl",
-                "-qw",
-                "net.ipv4.conf.default.rp_filter=2",
-                "net.ipv4.conf.all.rp_filter=0",
-                // Forwarding on, as on a Kubernetes node: it makes the node a relay
-                // for pairs that cannot connect directly.
-                "net.ipv4.ip_forward=1",
-                "net.ipv6.conf.all.forwarding=1",
-            ],
-        )?;
-        let node_dir = plan::node_dir(&dir, &node);
-        mkdir_private(&node_dir)?;
-        let config = node_dir.join("config.yaml");
-        write_config(
-            &config,
-            &plan::node_config(&cluster_text, opts.fast_path, opts.peer_receive_timeout)?,
-        )?;
-        // Its own mount namespace (a private /run/wireguard: the UAPI sockets) and UTS
-        // namespace (hostname = node name), kept alive by bind mounts in the lab dir.
-        let mnt = ns_dir.join(format!("{node}.mnt"));
-        let uts = ns_dir.join(format!("{node}.uts"));
-        for f in [&mnt, &uts] {
-            fs::File::create(f).with_context(|| format!("creating {}", f.display()))?;
-        }
-        let (m, u) = (path_str(&mnt)?, path_str(&uts)?);
-        host::run(
-            "unshare",
-            &[
-                &format!("--mount={m}"),
-                &format!("--uts={u}"),
-                "--propagation",
-                "private",
-                "true",
-            ],
-        )?;
-        host::run(
-            "nsenter",
-            &[
-                &format!("--mount={m}"),
-                "--",
-                "mount",
-                "-t",
-                "tmpfs",
-                "-o",
-                "mode=0700",
-                "wirespan-lab",
-                "/run/wireguard",
-            ],
-        )?;
-        // A sysfs of the node's network namespace (as `ip netns exec` mounts), so
-        // /sys/class/net shows the node's links, and a bpffs of its own, so pinned
-        // BPF objects of one node never meet another's.
-        host::run(
-            "nsenter",
-            &[
-                &format!("--net=/run/netns/{ns}"),
-                &format!("--mount={m}"),
-                "--",
-                "mount",
-                "-t",
-                "sysfs",
-                "wirespan-lab",
-                "/sys",
-            ],
-        )?;
-        host::run(
-            "nsenter",
-            &[
-                &format!("--mount={m}"),
-                "--",
-                "mount",
-                "-t",
-                "bpf",
-                "wirespan-lab",
-                "/sys/fs/bpf",
-            ],
-        )?;
-        host::run("nsenter", &[&format!("--uts={u}"), "--", "hostname", &node])?;
-        nodes.push(NodeState {
-            name: node.clone(),
-            namespace: ns,
-            mount_namespace: mnt,
-            uts_namespace: uts,
-            socket: node_dir.join("api.sock"),
-            config,
-            state_dir: node_dir.join("state"),
-            log: node_dir.join("node.log"),
-            pid: 0,
-            link: plan::NODE_LINK.to_owned(),
-            underlay: addresses,
-            nat,
-            router,
-        });
+        nodes.push(add_node(&setup, opts, i, nat)?);
     }
     load_blocks(&underlay, &opts.topology, &nodes, &dir)?;
 
     // The discovery server answers on the underlay, seen from node1.
     wait_for_tcp(&nodes[0].namespace, discovery, &mut disco, &disco_log)?;
 
-    let mut children: Vec<Child> = Vec::new();
-    for n in &mut nodes {
-        let mut args = vec![
-            exe.clone(),
-            "--socket".into(),
-            path_str(&n.socket)?.to_owned(),
-            "node".into(),
-            "--state-dir".into(),
-            path_str(&n.state_dir)?.to_owned(),
-            "--metrics-listen".into(),
-            plan::node_metrics_address().to_string(),
-            "--wireguard".into(),
-            wireguard_name(opts.wireguard.for_node(&n.name)).into(),
-        ];
-        if supports_config {
-            args.extend(["--config".into(), path_str(&n.config)?.to_owned()]);
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let child = host::spawn_detached(
-            &n.namespace,
-            Some((&n.mount_namespace, &n.uts_namespace)),
-            &args,
-            &n.log,
-        )?;
-        n.pid = child.id();
-        children.push(child);
-    }
+    let mut children = start_nodes(&mut nodes, &exe, opts, supports_config)?;
     let state = LabState {
         name: name.as_str().to_owned(),
         dir,
@@ -585,6 +400,247 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
         wait_for_api(n, child)?;
     }
     Ok(state)
+}
+
+/// The underlay: a bridge in its own namespace, with `--underlay-nft` loaded.
+fn create_underlay(name: &LabName, opts: &Options) -> anyhow::Result<String> {
+    let underlay = name.netns("underlay");
+    host::run("ip", &["netns", "add", &underlay])?;
+    host::ip_in(&underlay, &["link", "set", "lo", "up"])?;
+    host::ip_in(&underlay, &["link", "add", "br0", "type", "bridge"])?;
+    host::ip_in(&underlay, &["link", "set", "br0", "up"])?;
+    if let Some(rules) = &opts.underlay_nft {
+        // Before any daemon runs, so the very first packets already meet the rules.
+        host::run(
+            "nsenter",
+            &[
+                &format!("--net=/run/netns/{underlay}"),
+                "--",
+                "nft",
+                "-f",
+                path_str(rules)?,
+            ],
+        )
+        .with_context(|| format!("loading --underlay-nft {}", rules.display()))?;
+    }
+    Ok(underlay)
+}
+
+/// Starts the discovery server (with its relay) in its own namespace on the underlay.
+fn start_discovery(
+    name: &LabName,
+    exe: &str,
+    dir: &Path,
+) -> anyhow::Result<(String, PathBuf, Child)> {
+    let disco_ns = add_host_netns(
+        name,
+        "disco",
+        &plan::underlay_addresses(plan::DISCOVERY_HOST),
+    )?;
+    let disco_log = dir.join("discovery.log");
+    let listen = SocketAddr::new(IpAddr::from([0u16; 8]), plan::DISCOVERY_PORT).to_string();
+    let metrics =
+        SocketAddr::new(IpAddr::from([0u16; 8]), plan::DISCOVERY_METRICS_PORT).to_string();
+    let disco = host::spawn_detached(
+        &disco_ns,
+        None,
+        &[
+            exe,
+            "discovery",
+            "--listen",
+            &listen,
+            "--metrics-listen",
+            &metrics,
+            // Pairs that nothing else connects (both behind symmetric NATs, no node
+            // reaching both) go through it.
+            "--relay",
+        ],
+        &disco_log,
+    )?;
+    Ok((disco_ns, disco_log, disco))
+}
+
+/// What every node of a lab is made with.
+struct NodeSetup<'a> {
+    lab: &'a LabName,
+    dir: &'a Path,
+    ns_dir: &'a Path,
+    cluster_text: &'a str,
+    /// Some node is behind a NAT (public nodes then need a default route).
+    behind_nat: bool,
+}
+
+/// Node `i`: its network namespace (public or behind a NAT router), sysctls, config
+/// and its own mount and UTS namespaces. The daemon is started later.
+fn add_node(
+    setup: &NodeSetup<'_>,
+    opts: &Options,
+    i: usize,
+    nat: Nat,
+) -> anyhow::Result<NodeState> {
+    let node = plan::node_name(i);
+    let (ns, addresses, router) = if nat == Nat::None {
+        let addresses: Vec<IpAddr> = plan::underlay_addresses(plan::node_host(i))
+            .iter()
+            .map(|(a, _)| *a)
+            .collect();
+        let cidrs = plan::underlay_addresses(plan::node_host(i));
+        let ns = add_host_netns(setup.lab, &node, &cidrs)?;
+        if setup.behind_nat {
+            // Like any host on the internet, a default route: the reply to a LAN
+            // address behind a NAT needs one before KubeSpan's mark reroutes it
+            // into the tunnel (without, the first lookup fails: no route).
+            host::ip_in(&ns, &["route", "add", "default", "dev", plan::NODE_LINK])?;
+        }
+        (ns, addresses, None)
+    } else {
+        let (ns, lan, router) = add_natted_node(setup.lab, i, nat, setup.dir)?;
+        (ns, vec![lan], Some(router))
+    };
+    // Like a systemd host (its 50-default.conf): every new link, the mesh link
+    // included, starts with loose reverse-path filtering, which the daemon turns
+    // off on the mesh link. `all` is the host policy the daemon requires to be 0
+    // (a new namespace copies the host's IPv4 `all`, which may be strict).
+    host::run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            &ns,
+            "sysctl",
+            "-qw",
+            "net.ipv4.conf.default.rp_filter=2",
+            "net.ipv4.conf.all.rp_filter=0",
+            // Forwarding on, as on a Kubernetes node: it makes the node a relay
+            // for pairs that cannot connect directly.
+            "net.ipv4.ip_forward=1",
+            "net.ipv6.conf.all.forwarding=1",
+        ],
+    )?;
+    let node_dir = plan::node_dir(setup.dir, &node);
+    mkdir_private(&node_dir)?;
+    let config = node_dir.join("config.yaml");
+    write_config(
+        &config,
+        &plan::node_config(
+            setup.cluster_text,
+            opts.fast_path,
+            opts.peer_receive_timeout,
+        )?,
+    )?;
+    // Its own mount namespace (a private /run/wireguard: the UAPI sockets) and UTS
+    // namespace (hostname = node name), kept alive by bind mounts in the lab dir.
+    let mnt = setup.ns_dir.join(format!("{node}.mnt"));
+    let uts = setup.ns_dir.join(format!("{node}.uts"));
+    for f in [&mnt, &uts] {
+        fs::File::create(f).with_context(|| format!("creating {}", f.display()))?;
+    }
+    let (m, u) = (path_str(&mnt)?, path_str(&uts)?);
+    host::run(
+        "unshare",
+        &[
+            &format!("--mount={m}"),
+            &format!("--uts={u}"),
+            "--propagation",
+            "private",
+            "true",
+        ],
+    )?;
+    host::run(
+        "nsenter",
+        &[
+            &format!("--mount={m}"),
+            "--",
+            "mount",
+            "-t",
+            "tmpfs",
+            "-o",
+            "mode=0700",
+            "wirespan-lab",
+            "/run/wireguard",
+        ],
+    )?;
+    // A sysfs of the node's network namespace (as `ip netns exec` mounts), so
+    // /sys/class/net shows the node's links, and a bpffs of its own, so pinned
+    // BPF objects of one node never meet another's.
+    host::run(
+        "nsenter",
+        &[
+            &format!("--net=/run/netns/{ns}"),
+            &format!("--mount={m}"),
+            "--",
+            "mount",
+            "-t",
+            "sysfs",
+            "wirespan-lab",
+            "/sys",
+        ],
+    )?;
+    host::run(
+        "nsenter",
+        &[
+            &format!("--mount={m}"),
+            "--",
+            "mount",
+            "-t",
+            "bpf",
+            "wirespan-lab",
+            "/sys/fs/bpf",
+        ],
+    )?;
+    host::run("nsenter", &[&format!("--uts={u}"), "--", "hostname", &node])?;
+    Ok(NodeState {
+        name: node,
+        namespace: ns,
+        mount_namespace: mnt,
+        uts_namespace: uts,
+        socket: node_dir.join("api.sock"),
+        config,
+        state_dir: node_dir.join("state"),
+        log: node_dir.join("node.log"),
+        pid: 0,
+        link: plan::NODE_LINK.to_owned(),
+        underlay: addresses,
+        nat,
+        router,
+    })
+}
+
+/// Starts every node's daemon in its namespaces.
+fn start_nodes(
+    nodes: &mut [NodeState],
+    exe: &str,
+    opts: &Options,
+    supports_config: bool,
+) -> anyhow::Result<Vec<Child>> {
+    let mut children: Vec<Child> = Vec::new();
+    for n in nodes.iter_mut() {
+        let mut args = vec![
+            exe.to_owned(),
+            "--socket".into(),
+            path_str(&n.socket)?.to_owned(),
+            "node".into(),
+            "--state-dir".into(),
+            path_str(&n.state_dir)?.to_owned(),
+            "--metrics-listen".into(),
+            plan::node_metrics_address().to_string(),
+            "--wireguard".into(),
+            wireguard_name(opts.wireguard.for_node(&n.name)).into(),
+        ];
+        if supports_config {
+            args.extend(["--config".into(), path_str(&n.config)?.to_owned()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let child = host::spawn_detached(
+            &n.namespace,
+            Some((&n.mount_namespace, &n.uts_namespace)),
+            &args,
+            &n.log,
+        )?;
+        n.pid = child.id();
+        children.push(child);
+    }
+    Ok(children)
 }
 
 fn path_str(p: &Path) -> anyhow::Result<&str> {

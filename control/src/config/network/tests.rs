@@ -69,7 +69,7 @@ fn address_config() {
     let ok = AddressConfig {
         link: "eth0".into(),
         address: net("10.0.0.1/24"),
-        scope: ScopeName::Global,
+        scope: Scope::Global,
     };
     assert!(
         errors(&ok).is_empty(),

@@ -22,7 +22,7 @@ pub struct KubeSpanConfigController;
 
 /// The effective mesh config of a machine config, `None` without a mesh document.
 #[must_use]
-pub fn effective(config: &crate::config::MachineConfig) -> Option<KubeSpanConfigSpec> {
+pub fn effective(config: &crate::config::ConfigDocuments) -> Option<KubeSpanConfigSpec> {
     let doc = config.singleton::<Document>()?;
     let mut extra = Vec::new();
     for e in config

@@ -13,10 +13,10 @@ use ipnet::{IpNet, Ipv6Net};
 use wirespan_dataplane::{netns::Netns, wireguard::PrivateKey};
 
 use crate::{
+    files::{ensure_private_dir, write_atomic},
     kubespan::ula::{cluster_prefix, node_address, parse_mac, PURPOSE_KUBESPAN},
     resources::{
         cluster::{ClusterIdentity, CLUSTER},
-        identity::{ensure_private_dir, write_atomic},
         kubespan::{KubeSpanConfig, KubeSpanIdentity, KubeSpanIdentitySpec, KUBESPAN, NS},
     },
     runtime::{

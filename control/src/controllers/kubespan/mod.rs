@@ -125,8 +125,9 @@ impl MarkingFactory for NftablesMarking {
 }
 
 /// The daemon's marking: nftables for `nftables`; for `ebpf` the tc classifier
-/// ([`fastpath::FastPath`]) on every interface but the mesh link and `lo`, plus the
-/// nftables table without prerouting set lookups. If the classifier cannot be
+/// ([`fastpath::FastPath`]) on every interface but `lo`, the mesh link included (a
+/// peer relay forwards what arrives there and it needs the mark), plus the nftables
+/// table without prerouting set lookups. If the classifier cannot be
 /// attached, plain nftables marking with a note.
 #[derive(Debug, Clone)]
 pub struct KernelMarking {

@@ -12,7 +12,7 @@ use std::{
 };
 
 use futures::future::BoxFuture;
-use wirespan_discovery::relay::client::{
+use wirespan_discovery::client::relay::{
     self as relay_client, AllocateCall, AllocateError, RelayEndpoint,
 };
 

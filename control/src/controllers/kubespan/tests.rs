@@ -41,6 +41,9 @@ use crate::{
     testing::{assert_length, assert_no_resource, assert_resource, Harness, TIMEOUT},
 };
 
+/// Kernel writes that fail, and kernel state that goes away.
+mod failures;
+
 #[derive(Debug)]
 struct FakeLinks(Vec<LinkInfo>);
 
@@ -100,6 +103,8 @@ struct Mesh {
     clock: FakeClock,
     sysctl: FakeSysctl,
     probes: RecordingProber,
+    /// The controllers restarted after an error, in order (the runtime's restart hook).
+    restarts: Arc<Mutex<Vec<String>>>,
     _dir: tempfile::TempDir,
 }
 
@@ -194,6 +199,11 @@ fn start_over(
 ) -> Mesh {
     let store = Store::new(StoreOptions::default());
     let mut runtime = Runtime::new(store.clone());
+    let restarts = Arc::new(Mutex::new(Vec::new()));
+    let seen = Arc::clone(&restarts);
+    runtime.on_controller_restart(Arc::new(move |name: &str| {
+        seen.lock().unwrap().push(name.to_owned());
+    }));
     // systemd's default for a new link (loose), host-wide filtering off.
     let sysctl = FakeSysctl::new();
     let probes = RecordingProber::default();
@@ -261,6 +271,7 @@ fn start_over(
         clock,
         sysctl,
         probes,
+        restarts,
         _dir: dir,
     }
 }
@@ -275,6 +286,15 @@ async fn eventually<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
         assert!(tokio::time::Instant::now() < deadline, "timed out: {what}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// Waits until the manager has handled every advance of `clock` (see
+/// [`FakeClock::settled`]).
+async fn settled(clock: &FakeClock) {
+    eventually("the manager waiting on the clock again", || {
+        clock.settled().then_some(())
+    })
+    .await;
 }
 
 fn device_peers(wg: &FakeWireGuard) -> usize {
@@ -1585,7 +1605,7 @@ async fn an_unlisted_peer_with_a_fresh_session_is_kept_until_it_goes_stale() {
         m.clock.advance(Duration::from_secs(5));
         rx += 100;
         m.wg.handshake(&k1, m.clock.now(), rx, 100);
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        settled(&m.clock).await;
         let st = peer_status(store, 1).unwrap();
         assert_eq!(st.retained_reason, UNLISTED_KEPT, "{st:?}");
         assert_eq!(st.state, PeerState::Up, "{st:?}");
@@ -1625,7 +1645,7 @@ async fn an_unlisted_peer_with_a_fresh_session_is_kept_until_it_goes_stale() {
     .await;
     for _ in 0..8 {
         m.clock.advance(Duration::from_secs(10));
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        settled(&m.clock).await;
     }
     assert_no_resource(store, &Pointer::new(NS, KubeSpanPeerStatus::TYPE, key(1))).await;
     eventually("peer 1 removed from the device", || {

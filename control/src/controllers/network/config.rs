@@ -6,13 +6,12 @@
 use futures::future::BoxFuture;
 
 use crate::{
-    config::network::{AddressConfig, LinkConfig, RouteConfig, RoutingRuleConfig, ScopeName},
+    config::network::{AddressConfig, LinkConfig, RouteConfig, RoutingRuleConfig},
     resources::{
         config::MachineConfig,
         network::{
             AddressSpec, AddressSpecSpec, ConfigLayer, Family, LinkSpec, LinkSpecSpec, RouteSpec,
             RouteSpecSpec, RouteType, RoutingRuleSpec, RoutingRuleSpecSpec, Scope, NS_CONFIG,
-            TABLE_MAIN,
         },
     },
     runtime::{Controller, ControllerResult, ControllerRuntime, Input, Kind, Output, ResourceKind},
@@ -56,12 +55,7 @@ pub fn address_spec(a: &AddressConfig) -> AddressSpecSpec {
     AddressSpecSpec {
         address: a.address,
         link_name: a.link.clone(),
-        scope: match a.scope {
-            ScopeName::Global => Scope::Global,
-            ScopeName::Site => Scope::Site,
-            ScopeName::Link => Scope::Link,
-            ScopeName::Host => Scope::Host,
-        },
+        scope: a.scope,
         layer: LAYER,
     }
 }
@@ -75,12 +69,12 @@ pub fn route_spec(r: &RouteConfig) -> RouteSpecSpec {
         } else {
             Family::Inet4
         },
-        destination: r.destination.filter(|d| d.prefix_len() != 0),
+        destination: r.programmed_destination(),
         source: r.source,
         gateway: r.gateway,
         out_link_name: r.link.clone(),
-        table: r.table.unwrap_or(TABLE_MAIN),
-        priority: r.metric.unwrap_or(1024),
+        table: r.table_or_main(),
+        priority: r.metric_or_default(),
         scope: if r.gateway.is_none() && r.destination.is_some_and(|d| d.prefix_len() != 0) {
             Scope::Link
         } else {
@@ -113,7 +107,7 @@ pub fn rule_spec(r: &RoutingRuleConfig) -> RoutingRuleSpecSpec {
 
 /// Pure mapping of documents to configuration-layer specs.
 #[must_use]
-pub fn specs(cfg: &crate::config::MachineConfig) -> NetworkSpecs {
+pub fn specs(cfg: &crate::config::ConfigDocuments) -> NetworkSpecs {
     NetworkSpecs {
         links: cfg.documents_of::<LinkConfig>().map(link_spec).collect(),
         addresses: cfg
@@ -185,5 +179,51 @@ impl Controller for NetworkConfigController {
             }
             Ok(())
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{network::TABLE_MAIN, ConfigDocument as _};
+
+    /// Config validation rejects two documents with one merge key; the key must be the
+    /// id the spec is written under, or duplicates would slip through (or be invented).
+    #[test]
+    fn merge_keys_of_documents_are_the_ids_of_their_specs() {
+        let routes = [
+            RouteConfig {
+                destination: Some("10.0.0.0/8".parse().unwrap()),
+                gateway: Some("10.0.0.1".parse().unwrap()),
+                ..RouteConfig::default()
+            },
+            RouteConfig {
+                destination: Some("::/0".parse().unwrap()),
+                link: "eth0".into(),
+                table: Some(100),
+                metric: Some(7),
+                ..RouteConfig::default()
+            },
+            RouteConfig {
+                gateway: Some("10.0.0.1".parse().unwrap()),
+                table: Some(TABLE_MAIN),
+                ..RouteConfig::default()
+            },
+        ];
+        for r in &routes {
+            assert_eq!(r.merge_key().unwrap().1, route_spec(r).key(), "{r:?}");
+        }
+        let a = AddressConfig {
+            link: "eth0".into(),
+            address: Some("fd00::1/64".parse().unwrap()),
+            ..AddressConfig::default()
+        };
+        assert_eq!(a.merge_key().unwrap().1, address_spec(&a).key());
+        let rule = RoutingRuleConfig {
+            priority: 100,
+            ipv6: true,
+            ..RoutingRuleConfig::default()
+        };
+        assert_eq!(rule.merge_key().unwrap().1, rule_spec(&rule).key());
     }
 }

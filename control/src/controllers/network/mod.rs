@@ -38,7 +38,7 @@ use crate::{
 pub type SharedNetwork = Arc<Mutex<dyn NetworkConfig>>;
 
 /// A source of "something changed in the kernel" notifications (netlink events).
-pub trait ChangeFeed: Send + Sync + 'static {
+pub trait KernelEvents: Send + Sync + 'static {
     /// A new subscription.
     ///
     /// # Errors
@@ -50,7 +50,7 @@ pub trait ChangeFeed: Send + Sync + 'static {
 #[derive(Debug, Clone)]
 pub struct NetlinkFeed(pub Netns);
 
-impl ChangeFeed for NetlinkFeed {
+impl KernelEvents for NetlinkFeed {
     fn subscribe(&self) -> std::io::Result<BoxStream<'static, ()>> {
         let w = wirespan_dataplane::watch::Watcher::start(&self.0, false)?;
         Ok(w.map(|_| ()).boxed())
@@ -58,7 +58,7 @@ impl ChangeFeed for NetlinkFeed {
 }
 
 #[cfg(any(test, feature = "testing"))]
-impl ChangeFeed for wirespan_dataplane::fake::FakeNetwork {
+impl KernelEvents for wirespan_dataplane::fake::FakeNetwork {
     fn subscribe(&self) -> std::io::Result<BoxStream<'static, ()>> {
         let rx = wirespan_dataplane::fake::FakeNetwork::subscribe(self);
         Ok(tokio_stream::wrappers::WatchStream::from_changes(rx)
@@ -95,7 +95,7 @@ pub struct Deps {
     /// The adapter for the namespace the daemon runs in.
     pub net: SharedNetwork,
     /// Its change events.
-    pub feed: Arc<dyn ChangeFeed>,
+    pub feed: Arc<dyn KernelEvents>,
 }
 
 impl std::fmt::Debug for Deps {

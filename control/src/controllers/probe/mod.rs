@@ -93,7 +93,7 @@ pub fn http_probe_spec(h: &HttpProbeConfig) -> ProbeSpecSpec {
 /// Probe specs of a config's documents (validation rejects two documents with one
 /// target; should they meet here anyway, they are one probe).
 #[must_use]
-pub fn probe_specs(cfg: &crate::config::MachineConfig) -> Vec<ProbeSpecSpec> {
+pub fn probe_specs(cfg: &crate::config::ConfigDocuments) -> Vec<ProbeSpecSpec> {
     let mut out: Vec<ProbeSpecSpec> = Vec::new();
     let mut push = |name: &str, spec: ProbeSpecSpec| {
         if out.iter().any(|s| s.key() == spec.key()) {
@@ -414,6 +414,24 @@ impl Controller for ProbeController {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Config validation rejects two probes with one merge key; it must be the id the
+    /// probe's spec is written under.
+    #[test]
+    fn merge_keys_of_probe_documents_are_the_ids_of_their_specs() {
+        use crate::config::ConfigDocument as _;
+        let tcp = TcpProbeConfig {
+            endpoint: "10.0.0.1:22".into(),
+            ..TcpProbeConfig::default()
+        };
+        assert_eq!(tcp.merge_key().unwrap().1, tcp_probe_spec(&tcp).key());
+        let http = HttpProbeConfig {
+            url: "https://user:pw@example.com:8443/health".into(),
+            ..HttpProbeConfig::default()
+        };
+        assert_eq!(http.merge_key().unwrap().1, http_probe_spec(&http).key());
+        assert!(!http.merge_key().unwrap().1.contains("pw"));
+    }
 
     #[test]
     fn debounce_reports_failures_at_threshold_and_one_success_resets() {

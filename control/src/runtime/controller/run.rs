@@ -249,7 +249,7 @@ async fn run_controller(mut ctrl: Box<dyn Controller>, mut rt: ControllerRuntime
                 .backoff
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            b.next_delay_rng(&mut rand::thread_rng())
+            b.next(&mut rand::thread_rng())
         };
         tracing::error!(controller = %name, error = %err, crashes, ?delay, "controller failed, restarting");
         tokio::select! {

@@ -48,7 +48,7 @@ pub const REPUBLISH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Static parameters of the machine.
 #[derive(Debug, Clone)]
-pub struct MachineConfig {
+pub struct MachineSettings {
     /// Configured server (redirects replace it in memory only).
     pub endpoint: ServerAddress,
     /// Cluster ID (opaque).
@@ -174,7 +174,7 @@ enum Phase {
 /// The client state machine.
 #[derive(Debug)]
 pub struct Machine<R> {
-    config: MachineConfig,
+    config: MachineSettings,
     cipher: Cipher,
     rng: R,
     backoff: Backoff,
@@ -196,7 +196,7 @@ pub struct Machine<R> {
 
 impl<R: RngCore> Machine<R> {
     /// A machine that starts in backoff: the first Hello also waits one delay.
-    pub fn new(config: MachineConfig, cipher: Cipher, mut rng: R, now: Instant) -> Self {
+    pub fn new(config: MachineSettings, cipher: Cipher, mut rng: R, now: Instant) -> Self {
         let mut backoff = Backoff::new();
         let until = now + backoff.next(&mut rng);
         Self {

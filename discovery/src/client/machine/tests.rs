@@ -14,8 +14,8 @@ fn secret() -> ClusterSecret {
     ClusterSecret::from_bytes([3; 32])
 }
 
-fn config() -> MachineConfig {
-    MachineConfig {
+fn config() -> MachineSettings {
+    MachineSettings {
         endpoint: ServerAddress::parse("endpoint", "http://disco.example:3000", false).unwrap(),
         cluster_id: "c1".into(),
         affiliate_id: "self".into(),

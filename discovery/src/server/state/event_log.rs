@@ -17,7 +17,7 @@ use std::{collections::VecDeque, time::Instant};
 
 use bytes::{Bytes, BytesMut};
 
-use super::watch::FRAME;
+use super::encode::FRAME;
 
 /// Most bytes of one sealed segment (a single larger event is a segment of its own):
 /// one body frame, so a slice of a segment goes to the transport as it is.

@@ -8,7 +8,11 @@
 //! of recent events for watchers that fell behind in `event_log`.
 
 mod budget;
+mod encode;
+mod entry;
 mod event_log;
+mod lag;
+mod meter;
 mod record;
 #[cfg(test)]
 mod tests;
@@ -28,10 +32,16 @@ pub use self::budget::{MAX_CLUSTERS, STATE_BUDGET};
 pub use self::validate::{
     offset, ttl_nanos, validate_affiliate_id, validate_cluster_id, validate_update,
 };
-pub use self::watch::{Batch, Next, RuntimeLag, WatchBytes, WatchQueue, WATCH_STALL};
+pub use self::{
+    entry::Batch,
+    lag::RuntimeLag,
+    meter::WatchBytes,
+    watch::{Next, WatchQueue, WATCH_STALL},
+};
 use self::{
+    entry::{BatchParts, Entry},
     event_log::{EventLog, SEGMENT},
-    watch::{lock, BatchParts, Entry, Message, Pushed},
+    watch::{lock, Message, Pushed},
 };
 use super::error::RequestError;
 use crate::proto::server as pb;
@@ -167,7 +177,7 @@ impl Cluster {
             self.drop_log();
             return;
         }
-        let event = watch::encode_event(id, affiliate);
+        let event = encode::encode_event(id, affiliate);
         affiliate.set_entry(Entry::new(event.clone(), meter));
         self.log_event(seq, &event, now);
         self.notify(seq, &event, now);
@@ -181,10 +191,10 @@ impl Cluster {
             return;
         }
         let seq = self.seq;
-        let mut buf = watch::framed(id.len() + 8);
-        watch::put_deleted(&mut buf, id);
-        watch::put_deleted_flag(&mut buf);
-        watch::seal(&mut buf);
+        let mut buf = encode::framed(id.len() + 8);
+        encode::put_deleted(&mut buf, id);
+        encode::put_deleted_flag(&mut buf);
+        encode::seal(&mut buf);
         let event = buf.freeze();
         self.log_event(seq, &event, now);
         self.notify(seq, &event, now);
@@ -279,18 +289,18 @@ impl Cluster {
         let mut out = Vec::new();
         // The message being gathered: entries (upserts) or a buffer (deletes).
         let mut entries: Vec<Arc<Entry>> = Vec::new();
-        let mut deletes = watch::framed(0);
+        let mut deletes = encode::framed(0);
         let mut size = 0;
         let mut last = since;
         let mut flush = |entries: &mut Vec<Arc<Entry>>, deletes: &mut BytesMut, at: u64| {
             if !entries.is_empty() {
-                let batch = watch::Batch::new(std::mem::take(entries), meter);
+                let batch = Batch::new(std::mem::take(entries), meter);
                 out.push((at, Message::Parts(batch)));
-            } else if deletes.len() > watch::PREFIX {
-                let mut buf = std::mem::replace(deletes, watch::framed(0));
-                watch::put_deleted_flag(&mut buf);
-                watch::seal(&mut buf);
-                out.push((at, Message::Flat(watch::counted(buf, meter))));
+            } else if deletes.len() > encode::PREFIX {
+                let mut buf = std::mem::replace(deletes, encode::framed(0));
+                encode::put_deleted_flag(&mut buf);
+                encode::seal(&mut buf);
+                out.push((at, Message::Flat(meter::counted(buf, meter))));
             }
         };
         for (seq, item) in items {
@@ -299,7 +309,7 @@ impl Cluster {
             let kind_changes = if is_delete {
                 !entries.is_empty()
             } else {
-                deletes.len() > watch::PREFIX
+                deletes.len() > encode::PREFIX
             };
             if kind_changes || size >= watch::CATCH_UP_BATCH {
                 flush(&mut entries, &mut deletes, last);
@@ -307,12 +317,12 @@ impl Cluster {
             }
             match item {
                 Item::Upsert(entry) => {
-                    size += entry.len() - watch::PREFIX;
+                    size += entry.len() - encode::PREFIX;
                     entries.push(entry);
                 }
                 Item::Delete(id) => {
                     let before = deletes.len();
-                    watch::put_deleted(&mut deletes, id);
+                    encode::put_deleted(&mut deletes, id);
                     size += deletes.len() - before;
                 }
             }
@@ -386,7 +396,7 @@ fn entry(a: &mut Affiliate, meter: &Arc<WatchBytes>) -> Arc<Entry> {
     if let Some(entry) = a.entry() {
         return Arc::clone(entry);
     }
-    let entry = Entry::new(watch::encode_event(a.id(), a), meter);
+    let entry = Entry::new(encode::encode_event(a.id(), a), meter);
     a.set_entry(Arc::clone(&entry));
     entry
 }

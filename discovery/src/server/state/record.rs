@@ -17,7 +17,7 @@ use std::{
 
 use hashbrown::HashTable;
 
-use super::watch::{Entry, KeptEntry};
+use super::entry::{Entry, KeptEntry};
 
 /// One stored affiliate: opaque blobs, each expiring on its own.
 #[derive(Debug, Clone)]

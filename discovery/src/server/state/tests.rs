@@ -106,7 +106,7 @@ fn endpoint_expires_before_affiliate_and_gc_sends_upsert_then_delete() {
     s.update(t0, &req("a", None, &[b"e1"], 60)).unwrap();
     let mut w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
     assert_eq!(
-        decode(&w.snapshot.to_bytes()[watch::PREFIX..]).affiliates[0].endpoints,
+        decode(&w.snapshot.to_bytes()[encode::PREFIX..]).affiliates[0].endpoints,
         vec![b"e1".to_vec()]
     );
 
@@ -358,7 +358,7 @@ fn reading_watcher_that_falls_behind_reads_every_event_from_the_log() {
     let (mut s, mut w) = three_affiliates_and_a_watcher(t0);
     let mut fast = s.watch(t0, "c", 1000).unwrap();
     assert_eq!(
-        decode(&w.snapshot.to_bytes()[watch::PREFIX..])
+        decode(&w.snapshot.to_bytes()[encode::PREFIX..])
             .affiliates
             .len(),
         3
@@ -385,7 +385,7 @@ fn reading_watcher_that_falls_behind_reads_every_event_from_the_log() {
     );
     let counts = s.counts();
     assert_eq!(counts.watch_lagged, 1);
-    assert!(counts.watch_log_bytes > 17 * watch::PREFIX, "{counts:?}");
+    assert!(counts.watch_log_bytes > 17 * encode::PREFIX, "{counts:?}");
     // Having read the whole log, it is back on its queue.
     assert!(w.queue.lagging_since().is_none());
     takes_the_next_event(&mut s, &mut w, t0);
@@ -453,7 +453,7 @@ fn lagging_watchers_share_the_logs_sealed_segments() {
     }
     let per_watcher: Vec<Vec<Bytes>> = watchers.iter().map(|w| frames(w, t0)).collect();
     for frames in &per_watcher {
-        assert!(frames.iter().all(|f| f.len() <= watch::FRAME));
+        assert!(frames.iter().all(|f| f.len() <= encode::FRAME));
         let messages = grpc_messages(&frames.concat());
         assert_eq!(messages.len(), 1 + 20, "the snapshot, then every event");
         let ids: Vec<&str> = messages[1..]
@@ -560,12 +560,12 @@ fn watch_snapshot_and_registration_are_atomic() {
     s.update(t0, &req("a", Some(b"d"), &[], 60)).unwrap();
     let mut w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
     assert_eq!(
-        decode(&w.snapshot.to_bytes()[watch::PREFIX..])
+        decode(&w.snapshot.to_bytes()[encode::PREFIX..])
             .affiliates
             .len(),
         1
     );
-    assert!(!decode(&w.snapshot.to_bytes()[watch::PREFIX..]).deleted);
+    assert!(!decode(&w.snapshot.to_bytes()[encode::PREFIX..]).deleted);
     s.delete(t0, "c", "a").unwrap();
     s.delete(t0, "c", "a").unwrap(); // absent: no event
     let ev = drain(&mut w);
@@ -648,7 +648,7 @@ fn frames_carry_grpc_framed_messages_in_bounded_pieces() {
     s.update(t0, &req("a1", Some(b"new"), &[], 60)).unwrap();
     let frames = frames(&w, t0);
     assert!(frames.len() > 3, "{}", frames.len());
-    assert!(frames.iter().all(|f| f.len() <= watch::FRAME));
+    assert!(frames.iter().all(|f| f.len() <= encode::FRAME));
     let body: Vec<u8> = frames.concat();
     let messages = grpc_messages(&body);
     assert_eq!(messages.len(), 2);
@@ -783,7 +783,7 @@ fn snapshot_entries_follow_every_change() {
     s.update(t0, &req("a", None, &[b"e2"], 60)).unwrap();
     let snap = |s: &mut State| {
         let w = s.watch(t0, "c", WATCH_QUEUE).unwrap();
-        let m = decode(&w.snapshot.to_bytes()[watch::PREFIX..]);
+        let m = decode(&w.snapshot.to_bytes()[encode::PREFIX..]);
         (
             m.affiliates[0].data.clone(),
             m.affiliates[0].endpoints.clone(),
@@ -824,7 +824,7 @@ fn a_held_snapshot_counts_a_pointer_per_entry_and_the_entries_only_it_keeps() {
     let mut s = State::new();
     big_cluster(&mut s, "c", 8, t0);
     let w = watch_queued(&mut s, "c", WATCH_QUEUE, t0);
-    let pointers = watch::PREFIX + 8 * POINTER;
+    let pointers = encode::PREFIX + 8 * POINTER;
     assert_eq!(
         s.watch_bytes(),
         pointers,
@@ -832,7 +832,7 @@ fn a_held_snapshot_counts_a_pointer_per_entry_and_the_entries_only_it_keeps() {
     );
     // Two affiliates change while the snapshot still holds their old entries: those
     // are kept for the watcher alone now.
-    let old = watch::PREFIX + (w.queue.first_batch().unwrap().len() - watch::PREFIX) / 8;
+    let old = encode::PREFIX + (w.queue.first_batch().unwrap().len() - encode::PREFIX) / 8;
     s.update(t0, &req("a1", Some(b"new"), &[], 60)).unwrap();
     s.update(t0, &req("a2", Some(b"new"), &[], 60)).unwrap();
     assert_eq!(s.watch_bytes(), pointers + 2 * old);
@@ -860,7 +860,7 @@ fn a_stalled_watcher_frees_its_snapshot_and_is_cut_off() {
     let w = watch_queued(&mut s, "c", 1, t0);
     // The transport took one piece of the snapshot, then the peer stopped reading.
     assert!(matches!(w.queue.next_frame(t0), Next::Send(_)));
-    assert_eq!(s.watch_bytes(), watch::PREFIX + 40 * POINTER);
+    assert_eq!(s.watch_bytes(), encode::PREFIX + 40 * POINTER);
     s.update(t0, &req("x", Some(b"d"), &[], 60)).unwrap();
     s.check_stalled(later);
     assert!(w.queue.is_lost());

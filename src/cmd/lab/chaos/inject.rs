@@ -14,7 +14,7 @@ use std::{
 use anyhow::Context as _;
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
-use wirespan_control::{config::kubespan::KubeSpanConfig, resources::identity::write_atomic};
+use wirespan_control::{config::kubespan::KubeSpanConfig, files::write_atomic};
 use wirespan_dataplane::netns::Netns;
 
 use super::{

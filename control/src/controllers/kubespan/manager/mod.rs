@@ -9,35 +9,41 @@
 //! only those peers are stepped and written, as WireGuard peer changes and a
 //! routed-set delta (see `reconcile`).
 //!
+//! The decisions are the planner's (`crate::kubespan::planner`): this controller
+//! gathers a round's inputs (the specs from a change feed, the device as read, probe
+//! replies, server relay allocations), asks the planner's `MeshState` for a plan, and
+//! executes it. Its state is in three parts: the mesh state, the kernel handles
+//! (`Kernel`) and what was last written to the store (`Written`).
+//!
 //! By concern: this file holds the public types, the controller's run loop and the
-//! choice between a `complete` and a `delta` round; `outputs` writes statuses,
-//! endpoints and network specs; `teardown` removes kernel state.
+//! choice between a `complete` and a `delta` round; `complete` and `delta` execute the
+//! two kinds of plan; `outputs` writes statuses, endpoints and network specs;
+//! `teardown` removes kernel state.
 
 mod complete;
 mod delta;
 mod outputs;
 mod probe;
-mod relay;
 mod teardown;
-mod unlisted;
 
 pub use probe::UdpProber;
 
+pub use crate::kubespan::planner::{PERSISTENT_KEEPALIVE, RETAIN_AFTER_START};
+
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashSet},
     fmt,
     net::IpAddr,
     sync::Arc,
-    time::{Duration, Instant, SystemTime},
+    time::{Instant, SystemTime},
 };
 
 use futures::future::BoxFuture;
-use ipnet::IpNet;
 use wirespan_dataplane::{
     marking::{Marking, MarkingError},
     routing::Routing,
     sysctl::{MeshRpFilter, Sysctl, SysctlError},
-    wireguard::{PresharedKey, PublicKey, WgError, WgPeer, WireGuard},
+    wireguard::{WgError, WireGuard},
 };
 
 use super::metrics::MeshMetrics;
@@ -45,35 +51,28 @@ use crate::{
     config::kubespan::FastPath,
     kubespan::{
         clock::Clock,
-        relay::DirectPath,
-        rotation::{
-            defers_first_handshake, wirespan_keepalive, Observed, RxTrack, PEER_DOWN_INTERVAL,
-            RECONCILE_TICK,
-        },
+        planner::{choose_round, MeshState, Round, DELTA_MAX},
     },
     resources::{
         cluster::{self, ClusterIdentity, CLUSTER},
         config::MachineConfig,
         kubespan::{
             KubeSpanConfig, KubeSpanEndpoint, KubeSpanEndpointSpec, KubeSpanIdentity,
-            KubeSpanManagerStatus, KubeSpanPeerSpec, KubeSpanPeerSpecSpec, KubeSpanPeerStatus,
-            KubeSpanPeerStatusSpec, KubeSpanRelayEndpoint, ServerRelayWant, KUBESPAN, NS,
+            KubeSpanManagerStatus, KubeSpanPeerSpec, KubeSpanPeerStatus, KubeSpanPeerStatusSpec,
+            KubeSpanRelayEndpoint, KUBESPAN, NS,
         },
         network::{AddressSpec, LinkSpec, RouteSpec, RoutingRuleSpec},
     },
     runtime::{
         ChangeFeed, Controller, ControllerError, ControllerResult, ControllerRuntime, Input,
-        InputKind, Output, Resource,
+        InputKind, Output,
     },
 };
 
-/// Persistent keepalive of Talos peers (seconds); wirespan peers get a third of
-/// `peerReceiveTimeout` (`docs/kubespan.md` §8.6).
-pub const PERSISTENT_KEEPALIVE: u16 = 25;
-
 /// Sends a probe through the tunnel to a peer's mesh address, so that a live peer
-/// answers (see [`RxTrack`]): its kernel at once (an ICMPv6 error), its WireGuard
-/// within 10 s (a keepalive). Best effort: failures are only logged.
+/// answers (see [`RxTrack`](crate::kubespan::rotation::RxTrack)): its kernel at once
+/// (an ICMPv6 error), its WireGuard within 10 s (a keepalive). Best effort: failures
+/// are only logged.
 pub trait Prober: Send + Sync + fmt::Debug {
     /// Probes the peer whose mesh address is `to`.
     fn probe(&self, to: IpAddr);
@@ -182,94 +181,52 @@ struct ActiveMarking {
 /// The mesh manager.
 pub struct KubeSpanManagerController {
     deps: ManagerDeps,
+    /// What the mesh knows between rounds (the planner's state).
+    mesh: MeshState,
+    /// The kernel objects it drives.
+    kernel: Kernel,
+    /// What was last written to the store.
+    written: Written,
+    /// The peer specs' change feed (the mesh state holds their mirror).
+    feed: ChangeFeed<KubeSpanPeerSpec>,
+    /// The non-peer inputs of the last complete round (`None`: the next is complete).
+    basis: Option<Basis>,
+}
+
+/// The kernel objects the manager drives, and when it last read them.
+#[derive(Default)]
+struct Kernel {
     wg: Option<Box<dyn WireGuard + Send>>,
     /// Notified when the backend recreated the device empty (see
     /// [`WireGuard::recreated`]): a complete round with a read follows at once.
     wg_recreated: Option<Arc<tokio::sync::Notify>>,
-    wg_link: String,
+    link: String,
     marking: Option<ActiveMarking>,
-    /// Live per-peer state (the rotation cursor), by public key.
-    statuses: BTreeMap<String, KubeSpanPeerStatusSpec>,
-    /// Receive tracking of wirespan peers, by public key.
-    rx: HashMap<String, RxTrack>,
-    /// What was last written to the store.
-    written_statuses: BTreeMap<String, KubeSpanPeerStatusSpec>,
-    written_endpoints: BTreeMap<String, KubeSpanEndpointSpec>,
-    /// Network specs written: (type, id).
-    written_specs: BTreeSet<(&'static str, String)>,
-    /// public key → (spec, peer without endpoint), so unchanged peers are not rebuilt.
-    peers: HashMap<String, (KubeSpanPeerSpecSpec, WgPeer)>,
-    /// Peer specs as last seen (the feed's mirror).
-    specs: BTreeMap<String, Arc<Resource<KubeSpanPeerSpec>>>,
-    feed: ChangeFeed<KubeSpanPeerSpec>,
-    /// The non-peer inputs of the last complete round (`None`: the next is complete).
-    basis: Option<Basis>,
-    /// Each peer's prefixes in the marking set as last applied.
-    routed: HashMap<String, Vec<IpNet>>,
-    /// The earliest per-peer wake-up known.
-    wake: Option<SystemTime>,
-    /// This node's public key (set by a complete round).
-    own_key: Option<PublicKey>,
-    /// Kernel state may exist from an earlier run: clean it up once if disabled.
-    first_round: bool,
-    /// When the device was last read (`None`: never, or the device is new).
-    last_read: Option<SystemTime>,
-    /// Whether the device was read once since start (the read that adopts kernel
-    /// state kept by an earlier run).
-    adopt_checked: bool,
-    /// Until when peers found on the device at start but without a spec yet are kept
-    /// as they are (see [`Retained`]).
-    retain_until: Option<SystemTime>,
-    /// Those peers, by public key.
-    retained: BTreeMap<String, Retained>,
-    /// Peers whose spec vanished while their session was fresh, with their last spec,
-    /// by public key (see `unlisted`).
-    unlisted: BTreeMap<String, Arc<Resource<KubeSpanPeerSpec>>>,
     /// Reverse-path filtering off on the mesh link, with the value it replaced.
     rp_filter: Option<MeshRpFilter>,
-    /// The direct path of each peer that takes part in relays, by public key.
-    direct: HashMap<String, DirectPath>,
-    /// Relayed peers as last applied: peer → relay, by public key.
-    relayed: BTreeMap<String, String>,
-    /// Relays are in use or needed: rounds stay complete (a delta round would write a
-    /// relay's or a relayed peer's AllowedIPs without the move).
-    relay_active: bool,
-    /// Key ids of the peers not reachable directly (`None`: too many to publish).
-    direct_down: Option<Vec<u64>>,
-    /// Peers with neither a direct path nor a peer relay (asked of the server relay).
-    server_wanted: Vec<ServerRelayWant>,
-    /// Peers sent through the server relay, by public key.
-    server_relayed: HashMap<String, relay::ServerRelayed>,
+    /// When the device was last read (`None`: never, or the device is new).
+    last_read: Option<SystemTime>,
+    /// Kernel state may exist from an earlier run: clean it up once if disabled.
+    first_round: bool,
 }
 
-/// A peer the device held at start (kernel state kept by an earlier run) that has no
-/// spec yet: after a restart the specs come back only when discovery answers, and
-/// removing the peer meanwhile would cut a working tunnel. It stays as the device has
-/// it (minus prefixes a peer with a spec claims) until its spec arrives, when its
-/// status is seeded from it, or until [`RETAIN_AFTER_START`] has passed.
-#[derive(Debug, Clone)]
-struct Retained {
-    observed: Observed,
-    allowed_ips: Vec<IpNet>,
-    /// As the device has it: an earlier run may have set a wirespan peer's shorter one.
-    keepalive: u16,
+/// What the manager last wrote to the store, so unchanged outputs are not rewritten.
+#[derive(Debug, Default)]
+struct Written {
+    statuses: BTreeMap<String, KubeSpanPeerStatusSpec>,
+    endpoints: BTreeMap<String, KubeSpanEndpointSpec>,
+    /// Network specs: (type, id).
+    specs: BTreeSet<(&'static str, String)>,
 }
-
-/// How long after start a device peer without a spec is kept: as long as a peer that
-/// stopped handshaking counts as up, so a kept peer outlives neither.
-pub const RETAIN_AFTER_START: std::time::Duration = PEER_DOWN_INTERVAL;
 
 impl fmt::Debug for KubeSpanManagerController {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KubeSpanManagerController")
-            .field("link", &self.wg_link)
-            .field("peers", &self.statuses.len())
+            .field("link", &self.kernel.link)
+            .field("peers", &self.mesh.statuses().len())
             .finish_non_exhaustive()
     }
 }
-
-/// More changed peers than this take a complete round.
-const DELTA_MAX: usize = 64;
 
 /// The inputs besides the peer specs, as a complete round saw them.
 #[derive(Debug, PartialEq)]
@@ -282,57 +239,6 @@ struct Basis {
 /// Name of the manager controller (also the owner of what it writes).
 pub const NAME: &str = "KubeSpanManagerController";
 
-/// How long a due device read may wait behind one-peer changes (see [`choose_round`]).
-/// Short against every window the reads serve (a receive window is at least 6 s, a
-/// probe's grace 2 s), so failure detection is late by this at most, and only while
-/// peer specs keep changing.
-const READ_DEFER_MAX: Duration = Duration::from_secs(1);
-
-/// The kind of a round (see [`KubeSpanManagerController::reconcile`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Round {
-    /// Only the changed peers, on the last observation.
-    Delta,
-    /// A delta round now, and the due read in a complete round right after: the
-    /// change does not wait for every peer to be read and judged.
-    DeltaThenRead,
-    /// Every peer; `read`: the device is read first.
-    Complete { read: bool },
-}
-
-/// Chooses the round at `now`. A read is due on a new device (`last_read` none), a
-/// tick after the last read, or at a peer wake-up that has passed (a change can win
-/// the race with the timer: judging receive windows then needs fresh counters);
-/// `timer`: the loop's timer fired, which also means a read is due. `delta`: the
-/// round could be a delta round over this many changed peer specs (nothing else
-/// changed).
-///
-/// A change that could be a delta round goes first even when a read is due, unless
-/// the device is new or the read overdue by [`READ_DEFER_MAX`]: at 10,000 peers a read
-/// and judging every peer take tens to hundreds of milliseconds, the change a fraction
-/// of one.
-fn choose_round(
-    now: SystemTime,
-    last_read: Option<SystemTime>,
-    wake: Option<SystemTime>,
-    timer: bool,
-    delta: Option<usize>,
-) -> Round {
-    let Some(last_read) = last_read else {
-        return Round::Complete { read: true };
-    };
-    let due_at = wake.map_or(last_read + RECONCILE_TICK, |w| {
-        w.min(last_read + RECONCILE_TICK)
-    });
-    let read_due = timer || now >= due_at;
-    match (delta, read_due) {
-        (Some(_), false) => Round::Delta,
-        // With nothing changed there is nothing to put first.
-        (Some(n), true) if n > 0 && now < due_at + READ_DEFER_MAX => Round::DeltaThenRead,
-        _ => Round::Complete { read: read_due },
-    }
-}
-
 async fn blocking<T: Send + 'static, R: Send + 'static>(
     mut t: T,
     f: impl FnOnce(&mut T) -> R + Send + 'static,
@@ -343,23 +249,6 @@ async fn blocking<T: Send + 'static, R: Send + 'static>(
     })
     .await
     .map_err(ControllerError::other)
-}
-
-/// The keepalive to program for a peer now (0 while its first handshake is deferred).
-fn keepalive(
-    own_key: Option<&PublicKey>,
-    peer: &WgPeer,
-    status: &KubeSpanPeerStatusSpec,
-    now: SystemTime,
-) -> u16 {
-    let defer = own_key.is_some_and(|own| {
-        defers_first_handshake(own.as_bytes(), peer.public_key.as_bytes(), status, now)
-    });
-    if defer {
-        0
-    } else {
-        peer.persistent_keepalive
-    }
 }
 
 /// Whether the active machine config has a mesh document the config controller has not
@@ -382,35 +271,14 @@ impl KubeSpanManagerController {
     pub fn new(deps: ManagerDeps) -> Self {
         Self {
             deps,
-            wg: None,
-            wg_recreated: None,
-            wg_link: String::new(),
-            marking: None,
-            statuses: BTreeMap::new(),
-            rx: HashMap::new(),
-            written_statuses: BTreeMap::new(),
-            written_endpoints: BTreeMap::new(),
-            written_specs: BTreeSet::new(),
-            peers: HashMap::new(),
-            specs: BTreeMap::new(),
+            mesh: MeshState::new(),
+            kernel: Kernel {
+                first_round: true,
+                ..Kernel::default()
+            },
+            written: Written::default(),
             feed: ChangeFeed::new(NS),
             basis: None,
-            routed: HashMap::new(),
-            wake: None,
-            own_key: None,
-            first_round: true,
-            last_read: None,
-            adopt_checked: false,
-            retain_until: None,
-            retained: BTreeMap::new(),
-            unlisted: BTreeMap::new(),
-            rp_filter: None,
-            direct: HashMap::new(),
-            relayed: BTreeMap::new(),
-            relay_active: false,
-            direct_down: Some(Vec::new()),
-            server_wanted: Vec::new(),
-            server_relayed: HashMap::new(),
         }
     }
 
@@ -429,7 +297,8 @@ impl KubeSpanManagerController {
         rt: &mut ControllerRuntime,
         timer: bool,
     ) -> Result<Option<SystemTime>, ControllerError> {
-        let changed = self.sync_specs(rt, self.deps.clock.now())?;
+        let changes = self.feed.take(rt)?;
+        let changed = self.mesh.sync_specs(changes, self.deps.clock.now());
         let cfg = rt.get_opt::<KubeSpanConfig>(NS, KUBESPAN)?;
         if cfg.is_none() && config_pending(rt)? {
             // The machine config turns the mesh on but the config controller has not
@@ -440,7 +309,7 @@ impl KubeSpanManagerController {
         let Some(cfg) = cfg.filter(|c| c.spec.config.enabled) else {
             self.basis = None;
             self.disable(rt).await?;
-            self.first_round = false;
+            self.kernel.first_round = false;
             return Ok(None);
         };
         let identity = rt.get_opt::<KubeSpanIdentity>(NS, KUBESPAN)?;
@@ -459,15 +328,14 @@ impl KubeSpanManagerController {
         let delta = changed
             .as_ref()
             .filter(|keys| {
-                self.wg.is_some()
+                self.kernel.wg.is_some()
                     && keys.len() <= DELTA_MAX
-                    && !self.relay_active
-                    && self.unlisted.is_empty()
+                    && self.mesh.delta_allowed()
                     && self.basis.as_ref() == Some(&basis)
             })
             .map(Vec::len);
         match (
-            choose_round(now, self.last_read, self.wake, timer, delta),
+            choose_round(now, self.kernel.last_read, self.mesh.wake(), timer, delta),
             changed,
         ) {
             (round @ (Round::Delta | Round::DeltaThenRead), Some(keys)) => {
@@ -489,49 +357,11 @@ impl KubeSpanManagerController {
                 let wake = self
                     .complete_round(rt, &cfg.spec.config, &identity, &cluster, read)
                     .await?;
-                self.first_round = false;
+                self.kernel.first_round = false;
                 self.basis = Some(basis);
                 Ok(wake)
             }
         }
-    }
-
-    /// The WireGuard peer for a spec (cached while the spec and the secret stay), and
-    /// its routed prefixes; `None` for a spec whose id is not a public key.
-    fn peer_of(
-        &mut self,
-        key: &str,
-        spec: &KubeSpanPeerSpecSpec,
-        psk: &PresharedKey,
-        settings: &crate::config::kubespan::KubeSpanConfig,
-    ) -> Option<WgPeer> {
-        let persistent_keepalive = if spec.wirespan.is_some() {
-            wirespan_keepalive(settings.peer_receive_timeout)
-        } else {
-            PERSISTENT_KEEPALIVE
-        };
-        if let Some((cached, peer)) = self.peers.get(key) {
-            if cached == spec
-                && peer.preshared_key.as_ref() == Some(psk)
-                && peer.persistent_keepalive == persistent_keepalive
-            {
-                return Some(peer.clone());
-            }
-        }
-        let Ok(public_key) = PublicKey::from_base64("publicKey", key) else {
-            tracing::warn!(peer = ?key, "peer spec id is not a WireGuard public key; skipped");
-            return None;
-        };
-        let peer = WgPeer {
-            public_key,
-            preshared_key: Some(psk.clone()),
-            persistent_keepalive,
-            endpoint: None,
-            allowed_ips: spec.allowed_ips.clone(),
-        };
-        self.peers
-            .insert(key.to_owned(), (spec.clone(), peer.clone()));
-        Some(peer)
     }
 }
 
@@ -575,7 +405,7 @@ impl Controller for KubeSpanManagerController {
                     Some(d) => self.deps.clock.sleep_until(d),
                     None => Box::pin(std::future::pending()),
                 };
-                let recreated = self.wg_recreated.clone();
+                let recreated = self.kernel.wg_recreated.clone();
                 let recreated = async move {
                     match recreated {
                         Some(n) => n.notified().await,
@@ -588,7 +418,7 @@ impl Controller for KubeSpanManagerController {
                     () = rt.changed() => false,
                     () = sleep => true,
                     () = recreated => {
-                        tracing::info!(link = %self.wg_link, "WireGuard device recreated empty: applying it whole");
+                        tracing::info!(link = %self.kernel.link, "WireGuard device recreated empty: applying it whole");
                         // Whole, even with a change pending: no delta round first.
                         self.basis = None;
                         true
@@ -607,100 +437,14 @@ impl Controller for KubeSpanManagerController {
                     self.teardown_kernel().await;
                 }
                 OnStop::Keep => {
-                    tracing::info!(link = %self.wg_link, "stopping: keeping mesh kernel state");
+                    tracing::info!(link = %self.kernel.link, "stopping: keeping mesh kernel state");
                     // Not dropped: a userspace backend would stop wireguard-go.
-                    if let Some(wg) = self.wg.take() {
+                    if let Some(wg) = self.kernel.wg.take() {
                         wg.keep();
                     }
                 }
             }
             Ok(())
         })
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn t(ms: u64) -> SystemTime {
-        SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000) + Duration::from_millis(ms)
-    }
-
-    const TICK_MS: u64 = 30_000;
-
-    #[test]
-    fn a_change_before_the_read_is_due_is_a_delta_round() {
-        assert_eq!(
-            choose_round(t(10_000), Some(t(0)), None, false, Some(1)),
-            Round::Delta
-        );
-        assert_eq!(
-            choose_round(t(10_000), Some(t(0)), Some(t(12_000)), false, Some(1)),
-            Round::Delta
-        );
-    }
-
-    #[test]
-    fn a_change_when_the_read_is_due_goes_first_and_the_read_follows() {
-        // The tick passed, a peer wake-up passed, or the timer fired with the change.
-        for (now, wake, timer) in [
-            (TICK_MS, None, false),
-            (5_000, Some(t(4_500)), false),
-            (TICK_MS, None, true),
-        ] {
-            assert_eq!(
-                choose_round(t(now), Some(t(0)), wake, timer, Some(1)),
-                Round::DeltaThenRead,
-                "now {now} wake {wake:?} timer {timer}"
-            );
-        }
-    }
-
-    #[test]
-    fn a_read_overdue_by_the_deferral_limit_waits_no_longer() {
-        let limit = u64::try_from(READ_DEFER_MAX.as_millis()).unwrap_or(u64::MAX);
-        assert_eq!(
-            choose_round(t(TICK_MS + limit - 1), Some(t(0)), None, false, Some(1)),
-            Round::DeltaThenRead
-        );
-        assert_eq!(
-            choose_round(t(TICK_MS + limit), Some(t(0)), None, false, Some(1)),
-            Round::Complete { read: true }
-        );
-        assert_eq!(
-            choose_round(t(4_000 + limit), Some(t(0)), Some(t(4_000)), true, Some(1)),
-            Round::Complete { read: true }
-        );
-    }
-
-    #[test]
-    fn rounds_that_cannot_be_deltas_are_complete_and_read_when_due() {
-        assert_eq!(
-            choose_round(t(10_000), Some(t(0)), None, false, None),
-            Round::Complete { read: false }
-        );
-        assert_eq!(
-            choose_round(t(10_000), Some(t(0)), None, true, None),
-            Round::Complete { read: true }
-        );
-        assert_eq!(
-            choose_round(t(TICK_MS), Some(t(0)), None, false, None),
-            Round::Complete { read: true }
-        );
-        // Nothing changed: nothing to put before a due read.
-        assert_eq!(
-            choose_round(t(TICK_MS), Some(t(0)), None, true, Some(0)),
-            Round::Complete { read: true }
-        );
-        assert_eq!(
-            choose_round(t(10_000), Some(t(0)), None, false, Some(0)),
-            Round::Delta
-        );
-        // A new device is read at once, change or not.
-        assert_eq!(
-            choose_round(t(0), None, None, false, Some(1)),
-            Round::Complete { read: true }
-        );
     }
 }

@@ -11,7 +11,7 @@ use ipnet::{IpNet, Ipv6Net};
 use super::KubeSpanManagerController;
 use crate::{
     config::kubespan::{FastPath, KubeSpanConfig as Settings},
-    kubespan::peers::harvest,
+    kubespan::{peers::harvest, relay::DIRECT_DOWN_MAX},
     resources::{
         kubespan::{
             KubeSpanEndpoint, KubeSpanEndpointSpec, KubeSpanManagerStatus, KubeSpanPeerStatus,
@@ -28,13 +28,13 @@ use crate::{
 impl KubeSpanManagerController {
     /// Destroys every output this controller wrote (the mesh is disabled).
     pub(super) fn destroy_outputs(&mut self, rt: &mut ControllerRuntime) -> ControllerResult {
-        for id in std::mem::take(&mut self.written_statuses).keys() {
+        for id in std::mem::take(&mut self.written.statuses).keys() {
             rt.destroy(&Pointer::new(NS, KubeSpanPeerStatus::TYPE, id))?;
         }
-        for id in std::mem::take(&mut self.written_endpoints).keys() {
+        for id in std::mem::take(&mut self.written.endpoints).keys() {
             rt.destroy(&Pointer::new(NS, KubeSpanEndpoint::TYPE, id))?;
         }
-        for (ty, id) in std::mem::take(&mut self.written_specs) {
+        for (ty, id) in std::mem::take(&mut self.written.specs) {
             rt.destroy(&Pointer::new(NS_CONFIG, ty, &id))?;
         }
         if rt.get_opt::<KubeSpanManagerStatus>(NS, KUBESPAN)?.is_some() {
@@ -47,21 +47,22 @@ impl KubeSpanManagerController {
     pub(super) fn adopt_outputs(&mut self, rt: &ControllerRuntime) -> ControllerResult {
         let name = rt.name().to_owned();
         for r in rt.list::<KubeSpanPeerStatus>(NS)? {
-            self.written_statuses
+            self.written
+                .statuses
                 .insert(r.metadata.id.clone(), r.spec.clone());
-            self.statuses
-                .entry(r.metadata.id.clone())
-                .or_insert_with(|| r.spec.clone());
+            self.mesh.adopt_status(&r.metadata.id, &r.spec);
         }
         for r in rt.list::<KubeSpanEndpoint>(NS)? {
-            self.written_endpoints
+            self.written
+                .endpoints
                 .insert(r.metadata.id.clone(), r.spec.clone());
         }
         macro_rules! adopt {
             ($k:ty) => {
                 for r in rt.list::<$k>(NS_CONFIG)? {
                     if r.metadata.owner == name {
-                        self.written_specs
+                        self.written
+                            .specs
                             .insert((<$k>::TYPE, r.metadata.id.clone()));
                     }
                 }
@@ -136,10 +137,10 @@ impl KubeSpanManagerController {
             rt.modify::<RoutingRuleSpec>(NS_CONFIG, &id, |r| r.spec.clone_from(&rule))?;
             want.insert((RoutingRuleSpec::TYPE, id));
         }
-        for (ty, id) in self.written_specs.difference(&want) {
+        for (ty, id) in self.written.specs.difference(&want) {
             rt.destroy(&Pointer::new(NS_CONFIG, *ty, id))?;
         }
-        self.written_specs = want;
+        self.written.specs = want;
         Ok(())
     }
 
@@ -149,15 +150,15 @@ impl KubeSpanManagerController {
         rt: &mut ControllerRuntime,
         key: &str,
     ) -> ControllerResult {
-        match self.statuses.get(key) {
+        match self.mesh.status(key) {
             Some(st) => {
-                if self.written_statuses.get(key) != Some(st) {
+                if self.written.statuses.get(key) != Some(st) {
                     rt.modify::<KubeSpanPeerStatus>(NS, key, |r| r.spec.clone_from(st))?;
-                    self.written_statuses.insert(key.to_owned(), st.clone());
+                    self.written.statuses.insert(key.to_owned(), st.clone());
                 }
             }
             None => {
-                if self.written_statuses.remove(key).is_some() {
+                if self.written.statuses.remove(key).is_some() {
                     rt.destroy(&Pointer::new(NS, KubeSpanPeerStatus::TYPE, key))?;
                 }
             }
@@ -175,11 +176,11 @@ impl KubeSpanManagerController {
         let want = s
             .harvest_extra_endpoints
             .then(|| {
-                let spec = self.specs.get(key)?;
-                let st = self.statuses.get(key)?;
+                let spec = self.mesh.spec(key)?;
+                let st = self.mesh.status(key)?;
                 harvest(std::iter::once((
                     key,
-                    spec.spec.node_id.as_str(),
+                    spec.node_id.as_str(),
                     st.state == PeerState::Up,
                     st.endpoint,
                 )))
@@ -192,13 +193,13 @@ impl KubeSpanManagerController {
             });
         match want {
             Some(e) => {
-                if self.written_endpoints.get(key) != Some(&e) {
+                if self.written.endpoints.get(key) != Some(&e) {
                     rt.modify::<KubeSpanEndpoint>(NS, key, |r| r.spec.clone_from(&e))?;
-                    self.written_endpoints.insert(key.to_owned(), e);
+                    self.written.endpoints.insert(key.to_owned(), e);
                 }
             }
             None => {
-                if self.written_endpoints.remove(key).is_some() {
+                if self.written.endpoints.remove(key).is_some() {
                     rt.destroy(&Pointer::new(NS, KubeSpanEndpoint::TYPE, key))?;
                 }
             }
@@ -212,26 +213,59 @@ impl KubeSpanManagerController {
         s: &Settings,
     ) -> ControllerResult {
         let (in_use, note) = self
+            .kernel
             .marking
             .as_ref()
             .map_or((s.fast_path, ""), |m| (m.in_use, m.note.as_str()));
         let (relay_offered, relay_note) = self.relay_offer(s);
-        let direct_down = self.direct_down.clone().unwrap_or_default();
+        let direct_down = self.mesh.direct_down().unwrap_or_default().to_vec();
         rt.modify::<KubeSpanManagerStatus>(NS, KUBESPAN, |r| {
             r.spec.link_name.clone_from(&s.link_name);
-            r.spec.wireguard = self.wg.as_ref().map_or("", |w| w.backend()).to_owned();
+            r.spec.wireguard = self
+                .kernel
+                .wg
+                .as_ref()
+                .map_or("", |w| w.backend())
+                .to_owned();
             r.spec.fast_path = match in_use {
                 FastPath::Nftables => "nftables".to_owned(),
                 FastPath::Ebpf => "ebpf".to_owned(),
             };
-            r.spec.peers = self.peers.len();
+            r.spec.peers = self.mesh.peer_count();
             note.clone_into(&mut r.spec.note);
             r.spec.relay_offered = relay_offered;
             r.spec.relay_note.clone_from(&relay_note);
             r.spec.direct_down.clone_from(&direct_down);
-            r.spec.server_relay_wanted.clone_from(&self.server_wanted);
+            r.spec.server_relay_wanted = self.mesh.server_wanted().to_vec();
         })?;
         Ok(())
+    }
+
+    /// Whether this node forwards for others, and why not when relays are on but it
+    /// does not.
+    pub(super) fn relay_offer(&self, s: &Settings) -> (bool, String) {
+        if !s.peer_relay {
+            return (false, String::new());
+        }
+        if self.mesh.direct_down().is_none() {
+            return (
+                false,
+                format!("more than {DIRECT_DOWN_MAX} peers are not reachable directly"),
+            );
+        }
+        let Some(sysctl) = &self.deps.sysctl else {
+            return (true, String::new());
+        };
+        let on = |path: &[&str]| sysctl.read(path).is_ok_and(|v| v == "1");
+        if on(&["net", "ipv4", "ip_forward"]) && on(&["net", "ipv6", "conf", "all", "forwarding"]) {
+            (true, String::new())
+        } else {
+            (
+                false,
+                "IP forwarding is off (net.ipv4.ip_forward, net.ipv6.conf.all.forwarding)"
+                    .to_owned(),
+            )
+        }
     }
 }
 

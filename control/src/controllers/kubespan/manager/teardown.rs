@@ -12,22 +12,22 @@ impl KubeSpanManagerController {
     /// and routes from network documents carry another marker and stay).
     pub(super) async fn teardown_kernel(&mut self) {
         // The link's own setting back first (the link may outlive the device).
-        if let (Some(rp), Some(sysctl)) = (self.rp_filter.take(), self.deps.sysctl.clone()) {
+        if let (Some(rp), Some(sysctl)) = (self.kernel.rp_filter.take(), self.deps.sysctl.clone()) {
             if let Ok(((), Err(e))) = blocking((), move |()| rp.restore(&*sysctl)).await {
-                tracing::warn!(link = %self.wg_link, error = %e, "restoring rp_filter on the mesh link failed");
+                tracing::warn!(link = %self.kernel.link, error = %e, "restoring rp_filter on the mesh link failed");
             }
         }
-        if let Some(wg) = self.wg.take() {
+        if let Some(wg) = self.kernel.wg.take() {
             if let Ok((_, Err(e))) = blocking(wg, |w| w.teardown()).await {
-                tracing::warn!(link = %self.wg_link, error = %e, "removing the WireGuard device failed");
+                tracing::warn!(link = %self.kernel.link, error = %e, "removing the WireGuard device failed");
             }
         }
-        let marking = match self.marking.take() {
+        let marking = match self.kernel.marking.take() {
             Some(m) => Some(m.marking),
-            None if self.first_round => Some(
+            None if self.kernel.first_round => Some(
                 self.deps
                     .marking
-                    .create(FastPath::Nftables, &self.wg_link)
+                    .create(FastPath::Nftables, &self.kernel.link)
                     .marking,
             ),
             None => None,
@@ -48,18 +48,18 @@ impl KubeSpanManagerController {
                 Err(e) => tracing::warn!(error = %e, "routing cleanup task failed"),
             }
         }
-        self.peers.clear();
+        self.mesh.forget_device();
     }
 
     /// Disabled: remove kernel state and every output.
     pub(super) async fn disable(&mut self, rt: &mut ControllerRuntime) -> ControllerResult {
-        let active = self.wg.is_some() || self.marking.is_some() || self.first_round;
+        let active =
+            self.kernel.wg.is_some() || self.kernel.marking.is_some() || self.kernel.first_round;
         if active {
             tracing::info!("mesh disabled: tearing down");
             self.teardown_kernel().await;
         }
-        self.statuses.clear();
-        self.unlisted.clear();
+        self.mesh.disable();
         self.destroy_outputs(rt)?;
         Ok(())
     }

@@ -13,8 +13,7 @@ use crate::server::transport::limits::ip_key;
 /// Longest cluster or affiliate id (the discovery service's own limit).
 pub const ID_MAX: usize = 256;
 
-/// Length of a pair token.
-pub const TOKEN_LEN: usize = 32;
+pub use crate::relay::TOKEN_LEN;
 
 /// What limits the relay.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -76,7 +76,7 @@ pub async fn allocate(call: &AllocateCall<'_>) -> Result<RelayEndpoint, Allocate
         None,
     )
     .map_err(|e| AllocateError::Channel(e.to_string()))?;
-    let token = super::pair_token(
+    let token = crate::relay::pair_token(
         call.secret,
         call.cluster_id,
         call.node_id,

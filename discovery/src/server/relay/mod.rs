@@ -14,19 +14,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use prometheus_client::{
-    metrics::{counter::Counter, family::Family, gauge::Gauge},
-    registry::Registry,
-};
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-pub mod client;
 pub mod table;
 
+use super::{client_address, metrics::RelayMetrics, shared::Shared};
 use crate::proto::relay as pb;
-use crate::server::{client_address, service::Shared};
 use table::{AllocationId, Dropped, Grant, PairRequest, RelayLimits, Table};
 
 /// Largest datagram forwarded (a jumbo-frame WireGuard packet fits).
@@ -77,53 +72,6 @@ pub struct RelayConfig {
     pub address: Option<IpAddr>,
     /// Limits.
     pub limits: RelayLimits,
-}
-
-/// The relay's metrics, registered with the server's.
-#[derive(Debug, Clone, Default)]
-pub struct RelayMetrics {
-    allocations: Gauge,
-    allocated: Family<Vec<(&'static str, String)>, Counter>,
-    datagrams: Family<Vec<(&'static str, String)>, Counter>,
-    bytes: Counter,
-}
-
-impl RelayMetrics {
-    /// Registers every series.
-    pub fn register(&self, registry: &mut Registry) {
-        registry.register(
-            "discovery_relay_allocations",
-            "Server relay allocations (node pairs) in use",
-            self.allocations.clone(),
-        );
-        registry.register(
-            "discovery_relay_allocate_requests",
-            "Relay allocate calls by result (created, refreshed, refused, absent)",
-            self.allocated.clone(),
-        );
-        registry.register(
-            "discovery_relay_datagrams",
-            "Datagrams the relay received, by result (forwarded, or why dropped)",
-            self.datagrams.clone(),
-        );
-        registry.register(
-            "discovery_relay_forwarded_bytes",
-            "Bytes the relay forwarded",
-            self.bytes.clone(),
-        );
-    }
-
-    fn datagram(&self, result: &'static str) {
-        self.datagrams
-            .get_or_create(&vec![("result", result.to_owned())])
-            .inc();
-    }
-
-    fn allocate(&self, result: &'static str) {
-        self.allocated
-            .get_or_create(&vec![("result", result.to_owned())])
-            .inc();
-    }
 }
 
 struct RelayInner {
@@ -337,9 +285,9 @@ impl RelayService {
         let observed =
             client_address(req.metadata(), req.remote_addr(), &[]).ok_or(RelayError::NoAddress)?;
         if self.shared.config.rate_limit {
-            let deadline = crate::server::grpc_timeout(req.metadata());
+            let deadline = super::grpc_timeout(req.metadata());
             self.shared
-                .admit(crate::server::service::Limit::Calls, observed, deadline)
+                .admit(super::shared::Limit::Calls, observed, deadline)
                 .await?;
         }
         let r = req.into_inner();
@@ -396,40 +344,5 @@ impl pb::relay_server::Relay for RelayService {
             .map_or_else(Status::code, |_| tonic::Code::Ok);
         self.shared.metrics.rpc("Allocate", code, start.elapsed());
         result
-    }
-}
-
-/// The pair token both nodes of a pair present to the server relay: only holders of
-/// the cluster secret can compute it, and it is the same whichever node asks.
-#[must_use]
-pub fn pair_token(secret: &[u8; 32], cluster_id: &str, a: &str, b: &str) -> [u8; table::TOKEN_LEN] {
-    use sha2::{Digest as _, Sha256};
-    let (lo, hi) = if a < b { (a, b) } else { (b, a) };
-    let mut h = Sha256::new();
-    h.update(b"wirespan relay pair v1\0");
-    h.update(secret);
-    h.update(cluster_id.as_bytes());
-    h.update([0]);
-    h.update(lo.as_bytes());
-    h.update([0]);
-    h.update(hi.as_bytes());
-    h.finalize().into()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::pair_token;
-
-    #[test]
-    fn the_pair_token_is_symmetric_and_keyed_by_the_secret() {
-        let t = pair_token(&[1; 32], "c", "node-a", "node-b");
-        assert_eq!(t, pair_token(&[1; 32], "c", "node-b", "node-a"));
-        assert_ne!(t, pair_token(&[2; 32], "c", "node-a", "node-b"));
-        assert_ne!(t, pair_token(&[1; 32], "c", "node-a", "node-c"));
-        // Ids cannot slide into each other.
-        assert_ne!(
-            pair_token(&[1; 32], "c", "ab", "c"),
-            pair_token(&[1; 32], "c", "a", "bc")
-        );
     }
 }

@@ -1,5 +1,5 @@
-//! Peer relays in the manager (`docs/kubespan.md` §8.7): which peers go through which
-//! relay this round, what the node publishes for others to choose by, and the
+//! Peer relays in the planner (`docs/kubespan.md` §8.7, §8.8): which peers go through
+//! which relay this round, what the node publishes for others to choose by, and the
 //! keepalive that keeps retrying a relayed peer's direct path.
 
 use std::{
@@ -8,16 +8,15 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use super::KubeSpanManagerController;
-use crate::controllers::kubespan::metrics::MeshMetrics;
+use super::MeshState;
 use crate::{
     config::kubespan::KubeSpanConfig as Settings,
     kubespan::{
-        relay::{choose, key_id, published_down, Candidate, DirectPath, DIRECT_DOWN_MAX},
+        relay::{choose, key_id, published_down, Candidate, DirectPath},
         rotation::ENDPOINT_CONNECTION_TIMEOUT,
     },
     resources::kubespan::{
-        KubeSpanPeerSpecSpec, KubeSpanPeerStatusSpec, PeerPath, PeerState, ServerRelayWant,
+        KubeSpanPeerSpecSpec, KubeSpanPeerStatusSpec, PeerState, ServerRelayWant,
     },
 };
 
@@ -26,26 +25,11 @@ use crate::{
 /// path at once (a peer without AllowedIPs has nothing else to send, and WireGuard
 /// gives up retrying a handshake nothing asks for), and WireGuard retries it every 5 s
 /// within the cycle.
-pub(super) const DIRECT_RETRY_REARM: Duration = Duration::from_secs(1);
+pub const DIRECT_RETRY_REARM: Duration = Duration::from_secs(1);
 
 /// How often a relayed peer's direct path is tried again: one endpoint's try, so a
 /// peer with several endpoints rotates through them at the same pace as before.
 const DIRECT_RETRY_CYCLE: Duration = ENDPOINT_CONNECTION_TIMEOUT;
-
-/// Sets the path of a peer's status, counting a change in the metrics.
-pub(super) fn set_path(
-    metrics: Option<&MeshMetrics>,
-    key: &str,
-    st: &mut KubeSpanPeerStatusSpec,
-    path: PeerPath,
-) {
-    if path != st.path {
-        if let Some(m) = metrics {
-            m.path_changed(key, &st.label);
-        }
-        st.path = path;
-    }
-}
 
 /// Whether this node and the peer route through relays for each other.
 pub(super) fn relay_user(s: &Settings, spec: &KubeSpanPeerSpecSpec) -> bool {
@@ -91,7 +75,7 @@ pub(super) fn relayed_wake(st: &KubeSpanPeerStatusSpec, now: SystemTime) -> Opti
 
 /// A peer sent through the server relay.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(in crate::controllers::kubespan) struct ServerRelayed {
+pub struct ServerRelayed {
     /// The relay's endpoint for this node's side.
     pub endpoint: SocketAddr,
     /// Since when (its keepalive is held at 0 for [`DIRECT_RETRY_REARM`] after it, so
@@ -117,7 +101,7 @@ impl ServerRelayed {
     }
 }
 
-impl KubeSpanManagerController {
+impl MeshState {
     /// Whether the peer stays on the server relay. It leaves when its endpoints
     /// changed (a new address, a new NAT mapping published) or when its packets arrive
     /// straight from it (the device roamed away from the relay's endpoint: the peer
@@ -287,32 +271,5 @@ impl KubeSpanManagerController {
         self.relay_active = !relays.is_empty() || !down.is_empty();
         self.direct_down = published_down(down);
         self.relayed = relays;
-    }
-
-    /// Whether this node forwards for others, and why not when relays are on but it
-    /// does not.
-    pub(super) fn relay_offer(&self, s: &Settings) -> (bool, String) {
-        if !s.peer_relay {
-            return (false, String::new());
-        }
-        if self.direct_down.is_none() {
-            return (
-                false,
-                format!("more than {DIRECT_DOWN_MAX} peers are not reachable directly"),
-            );
-        }
-        let Some(sysctl) = &self.deps.sysctl else {
-            return (true, String::new());
-        };
-        let on = |path: &[&str]| sysctl.read(path).is_ok_and(|v| v == "1");
-        if on(&["net", "ipv4", "ip_forward"]) && on(&["net", "ipv6", "conf", "all", "forwarding"]) {
-            (true, String::new())
-        } else {
-            (
-                false,
-                "IP forwarding is off (net.ipv4.ip_forward, net.ipv6.conf.all.forwarding)"
-                    .to_owned(),
-            )
-        }
     }
 }

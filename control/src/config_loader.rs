@@ -1,4 +1,4 @@
-//! The config loader: file (or API text) → [`super::parse`] → `config/MachineConfig
+//! The config loader: file (or API text) → [`crate::config::parse`] → `config/MachineConfig
 //! active`, written unowned and only when the whole text validated, so a bad config
 //! keeps the previous one in force.
 //!
@@ -25,16 +25,16 @@ use std::{
 use sha2::Digest as _;
 use tokio_util::sync::CancellationToken;
 
-use super::{ConfigError, MAX_CONFIG_BYTES};
 use crate::{
+    config::{ConfigError, MAX_CONFIG_BYTES},
+    files::{create_private_parent, write_atomic},
     resources::config::{
         attempt, ConfigStatus, ConfigStatusSpec, MachineConfig, MachineConfigSpec, ACTIVE, CURRENT,
     },
     runtime::{ResourceKind, StateError, Store},
 };
 
-/// Name of the last good config's copy in the state dir.
-pub const LAST_GOOD_FILE: &str = "last-good-config.yaml";
+pub use crate::config::LAST_GOOD_FILE;
 /// The error of a config without documents.
 pub const EMPTY: &str = "config file is empty; to turn the mesh off set enabled: false";
 /// Poll period of the file when inotify cannot be used.
@@ -82,7 +82,7 @@ pub enum LoadError {
 
 impl LoadError {
     /// The problems, one line each (one per document of an invalid config, at most
-    /// [`super::MAX_LISTED_PROBLEMS`] problems, then a count of the rest).
+    /// [`crate::config::MAX_LISTED_PROBLEMS`] problems, then a count of the rest).
     #[must_use]
     pub fn problems(&self) -> Vec<String> {
         match self {
@@ -146,9 +146,9 @@ pub fn read_file(path: &Path) -> Result<String, LoadError> {
 ///
 /// # Errors
 /// Every problem.
-pub fn validate(text: &str) -> Result<super::MachineConfig, LoadError> {
+pub fn validate(text: &str) -> Result<crate::config::ConfigDocuments, LoadError> {
     check_size(text.len() as u64)?;
-    let cfg = super::parse(text)?;
+    let cfg = crate::config::parse(text)?;
     if cfg.documents.is_empty() {
         return Err(LoadError::Empty);
     }
@@ -351,8 +351,8 @@ impl ConfigLoader {
             path: path.clone(),
             source,
         };
-        crate::resources::identity::create_private_parent(path).map_err(err)?;
-        crate::resources::identity::write_atomic(path, text.as_bytes()).map_err(err)
+        create_private_parent(path).map_err(err)?;
+        write_atomic(path, text.as_bytes()).map_err(err)
     }
 
     fn record_rejection(&self, source: &str, e: &LoadError) {
