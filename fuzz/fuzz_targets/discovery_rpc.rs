@@ -20,7 +20,8 @@ use tonic::Request;
 use wirespan_discovery::{
     proto::server::{self as pb, cluster_server::Cluster},
     server::{
-        service::{ClusterService, Shared},
+        service::ClusterService,
+        shared::Shared,
         snapshot,
         state::State,
         ServerConfig,

@@ -25,7 +25,8 @@ pub mod ratelimit;
 pub mod relay;
 #[doc(hidden)]
 pub mod service;
-mod shared;
+#[doc(hidden)]
+pub mod shared;
 pub mod snapshot;
 pub mod state;
 pub mod transport;
