@@ -19,13 +19,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Request;
 use wirespan_discovery::{
     proto::server::{self as pb, cluster_server::Cluster},
-    server::{
-        service::ClusterService,
-        shared::Shared,
-        snapshot,
-        state::State,
-        ServerConfig,
-    },
+    server::{service::ClusterService, shared::Shared, snapshot, state::State, ServerConfig},
 };
 
 /// IDs mostly from a small set so that requests meet the same cluster and affiliate.
