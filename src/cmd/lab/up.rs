@@ -546,48 +546,17 @@ fn add_node(
             "true",
         ],
     )?;
-    host::run(
-        "nsenter",
-        &[
-            &format!("--mount={m}"),
-            "--",
-            "mount",
-            "-t",
-            "tmpfs",
-            "-o",
-            "mode=0700",
-            "wirespan-lab",
-            "/run/wireguard",
-        ],
+    mount_in(
+        m,
+        None,
+        &["-t", "tmpfs", "-o", "mode=0700"],
+        "/run/wireguard",
     )?;
     // A sysfs of the node's network namespace (as `ip netns exec` mounts), so
     // /sys/class/net shows the node's links, and a bpffs of its own, so pinned
     // BPF objects of one node never meet another's.
-    host::run(
-        "nsenter",
-        &[
-            &format!("--net=/run/netns/{ns}"),
-            &format!("--mount={m}"),
-            "--",
-            "mount",
-            "-t",
-            "sysfs",
-            "wirespan-lab",
-            "/sys",
-        ],
-    )?;
-    host::run(
-        "nsenter",
-        &[
-            &format!("--mount={m}"),
-            "--",
-            "mount",
-            "-t",
-            "bpf",
-            "wirespan-lab",
-            "/sys/fs/bpf",
-        ],
-    )?;
+    mount_in(m, Some(ns.as_ref()), &["-t", "sysfs"], "/sys")?;
+    mount_in(m, None, &["-t", "bpf"], "/sys/fs/bpf")?;
     host::run("nsenter", &[&format!("--uts={u}"), "--", "hostname", &node])?;
     Ok(NodeState {
         name: node,
@@ -856,4 +825,19 @@ fn hints(state: &LabState) -> String {
             ))
             .unwrap_or_default(),
     )
+}
+
+/// Mounts a `wirespan-lab` filesystem at `target` in the node's mount namespace `m`,
+/// seen from its network namespace `net` where the filesystem depends on it (sysfs).
+fn mount_in(m: &str, net: Option<&str>, fs_args: &[&str], target: &str) -> anyhow::Result<()> {
+    let mut args = Vec::new();
+    if let Some(ns) = net {
+        args.push(format!("--net=/run/netns/{ns}"));
+    }
+    args.push(format!("--mount={m}"));
+    args.extend(["--", "mount"].map(String::from));
+    args.extend(fs_args.iter().map(|a| (*a).to_owned()));
+    args.extend(["wirespan-lab", target].map(String::from));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    host::run("nsenter", &args).map(drop)
 }
