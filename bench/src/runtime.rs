@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::sanity::Sanity;
 use wirespan_control::runtime::{
-    Controller, ControllerResult, ControllerRuntime, Definition, Event, Harness, Input, InputKind,
-    Kind, Output, ResourceKind, Runtime, Store, StoreOptions, WatchOptions,
+    Action, Controller, ControllerResult, ControllerRuntime, Definition, Event, Harness, Input,
+    InputKind, Kind, Output, ResourceKind, Runtime, Store, StoreOptions, WatchOptions,
 };
 
 /// Options of `wirespan bench runtime`.
@@ -302,6 +302,8 @@ where
     I: ResourceKind<Spec = StageSpec>,
     O: ResourceKind<Spec = StageSpec>,
 {
+    type Event = ();
+
     fn name(&self) -> &str {
         &self.0
     }
@@ -311,18 +313,17 @@ where
     fn outputs(&self) -> Vec<Output> {
         vec![Output::exclusive::<O>()]
     }
-    fn run<'a>(
+    fn reconcile<'a>(
         &'a mut self,
         rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
     ) -> Pin<Box<dyn Future<Output = ControllerResult> + Send + 'a>> {
         Box::pin(async move {
-            while rt.next_round().await {
-                if let Some(i) = rt.get_opt::<I>(NS, "v")? {
-                    let v = i.spec.value;
-                    rt.modify::<O>(NS, "v", |r| r.spec.value = v)?;
-                }
+            if let Some(i) = rt.get_opt::<I>(NS, "v")? {
+                let v = i.spec.value;
+                rt.modify::<O>(NS, "v", |r| r.spec.value = v)?;
             }
-            Ok(())
+            Ok(Action::await_change())
         })
     }
 }

@@ -9,11 +9,12 @@ use std::{
 };
 
 use futures::future::BoxFuture;
+use tokio_stream::wrappers::ReceiverStream;
 use wirespan_control::{
     runtime::{
-        AccessError, Controller, ControllerError, ControllerResult, ControllerRuntime, Filter,
-        Input, InputKind, Kind, LabelTerm, Output, Phase, Pointer, RegistrationError, Resource,
-        ResourceKind, Runtime, RuntimeError, Store, StoreOptions,
+        AccessError, Action, Controller, ControllerError, ControllerResult, ControllerRuntime,
+        Filter, Input, InputKind, Kind, LabelTerm, Output, Phase, Pointer, RegistrationError,
+        Resource, ResourceKind, Runtime, RuntimeError, Store, StoreOptions, Triggers,
     },
     testing::{
         assert_length, assert_no_resource, assert_resource, int, Harness, IntResource, StrResource,
@@ -31,6 +32,8 @@ fn strs() -> Kind {
 struct IntToStr;
 
 impl Controller for IntToStr {
+    type Event = ();
+
     fn name(&self) -> &str {
         "IntToStrController"
     }
@@ -43,38 +46,39 @@ impl Controller for IntToStr {
     fn outputs(&self) -> Vec<Output> {
         vec![Output::exclusive::<StrResource>()]
     }
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                let name = rt.name().to_owned();
-                for i in rt.list::<IntResource>(IN)? {
-                    let ptr = i.pointer();
-                    let out = Pointer::new(OUT, StrResource::TYPE, &i.metadata.id);
-                    if i.metadata.phase == Phase::Running {
-                        rt.add_finalizer(&ptr, &[&name])?;
-                        let v = i.spec.value.to_string();
-                        rt.modify::<StrResource>(OUT, &i.metadata.id, |r| {
-                            r.spec.value.clone_from(&v);
-                        })?;
-                    } else {
-                        let gone = match rt.get_opt::<StrResource>(OUT, &out.id)? {
-                            None => true,
-                            Some(_) => {
-                                let ready = rt.teardown(&out)?;
-                                if ready {
-                                    rt.destroy(&out)?;
-                                }
-                                ready
+            let name = rt.name().to_owned();
+            for i in rt.list::<IntResource>(IN)? {
+                let ptr = i.pointer();
+                let out = Pointer::new(OUT, StrResource::TYPE, &i.metadata.id);
+                if i.metadata.phase == Phase::Running {
+                    rt.add_finalizer(&ptr, &[&name])?;
+                    let v = i.spec.value.to_string();
+                    rt.modify::<StrResource>(OUT, &i.metadata.id, |r| {
+                        r.spec.value.clone_from(&v);
+                    })?;
+                } else {
+                    let gone = match rt.get_opt::<StrResource>(OUT, &out.id)? {
+                        None => true,
+                        Some(_) => {
+                            let ready = rt.teardown(&out)?;
+                            if ready {
+                                rt.destroy(&out)?;
                             }
-                        };
-                        if gone {
-                            rt.remove_finalizer(&ptr, &[&name])?;
+                            ready
                         }
+                    };
+                    if gone {
+                        rt.remove_finalizer(&ptr, &[&name])?;
                     }
                 }
-                rt.reset_restart_backoff();
             }
-            Ok(())
+            Ok(Action::await_change())
         })
     }
 }
@@ -119,10 +123,21 @@ async fn int_to_str_with_finalizers() {
     h.stop().await.unwrap();
 }
 
-/// Starts with no inputs and adds one in `run`.
+/// Starts with no inputs and adds one in `start`.
 struct Dynamic;
 
 impl Controller for Dynamic {
+    type Event = ();
+
+    fn start(&mut self, rt: &mut ControllerRuntime) -> Result<Triggers<()>, ControllerError> {
+        // Not an input yet: reading is rejected.
+        assert!(matches!(
+            rt.list::<IntResource>("dyn"),
+            Err(ControllerError::Access(AccessError::NotInput { .. }))
+        ));
+        rt.update_inputs(vec![Input::of::<IntResource>("dyn", InputKind::Weak)]);
+        Ok(Triggers::inputs_only())
+    }
     fn name(&self) -> &str {
         "DynamicController"
     }
@@ -132,19 +147,15 @@ impl Controller for Dynamic {
     fn outputs(&self) -> Vec<Output> {
         vec![Output::exclusive::<StrResource>()]
     }
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            // Not an input yet: reading is rejected.
-            assert!(matches!(
-                rt.list::<IntResource>("dyn"),
-                Err(ControllerError::Access(AccessError::NotInput { .. }))
-            ));
-            rt.update_inputs(vec![Input::of::<IntResource>("dyn", InputKind::Weak)]);
-            while rt.next_round().await {
-                let n = rt.list::<IntResource>("dyn")?.len();
-                rt.modify::<StrResource>(OUT, "count", |r| r.spec.value = n.to_string())?;
-            }
-            Ok(())
+            let n = rt.list::<IntResource>("dyn")?.len();
+            rt.modify::<StrResource>(OUT, "count", |r| r.spec.value = n.to_string())?;
+            Ok(Action::await_change())
         })
     }
 }
@@ -185,6 +196,8 @@ async fn inputs_added_during_run() {
 struct Sum(&'static str);
 
 impl Controller for Sum {
+    type Event = ();
+
     fn name(&self) -> &str {
         self.0
     }
@@ -194,30 +207,32 @@ impl Controller for Sum {
     fn outputs(&self) -> Vec<Output> {
         vec![Output::shared::<StrResource>()]
     }
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
             let filter = Filter::labels(vec![LabelTerm::equal("sum", "yes")]);
-            while rt.next_round().await {
-                let sum: i64 = rt
-                    .list_filtered::<IntResource>(IN, &filter)?
-                    .iter()
-                    .map(|r| r.spec.value)
-                    .sum();
-                let id = self.0.to_owned();
-                rt.modify::<StrResource>(OUT, &id, |r| r.spec.value = sum.to_string())?;
-                // Shared output: a resource created by the other controller is not ours.
-                let other = if id == "SumA" { "SumB" } else { "SumA" };
-                if rt.get_opt::<StrResource>(OUT, other)?.is_some() {
-                    let e = rt
-                        .modify::<StrResource>(OUT, other, |r| r.spec.value = "x".into())
-                        .unwrap_err();
-                    assert!(
-                        matches!(e, ControllerError::State(ref s) if s.is_conflict()),
-                        "{e}"
-                    );
-                }
+            let sum: i64 = rt
+                .list_filtered::<IntResource>(IN, &filter)?
+                .iter()
+                .map(|r| r.spec.value)
+                .sum();
+            let id = self.0.to_owned();
+            rt.modify::<StrResource>(OUT, &id, |r| r.spec.value = sum.to_string())?;
+            // Shared output: a resource created by the other controller is not ours.
+            let other = if id == "SumA" { "SumB" } else { "SumA" };
+            if rt.get_opt::<StrResource>(OUT, other)?.is_some() {
+                let e = rt
+                    .modify::<StrResource>(OUT, other, |r| r.spec.value = "x".into())
+                    .unwrap_err();
+                assert!(
+                    matches!(e, ControllerError::State(ref s) if s.is_conflict()),
+                    "{e}"
+                );
             }
-            Ok(())
+            Ok(Action::await_change())
         })
     }
 }
@@ -255,6 +270,8 @@ async fn label_filtered_sum_with_shared_output() {
 struct Flaky(Arc<AtomicUsize>);
 
 impl Controller for Flaky {
+    type Event = ();
+
     fn name(&self) -> &str {
         "FlakyController"
     }
@@ -264,18 +281,20 @@ impl Controller for Flaky {
     fn outputs(&self) -> Vec<Output> {
         vec![Output::exclusive::<StrResource>()]
     }
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                match self.0.fetch_add(1, Ordering::SeqCst) {
-                    0 => panic!("first run panics"),
-                    1 => return Err(ControllerError::other("second run fails")),
-                    n => {
-                        rt.modify::<StrResource>(OUT, "flaky", |r| r.spec.value = n.to_string())?;
-                    }
+            match self.0.fetch_add(1, Ordering::SeqCst) {
+                0 => panic!("first run panics"),
+                1 => return Err(ControllerError::other("second run fails")),
+                n => {
+                    rt.modify::<StrResource>(OUT, "flaky", |r| r.spec.value = n.to_string())?;
                 }
             }
-            Ok(())
+            Ok(Action::await_change())
         })
     }
 }
@@ -322,6 +341,8 @@ async fn panicking_and_failing_controllers_restart_with_backoff() {
 struct Mirror;
 
 impl Controller for Mirror {
+    type Event = ();
+
     fn name(&self) -> &str {
         "MirrorController"
     }
@@ -331,17 +352,19 @@ impl Controller for Mirror {
     fn outputs(&self) -> Vec<Output> {
         vec![Output::exclusive::<StrResource>()]
     }
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                rt.start_tracking_outputs()?;
-                for i in rt.list::<IntResource>(IN)? {
-                    let v = i.spec.value.to_string();
-                    rt.modify::<StrResource>(OUT, &i.metadata.id, |r| r.spec.value.clone_from(&v))?;
-                }
-                rt.cleanup_outputs(&[strs()])?;
+            rt.start_tracking_outputs()?;
+            for i in rt.list::<IntResource>(IN)? {
+                let v = i.spec.value.to_string();
+                rt.modify::<StrResource>(OUT, &i.metadata.id, |r| r.spec.value.clone_from(&v))?;
             }
-            Ok(())
+            rt.cleanup_outputs(&[strs()])?;
+            Ok(Action::await_change())
         })
     }
 }
@@ -372,6 +395,8 @@ async fn tracked_cleanup_removes_outputs_of_gone_inputs() {
 struct Trespasser(Arc<Mutex<Vec<String>>>);
 
 impl Controller for Trespasser {
+    type Event = ();
+
     fn name(&self) -> &str {
         "Trespasser"
     }
@@ -381,7 +406,11 @@ impl Controller for Trespasser {
     fn outputs(&self) -> Vec<Output> {
         vec![Output::exclusive::<StrResource>()]
     }
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
             let mut errs = vec![rt
                 .modify::<IntResource>(IN, "x", |r| r.spec.value = 1)
@@ -407,7 +436,7 @@ impl Controller for Trespasser {
                     .to_string(),
             );
             *self.0.lock().unwrap() = errs;
-            Ok(())
+            Ok(Action::await_change())
         })
     }
 }
@@ -451,6 +480,8 @@ async fn undeclared_reads_and_writes_are_rejected() {
 struct Outputs(&'static str, Vec<Output>);
 
 impl Controller for Outputs {
+    type Event = ();
+
     fn name(&self) -> &str {
         self.0
     }
@@ -460,8 +491,12 @@ impl Controller for Outputs {
     fn outputs(&self) -> Vec<Output> {
         self.1.clone()
     }
-    fn run<'a>(&'a mut self, _rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
-        Box::pin(async { Ok(()) })
+    fn reconcile<'a>(
+        &'a mut self,
+        _rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
+        Box::pin(async { Ok(Action::await_change()) })
     }
 }
 
@@ -523,6 +558,8 @@ impl RoundCounter {
 }
 
 impl Controller for RoundCounter {
+    type Event = ();
+
     fn name(&self) -> &str {
         self.name
     }
@@ -532,12 +569,14 @@ impl Controller for RoundCounter {
     fn outputs(&self) -> Vec<Output> {
         vec![]
     }
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        _rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                self.rounds.fetch_add(1, Ordering::SeqCst);
-            }
-            Ok(())
+            self.rounds.fetch_add(1, Ordering::SeqCst);
+            Ok(Action::await_change())
         })
     }
 }
@@ -652,10 +691,13 @@ async fn destroy_ready_wakes_only_when_tearing_down_without_finalizers() {
     h.stop().await.unwrap();
 }
 
-/// Waits on its wake-up and on an external channel in one select (sub-task pattern).
+/// Woken by its inputs and by the items of a channel given to the runtime as its event
+/// stream (a sub-task's results).
 struct Selecting(Option<tokio::sync::mpsc::Receiver<i64>>);
 
 impl Controller for Selecting {
+    type Event = i64;
+
     fn name(&self) -> &str {
         "SelectingController"
     }
@@ -665,27 +707,30 @@ impl Controller for Selecting {
     fn outputs(&self) -> Vec<Output> {
         vec![Output::exclusive::<IntResource>()]
     }
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn start(&mut self, _rt: &mut ControllerRuntime) -> Result<Triggers<i64>, ControllerError> {
+        let rx = self.0.take().expect("starts once");
+        Ok(Triggers::inputs_only().with_events(Box::pin(ReceiverStream::new(rx))))
+    }
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        results: Vec<i64>,
+    ) -> BoxFuture<'a, ControllerResult<i64>> {
         Box::pin(async move {
-            let mut rx = self.0.take().expect("runs once");
-            loop {
-                tokio::select! {
-                    () = rt.cancelled() => return Ok(()),
-                    () = rt.changed() => {
-                        rt.modify::<IntResource>(OUT, "wakeups", |r| r.spec.value += 1)?;
-                    }
-                    Some(v) = rx.recv() => {
-                        rt.modify::<IntResource>(OUT, "result", |r| r.spec.value = v)?;
-                        rt.queue_reconcile();
-                    }
-                }
+            if results.is_empty() {
+                rt.modify::<IntResource>(OUT, "wakeups", |r| r.spec.value += 1)?;
             }
+            for v in results {
+                rt.modify::<IntResource>(OUT, "result", |r| r.spec.value = v)?;
+                rt.queue_reconcile();
+            }
+            Ok(Action::await_change())
         })
     }
 }
 
 #[tokio::test]
-async fn wake_up_is_usable_in_select_with_sub_task_results() {
+async fn event_stream_items_reach_a_round_of_their_own() {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let mut rt = Runtime::new(Store::default());
     rt.register(Selecting(Some(rx))).unwrap();
@@ -708,7 +753,7 @@ async fn wake_up_is_usable_in_select_with_sub_task_results() {
         }
     })
     .await;
-    // queue_reconcile from the result branch produced a second wake-up.
+    // queue_reconcile from the events' round produced a second wake-up.
     assert_resource::<IntResource>(&s, OUT, "wakeups", |r| {
         if r.spec.value == 2 {
             Ok(())
@@ -718,4 +763,305 @@ async fn wake_up_is_usable_in_select_with_sub_task_results() {
     })
     .await;
     h.stop().await.unwrap();
+}
+
+// The runtime's waiting (`docs/runtime.md` §3.4), on tokio's paused clock: time moves
+// only when every task waits, straight to the next timer, so the instants a round
+// starts at are exact.
+
+/// What a [`Scheduled`] controller saw, shared with the test.
+struct Log {
+    /// The number of rounds, for waiting without moving the clock.
+    count: tokio::sync::watch::Sender<usize>,
+    /// When each round started, since the test's start.
+    rounds: Vec<Duration>,
+    /// Events each round got.
+    events: Vec<Vec<u32>>,
+    starts: usize,
+    stops: usize,
+}
+
+fn new_log() -> Arc<Mutex<Log>> {
+    Arc::new(Mutex::new(Log {
+        count: tokio::sync::watch::Sender::new(0),
+        rounds: Vec::new(),
+        events: Vec::new(),
+        starts: 0,
+        stops: 0,
+    }))
+}
+
+type Plan = Box<dyn FnMut(usize) -> Result<Action<u32>, ControllerError> + Send>;
+
+/// A controller whose `n`th round returns `plan(n)`; woken by ints in `IN` and by
+/// whatever its `triggers` say.
+struct Scheduled {
+    epoch: tokio::time::Instant,
+    log: Arc<Mutex<Log>>,
+    plan: Plan,
+    triggers: Option<Box<dyn FnMut() -> Triggers<u32> + Send>>,
+}
+
+impl Scheduled {
+    fn new(
+        log: &Arc<Mutex<Log>>,
+        plan: impl FnMut(usize) -> Result<Action<u32>, ControllerError> + Send + 'static,
+    ) -> Self {
+        Self {
+            epoch: tokio::time::Instant::now(),
+            log: Arc::clone(log),
+            plan: Box::new(plan),
+            triggers: None,
+        }
+    }
+
+    fn with_triggers(mut self, t: impl FnMut() -> Triggers<u32> + Send + 'static) -> Self {
+        self.triggers = Some(Box::new(t));
+        self
+    }
+}
+
+impl Controller for Scheduled {
+    type Event = u32;
+
+    fn name(&self) -> &str {
+        "ScheduledController"
+    }
+    fn inputs(&self) -> Vec<Input> {
+        vec![Input::of::<IntResource>(IN, InputKind::Weak)]
+    }
+    fn outputs(&self) -> Vec<Output> {
+        vec![]
+    }
+    fn start(&mut self, _rt: &mut ControllerRuntime) -> Result<Triggers<u32>, ControllerError> {
+        self.log.lock().unwrap().starts += 1;
+        Ok(self
+            .triggers
+            .as_mut()
+            .map_or_else(Triggers::inputs_only, |t| t()))
+    }
+    fn reconcile<'a>(
+        &'a mut self,
+        _rt: &'a mut ControllerRuntime,
+        events: Vec<u32>,
+    ) -> BoxFuture<'a, ControllerResult<u32>> {
+        Box::pin(async move {
+            let n = {
+                let mut log = self.log.lock().unwrap();
+                log.rounds.push(self.epoch.elapsed());
+                log.events.push(events);
+                let n = log.rounds.len();
+                log.count.send_replace(n);
+                n
+            };
+            tracing::info!(round = n, "scheduled round");
+            (self.plan)(n)
+        })
+    }
+    fn stop<'a>(&'a mut self, _rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ()> {
+        self.log.lock().unwrap().stops += 1;
+        Box::pin(async {})
+    }
+}
+
+/// Waits until the controller has run `n` rounds; the clock moves only to the
+/// runtime's own timers meanwhile.
+async fn rounds_reach(log: &Arc<Mutex<Log>>, n: usize) -> Vec<Duration> {
+    let mut count = log.lock().unwrap().count.subscribe();
+    let reached = tokio::time::timeout(Duration::from_secs(24 * 3600), count.wait_for(|c| *c >= n));
+    if reached.await.is_err() {
+        panic!("fewer than {n} rounds: {:?}", log.lock().unwrap().rounds);
+    }
+    log.lock().unwrap().rounds.clone()
+}
+
+fn secs(s: u64) -> Duration {
+    Duration::from_secs(s)
+}
+
+#[tokio::test(start_paused = true)]
+async fn requeue_after_runs_the_next_round_at_that_time() {
+    let log = new_log();
+    let mut rt = Runtime::new(Store::default());
+    rt.register(Scheduled::new(&log, |_| {
+        Ok(Action::requeue_after(secs(10)))
+    }))
+    .unwrap();
+    let h = Harness::start(rt);
+    let rounds = rounds_reach(&log, 3).await;
+    assert_eq!(rounds[..3], [secs(0), secs(10), secs(20)], "{rounds:?}");
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_input_change_wakes_before_the_requeue_time() {
+    let log = new_log();
+    let mut rt = Runtime::new(Store::default());
+    rt.register(Scheduled::new(&log, |_| {
+        Ok(Action::requeue_after(secs(60)))
+    }))
+    .unwrap();
+    let h = Harness::start(rt);
+    rounds_reach(&log, 1).await;
+    tokio::time::sleep(secs(5)).await;
+    h.store.create(int(IN, "poke", 1), "").unwrap();
+    let rounds = rounds_reach(&log, 2).await;
+    assert_eq!(rounds[1], secs(5), "{rounds:?}");
+    // The change replaced the requeue: the next timed round is 60 s after it.
+    let rounds = rounds_reach(&log, 3).await;
+    assert_eq!(rounds[2], secs(65), "{rounds:?}");
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_round_backs_off_and_restarts_the_controller() {
+    let log = new_log();
+    let mut rt = Runtime::new(Store::default());
+    rt.register(Scheduled::new(&log, |n| {
+        if n == 1 {
+            Err(ControllerError::other("first round fails"))
+        } else {
+            Ok(Action::await_change())
+        }
+    }))
+    .unwrap();
+    let h = Harness::start(rt);
+    let rounds = rounds_reach(&log, 2).await;
+    // `runtime::backoff`'s first delay: 0.5 s ± 50 %.
+    assert!(
+        rounds[1] >= Duration::from_millis(250) && rounds[1] <= Duration::from_millis(750),
+        "{rounds:?}"
+    );
+    assert_eq!(log.lock().unwrap().starts, 2, "start runs again on restart");
+    // No round without a reason after the restart's own.
+    tokio::time::sleep(secs(3600)).await;
+    assert_eq!(log.lock().unwrap().rounds.len(), 2);
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn shutdown_stops_a_waiting_controller_and_runs_its_stop() {
+    let log = new_log();
+    let mut rt = Runtime::new(Store::default());
+    rt.register(Scheduled::new(&log, |_| {
+        Ok(Action::requeue_after(secs(3600)))
+    }))
+    .unwrap();
+    let h = Harness::start(rt);
+    rounds_reach(&log, 1).await;
+    let before = tokio::time::Instant::now();
+    h.stop().await.unwrap();
+    assert_eq!(before.elapsed(), Duration::ZERO, "stopped without waiting");
+    let log = log.lock().unwrap();
+    assert_eq!((log.rounds.len(), log.stops), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn requeue_when_hands_its_output_to_the_round() {
+    let log = new_log();
+    let mut rt = Runtime::new(Store::default());
+    rt.register(Scheduled::new(&log, |n| {
+        Ok(if n == 1 {
+            Action::requeue_when(Box::pin(async {
+                tokio::time::sleep(secs(7)).await;
+                7
+            }))
+        } else {
+            Action::await_change()
+        })
+    }))
+    .unwrap();
+    let h = Harness::start(rt);
+    let rounds = rounds_reach(&log, 2).await;
+    assert_eq!(rounds[1], secs(7));
+    assert_eq!(log.lock().unwrap().events[1], [7]);
+    h.stop().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_wake_with_their_items_and_the_resync_outlives_the_stream() {
+    let log = new_log();
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<u32>();
+    let mut rx = Some(rx);
+    let mut rt = Runtime::new(Store::default());
+    rt.register(
+        Scheduled::new(&log, |_| Ok(Action::await_change())).with_triggers(move || {
+            let rx = rx.take().expect("one start");
+            Triggers::inputs_only()
+                .with_events(Box::pin(
+                    tokio_stream::wrappers::UnboundedReceiverStream::new(rx),
+                ))
+                .with_resync(secs(30))
+        }),
+    )
+    .unwrap();
+    let h = Harness::start(rt);
+    rounds_reach(&log, 1).await;
+    tokio::time::sleep(secs(1)).await;
+    // Items sent together reach one round together.
+    tx.send(1).unwrap();
+    tx.send(2).unwrap();
+    rounds_reach(&log, 2).await;
+    assert_eq!(log.lock().unwrap().events[1], [1, 2]);
+    // The stream ends: the controller keeps its resync, 30 s after the last round.
+    drop(tx);
+    let rounds = rounds_reach(&log, 4).await;
+    assert_eq!(rounds[1..4], [secs(1), secs(31), secs(61)], "{rounds:?}");
+    h.stop().await.unwrap();
+}
+
+/// A `MakeWriter` collecting formatted log lines.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Self;
+    fn make_writer(&'a self) -> Self::Writer {
+        self.clone()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_controllers_log_lines_carry_its_name() {
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(captured.clone())
+        .with_ansi(false)
+        .finish();
+    // This test's runtime is single-threaded: the default covers every task.
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let log = new_log();
+    let mut rt = Runtime::new(Store::default());
+    rt.register(Scheduled::new(&log, |n| {
+        if n == 1 {
+            Err(ControllerError::other("first round fails"))
+        } else {
+            Ok(Action::await_change())
+        }
+    }))
+    .unwrap();
+    let h = Harness::start(rt);
+    rounds_reach(&log, 2).await;
+    h.stop().await.unwrap();
+    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    for what in ["scheduled round", "controller failed, restarting"] {
+        let line = text
+            .lines()
+            .find(|l| l.contains(what))
+            .unwrap_or_else(|| panic!("no {what:?} line in:\n{text}"));
+        assert!(
+            line.contains("controller{controller=ScheduledController}"),
+            "{line}"
+        );
+    }
 }

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::files::{ensure_private_dir, write_atomic};
 use crate::runtime::{
-    Controller, ControllerError, ControllerResult, ControllerRuntime, Definition, Input, Output,
-    ResourceKind,
+    Action, Controller, ControllerError, ControllerResult, ControllerRuntime, Definition, Input,
+    Output, ResourceKind,
 };
 
 /// The node's identity (`cluster/local`).
@@ -146,6 +146,8 @@ impl NodeIdentityController {
 }
 
 impl Controller for NodeIdentityController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "NodeIdentityController"
     }
@@ -158,20 +160,21 @@ impl Controller for NodeIdentityController {
         vec![Output::exclusive::<NodeIdentity>()]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                let dir = self.state_dir.clone();
-                let id = tokio::task::spawn_blocking(move || load_or_generate(&dir))
-                    .await
-                    .map_err(ControllerError::other)?
-                    .map_err(ControllerError::other)?;
-                rt.modify::<NodeIdentity>(NodeIdentity::DEFAULT_NAMESPACE, LOCAL, |r| {
-                    r.spec.node_id.clone_from(&id);
-                })?;
-                rt.reset_restart_backoff();
-            }
-            Ok(())
+            let dir = self.state_dir.clone();
+            let id = tokio::task::spawn_blocking(move || load_or_generate(&dir))
+                .await
+                .map_err(ControllerError::other)?
+                .map_err(ControllerError::other)?;
+            rt.modify::<NodeIdentity>(NodeIdentity::DEFAULT_NAMESPACE, LOCAL, |r| {
+                r.spec.node_id.clone_from(&id);
+            })?;
+            Ok(Action::await_change())
         })
     }
 }

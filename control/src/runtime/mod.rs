@@ -23,9 +23,9 @@ pub mod store;
 pub mod watch;
 
 pub use controller::{
-    AccessError, Controller, ControllerError, ControllerResult, ControllerRuntime, GraphSource,
-    Input, InputKind, Output, OutputKind, RegistrationError, RestartHook, Runtime, RuntimeError,
-    Waker,
+    AccessError, Action, Controller, ControllerError, ControllerResult, ControllerRuntime,
+    GraphSource, Input, InputKind, Output, OutputKind, RegistrationError, RestartHook, Runtime,
+    RuntimeError, Triggers, Waker,
 };
 pub use feed::{ChangeFeed, Changes};
 pub use harness::Harness;

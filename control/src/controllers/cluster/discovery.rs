@@ -16,6 +16,7 @@ use std::{
 
 use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 use wirespan_discovery::client::{
     self as dclient, AffiliateInfo, Client, ClientConfig, ClusterSecret, ConnectionState,
     ControlPlaneInfo, DiscoveryState, KubeSpanInfo, MachineType, WirespanInfo,
@@ -35,8 +36,8 @@ use crate::{
         kubespan::KubeSpanEndpoint,
     },
     runtime::{
-        Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind, Output,
-        ResourceKind, Waker,
+        Action, Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind,
+        Output, ResourceKind, Triggers, Waker,
     },
 };
 
@@ -72,7 +73,6 @@ struct RunningClient {
     /// Raw records this service stopped listing, and since when (see
     /// [`VANISHED_GRACE`]).
     missing_since: BTreeMap<String, Instant>,
-    waker: Waker,
 }
 
 /// How long a record that a service stopped listing is kept. A restarted, empty server
@@ -117,9 +117,8 @@ fn start_client(
             drop(client.spawn(cancel.clone()));
             let mut state = client.subscribe();
             let stop = cancel.clone();
-            let wake = waker.clone();
-            tokio::spawn(async move {
-                let waker = wake;
+            // A dynamic event source, so a sub-task with the controller's waker.
+            let watch = async move {
                 loop {
                     tokio::select! {
                         () = stop.cancelled() => return,
@@ -131,14 +130,14 @@ fn start_client(
                         }
                     }
                 }
-            });
+            };
+            tokio::spawn(watch.in_current_span());
             RunningClient {
                 spec,
                 client: Some(client),
                 start_error: None,
                 cancel,
                 missing_since: BTreeMap::new(),
-                waker,
             }
         }
         Err(e) => {
@@ -149,7 +148,6 @@ fn start_client(
                 start_error: Some(e.to_string()),
                 cancel,
                 missing_since: BTreeMap::new(),
-                waker,
             }
         }
     }
@@ -242,20 +240,36 @@ fn status_of(endpoint: &str, state: &DiscoveryState) -> DiscoveryServiceStatusSp
 }
 
 /// Runs the discovery clients and mirrors what they discover.
-#[derive(Debug, Default)]
+#[derive(Default)]
 pub struct DiscoveryController {
     options: DiscoveryOptions,
+    /// The clients, by service name; dropping one stops it.
+    running: BTreeMap<String, RunningClient>,
+}
+
+impl std::fmt::Debug for DiscoveryController {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DiscoveryController")
+            .field("options", &self.options)
+            .field("running", &self.running.keys().collect::<Vec<_>>())
+            .finish()
+    }
 }
 
 impl DiscoveryController {
     /// A controller whose clients use `options`.
     #[must_use]
     pub fn new(options: DiscoveryOptions) -> Self {
-        Self { options }
+        Self {
+            options,
+            running: BTreeMap::new(),
+        }
     }
 }
 
 impl Controller for DiscoveryController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "cluster.DiscoveryController"
     }
@@ -279,31 +293,43 @@ impl Controller for DiscoveryController {
         ]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn start(&mut self, _rt: &mut ControllerRuntime) -> Result<Triggers<()>, ControllerError> {
+        // A restart starts every client afresh.
+        self.running.clear();
+        Ok(Triggers::inputs_only())
+    }
+
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            // Dropped on every exit (cancel, error, panic): each drop stops its client.
-            let mut running: BTreeMap<String, RunningClient> = BTreeMap::new();
-            let parent = rt.cancellation();
-            while rt.next_round().await {
-                let wanted = wanted_clients(rt)?;
-                running.retain(|name, r| {
-                    let keep = wanted.get(name) == Some(&r.spec);
-                    if !keep {
-                        tracing::info!(service = name.as_str(), "stopping discovery client");
-                    }
-                    keep
-                });
-                for (name, spec) in wanted {
-                    if let std::collections::btree_map::Entry::Vacant(slot) = running.entry(name) {
-                        let r = start_client(slot.key(), spec, &self.options, &parent, rt.waker());
-                        slot.insert(r);
-                    }
+            let wanted = wanted_clients(rt)?;
+            self.running.retain(|name, r| {
+                let keep = wanted.get(name) == Some(&r.spec);
+                if !keep {
+                    tracing::info!(service = name.as_str(), "stopping discovery client");
                 }
-                publish_local(rt, &running)?;
-                mirror(rt, &mut running)?;
-                rt.reset_restart_backoff();
+                keep
+            });
+            let parent = rt.cancellation();
+            for (name, spec) in wanted {
+                if let std::collections::btree_map::Entry::Vacant(slot) = self.running.entry(name) {
+                    let r = start_client(slot.key(), spec, &self.options, &parent, rt.waker());
+                    slot.insert(r);
+                }
             }
-            Ok(())
+            publish_local(rt, &self.running)?;
+            mirror(rt, &mut self.running)?;
+            // When the grace of a vanished record ends, it goes.
+            let grace_ends = self
+                .running
+                .values()
+                .flat_map(|r| r.missing_since.values())
+                .min()
+                .map(|since| *since + VANISHED_GRACE + Duration::from_millis(50));
+            Ok(grace_ends.map_or_else(Action::await_change, |t| Action::requeue_at(t.into())))
         })
     }
 }
@@ -417,7 +443,7 @@ fn mirror(
 }
 
 /// Keeps `name`'s records that the service no longer lists for [`VANISHED_GRACE`] after
-/// they were first missed, with a wake-up when the grace ends.
+/// they were first missed (the round asks for a wake-up when the grace ends).
 fn keep_vanished(
     name: &str,
     r: &mut RunningClient,
@@ -432,14 +458,7 @@ fn keep_vanished(
         .iter()
         .filter(|id| id.starts_with(&prefix) && !listed.contains(*id))
     {
-        let since = *r.missing_since.entry(rid.clone()).or_insert_with(|| {
-            let waker = r.waker.clone();
-            tokio::spawn(async move {
-                tokio::time::sleep(VANISHED_GRACE + Duration::from_millis(50)).await;
-                waker.wake();
-            });
-            now
-        });
+        let since = *r.missing_since.entry(rid.clone()).or_insert(now);
         if now.duration_since(since) < VANISHED_GRACE {
             keep.insert(rid.clone());
         }

@@ -11,7 +11,7 @@ use crate::{
         cluster::{ClusterIdentity, ClusterIdentitySpec, CLUSTER, NS},
         config::MachineConfig,
     },
-    runtime::{Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output},
+    runtime::{Action, Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output},
 };
 
 /// Publishes the cluster identity (ID and secret) while the active config has a
@@ -20,6 +20,8 @@ use crate::{
 pub struct ClusterIdentityController;
 
 impl Controller for ClusterIdentityController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "cluster.ClusterIdentityController"
     }
@@ -35,29 +37,30 @@ impl Controller for ClusterIdentityController {
         vec![Output::exclusive::<ClusterIdentity>()]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                let config = MachineConfig::active(rt)?;
-                let desired = config.as_ref().and_then(|c| {
-                    let doc = c.spec.config.singleton::<ClusterConfig>()?;
-                    // Valid documents always decode; a config that did not validate never
-                    // becomes active.
-                    let secret = doc.secret_key()?;
-                    Some(ClusterIdentitySpec {
-                        cluster_id: doc.id.clone(),
-                        secret,
-                    })
-                });
-                let mut keep = BTreeSet::new();
-                if let Some(spec) = desired {
-                    put::<ClusterIdentity>(rt, NS, CLUSTER, &spec)?;
-                    keep.insert(CLUSTER.to_owned());
-                }
-                retire_stale::<ClusterIdentity>(rt, NS, &keep)?;
-                rt.reset_restart_backoff();
+            let config = MachineConfig::active(rt)?;
+            let desired = config.as_ref().and_then(|c| {
+                let doc = c.spec.config.singleton::<ClusterConfig>()?;
+                // Valid documents always decode; a config that did not validate never
+                // becomes active.
+                let secret = doc.secret_key()?;
+                Some(ClusterIdentitySpec {
+                    cluster_id: doc.id.clone(),
+                    secret,
+                })
+            });
+            let mut keep = BTreeSet::new();
+            if let Some(spec) = desired {
+                put::<ClusterIdentity>(rt, NS, CLUSTER, &spec)?;
+                keep.insert(CLUSTER.to_owned());
             }
-            Ok(())
+            retire_stale::<ClusterIdentity>(rt, NS, &keep)?;
+            Ok(Action::await_change())
         })
     }
 }

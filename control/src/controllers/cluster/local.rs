@@ -27,7 +27,8 @@ use crate::{
         network::{node_address, HostnameStatus, HostnameStatusSpec, NodeAddress},
     },
     runtime::{
-        Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output, ResourceKind,
+        Action, Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output,
+        ResourceKind,
     },
 };
 
@@ -228,6 +229,8 @@ fn local_endpoints(
 pub struct LocalAffiliateController;
 
 impl Controller for LocalAffiliateController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "cluster.LocalAffiliateController"
     }
@@ -262,18 +265,19 @@ impl Controller for LocalAffiliateController {
         vec![Output::shared::<Affiliate>()]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                let mut keep = BTreeSet::new();
-                if let Some(spec) = desired(rt)? {
-                    put::<Affiliate>(rt, NS_RAW, &spec.node_id, &spec)?;
-                    keep.insert(spec.node_id);
-                }
-                retire_stale::<Affiliate>(rt, NS_RAW, &keep)?;
-                rt.reset_restart_backoff();
+            let mut keep = BTreeSet::new();
+            if let Some(spec) = desired(rt)? {
+                put::<Affiliate>(rt, NS_RAW, &spec.node_id, &spec)?;
+                keep.insert(spec.node_id);
             }
-            Ok(())
+            retire_stale::<Affiliate>(rt, NS_RAW, &keep)?;
+            Ok(Action::await_change())
         })
     }
 }

@@ -7,7 +7,9 @@ use futures::future::BoxFuture;
 use super::{put, retire_stale};
 use crate::{
     resources::cluster::{Affiliate, AffiliateSpec, Member, MemberSpec, NS},
-    runtime::{Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output, Phase},
+    runtime::{
+        Action, Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output, Phase,
+    },
 };
 
 /// The member view of a merged affiliate.
@@ -28,6 +30,8 @@ pub fn member_of(affiliate: &AffiliateSpec) -> MemberSpec {
 pub struct MemberController;
 
 impl Controller for MemberController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "cluster.MemberController"
     }
@@ -43,22 +47,23 @@ impl Controller for MemberController {
         vec![Output::exclusive::<Member>()]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                let mut keep = BTreeSet::new();
-                for a in rt.list::<Affiliate>(NS)? {
-                    // An affiliate on its way out is no longer a member.
-                    if a.metadata.phase != Phase::Running {
-                        continue;
-                    }
-                    put::<Member>(rt, NS, &a.metadata.id, &member_of(&a.spec))?;
-                    keep.insert(a.metadata.id.clone());
+            let mut keep = BTreeSet::new();
+            for a in rt.list::<Affiliate>(NS)? {
+                // An affiliate on its way out is no longer a member.
+                if a.metadata.phase != Phase::Running {
+                    continue;
                 }
-                retire_stale::<Member>(rt, NS, &keep)?;
-                rt.reset_restart_backoff();
+                put::<Member>(rt, NS, &a.metadata.id, &member_of(&a.spec))?;
+                keep.insert(a.metadata.id.clone());
             }
-            Ok(())
+            retire_stale::<Member>(rt, NS, &keep)?;
+            Ok(Action::await_change())
         })
     }
 }

@@ -8,7 +8,7 @@ use futures::future::BoxFuture;
 use super::{put, retire_stale};
 use crate::{
     resources::cluster::{Affiliate, AffiliateSpec, KubeSpanAffiliateSpec, NS, NS_RAW},
-    runtime::{Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output},
+    runtime::{Action, Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output},
 };
 
 /// Where a raw affiliate came from, parsed from its id: the bare node ID is the local
@@ -98,6 +98,8 @@ pub fn merge_affiliates<'a>(
 pub struct AffiliateMergeController;
 
 impl Controller for AffiliateMergeController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "cluster.AffiliateMergeController"
     }
@@ -113,30 +115,30 @@ impl Controller for AffiliateMergeController {
         vec![Output::shared::<Affiliate>()]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                let raw = rt.list::<Affiliate>(NS_RAW)?;
-                let mut by_node: BTreeMap<&str, Vec<(Source<'_>, &AffiliateSpec)>> =
-                    BTreeMap::new();
-                for r in &raw {
-                    let (source, node) = parse_raw_id(&r.metadata.id);
-                    by_node.entry(node).or_default().push((source, &r.spec));
-                }
-                let mut keep = BTreeSet::new();
-                for (node, mut records) in by_node {
-                    records.sort_by(|a, b| a.0.cmp(&b.0));
-                    let Some(mut merged) = merge_affiliates(records.iter().map(|(_, s)| *s)) else {
-                        continue;
-                    };
-                    node.clone_into(&mut merged.node_id);
-                    put::<Affiliate>(rt, NS, node, &merged)?;
-                    keep.insert(node.to_owned());
-                }
-                retire_stale::<Affiliate>(rt, NS, &keep)?;
-                rt.reset_restart_backoff();
+            let raw = rt.list::<Affiliate>(NS_RAW)?;
+            let mut by_node: BTreeMap<&str, Vec<(Source<'_>, &AffiliateSpec)>> = BTreeMap::new();
+            for r in &raw {
+                let (source, node) = parse_raw_id(&r.metadata.id);
+                by_node.entry(node).or_default().push((source, &r.spec));
             }
-            Ok(())
+            let mut keep = BTreeSet::new();
+            for (node, mut records) in by_node {
+                records.sort_by(|a, b| a.0.cmp(&b.0));
+                let Some(mut merged) = merge_affiliates(records.iter().map(|(_, s)| *s)) else {
+                    continue;
+                };
+                node.clone_into(&mut merged.node_id);
+                put::<Affiliate>(rt, NS, node, &merged)?;
+                keep.insert(node.to_owned());
+            }
+            retire_stale::<Affiliate>(rt, NS, &keep)?;
+            Ok(Action::await_change())
         })
     }
 }

@@ -9,7 +9,8 @@ use crate::{
         kubespan::{KubeSpanConfig, KubeSpanConfigSpec, KUBESPAN, NS},
     },
     runtime::{
-        Controller, ControllerResult, ControllerRuntime, Input, Output, Pointer, ResourceKind as _,
+        Action, Controller, ControllerResult, ControllerRuntime, Input, Output, Pointer,
+        ResourceKind as _,
     },
 };
 
@@ -40,6 +41,8 @@ pub fn effective(config: &crate::config::ConfigDocuments) -> Option<KubeSpanConf
 }
 
 impl Controller for KubeSpanConfigController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "KubeSpanConfigController"
     }
@@ -52,24 +55,25 @@ impl Controller for KubeSpanConfigController {
         vec![Output::exclusive::<KubeSpanConfig>()]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                let mc = MachineConfig::active(rt)?;
-                match mc.and_then(|mc| effective(&mc.spec.config)) {
-                    Some(spec) => {
-                        rt.modify::<KubeSpanConfig>(NS, KUBESPAN, |r| r.spec.clone_from(&spec))?;
-                    }
-                    None => {
-                        let ptr = Pointer::new(NS, KubeSpanConfig::TYPE, KUBESPAN);
-                        if rt.get_opt::<KubeSpanConfig>(NS, KUBESPAN)?.is_some() {
-                            rt.destroy(&ptr)?;
-                        }
+            let mc = MachineConfig::active(rt)?;
+            match mc.and_then(|mc| effective(&mc.spec.config)) {
+                Some(spec) => {
+                    rt.modify::<KubeSpanConfig>(NS, KUBESPAN, |r| r.spec.clone_from(&spec))?;
+                }
+                None => {
+                    let ptr = Pointer::new(NS, KubeSpanConfig::TYPE, KUBESPAN);
+                    if rt.get_opt::<KubeSpanConfig>(NS, KUBESPAN)?.is_some() {
+                        rt.destroy(&ptr)?;
                     }
                 }
-                rt.reset_restart_backoff();
             }
-            Ok(())
+            Ok(Action::await_change())
         })
     }
 }

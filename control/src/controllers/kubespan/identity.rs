@@ -20,8 +20,8 @@ use crate::{
         kubespan::{KubeSpanConfig, KubeSpanIdentity, KubeSpanIdentitySpec, KUBESPAN, NS},
     },
     runtime::{
-        Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind, Output,
-        Pointer, ResourceKind as _,
+        Action, Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind,
+        Output, Pointer, ResourceKind as _,
     },
     secret::Key32,
 };
@@ -178,6 +178,8 @@ impl KubeSpanIdentityController {
 }
 
 impl Controller for KubeSpanIdentityController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "KubeSpanIdentityController"
     }
@@ -197,58 +199,58 @@ impl Controller for KubeSpanIdentityController {
         vec![Output::exclusive::<KubeSpanIdentity>()]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                let cfg = rt
-                    .get_opt::<KubeSpanConfig>(NS, KUBESPAN)?
-                    .filter(|c| c.spec.config.enabled);
-                let cluster =
-                    rt.get_opt::<ClusterIdentity>(crate::resources::cluster::NS, CLUSTER)?;
-                let (Some(cfg), Some(cluster)) = (cfg, cluster) else {
-                    if rt.get_opt::<KubeSpanIdentity>(NS, KUBESPAN)?.is_some() {
-                        rt.destroy(&Pointer::new(NS, KubeSpanIdentity::TYPE, KUBESPAN))?;
-                    }
-                    continue;
-                };
-                let dir = self.state_dir.clone();
-                let links = Arc::clone(&self.links);
-                let (key, links) = tokio::task::spawn_blocking(move || {
-                    load_or_generate_key(&dir).map(|k| (k, links.links()))
-                })
-                .await
-                .map_err(ControllerError::other)?
-                .map_err(ControllerError::other)?;
-                let links = links.map_err(ControllerError::other)?;
-                let c = &cfg.spec.config;
-                let link = choose_link(&links, c.identity_link.as_deref(), &c.link_name)
-                    .ok_or_else(|| {
-                        ControllerError::other(MeshIdentityError::NoLink(
-                            c.identity_link
-                                .as_deref()
-                                .map_or("none found".to_owned(), |l| {
-                                    format!("identityLink {l:?} not found")
-                                }),
-                        ))
-                    })?;
-                let prefix = cluster_prefix(&cluster.spec.cluster_id, PURPOSE_KUBESPAN);
-                let address = node_address(prefix, &link.mac).map_err(|source| {
-                    ControllerError::other(MeshIdentityError::Mac {
-                        link: link.name.clone(),
-                        source,
-                    })
+            let cfg = rt
+                .get_opt::<KubeSpanConfig>(NS, KUBESPAN)?
+                .filter(|c| c.spec.config.enabled);
+            let cluster = rt.get_opt::<ClusterIdentity>(crate::resources::cluster::NS, CLUSTER)?;
+            let (Some(cfg), Some(cluster)) = (cfg, cluster) else {
+                if rt.get_opt::<KubeSpanIdentity>(NS, KUBESPAN)?.is_some() {
+                    rt.destroy(&Pointer::new(NS, KubeSpanIdentity::TYPE, KUBESPAN))?;
+                }
+                return Ok(Action::await_change());
+            };
+            let dir = self.state_dir.clone();
+            let links = Arc::clone(&self.links);
+            let (key, links) = tokio::task::spawn_blocking(move || {
+                load_or_generate_key(&dir).map(|k| (k, links.links()))
+            })
+            .await
+            .map_err(ControllerError::other)?
+            .map_err(ControllerError::other)?;
+            let links = links.map_err(ControllerError::other)?;
+            let c = &cfg.spec.config;
+            let link =
+                choose_link(&links, c.identity_link.as_deref(), &c.link_name).ok_or_else(|| {
+                    ControllerError::other(MeshIdentityError::NoLink(
+                        c.identity_link
+                            .as_deref()
+                            .map_or("none found".to_owned(), |l| {
+                                format!("identityLink {l:?} not found")
+                            }),
+                    ))
                 })?;
-                let spec = KubeSpanIdentitySpec {
-                    address: Some(IpNet::V6(Ipv6Net::new(address, 128).unwrap_or_default())),
-                    subnet: Some(IpNet::V6(prefix)),
-                    public_key: key.public_key().to_base64(),
-                    mac_source_link: link.name.clone(),
-                    private_key: Key32(*key.as_bytes()),
-                };
-                rt.modify::<KubeSpanIdentity>(NS, KUBESPAN, |r| r.spec.clone_from(&spec))?;
-                rt.reset_restart_backoff();
-            }
-            Ok(())
+            let prefix = cluster_prefix(&cluster.spec.cluster_id, PURPOSE_KUBESPAN);
+            let address = node_address(prefix, &link.mac).map_err(|source| {
+                ControllerError::other(MeshIdentityError::Mac {
+                    link: link.name.clone(),
+                    source,
+                })
+            })?;
+            let spec = KubeSpanIdentitySpec {
+                address: Some(IpNet::V6(Ipv6Net::new(address, 128).unwrap_or_default())),
+                subnet: Some(IpNet::V6(prefix)),
+                public_key: key.public_key().to_base64(),
+                mac_source_link: link.name.clone(),
+                private_key: Key32(*key.as_bytes()),
+            };
+            rt.modify::<KubeSpanIdentity>(NS, KUBESPAN, |r| r.spec.clone_from(&spec))?;
+            Ok(Action::await_change())
         })
     }
 }

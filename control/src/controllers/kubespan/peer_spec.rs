@@ -35,8 +35,8 @@ use crate::{
         },
     },
     runtime::{
-        ChangeFeed, Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output,
-        Pointer, Resource, ResourceKind as _,
+        Action, ChangeFeed, Controller, ControllerError, ControllerResult, ControllerRuntime,
+        Input, InputKind, Output, Pointer, Resource, ResourceKind as _, Triggers,
     },
 };
 
@@ -327,7 +327,7 @@ impl KubeSpanPeerSpecController {
         desired
     }
 
-    fn reconcile(&mut self, rt: &mut ControllerRuntime) -> ControllerResult {
+    fn round(&mut self, rt: &mut ControllerRuntime) -> Result<(), ControllerError> {
         let changed = self.feed.sync(rt, &mut self.affiliates)?;
         let mut written = match self.written.take() {
             Some(w) => w,
@@ -389,6 +389,8 @@ impl KubeSpanPeerSpecController {
 }
 
 impl Controller for KubeSpanPeerSpecController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "KubeSpanPeerSpecController"
     }
@@ -406,17 +408,22 @@ impl Controller for KubeSpanPeerSpecController {
         vec![Output::exclusive::<KubeSpanPeerSpec>()]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn start(&mut self, _rt: &mut ControllerRuntime) -> Result<Triggers<()>, ControllerError> {
+        // A restart re-reads what exists and takes the full pass.
+        self.written = None;
+        self.clean = None;
+        self.feed.reset();
+        Ok(Triggers::inputs_only())
+    }
+
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            // A restart re-reads what exists and takes the full pass.
-            self.written = None;
-            self.clean = None;
-            self.feed.reset();
-            while rt.next_round().await {
-                self.reconcile(rt)?;
-                rt.reset_restart_backoff();
-            }
-            Ok(())
+            self.round(rt)?;
+            Ok(Action::await_change())
         })
     }
 }

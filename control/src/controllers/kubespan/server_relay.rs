@@ -27,8 +27,8 @@ use crate::{
         },
     },
     runtime::{
-        Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output, Pointer,
-        ResourceKind as _,
+        Action, Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind,
+        Output, Pointer, ResourceKind as _,
     },
 };
 
@@ -38,6 +38,8 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 const RETRY: Duration = Duration::from_secs(10);
 /// A service that offers no relay is not asked again for this long.
 const NOT_OFFERED_FOR: Duration = Duration::from_secs(300);
+/// With nothing held or to retry, a round this long after the last one anyway.
+const IDLE_RECHECK: Duration = Duration::from_secs(3600);
 
 /// One allocate call, owned (the allocator may outlive the round's borrows).
 #[derive(Debug, Clone)]
@@ -122,7 +124,7 @@ impl ServerRelayController {
             .min()
     }
 
-    async fn round(&mut self, rt: &mut ControllerRuntime) -> ControllerResult {
+    async fn round(&mut self, rt: &mut ControllerRuntime) -> Result<(), ControllerError> {
         let wanted = rt
             .get_opt::<KubeSpanManagerStatus>(NS, KUBESPAN)?
             .map(|r| r.spec.server_relay_wanted.clone())
@@ -212,6 +214,8 @@ impl ServerRelayController {
 }
 
 impl Controller for ServerRelayController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "KubeSpanServerRelayController"
     }
@@ -229,23 +233,17 @@ impl Controller for ServerRelayController {
         vec![Output::exclusive::<KubeSpanRelayEndpoint>()]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            loop {
-                let sleep = match self.next_deadline() {
-                    Some(d) => tokio::time::sleep_until(d.into()),
-                    None => tokio::time::sleep(Duration::from_secs(3600)),
-                };
-                tokio::select! {
-                    biased;
-                    () = rt.cancelled() => break,
-                    () = rt.changed() => {}
-                    () = sleep => {}
-                }
-                self.round(rt).await?;
-                rt.reset_restart_backoff();
-            }
-            Ok(())
+            self.round(rt).await?;
+            Ok(match self.next_deadline() {
+                Some(d) => Action::requeue_at(d.into()),
+                None => Action::requeue_after(IDLE_RECHECK),
+            })
         })
     }
 }

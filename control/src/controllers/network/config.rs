@@ -14,7 +14,9 @@ use crate::{
             RouteSpecSpec, RouteType, RoutingRuleSpec, RoutingRuleSpecSpec, Scope, NS_CONFIG,
         },
     },
-    runtime::{Controller, ControllerResult, ControllerRuntime, Input, Kind, Output, ResourceKind},
+    runtime::{
+        Action, Controller, ControllerResult, ControllerRuntime, Input, Kind, Output, ResourceKind,
+    },
 };
 
 const LAYER: ConfigLayer = ConfigLayer::Configuration;
@@ -127,6 +129,8 @@ pub fn specs(cfg: &crate::config::ConfigDocuments) -> NetworkSpecs {
 pub struct NetworkConfigController;
 
 impl Controller for NetworkConfigController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "NetworkConfigController"
     }
@@ -144,40 +148,42 @@ impl Controller for NetworkConfigController {
         ]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                let cfg = MachineConfig::active(rt)?;
-                let s = cfg.map(|c| specs(&c.spec.config)).unwrap_or_default();
-                rt.start_tracking_outputs()?;
-                for spec in s.links {
-                    rt.modify::<LinkSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
-                        r.spec = spec.clone();
-                    })?;
-                }
-                for spec in s.addresses {
-                    rt.modify::<AddressSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
-                        r.spec = spec.clone();
-                    })?;
-                }
-                for spec in s.routes {
-                    rt.modify::<RouteSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
-                        r.spec = spec.clone();
-                    })?;
-                }
-                for spec in s.rules {
-                    rt.modify::<RoutingRuleSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
-                        r.spec = spec.clone();
-                    })?;
-                }
-                rt.cleanup_outputs(&[
-                    Kind::new(NS_CONFIG, LinkSpec::TYPE),
-                    Kind::new(NS_CONFIG, AddressSpec::TYPE),
-                    Kind::new(NS_CONFIG, RouteSpec::TYPE),
-                    Kind::new(NS_CONFIG, RoutingRuleSpec::TYPE),
-                ])?;
+            let cfg = MachineConfig::active(rt)?;
+            let s = cfg.map(|c| specs(&c.spec.config)).unwrap_or_default();
+            rt.start_tracking_outputs()?;
+            for spec in s.links {
+                rt.modify::<LinkSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
+                    r.spec = spec.clone();
+                })?;
             }
-            Ok(())
+            for spec in s.addresses {
+                rt.modify::<AddressSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
+                    r.spec = spec.clone();
+                })?;
+            }
+            for spec in s.routes {
+                rt.modify::<RouteSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
+                    r.spec = spec.clone();
+                })?;
+            }
+            for spec in s.rules {
+                rt.modify::<RoutingRuleSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
+                    r.spec = spec.clone();
+                })?;
+            }
+            rt.cleanup_outputs(&[
+                Kind::new(NS_CONFIG, LinkSpec::TYPE),
+                Kind::new(NS_CONFIG, AddressSpec::TYPE),
+                Kind::new(NS_CONFIG, RouteSpec::TYPE),
+                Kind::new(NS_CONFIG, RoutingRuleSpec::TYPE),
+            ])?;
+            Ok(Action::await_change())
         })
     }
 }

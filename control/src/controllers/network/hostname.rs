@@ -10,7 +10,10 @@ use crate::{
         HostnameStatus, HostnameStatusSpec, ResolverStatus, ResolverStatusSpec, HOSTNAME, NS,
         RESOLVERS,
     },
-    runtime::{Controller, ControllerResult, ControllerRuntime, Input, Kind, Output, ResourceKind},
+    runtime::{
+        Action, Controller, ControllerError, ControllerResult, ControllerRuntime, Input, Kind,
+        Output, ResourceKind, Triggers,
+    },
 };
 
 /// Re-read period.
@@ -63,6 +66,8 @@ impl Default for HostnameStatusController {
 }
 
 impl Controller for HostnameStatusController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "HostnameStatusController"
     }
@@ -78,43 +83,37 @@ impl Controller for HostnameStatusController {
         ]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn start(&mut self, _rt: &mut ControllerRuntime) -> Result<Triggers<()>, ControllerError> {
+        // Neither file has change events: they are re-read on a period.
+        Ok(Triggers::inputs_only().with_resync(REFRESH))
+    }
+
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            let waker = rt.waker();
-            let cancel = rt.cancellation();
-            let tick = tokio::spawn(async move {
-                let mut t = tokio::time::interval(REFRESH);
-                loop {
-                    tokio::select! {
-                        () = cancel.cancelled() => break,
-                        _ = t.tick() => waker.wake(),
-                    }
-                }
-            });
-            while rt.next_round().await {
-                // /proc/sys/kernel/{hostname,domainname} answer for the reader's UTS
-                // namespace, like uname(2).
-                let spec = HostnameStatusSpec {
-                    hostname: read_trimmed("/proc/sys/kernel/hostname"),
-                    domainname: read_trimmed("/proc/sys/kernel/domainname"),
-                };
-                let resolvers = parse_resolv_conf(
-                    &std::fs::read_to_string(&self.resolv_conf).unwrap_or_default(),
-                );
-                rt.start_tracking_outputs()?;
-                if !spec.hostname.is_empty() {
-                    rt.modify::<HostnameStatus>(NS, HOSTNAME, |r| r.spec = spec.clone())?;
-                }
-                if !resolvers.dns_servers.is_empty() {
-                    rt.modify::<ResolverStatus>(NS, RESOLVERS, |r| r.spec = resolvers.clone())?;
-                }
-                rt.cleanup_outputs(&[
-                    Kind::new(NS, HostnameStatus::TYPE),
-                    Kind::new(NS, ResolverStatus::TYPE),
-                ])?;
+            // /proc/sys/kernel/{hostname,domainname} answer for the reader's UTS
+            // namespace, like uname(2).
+            let spec = HostnameStatusSpec {
+                hostname: read_trimmed("/proc/sys/kernel/hostname"),
+                domainname: read_trimmed("/proc/sys/kernel/domainname"),
+            };
+            let resolvers =
+                parse_resolv_conf(&std::fs::read_to_string(&self.resolv_conf).unwrap_or_default());
+            rt.start_tracking_outputs()?;
+            if !spec.hostname.is_empty() {
+                rt.modify::<HostnameStatus>(NS, HOSTNAME, |r| r.spec = spec.clone())?;
             }
-            tick.abort();
-            Ok(())
+            if !resolvers.dns_servers.is_empty() {
+                rt.modify::<ResolverStatus>(NS, RESOLVERS, |r| r.spec = resolvers.clone())?;
+            }
+            rt.cleanup_outputs(&[
+                Kind::new(NS, HostnameStatus::TYPE),
+                Kind::new(NS, ResolverStatus::TYPE),
+            ])?;
+            Ok(Action::await_change())
         })
     }
 }

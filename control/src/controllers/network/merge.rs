@@ -11,7 +11,7 @@ use crate::{
         RouteSpecSpec, RoutingRuleSpec, RoutingRuleSpecSpec, NS, NS_CONFIG,
     },
     runtime::{
-        Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output, Phase,
+        Action, Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output, Phase,
         ResourceKind,
     },
 };
@@ -136,6 +136,8 @@ where
     K: MergeRule,
     K::Spec: Default,
 {
+    type Event = ();
+
     fn name(&self) -> &str {
         K::CONTROLLER
     }
@@ -151,36 +153,37 @@ where
         vec![Output::shared::<K>()]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                let raw = rt
-                    .list::<K>(NS_CONFIG)?
-                    .into_iter()
-                    .filter(|r| r.metadata.phase == Phase::Running)
-                    .map(|r| (r.metadata.id.clone(), r.spec.clone()))
-                    .collect();
-                let mut merged = K::merge(raw);
-                for out in rt.list::<K>(NS)? {
-                    if out.metadata.owner != rt.name() {
-                        continue;
-                    }
-                    let id = &out.metadata.id;
-                    if !merged.contains_key(id) || out.metadata.phase == Phase::TearingDown {
-                        if rt.teardown(&out.pointer())? {
-                            rt.destroy(&out.pointer())?;
-                        } else {
-                            // Wait for DestroyReady, then recreate.
-                            merged.remove(id);
-                        }
+            let raw = rt
+                .list::<K>(NS_CONFIG)?
+                .into_iter()
+                .filter(|r| r.metadata.phase == Phase::Running)
+                .map(|r| (r.metadata.id.clone(), r.spec.clone()))
+                .collect();
+            let mut merged = K::merge(raw);
+            for out in rt.list::<K>(NS)? {
+                if out.metadata.owner != rt.name() {
+                    continue;
+                }
+                let id = &out.metadata.id;
+                if !merged.contains_key(id) || out.metadata.phase == Phase::TearingDown {
+                    if rt.teardown(&out.pointer())? {
+                        rt.destroy(&out.pointer())?;
+                    } else {
+                        // Wait for DestroyReady, then recreate.
+                        merged.remove(id);
                     }
                 }
-                for (id, spec) in merged {
-                    rt.modify::<K>(NS, &id, |r| r.spec = spec.clone())?;
-                }
-                rt.reset_restart_backoff();
             }
-            Ok(())
+            for (id, spec) in merged {
+                rt.modify::<K>(NS, &id, |r| r.spec = spec.clone())?;
+            }
+            Ok(Action::await_change())
         })
     }
 }

@@ -18,7 +18,7 @@ use crate::{
         },
     },
     runtime::{
-        Controller, ControllerResult, ControllerRuntime, Input, InputKind, Kind, Output,
+        Action, Controller, ControllerResult, ControllerRuntime, Input, InputKind, Kind, Output,
         ResourceKind,
     },
 };
@@ -178,6 +178,8 @@ pub struct NodeAddressController {
 }
 
 impl Controller for NodeAddressController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "NodeAddressController"
     }
@@ -199,54 +201,56 @@ impl Controller for NodeAddressController {
         vec![Output::exclusive::<NodeAddress>()]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                let links: Vec<LinkStatusSpec> = rt
-                    .list::<LinkStatus>(NS)?
-                    .iter()
-                    .map(|r| r.spec.clone())
-                    .collect();
-                let addresses: Vec<AddressStatusSpec> = rt
-                    .list::<AddressStatus>(NS)?
-                    .iter()
-                    .map(|r| r.spec.clone())
-                    .collect();
-                let filters: Vec<(String, NodeAddressFilterSpec)> = rt
-                    .list::<NodeAddressFilter>(NS)?
-                    .iter()
-                    .map(|r| (r.metadata.id.clone(), r.spec.clone()))
-                    .collect();
-                let mesh_link = rt
-                    .get_opt::<KubeSpanConfig>(KubeSpanConfig::DEFAULT_NAMESPACE, "kubespan")?
-                    .map(|c| c.spec.config.link_name.clone())
-                    .filter(|n| !n.is_empty())
-                    .unwrap_or_else(|| DEFAULT_MESH_LINK.to_owned());
-                let previous_default = rt
-                    .get_opt::<NodeAddress>(NS, node_address::DEFAULT)?
-                    .and_then(|r| r.spec.addresses.first().copied());
-                let previous_accumulative = rt
-                    .get_opt::<NodeAddress>(NS, node_address::ACCUMULATIVE)?
-                    .map(|r| r.spec.addresses.clone())
-                    .unwrap_or_default();
-                let out = compute(
-                    self.algorithm,
-                    &Inputs {
-                        links: &links,
-                        addresses: &addresses,
-                        mesh_link: &mesh_link,
-                        filters: &filters,
-                        previous_default,
-                        previous_accumulative: &previous_accumulative,
-                    },
-                );
-                rt.start_tracking_outputs()?;
-                for (id, addrs) in out {
-                    rt.modify::<NodeAddress>(NS, &id, |r| r.spec.addresses.clone_from(&addrs))?;
-                }
-                rt.cleanup_outputs(&[Kind::new(NS, NodeAddress::TYPE)])?;
+            let links: Vec<LinkStatusSpec> = rt
+                .list::<LinkStatus>(NS)?
+                .iter()
+                .map(|r| r.spec.clone())
+                .collect();
+            let addresses: Vec<AddressStatusSpec> = rt
+                .list::<AddressStatus>(NS)?
+                .iter()
+                .map(|r| r.spec.clone())
+                .collect();
+            let filters: Vec<(String, NodeAddressFilterSpec)> = rt
+                .list::<NodeAddressFilter>(NS)?
+                .iter()
+                .map(|r| (r.metadata.id.clone(), r.spec.clone()))
+                .collect();
+            let mesh_link = rt
+                .get_opt::<KubeSpanConfig>(KubeSpanConfig::DEFAULT_NAMESPACE, "kubespan")?
+                .map(|c| c.spec.config.link_name.clone())
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| DEFAULT_MESH_LINK.to_owned());
+            let previous_default = rt
+                .get_opt::<NodeAddress>(NS, node_address::DEFAULT)?
+                .and_then(|r| r.spec.addresses.first().copied());
+            let previous_accumulative = rt
+                .get_opt::<NodeAddress>(NS, node_address::ACCUMULATIVE)?
+                .map(|r| r.spec.addresses.clone())
+                .unwrap_or_default();
+            let out = compute(
+                self.algorithm,
+                &Inputs {
+                    links: &links,
+                    addresses: &addresses,
+                    mesh_link: &mesh_link,
+                    filters: &filters,
+                    previous_default,
+                    previous_accumulative: &previous_accumulative,
+                },
+            );
+            rt.start_tracking_outputs()?;
+            for (id, addrs) in out {
+                rt.modify::<NodeAddress>(NS, &id, |r| r.spec.addresses.clone_from(&addrs))?;
             }
-            Ok(())
+            rt.cleanup_outputs(&[Kind::new(NS, NodeAddress::TYPE)])?;
+            Ok(Action::await_change())
         })
     }
 }

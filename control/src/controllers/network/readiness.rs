@@ -22,7 +22,7 @@ use crate::{
             ProbeStatus, RouteStatus, RouteType, HOSTNAME, NETWORK_STATUS, NS, TABLE_MAIN,
         },
     },
-    runtime::{Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output},
+    runtime::{Action, Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output},
 };
 
 /// What the mesh part is computed from.
@@ -118,6 +118,8 @@ impl NetworkReadinessController {
 }
 
 impl Controller for NetworkReadinessController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "NetworkReadinessController"
     }
@@ -139,17 +141,18 @@ impl Controller for NetworkReadinessController {
         vec![Output::exclusive::<NetworkStatus>()]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                let spec = compute(&Self::inputs_now(rt)?);
-                let current = rt.get_opt::<NetworkStatus>(NS, NETWORK_STATUS)?;
-                if current.as_ref().is_none_or(|r| r.spec != spec) {
-                    rt.modify::<NetworkStatus>(NS, NETWORK_STATUS, |r| r.spec = spec.clone())?;
-                }
-                rt.reset_restart_backoff();
+            let spec = compute(&Self::inputs_now(rt)?);
+            let current = rt.get_opt::<NetworkStatus>(NS, NETWORK_STATUS)?;
+            if current.as_ref().is_none_or(|r| r.spec != spec) {
+                rt.modify::<NetworkStatus>(NS, NETWORK_STATUS, |r| r.spec = spec.clone())?;
             }
-            Ok(())
+            Ok(Action::await_change())
         })
     }
 }

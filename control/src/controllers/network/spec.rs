@@ -4,7 +4,7 @@
 
 use std::{marker::PhantomData, net::IpAddr, time::Duration};
 
-use futures::{future::BoxFuture, StreamExt as _};
+use futures::future::BoxFuture;
 use ipnet::IpNet;
 use wirespan_dataplane::routing::{
     AddressParams, LinkParams, NetworkConfig, Owner, RouteKind, RouteParams, RoutingError,
@@ -18,8 +18,8 @@ use crate::{
         TABLE_MAIN,
     },
     runtime::{
-        Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind, Output,
-        Phase, ResourceKind,
+        Action, Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind,
+        Output, Phase, ResourceKind, Triggers,
     },
 };
 
@@ -176,7 +176,8 @@ pub struct SpecController<K> {
 }
 
 impl<K> SpecController<K> {
-    /// A controller using `deps.net`, woken by `deps.feed` and every [`RESYNC`].
+    /// A controller using `deps.net`, woken by `deps.feed` and a [`RESYNC`] after its
+    /// last round.
     #[must_use]
     pub fn new(deps: Deps) -> Self {
         Self::with_resync(deps, RESYNC)
@@ -203,6 +204,8 @@ where
     K: KernelObject,
     K::Spec: Clone + Send,
 {
+    type Event = ();
+
     fn name(&self) -> &str {
         K::CONTROLLER
     }
@@ -215,33 +218,23 @@ where
         Vec::new()
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn start(&mut self, _rt: &mut ControllerRuntime) -> Result<Triggers<()>, ControllerError> {
+        // Kernel events (a link appearing, an object deleted from outside) and the
+        // resync start a round.
+        let events = self.deps.feed.subscribe().map_err(ControllerError::other)?;
+        Ok(Triggers::inputs_only()
+            .with_events(events)
+            .with_resync(self.resync))
+    }
+
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            // Kernel events (a link appearing, an object deleted from outside) and the
-            // resync timer start a round.
-            let mut events = self.deps.feed.subscribe().map_err(ControllerError::other)?;
-            let waker = rt.waker();
-            let cancel = rt.cancellation();
-            let resync = self.resync;
-            let pump = tokio::spawn(async move {
-                let mut tick = tokio::time::interval(resync);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                tick.tick().await;
-                loop {
-                    tokio::select! {
-                        () = cancel.cancelled() => break,
-                        _ = tick.tick() => waker.wake(),
-                        ev = events.next() => match ev {
-                            Some(()) => waker.wake(),
-                            // The feed ended: the timer still resyncs.
-                            None => std::future::pending::<()>().await,
-                        },
-                    }
-                }
-            });
-            let res = self.rounds(rt).await;
-            pump.abort();
-            res
+            self.round(rt).await?;
+            Ok(Action::await_change())
         })
     }
 }
@@ -251,79 +244,76 @@ where
     K: KernelObject,
     K::Spec: Clone + Send,
 {
-    async fn rounds(&mut self, rt: &mut ControllerRuntime) -> ControllerResult {
+    async fn round(&mut self, rt: &mut ControllerRuntime) -> Result<(), ControllerError> {
         let name = K::CONTROLLER;
-        while rt.next_round().await {
-            let specs = rt.list::<K>(NS)?;
-            // Tearing-down first (links: remove before create), then running.
-            let mut work = Vec::new();
-            for r in specs
-                .iter()
-                .filter(|r| r.metadata.phase == Phase::TearingDown)
-            {
-                if r.metadata.finalizers.contains(name) {
-                    work.push((r, Op::Remove));
+        let specs = rt.list::<K>(NS)?;
+        // Tearing-down first (links: remove before create), then running.
+        let mut work = Vec::new();
+        for r in specs
+            .iter()
+            .filter(|r| r.metadata.phase == Phase::TearingDown)
+        {
+            if r.metadata.finalizers.contains(name) {
+                work.push((r, Op::Remove));
+            }
+        }
+        for r in specs.iter().filter(|r| r.metadata.phase == Phase::Running) {
+            rt.add_finalizer(&r.pointer(), &[name])?;
+            work.push((r, Op::Apply));
+        }
+        for (r, op) in work {
+            let ptr = r.pointer();
+            let (net, spec) = (self.deps.net.clone(), r.spec.clone());
+            let is_apply = matches!(op, Op::Apply);
+            let res = tokio::task::spawn_blocking(move || {
+                let mut g = net
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                if is_apply {
+                    K::apply(&mut *g, &spec)
+                } else {
+                    K::remove(&mut *g, &spec)
+                }
+            })
+            .await
+            .map_err(ControllerError::other)?;
+            let op_name = if is_apply { "apply" } else { "remove" };
+            let error = match res {
+                Ok(wrote) => {
+                    if wrote {
+                        tracing::info!(id = %ptr.id, op = op_name,
+                            "kernel updated");
+                    }
+                    if !is_apply {
+                        rt.remove_finalizer(&ptr, &[name])?;
+                    }
+                    None
+                }
+                // The link is gone and took the object with it.
+                Err(RoutingError::LinkNotFound(_)) if !is_apply => {
+                    rt.remove_finalizer(&ptr, &[name])?;
+                    None
+                }
+                // Never applied, so nothing to remove.
+                Err(RoutingError::Invalid(_)) if !is_apply => {
+                    rt.remove_finalizer(&ptr, &[name])?;
+                    None
+                }
+                // Kept on this object; retried on the next event or resync.
+                Err(e) => Some(e.to_string()),
+            };
+            let before = r.metadata.annotations.get(ERROR_ANNOTATION);
+            if before != error.as_ref() {
+                match &error {
+                    Some(e) => tracing::warn!(id = %ptr.id, op = op_name,
+                        error = %e, "kernel object not applied; others continue"),
+                    None => tracing::info!(id = %ptr.id,
+                        "kernel object applied after an earlier error"),
+                }
+                if is_apply || error.is_some() {
+                    rt.set_annotation(&ptr, ERROR_ANNOTATION, error.as_deref())?;
                 }
             }
-            for r in specs.iter().filter(|r| r.metadata.phase == Phase::Running) {
-                rt.add_finalizer(&r.pointer(), &[name])?;
-                work.push((r, Op::Apply));
-            }
-            for (r, op) in work {
-                let ptr = r.pointer();
-                let (net, spec) = (self.deps.net.clone(), r.spec.clone());
-                let is_apply = matches!(op, Op::Apply);
-                let res = tokio::task::spawn_blocking(move || {
-                    let mut g = net
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner);
-                    if is_apply {
-                        K::apply(&mut *g, &spec)
-                    } else {
-                        K::remove(&mut *g, &spec)
-                    }
-                })
-                .await
-                .map_err(ControllerError::other)?;
-                let op_name = if is_apply { "apply" } else { "remove" };
-                let error = match res {
-                    Ok(wrote) => {
-                        if wrote {
-                            tracing::info!(controller = name, id = %ptr.id, op = op_name,
-                                "kernel updated");
-                        }
-                        if !is_apply {
-                            rt.remove_finalizer(&ptr, &[name])?;
-                        }
-                        None
-                    }
-                    // The link is gone and took the object with it.
-                    Err(RoutingError::LinkNotFound(_)) if !is_apply => {
-                        rt.remove_finalizer(&ptr, &[name])?;
-                        None
-                    }
-                    // Never applied, so nothing to remove.
-                    Err(RoutingError::Invalid(_)) if !is_apply => {
-                        rt.remove_finalizer(&ptr, &[name])?;
-                        None
-                    }
-                    // Kept on this object; retried on the next event or resync.
-                    Err(e) => Some(e.to_string()),
-                };
-                let before = r.metadata.annotations.get(ERROR_ANNOTATION);
-                if before != error.as_ref() {
-                    match &error {
-                        Some(e) => tracing::warn!(controller = name, id = %ptr.id, op = op_name,
-                            error = %e, "kernel object not applied; others continue"),
-                        None => tracing::info!(controller = name, id = %ptr.id,
-                            "kernel object applied after an earlier error"),
-                    }
-                    if is_apply || error.is_some() {
-                        rt.set_annotation(&ptr, ERROR_ANNOTATION, error.as_deref())?;
-                    }
-                }
-            }
-            rt.reset_restart_backoff();
         }
         Ok(())
     }

@@ -5,7 +5,7 @@
 
 use std::{collections::HashMap, time::Duration};
 
-use futures::{future::BoxFuture, StreamExt as _};
+use futures::future::BoxFuture;
 use wirespan_dataplane::routing::{NetworkState, RouteKind};
 
 use super::{scope_of, Deps};
@@ -15,12 +15,12 @@ use crate::{
         RouteStatus, RouteStatusSpec, RouteType, RoutingRuleStatus, RoutingRuleStatusSpec, NS,
     },
     runtime::{
-        Controller, ControllerError, ControllerResult, ControllerRuntime, Input, Kind, Output,
-        ResourceKind,
+        Action, Controller, ControllerError, ControllerResult, ControllerRuntime, Input, Kind,
+        Output, ResourceKind, Triggers,
     },
 };
 
-/// Resync period when no event arrives.
+/// Resync period: a round this long after the last one when nothing woke it.
 const RESYNC: Duration = Duration::from_secs(30);
 /// The kernel's local routing table.
 const TABLE_LOCAL: u32 = 255;
@@ -148,6 +148,8 @@ impl NetworkStatusController {
 }
 
 impl Controller for NetworkStatusController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "NetworkStatusController"
     }
@@ -166,64 +168,56 @@ impl Controller for NetworkStatusController {
         ]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn start(&mut self, _rt: &mut ControllerRuntime) -> Result<Triggers<()>, ControllerError> {
+        let events = self.deps.feed.subscribe().map_err(ControllerError::other)?;
+        Ok(Triggers::inputs_only()
+            .with_events(events)
+            .with_resync(RESYNC))
+    }
+
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            let mut events = self.deps.feed.subscribe().map_err(ControllerError::other)?;
-            let waker = rt.waker();
-            let cancel = rt.cancellation();
-            let pump = tokio::spawn(async move {
-                let mut tick = tokio::time::interval(RESYNC);
-                loop {
-                    tokio::select! {
-                        () = cancel.cancelled() => break,
-                        _ = tick.tick() => waker.wake(),
-                        ev = events.next() => match ev {
-                            Some(()) => waker.wake(),
-                            None => break,
-                        },
-                    }
-                }
-            });
-            let res = self.rounds(rt).await;
-            pump.abort();
-            res
+            self.round(rt).await?;
+            Ok(Action::await_change())
         })
     }
 }
 
 impl NetworkStatusController {
-    async fn rounds(&mut self, rt: &mut ControllerRuntime) -> ControllerResult {
-        while rt.next_round().await {
-            let net = self.deps.net.clone();
-            let state = tokio::task::spawn_blocking(move || {
-                net.lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .state()
-            })
-            .await
-            .map_err(ControllerError::other)?
-            .map_err(ControllerError::other)?;
-            let st = statuses(&state);
-            rt.start_tracking_outputs()?;
-            for (id, spec) in st.links {
-                rt.modify::<LinkStatus>(NS, &id, |r| r.spec = spec.clone())?;
-            }
-            for (id, spec) in st.addresses {
-                rt.modify::<AddressStatus>(NS, &id, |r| r.spec = spec.clone())?;
-            }
-            for (id, spec) in st.routes {
-                rt.modify::<RouteStatus>(NS, &id, |r| r.spec = spec.clone())?;
-            }
-            for (id, spec) in st.rules {
-                rt.modify::<RoutingRuleStatus>(NS, &id, |r| r.spec = spec.clone())?;
-            }
-            rt.cleanup_outputs(&[
-                Kind::new(NS, LinkStatus::TYPE),
-                Kind::new(NS, AddressStatus::TYPE),
-                Kind::new(NS, RouteStatus::TYPE),
-                Kind::new(NS, RoutingRuleStatus::TYPE),
-            ])?;
+    async fn round(&mut self, rt: &mut ControllerRuntime) -> Result<(), ControllerError> {
+        let net = self.deps.net.clone();
+        let state = tokio::task::spawn_blocking(move || {
+            net.lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .state()
+        })
+        .await
+        .map_err(ControllerError::other)?
+        .map_err(ControllerError::other)?;
+        let st = statuses(&state);
+        rt.start_tracking_outputs()?;
+        for (id, spec) in st.links {
+            rt.modify::<LinkStatus>(NS, &id, |r| r.spec = spec.clone())?;
         }
+        for (id, spec) in st.addresses {
+            rt.modify::<AddressStatus>(NS, &id, |r| r.spec = spec.clone())?;
+        }
+        for (id, spec) in st.routes {
+            rt.modify::<RouteStatus>(NS, &id, |r| r.spec = spec.clone())?;
+        }
+        for (id, spec) in st.rules {
+            rt.modify::<RoutingRuleStatus>(NS, &id, |r| r.spec = spec.clone())?;
+        }
+        rt.cleanup_outputs(&[
+            Kind::new(NS, LinkStatus::TYPE),
+            Kind::new(NS, AddressStatus::TYPE),
+            Kind::new(NS, RouteStatus::TYPE),
+            Kind::new(NS, RoutingRuleStatus::TYPE),
+        ])?;
         Ok(())
     }
 }

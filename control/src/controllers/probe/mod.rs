@@ -16,7 +16,9 @@ use std::{collections::HashMap, sync::Arc, time::Duration};
 
 use futures::future::BoxFuture;
 use tokio::{net::TcpStream, sync::mpsc, time::MissedTickBehavior};
+use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 pub use http::{no_proxy_matches, proxy_for, EnvSource, ProbeEnv, Url};
 
@@ -33,8 +35,8 @@ use crate::{
         },
     },
     runtime::{
-        Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind, Kind,
-        Output, Phase, Pointer, RegistrationError, ResourceKind, Runtime,
+        Action, Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind,
+        Kind, Output, Phase, Pointer, RegistrationError, ResourceKind, Runtime, Triggers,
     },
 };
 
@@ -117,6 +119,8 @@ pub fn probe_specs(cfg: &crate::config::ConfigDocuments) -> Vec<ProbeSpecSpec> {
 pub struct ProbeConfigController;
 
 impl Controller for ProbeConfigController {
+    type Event = ();
+
     fn name(&self) -> &str {
         "ProbeConfigController"
     }
@@ -129,19 +133,21 @@ impl Controller for ProbeConfigController {
         vec![Output::shared::<ProbeSpec>()]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        _events: Vec<()>,
+    ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
-            while rt.next_round().await {
-                let cfg = MachineConfig::active(rt)?;
-                let specs = cfg.map(|c| probe_specs(&c.spec.config)).unwrap_or_default();
-                rt.start_tracking_outputs()?;
-                for spec in specs {
-                    let id = format!("{}/{}", ConfigLayer::Configuration.prefix(), spec.key());
-                    rt.modify::<ProbeSpec>(NS_CONFIG, &id, |r| r.spec = spec.clone())?;
-                }
-                rt.cleanup_outputs(&[Kind::new(NS_CONFIG, ProbeSpec::TYPE)])?;
+            let cfg = MachineConfig::active(rt)?;
+            let specs = cfg.map(|c| probe_specs(&c.spec.config)).unwrap_or_default();
+            rt.start_tracking_outputs()?;
+            for spec in specs {
+                let id = format!("{}/{}", ConfigLayer::Configuration.prefix(), spec.key());
+                rt.modify::<ProbeSpec>(NS_CONFIG, &id, |r| r.spec = spec.clone())?;
             }
-            Ok(())
+            rt.cleanup_outputs(&[Kind::new(NS_CONFIG, ProbeSpec::TYPE)])?;
+            Ok(Action::await_change())
         })
     }
 }
@@ -242,7 +248,9 @@ pub async fn probe_once(spec: &ProbeSpecSpec, env: &ProbeEnv) -> Result<(), Stri
     }
 }
 
-struct Report {
+/// A runner's debounced result: the probe controller's event.
+#[derive(Debug)]
+pub struct Report {
     id: String,
     generation: u64,
     status: ProbeStatusSpec,
@@ -311,13 +319,84 @@ struct Running {
 /// Runs one task per `network/ProbeSpec` and publishes `network/ProbeStatus`.
 pub struct ProbeController {
     env: EnvSource,
+    /// The runners, by probe id.
+    running: HashMap<String, Running>,
+    next_generation: u64,
+    /// Where runners send their reports (the other end is this controller's event
+    /// stream); replaced at every start.
+    reports: Option<mpsc::UnboundedSender<Report>>,
 }
 
 impl ProbeController {
     /// A controller whose probes take their proxy settings from `env`.
     #[must_use]
     pub fn new(env: EnvSource) -> Self {
-        Self { env }
+        Self {
+            env,
+            running: HashMap::new(),
+            next_generation: 0,
+            reports: None,
+        }
+    }
+
+    fn stop_all(&mut self) {
+        for r in self.running.values() {
+            r.cancel.cancel();
+        }
+        self.running.clear();
+    }
+
+    /// Starts and stops runners to match the specs; removes statuses of probes that
+    /// are gone.
+    fn sync_runners(&mut self, rt: &mut ControllerRuntime) -> Result<(), ControllerError> {
+        let specs: HashMap<String, ProbeSpecSpec> = rt
+            .list::<ProbeSpec>(NS)?
+            .iter()
+            .filter(|r| r.metadata.phase == Phase::Running)
+            .map(|r| (r.metadata.id.clone(), r.spec.clone()))
+            .collect();
+        self.running.retain(|id, r| {
+            let keep = specs.get(id) == Some(&r.spec);
+            if !keep {
+                r.cancel.cancel();
+            }
+            keep
+        });
+        let Some(reports) = &self.reports else {
+            return Ok(());
+        };
+        for (id, spec) in specs {
+            if self.running.contains_key(&id) {
+                continue;
+            }
+            self.next_generation += 1;
+            let generation = self.next_generation;
+            let cancel = rt.cancellation().child_token();
+            let run = runner(
+                id.clone(),
+                generation,
+                spec.clone(),
+                Arc::clone(&self.env),
+                real_prober(),
+                reports.clone(),
+                cancel.clone(),
+            );
+            tokio::spawn(run.in_current_span());
+            self.running.insert(
+                id,
+                Running {
+                    spec,
+                    generation,
+                    cancel,
+                },
+            );
+        }
+        for st in rt.list::<ProbeStatus>(NS)? {
+            if !self.running.contains_key(&st.metadata.id) && st.metadata.owner == rt.name() {
+                rt.destroy(&Pointer::new(NS, ProbeStatus::TYPE, &st.metadata.id))?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -334,6 +413,8 @@ impl std::fmt::Debug for ProbeController {
 }
 
 impl Controller for ProbeController {
+    type Event = Report;
+
     fn name(&self) -> &str {
         "ProbeController"
     }
@@ -346,68 +427,40 @@ impl Controller for ProbeController {
         vec![Output::exclusive::<ProbeStatus>()]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn start(&mut self, _rt: &mut ControllerRuntime) -> Result<Triggers<Report>, ControllerError> {
+        // A restart restarts every runner.
+        self.stop_all();
+        let (tx, rx) = mpsc::unbounded_channel::<Report>();
+        self.reports = Some(tx);
+        Ok(Triggers::inputs_only().with_events(Box::pin(UnboundedReceiverStream::new(rx))))
+    }
+
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        reports: Vec<Report>,
+    ) -> BoxFuture<'a, ControllerResult<Report>> {
         Box::pin(async move {
-            let (tx, mut rx) = mpsc::unbounded_channel::<Report>();
-            let mut running: HashMap<String, Running> = HashMap::new();
-            let mut next_generation = 0u64;
-            let stop_all = |running: &mut HashMap<String, Running>| {
-                for r in running.values() {
-                    r.cancel.cancel();
-                }
-                running.clear();
-            };
-            let res: ControllerResult = async {
-                loop {
-                    tokio::select! {
-                        () = rt.cancelled() => return Ok(()),
-                        () = rt.changed() => {
-                            let specs: HashMap<String, ProbeSpecSpec> = rt
-                                .list::<ProbeSpec>(NS)?
-                                .iter()
-                                .filter(|r| r.metadata.phase == Phase::Running)
-                                .map(|r| (r.metadata.id.clone(), r.spec.clone()))
-                                .collect();
-                            let gone: Vec<String> = running
-                                .iter()
-                                .filter(|(id, r)| specs.get(*id) != Some(&r.spec))
-                                .map(|(id, _)| id.clone())
-                                .collect();
-                            for id in gone {
-                                if let Some(r) = running.remove(&id) {
-                                    r.cancel.cancel();
-                                }
-                            }
-                            for (id, spec) in specs {
-                                if running.contains_key(&id) {
-                                    continue;
-                                }
-                                next_generation += 1;
-                                let cancel = rt.cancellation().child_token();
-                                tokio::spawn(runner(id.clone(), next_generation, spec.clone(), Arc::clone(&self.env), real_prober(), tx.clone(), cancel.clone()));
-                                running.insert(id, Running { spec, generation: next_generation, cancel });
-                            }
-                            // Statuses of probes that no longer exist.
-                            for st in rt.list::<ProbeStatus>(NS)? {
-                                if !running.contains_key(&st.metadata.id) && st.metadata.owner == rt.name() {
-                                    rt.destroy(&Pointer::new(NS, ProbeStatus::TYPE, &st.metadata.id))?;
-                                }
-                            }
-                            rt.reset_restart_backoff();
-                        }
-                        Some(rep) = rx.recv() => {
-                            // Late results of stopped or restarted runners are ignored.
-                            if running.get(&rep.id).is_some_and(|r| r.generation == rep.generation) {
-                                rt.modify::<ProbeStatus>(NS, &rep.id, |r| r.spec = rep.status.clone())?;
-                            }
-                        }
-                    }
+            if reports.is_empty() {
+                self.sync_runners(rt)?;
+            }
+            for rep in reports {
+                // Late results of stopped or restarted runners are ignored.
+                let current = self
+                    .running
+                    .get(&rep.id)
+                    .is_some_and(|r| r.generation == rep.generation);
+                if current {
+                    rt.modify::<ProbeStatus>(NS, &rep.id, |r| r.spec = rep.status.clone())?;
                 }
             }
-            .await;
-            stop_all(&mut running);
-            res.map_err(|e: ControllerError| e)
+            Ok(Action::await_change())
         })
+    }
+
+    fn stop<'a>(&'a mut self, _rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ()> {
+        self.stop_all();
+        Box::pin(async {})
     }
 }
 

@@ -1,4 +1,4 @@
-//! [`ControllerRuntime`], the handle a controller's `run` gets: store access checked
+//! [`ControllerRuntime`], the handle a controller's rounds get: store access checked
 //! against its declared inputs and outputs (`docs/runtime.md` §3.3), wake-ups, restart backoff and
 //! output tracking (`docs/runtime.md` §3.6); and [`Waker`] for its sub-tasks.
 
@@ -21,7 +21,7 @@ use crate::runtime::{
     store::{StateError, Store},
 };
 
-/// The per-controller handle given to `run`: typed store access with the controller's
+/// The per-controller handle given to `start`, `reconcile` and `stop`: typed store access with the controller's
 /// name as owner and the `docs/runtime.md` §3.3 checks, wake-ups, backoff and output tracking.
 pub struct ControllerRuntime {
     pub(super) shared: Arc<Shared>,
@@ -45,13 +45,6 @@ impl ControllerRuntime {
         &self.handle.name
     }
 
-    /// Resolves on the next wake-up (capacity 1: triggers while one is pending coalesce).
-    /// Owned, so it can sit in a `select!` next to other `&mut self` work.
-    pub fn changed(&self) -> impl Future<Output = ()> + Send + 'static {
-        let h = Arc::clone(&self.handle);
-        async move { h.wake.notified().await }
-    }
-
     /// Resolves when the runtime shuts down.
     pub fn cancelled(&self) -> impl Future<Output = ()> + Send + 'static {
         self.cancel.clone().cancelled_owned()
@@ -63,28 +56,21 @@ impl ControllerRuntime {
         self.cancel.clone()
     }
 
-    /// Waits for the next wake-up; false when the runtime is shutting down.
-    pub async fn next_round(&self) -> bool {
-        tokio::select! {
-            biased;
-            () = self.cancelled() => false,
-            () = self.changed() => true,
-        }
-    }
-
-    /// Wakes this controller (from netlink, timers, sub-tasks).
+    /// Queues a round (coalesced with any already queued).
     pub fn queue_reconcile(&self) {
         self.handle.wake.notify_one();
     }
 
-    /// A cloneable trigger that wakes this controller, for sub-tasks.
+    /// A cloneable trigger that queues a round of this controller, for sub-tasks whose
+    /// number changes while it runs (a fixed source is a [`Triggers`](super::Triggers)
+    /// event stream).
     #[must_use]
     pub fn waker(&self) -> Waker {
         Waker(Arc::clone(&self.handle))
     }
 
-    /// Resets the restart backoff (after a successful round).
-    pub fn reset_restart_backoff(&self) {
+    /// Resets the restart backoff (the runtime does after every successful round).
+    pub(super) fn reset_restart_backoff(&self) {
         self.handle
             .backoff
             .lock()
@@ -396,7 +382,7 @@ impl ControllerRuntime {
     }
 
     /// Destroys every resource of `kinds` owned by this controller and not written this
-    /// round, stops tracking and resets the backoff (`docs/runtime.md` §3.6).
+    /// round and stops tracking (`docs/runtime.md` §3.6).
     ///
     /// # Errors
     /// `NotTracking`, access violations and store errors (e.g. pending finalizers).
@@ -418,7 +404,6 @@ impl ControllerRuntime {
                 }
             }
         }
-        self.reset_restart_backoff();
         Ok(())
     }
 

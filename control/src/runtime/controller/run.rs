@@ -1,27 +1,25 @@
 //! [`Runtime`]: registering controllers (with the output checks of `docs/runtime.md` §3.3), and
-//! the run loop that starts them and restarts a failed one after its backoff.
+//! starting one driver per controller (`drive`), until shutdown or a watch overrun.
 
 use std::{
     collections::{HashMap, HashSet},
-    panic::AssertUnwindSafe,
     sync::{Arc, Mutex, PoisonError, RwLock},
 };
 
-use futures::FutureExt as _;
 use tokio::sync::{mpsc, Notify};
 use tokio_util::{sync::CancellationToken, task::TaskTracker};
 
 use super::{
+    drive::{driver, Driver},
     registry::{GraphSource, Handle, Running, Shared},
-    Controller, ControllerError, ControllerRuntime, OutputKind, RegistrationError, RestartHook,
-    RuntimeError,
+    Controller, ControllerRuntime, OutputKind, RegistrationError, RestartHook, RuntimeError,
 };
 use crate::runtime::{graph::Edge, metadata::Kind, store::Store};
 
 /// The controller runtime: register controllers, then `run`.
 pub struct Runtime {
     shared: Arc<Shared>,
-    pending: Vec<(Box<dyn Controller>, Arc<Handle>)>,
+    pending: Vec<(Driver, Arc<Handle>)>,
     outputs: HashMap<String, Vec<(String, OutputKind)>>,
 }
 
@@ -59,18 +57,7 @@ impl Runtime {
     ///
     /// # Errors
     /// Exclusive/shared conflicts, duplicate outputs or names.
-    pub fn register(&mut self, controller: impl Controller) -> Result<(), RegistrationError> {
-        self.register_boxed(Box::new(controller))
-    }
-
-    /// [`Runtime::register`] for a boxed controller.
-    ///
-    /// # Errors
-    /// See [`Runtime::register`].
-    pub fn register_boxed(
-        &mut self,
-        controller: Box<dyn Controller>,
-    ) -> Result<(), RegistrationError> {
+    pub fn register<C: Controller>(&mut self, controller: C) -> Result<(), RegistrationError> {
         let name = controller.name().to_owned();
         if self.pending.iter().any(|(_, h)| h.name == name) {
             return Err(RegistrationError::DuplicateName(name));
@@ -124,7 +111,7 @@ impl Runtime {
             .write()
             .unwrap_or_else(PoisonError::into_inner)
             .push(Arc::clone(&handle));
-        self.pending.push((controller, handle));
+        self.pending.push((driver(controller), handle));
         Ok(())
     }
 
@@ -180,14 +167,14 @@ impl Runtime {
         for k in &kinds {
             self.shared.ensure_watch(k);
         }
-        for (ctrl, handle) in self.pending {
+        for (drive, handle) in self.pending {
             let rt = ControllerRuntime {
                 shared: Arc::clone(&self.shared),
                 handle,
                 cancel: child.clone(),
                 tracked: None,
             };
-            tracker.spawn(run_controller(ctrl, rt));
+            tracker.spawn(drive(rt));
         }
         let res = tokio::select! {
             () = child.cancelled() => Ok(()),
@@ -202,60 +189,5 @@ impl Runtime {
             .unwrap_or_else(PoisonError::into_inner)
             .take();
         res
-    }
-}
-
-fn panic_message(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_owned()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "non-string panic payload".to_owned()
-    }
-}
-
-async fn run_controller(mut ctrl: Box<dyn Controller>, mut rt: ControllerRuntime) {
-    let name = rt.handle.name.clone();
-    let mut crashes: u64 = 0;
-    loop {
-        let res = AssertUnwindSafe(ctrl.run(&mut rt)).catch_unwind().await;
-        rt.tracked = None;
-        let err = match res {
-            Ok(Ok(())) => {
-                tracing::debug!(controller = %name, "controller finished");
-                return;
-            }
-            Ok(Err(e)) => e,
-            Err(p) => ControllerError::Panic(panic_message(&*p)),
-        };
-        if rt.cancel.is_cancelled() {
-            // Errors caused by shutdown count as a clean exit.
-            return;
-        }
-        crashes += 1;
-        let hook = rt
-            .shared
-            .on_restart
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        if let Some(hook) = hook {
-            hook(&name);
-        }
-        let delay = {
-            let mut b = rt
-                .handle
-                .backoff
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            b.next(&mut rand::thread_rng())
-        };
-        tracing::error!(controller = %name, error = %err, crashes, ?delay, "controller failed, restarting");
-        tokio::select! {
-            () = rt.cancel.cancelled() => return,
-            () = tokio::time::sleep(delay) => {}
-        }
-        rt.handle.wake.notify_one();
     }
 }

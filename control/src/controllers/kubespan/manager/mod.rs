@@ -7,7 +7,7 @@
 //! peer would turn down (§8.5); time comes from a [`Clock`], so tests drive rotation
 //! by hand. A change of a few peer specs between those wake-ups is a delta round:
 //! only those peers are stepped and written, as WireGuard peer changes and a
-//! routed-set delta (see `reconcile`).
+//! routed-set delta (see `round`).
 //!
 //! The decisions are the planner's (`crate::kubespan::planner`): this controller
 //! gathers a round's inputs (the specs from a change feed, the device as read, probe
@@ -15,7 +15,8 @@
 //! executes it. Its state is in three parts: the mesh state, the kernel handles
 //! (`Kernel`) and what was last written to the store (`Written`).
 //!
-//! By concern: this file holds the public types, the controller's run loop and the
+//! By concern: this file holds the public types, the controller's contract (what
+//! wakes it: its inputs, and a timer or a recreated device as [`ManagerWake`]) and the
 //! choice between a `complete` and a `delta` round; `complete` and `delta` execute the
 //! two kinds of plan; `outputs` writes statuses, endpoints and network specs;
 //! `teardown` removes kernel state.
@@ -64,8 +65,8 @@ use crate::{
         network::{AddressSpec, LinkSpec, RouteSpec, RoutingRuleSpec},
     },
     runtime::{
-        ChangeFeed, Controller, ControllerError, ControllerResult, ControllerRuntime, Input,
-        InputKind, Output,
+        Action, ChangeFeed, Controller, ControllerError, ControllerResult, ControllerRuntime,
+        Input, InputKind, Output, Triggers,
     },
 };
 
@@ -236,6 +237,16 @@ struct Basis {
     cluster: (u64, crate::resources::cluster::ClusterIdentitySpec),
 }
 
+/// What, besides its inputs, starts a manager round (a round so started is
+/// complete).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManagerWake {
+    /// The deadline the last round asked for passed on the manager's [`Clock`].
+    Timer,
+    /// The backend recreated the device empty (see [`WireGuard::recreated`]).
+    Recreated,
+}
+
 /// Name of the manager controller (also the owner of what it writes).
 pub const NAME: &str = "KubeSpanManagerController";
 
@@ -266,6 +277,36 @@ fn wg_error(link: &str, source: WgError) -> ControllerError {
 }
 
 impl KubeSpanManagerController {
+    /// What the runtime waits for after a round that asked for `deadline`: that time on
+    /// the manager's clock (not the runtime's: tests drive it by hand), or the device
+    /// being recreated, whichever first.
+    fn next_wake(&self, deadline: Option<SystemTime>) -> Action<ManagerWake> {
+        let sleep = deadline.map(|d| self.deps.clock.sleep_until(d));
+        let recreated = self.kernel.wg_recreated.clone();
+        if sleep.is_none() && recreated.is_none() {
+            return Action::await_change();
+        }
+        Action::requeue_when(Box::pin(async move {
+            let sleep = async move {
+                match sleep {
+                    Some(s) => s.await,
+                    None => std::future::pending().await,
+                }
+            };
+            let recreated = async move {
+                match recreated {
+                    Some(n) => n.notified().await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                () = sleep => ManagerWake::Timer,
+                () = recreated => ManagerWake::Recreated,
+            }
+        }))
+    }
+
     /// A manager over `deps`.
     #[must_use]
     pub fn new(deps: ManagerDeps) -> Self {
@@ -282,7 +323,7 @@ impl KubeSpanManagerController {
         }
     }
 
-    /// One reconcile; returns the next timer deadline.
+    /// One round; returns the next timer deadline.
     ///
     /// A round is *complete* (every peer looked at, the whole device and marking set
     /// applied) when a timer woke the manager, when the device is due for a read (§8.2
@@ -292,7 +333,7 @@ impl KubeSpanManagerController {
     /// with work proportional to them: their statuses stepped without a device read,
     /// their WireGuard peers and routed prefixes applied as changes. Such a change goes
     /// before a due read, which follows at once (see [`choose_round`]).
-    async fn reconcile(
+    async fn round(
         &mut self,
         rt: &mut ControllerRuntime,
         timer: bool,
@@ -366,6 +407,8 @@ impl KubeSpanManagerController {
 }
 
 impl Controller for KubeSpanManagerController {
+    type Event = ManagerWake;
+
     fn name(&self) -> &str {
         NAME
     }
@@ -393,44 +436,39 @@ impl Controller for KubeSpanManagerController {
         ]
     }
 
-    fn run<'a>(&'a mut self, rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ControllerResult> {
+    fn start(
+        &mut self,
+        rt: &mut ControllerRuntime,
+    ) -> Result<Triggers<ManagerWake>, ControllerError> {
+        self.adopt_outputs(rt)?;
+        // A restart looks at everything again.
+        self.feed.reset();
+        self.basis = None;
+        Ok(Triggers::inputs_only())
+    }
+
+    fn reconcile<'a>(
+        &'a mut self,
+        rt: &'a mut ControllerRuntime,
+        wakes: Vec<ManagerWake>,
+    ) -> BoxFuture<'a, ControllerResult<ManagerWake>> {
         Box::pin(async move {
-            self.adopt_outputs(rt)?;
-            // A restart looks at everything again.
-            self.feed.reset();
-            self.basis = None;
-            let mut deadline: Option<SystemTime> = None;
-            loop {
-                let sleep = match deadline {
-                    Some(d) => self.deps.clock.sleep_until(d),
-                    None => Box::pin(std::future::pending()),
-                };
-                let recreated = self.kernel.wg_recreated.clone();
-                let recreated = async move {
-                    match recreated {
-                        Some(n) => n.notified().await,
-                        None => std::future::pending().await,
-                    }
-                };
-                let timer = tokio::select! {
-                    biased;
-                    () = rt.cancelled() => break,
-                    () = rt.changed() => false,
-                    () = sleep => true,
-                    () = recreated => {
-                        tracing::info!(link = %self.kernel.link, "WireGuard device recreated empty: applying it whole");
-                        // Whole, even with a change pending: no delta round first.
-                        self.basis = None;
-                        true
-                    }
-                };
-                let started = Instant::now();
-                deadline = self.reconcile(rt, timer).await?;
-                if let Some(m) = &self.deps.metrics {
-                    m.observe_reconcile(NAME, started.elapsed());
-                }
-                rt.reset_restart_backoff();
+            if wakes.contains(&ManagerWake::Recreated) {
+                tracing::info!(link = %self.kernel.link, "WireGuard device recreated empty: applying it whole");
+                // Whole, even with a change pending: no delta round first.
+                self.basis = None;
             }
+            let started = Instant::now();
+            let deadline = self.round(rt, !wakes.is_empty()).await?;
+            if let Some(m) = &self.deps.metrics {
+                m.observe_reconcile(NAME, started.elapsed());
+            }
+            Ok(self.next_wake(deadline))
+        })
+    }
+
+    fn stop<'a>(&'a mut self, _rt: &'a mut ControllerRuntime) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
             match self.deps.on_stop {
                 OnStop::Teardown => {
                     tracing::info!("stopping: tearing down mesh kernel state");
@@ -444,7 +482,6 @@ impl Controller for KubeSpanManagerController {
                     }
                 }
             }
-            Ok(())
         })
     }
 }

@@ -22,12 +22,15 @@ use crate::{
             Scope, NS_CONFIG,
         },
     },
-    runtime::{ControllerResult, ControllerRuntime, Pointer, ResourceKind},
+    runtime::{ControllerError, ControllerRuntime, Pointer, ResourceKind},
 };
 
 impl KubeSpanManagerController {
     /// Destroys every output this controller wrote (the mesh is disabled).
-    pub(super) fn destroy_outputs(&mut self, rt: &mut ControllerRuntime) -> ControllerResult {
+    pub(super) fn destroy_outputs(
+        &mut self,
+        rt: &mut ControllerRuntime,
+    ) -> Result<(), ControllerError> {
         for id in std::mem::take(&mut self.written.statuses).keys() {
             rt.destroy(&Pointer::new(NS, KubeSpanPeerStatus::TYPE, id))?;
         }
@@ -44,7 +47,7 @@ impl KubeSpanManagerController {
     }
 
     /// Reads what a previous incarnation of this controller left in the store.
-    pub(super) fn adopt_outputs(&mut self, rt: &ControllerRuntime) -> ControllerResult {
+    pub(super) fn adopt_outputs(&mut self, rt: &ControllerRuntime) -> Result<(), ControllerError> {
         let name = rt.name().to_owned();
         for r in rt.list::<KubeSpanPeerStatus>(NS)? {
             self.written
@@ -80,7 +83,7 @@ impl KubeSpanManagerController {
         rt: &mut ControllerRuntime,
         s: &Settings,
         address: Option<IpNet>,
-    ) -> ControllerResult {
+    ) -> Result<(), ControllerError> {
         let mut want: BTreeSet<(&'static str, String)> = BTreeSet::new();
         let layer = ConfigLayer::Operator;
         let link = s.link_name.clone();
@@ -149,7 +152,7 @@ impl KubeSpanManagerController {
         &mut self,
         rt: &mut ControllerRuntime,
         key: &str,
-    ) -> ControllerResult {
+    ) -> Result<(), ControllerError> {
         match self.mesh.status(key) {
             Some(st) => {
                 if self.written.statuses.get(key) != Some(st) {
@@ -172,7 +175,7 @@ impl KubeSpanManagerController {
         rt: &mut ControllerRuntime,
         s: &Settings,
         key: &str,
-    ) -> ControllerResult {
+    ) -> Result<(), ControllerError> {
         let want = s
             .harvest_extra_endpoints
             .then(|| {
@@ -211,7 +214,7 @@ impl KubeSpanManagerController {
         &self,
         rt: &mut ControllerRuntime,
         s: &Settings,
-    ) -> ControllerResult {
+    ) -> Result<(), ControllerError> {
         let (in_use, note) = self
             .kernel
             .marking

@@ -4,7 +4,7 @@
 use super::{blocking, KubeSpanManagerController};
 use crate::{
     config::kubespan::FastPath,
-    runtime::{ControllerResult, ControllerRuntime},
+    runtime::{ControllerError, ControllerRuntime},
 };
 
 impl KubeSpanManagerController {
@@ -52,7 +52,10 @@ impl KubeSpanManagerController {
     }
 
     /// Disabled: remove kernel state and every output.
-    pub(super) async fn disable(&mut self, rt: &mut ControllerRuntime) -> ControllerResult {
+    pub(super) async fn disable(
+        &mut self,
+        rt: &mut ControllerRuntime,
+    ) -> Result<(), ControllerError> {
         let active =
             self.kernel.wg.is_some() || self.kernel.marking.is_some() || self.kernel.first_round;
         if active {
