@@ -322,13 +322,16 @@ impl Controller for DiscoveryController {
             }
             publish_local(rt, &self.running)?;
             mirror(rt, &mut self.running)?;
-            // When the grace of a vanished record ends, it goes.
+            // A round when the next grace of a vanished record ends, so that it goes
+            // (graces already over have had theirs).
+            let now = Instant::now();
             let grace_ends = self
                 .running
                 .values()
                 .flat_map(|r| r.missing_since.values())
-                .min()
-                .map(|since| *since + VANISHED_GRACE + Duration::from_millis(50));
+                .map(|since| *since + VANISHED_GRACE + Duration::from_millis(50))
+                .filter(|end| *end > now)
+                .min();
             Ok(grace_ends.map_or_else(Action::await_change, |t| Action::requeue_at(t.into())))
         })
     }

@@ -4,7 +4,6 @@
 
 use std::{
     collections::HashSet,
-    future::Future,
     sync::{Arc, PoisonError},
 };
 
@@ -45,12 +44,8 @@ impl ControllerRuntime {
         &self.handle.name
     }
 
-    /// Resolves when the runtime shuts down.
-    pub fn cancelled(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.cancel.clone().cancelled_owned()
-    }
-
-    /// The runtime's cancellation token (for sub-tasks).
+    /// The runtime's cancellation token (for sub-tasks; the runtime itself stops the
+    /// controller's rounds).
     #[must_use]
     pub fn cancellation(&self) -> CancellationToken {
         self.cancel.clone()
