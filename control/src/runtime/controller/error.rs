@@ -46,7 +46,7 @@ pub enum AccessError {
     },
 }
 
-/// Why a controller's `run` failed.
+/// Why a controller's `start` or round failed.
 #[derive(Debug, thiserror::Error)]
 pub enum ControllerError {
     /// A store error.
