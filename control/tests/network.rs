@@ -807,3 +807,45 @@ async fn each_kernel_rejection_shows_on_its_object_and_the_rest_is_applied() {
     .await;
     h.stop().await.unwrap();
 }
+
+/// A kernel feed that ends at once (a netlink socket that closed).
+struct EndedFeed;
+
+impl network::KernelEvents for EndedFeed {
+    fn subscribe(&self) -> std::io::Result<futures::stream::BoxStream<'static, ()>> {
+        use futures::StreamExt as _;
+        Ok(futures::stream::empty().boxed())
+    }
+}
+
+/// Issue 32 item 2: when its event stream ends, the status controller keeps its 30 s
+/// resync (the runtime's one behaviour, `docs/runtime.md` §3.4), as the spec
+/// controllers always did; its old private loop stopped resyncing instead.
+#[tokio::test(start_paused = true)]
+async fn status_controller_resyncs_after_its_event_stream_ended() {
+    let fake = FakeNetwork::new();
+    fake.add_link("eth0", "ether");
+    let deps = Deps {
+        net: Arc::new(Mutex::new(fake.clone())),
+        feed: Arc::new(EndedFeed),
+    };
+    let store = Store::new(StoreOptions::default());
+    let mut rt = Runtime::new(store.clone());
+    rt.register(network::status::NetworkStatusController::new(deps))
+        .unwrap();
+    let h = Harness::start(rt);
+    let has = |link: &str| store.get::<LinkStatus>(NS, link).is_ok();
+    // On the paused clock, time moves only to the runtime's timers.
+    while !has("eth0") {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    fake.add_link("eth1", "ether");
+    tokio::time::sleep(std::time::Duration::from_secs(29)).await;
+    assert!(!has("eth1"), "no event, so nothing before the resync");
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    assert!(
+        has("eth1"),
+        "the resync after the stream's end read the kernel"
+    );
+    h.stop().await.unwrap();
+}
