@@ -322,16 +322,11 @@ impl Controller for DiscoveryController {
             }
             publish_local(rt, &self.running)?;
             mirror(rt, &mut self.running)?;
-            // A round when the next grace of a vanished record ends, so that it goes
-            // (graces already over have had theirs).
-            let now = Instant::now();
-            let grace_ends = self
-                .running
-                .values()
-                .flat_map(|r| r.missing_since.values())
-                .map(|since| *since + VANISHED_GRACE + Duration::from_millis(50))
-                .filter(|end| *end > now)
-                .min();
+            // A round when the next grace of a vanished record ends, so that it goes.
+            let grace_ends = next_grace_end(
+                self.running.values().flat_map(|r| r.missing_since.values()),
+                Instant::now(),
+            );
             Ok(grace_ends.map_or_else(Action::await_change, |t| Action::requeue_at(t.into())))
         })
     }
@@ -445,6 +440,18 @@ fn mirror(
     Ok(())
 }
 
+/// When the first grace still running at `now` ends, of records missed since
+/// `missing_since` (graces already over had their round).
+fn next_grace_end<'a>(
+    missing_since: impl Iterator<Item = &'a Instant>,
+    now: Instant,
+) -> Option<Instant> {
+    missing_since
+        .map(|since| *since + VANISHED_GRACE + Duration::from_millis(50))
+        .filter(|end| *end > now)
+        .min()
+}
+
 /// Keeps `name`'s records that the service no longer lists for [`VANISHED_GRACE`] after
 /// they were first missed (the round asks for a wake-up when the grace ends).
 fn keep_vanished(
@@ -472,6 +479,22 @@ fn keep_vanished(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_next_grace_end_is_the_earliest_still_running() {
+        // Ahead of the clock, so the instants below never underflow.
+        let now = Instant::now() + Duration::from_secs(120);
+        let end = |since: Instant| since + VANISHED_GRACE + Duration::from_millis(50);
+        let over = now - VANISHED_GRACE - Duration::from_secs(1);
+        let early = now - Duration::from_secs(20);
+        let late = now - Duration::from_secs(5);
+        assert_eq!(next_grace_end([late, early].iter(), now), Some(end(early)));
+        // A grace that is over asks for no round (it would come back at once while
+        // its record waits for finalizers).
+        assert_eq!(next_grace_end([over].iter(), now), None);
+        assert_eq!(next_grace_end([over, late].iter(), now), Some(end(late)));
+        assert_eq!(next_grace_end(std::iter::empty(), now), None);
+    }
 
     #[test]
     fn exclusions_survive_the_wire_both_ways() {
