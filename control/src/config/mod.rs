@@ -14,7 +14,7 @@
 //! `schemars::JsonSchema` (with `#[serde(deny_unknown_fields, rename_all =
 //! "camelCase")]`, a doc comment on every field and a `Valid:` paragraph for what its
 //! `validate` checks) and one line in the `documents!` list below; then regenerate
-//! `docs/config-reference.md` ([`reference`]).
+//! `docs/config-reference.md` ([`reference`](mod@reference)).
 
 use std::fmt;
 

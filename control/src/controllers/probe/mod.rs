@@ -4,7 +4,7 @@
 //! which publishes `network/ProbeStatus <probe id>`.
 //!
 //! Runner rules: first probe immediately, then on a fixed grid of the interval (the
-//! period does not stretch by the probe's duration, see [`every`]); a success resets
+//! period does not stretch by the probe's duration, see [`runner`]); a success resets
 //! the failure count and is published; failures are published once the count reaches
 //! the threshold (0 and 1: the first). A zero interval or timeout means the default.
 //! The HTTP client and the proxy rules are in [`http`]; proxy settings are read from
