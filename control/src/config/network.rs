@@ -479,7 +479,7 @@ pub(super) fn check_mesh_reserved(
     errors: &mut Vec<super::DocumentError>,
 ) {
     use super::Document;
-    let default = super::kubespan::KubeSpanConfig::default();
+    let default = super::kubespan::KubeSpanConfigDocument::default();
     let mesh = documents
         .iter()
         .find_map(|(_, d)| match d {

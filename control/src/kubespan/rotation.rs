@@ -895,7 +895,7 @@ mod tests {
     #[test]
     fn the_default_down_interval_is_275_s_and_a_configured_one_replaces_it() {
         let used = Some(ep("192.0.2.1:51820"));
-        let default = crate::config::kubespan::KubeSpanConfig::default().peer_down_interval;
+        let default = crate::config::kubespan::KubeSpanConfigDocument::default().peer_down_interval;
         // Handshake at 0, endpoint pushed long before: judged by the handshake alone.
         let state = |at, interval| {
             peer_state(

@@ -16,7 +16,7 @@ use super::{
     MeshState, PathChange, PERSISTENT_KEEPALIVE,
 };
 use crate::{
-    config::kubespan::KubeSpanConfig as Settings,
+    config::kubespan::KubeSpanConfigDocument as Settings,
     kubespan::{
         peers::routed_prefixes,
         relay::DirectPath,

@@ -10,7 +10,7 @@ use std::{
 
 use super::MeshState;
 use crate::{
-    config::kubespan::KubeSpanConfig as Settings,
+    config::kubespan::KubeSpanConfigDocument as Settings,
     kubespan::{
         relay::{choose, key_id, published_down, Candidate, DirectPath},
         rotation::ENDPOINT_CONNECTION_TIMEOUT,

@@ -10,7 +10,7 @@ use ipnet::{IpNet, Ipv6Net};
 
 use super::KubeSpanManagerController;
 use crate::{
-    config::kubespan::{FastPath, KubeSpanConfig as Settings},
+    config::kubespan::{FastPath, KubeSpanConfigDocument as Settings},
     kubespan::{peers::harvest, relay::DIRECT_DOWN_MAX},
     resources::{
         kubespan::{
