@@ -571,7 +571,10 @@ mod tests {
         // Unset: untouched; empty: nothing left to try.
         assert_eq!(filter_endpoints(&eps, None), eps);
         assert!(filter_endpoints(&eps, Some(&[])).is_empty());
-        assert_eq!(KubeSpanConfigDocument::default().peer_endpoint_filters(), None);
+        assert_eq!(
+            KubeSpanConfigDocument::default().peer_endpoint_filters(),
+            None
+        );
     }
 
     #[test]

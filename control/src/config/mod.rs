@@ -571,7 +571,11 @@ bogus: 1
     fn singletons_once_and_empty_documents_skipped() {
         let one = "apiVersion: v1alpha1\nkind: KubeSpanConfig\nenabled: true\n";
         let cfg = parse(&format!("---\n{one}---\n")).unwrap();
-        assert!(cfg.singleton::<kubespan::KubeSpanConfigDocument>().unwrap().enabled);
+        assert!(
+            cfg.singleton::<kubespan::KubeSpanConfigDocument>()
+                .unwrap()
+                .enabled
+        );
         let err = parse(&format!("{one}---\n{one}")).unwrap_err();
         assert_eq!(err.documents[0].position, 2);
         assert!(err.to_string().contains("only once"), "{err}");

@@ -14,7 +14,9 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
-use wirespan_control::config::{self, kubespan::FastPath, kubespan::KubeSpanConfigDocument, API_VERSION};
+use wirespan_control::config::{
+    self, kubespan::FastPath, kubespan::KubeSpanConfigDocument, API_VERSION,
+};
 
 pub use super::topology::{node_name, MAX_NODES};
 use super::topology::{Nat, Topology};
