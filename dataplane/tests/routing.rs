@@ -358,9 +358,9 @@ fn mesh_teardown_spares_config_and_foreign_objects() {
         destination: dst.parse().unwrap(),
         gateway: None,
         source: None,
-        out_link: "mesh0".into(),
+        out_link_name: "mesh0".into(),
         table,
-        metric: 1,
+        priority: 1,
         scope: 0,
         kind: RouteKind::Unicast,
         mtu: 0,
@@ -369,8 +369,8 @@ fn mesh_teardown_spares_config_and_foreign_objects() {
     let rule = |priority: u32, table: u32, owner: Owner| RuleParams {
         priority,
         table,
-        fwmark: if owner == Owner::Mesh { 0x40 } else { 0 },
-        fwmask: if owner == Owner::Mesh { 0x60 } else { 0 },
+        fw_mark: if owner == Owner::Mesh { 0x40 } else { 0 },
+        fw_mask: if owner == Owner::Mesh { 0x60 } else { 0 },
         owner,
         ..RuleParams::default()
     };

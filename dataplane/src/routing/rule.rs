@@ -90,12 +90,12 @@ pub(super) fn observed_rule(r: &RuleMessage) -> ObservedRule {
             _ => None,
         })
         .unwrap_or_default(),
-        fwmark: rule_field(r, |a| match a {
+        fw_mark: rule_field(r, |a| match a {
             RuleAttribute::FwMark(p) => Some(*p),
             _ => None,
         })
         .unwrap_or_default(),
-        fwmask: rule_field(r, |a| match a {
+        fw_mask: rule_field(r, |a| match a {
             RuleAttribute::FwMask(p) => Some(*p),
             _ => None,
         })
@@ -137,8 +137,8 @@ pub(super) fn rule_equal(o: &ObservedRule, p: &RuleParams) -> bool {
         && o.dst == p.dst
         && o.table == p.table
         && o.priority == p.priority
-        && o.fwmark == p.fwmark
-        && effective_mask(o.fwmark, o.fwmask) == effective_mask(p.fwmark, p.fwmask)
+        && o.fw_mark == p.fw_mark
+        && effective_mask(o.fw_mark, o.fw_mask) == effective_mask(p.fw_mark, p.fw_mask)
 }
 
 /// The mask the kernel matches with: a mark given without a mask is matched whole
@@ -202,11 +202,11 @@ pub(super) async fn apply_rule_in_ns(h: Handle, p: RuleParams) -> Result<bool, R
     let mut extra = vec![RuleAttribute::Protocol(RouteProtocol::from(
         p.owner.protocol(),
     ))];
-    if p.fwmark != 0 {
-        extra.push(RuleAttribute::FwMark(p.fwmark));
+    if p.fw_mark != 0 {
+        extra.push(RuleAttribute::FwMark(p.fw_mark));
     }
-    if p.fwmask != 0 {
-        extra.push(RuleAttribute::FwMask(p.fwmask));
+    if p.fw_mask != 0 {
+        extra.push(RuleAttribute::FwMask(p.fw_mask));
     }
     let fill = |m: &mut RuleMessage| {
         m.attributes.extend(extra.iter().cloned());

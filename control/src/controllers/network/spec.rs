@@ -105,9 +105,9 @@ pub fn route_params(s: &crate::resources::network::RouteSpecSpec) -> RouteParams
         destination,
         gateway: s.gateway,
         source: s.source,
-        out_link: s.out_link_name.clone(),
+        out_link_name: s.out_link_name.clone(),
         table: if s.table == 0 { TABLE_MAIN } else { s.table },
-        metric: s.priority,
+        priority: s.priority,
         scope: scope_number(s.scope),
         kind: match s.r#type {
             RouteType::Unicast => RouteKind::Unicast,
@@ -137,8 +137,8 @@ fn rule_params(s: &crate::resources::network::RoutingRuleSpecSpec) -> RuleParams
         dst: s.dst,
         table: s.table,
         priority: s.priority,
-        fwmark: s.fw_mark,
-        fwmask: s.fw_mask,
+        fw_mark: s.fw_mark,
+        fw_mask: s.fw_mask,
         owner: owner_of(s.layer),
     }
 }

@@ -92,7 +92,7 @@ pub fn statuses(st: &NetworkState) -> Statuses {
                 .map(|n| (*n).to_owned())
                 .unwrap_or_default(),
             table: r.table,
-            priority: r.metric,
+            priority: r.priority,
             scope: scope_of(r.scope),
             r#type: match r.kind {
                 RouteKind::Unicast => RouteType::Unicast,
@@ -117,15 +117,15 @@ pub fn statuses(st: &NetworkState) -> Statuses {
     for r in &st.rules {
         let family = if r.v6 { Family::Inet6 } else { Family::Inet4 };
         out.rules.push((
-            format!("{family}/{:05}", r.priority),
+            crate::config::network::rule_key(r.v6, r.priority),
             RoutingRuleStatusSpec {
                 family,
                 src: r.src,
                 dst: r.dst,
                 table: r.table,
                 priority: r.priority,
-                fw_mark: r.fwmark,
-                fw_mask: r.fwmask,
+                fw_mark: r.fw_mark,
+                fw_mask: r.fw_mask,
                 protocol: r.protocol,
             },
         ));
