@@ -7,15 +7,13 @@ use std::{marker::PhantomData, net::IpAddr, time::Duration};
 use futures::{future::BoxFuture, StreamExt as _};
 use ipnet::IpNet;
 use wirespan_dataplane::routing::{
-    AddressParams, LinkParams, NetworkConfig, Owner, RouteKind, RouteParams, RoutingError,
-    RuleParams,
+    AddressParams, LinkParams, NetworkConfig, Owner, RouteParams, RoutingError, RuleParams,
 };
 
-use super::{scope_number, Deps};
+use super::{route_kind, scope_number, Deps};
 use crate::{
     resources::network::{
-        AddressSpec, ConfigLayer, Family, LinkSpec, RouteSpec, RouteType, RoutingRuleSpec, NS,
-        TABLE_MAIN,
+        AddressSpec, ConfigLayer, Family, LinkSpec, RouteSpec, RoutingRuleSpec, NS, TABLE_MAIN,
     },
     runtime::{
         Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind, Output,
@@ -109,12 +107,7 @@ pub fn route_params(s: &crate::resources::network::RouteSpecSpec) -> RouteParams
         table: if s.table == 0 { TABLE_MAIN } else { s.table },
         priority: s.priority,
         scope: scope_number(s.scope),
-        kind: match s.r#type {
-            RouteType::Unicast => RouteKind::Unicast,
-            RouteType::Blackhole => RouteKind::Blackhole,
-            RouteType::Unreachable => RouteKind::Unreachable,
-            RouteType::Prohibit => RouteKind::Prohibit,
-        },
+        kind: route_kind(s.r#type),
         mtu: s.mtu,
         owner: owner_of(s.layer),
     }

@@ -6,13 +6,13 @@
 use std::{collections::HashMap, time::Duration};
 
 use futures::{future::BoxFuture, StreamExt as _};
-use wirespan_dataplane::routing::{NetworkState, RouteKind};
+use wirespan_dataplane::routing::NetworkState;
 
-use super::{scope_of, Deps};
+use super::{route_type_of, scope_of, Deps};
 use crate::{
     resources::network::{
         AddressStatus, AddressStatusSpec, Family, LinkStatus, LinkStatusSpec, RouteSpecSpec,
-        RouteStatus, RouteStatusSpec, RouteType, RoutingRuleStatus, RoutingRuleStatusSpec, NS,
+        RouteStatus, RouteStatusSpec, RoutingRuleStatus, RoutingRuleStatusSpec, NS,
     },
     runtime::{
         Controller, ControllerError, ControllerResult, ControllerRuntime, Input, Kind, Output,
@@ -94,12 +94,7 @@ pub fn statuses(st: &NetworkState) -> Statuses {
             table: r.table,
             priority: r.priority,
             scope: scope_of(r.scope),
-            r#type: match r.kind {
-                RouteKind::Unicast => RouteType::Unicast,
-                RouteKind::Blackhole => RouteType::Blackhole,
-                RouteKind::Unreachable => RouteType::Unreachable,
-                RouteKind::Prohibit => RouteType::Prohibit,
-            },
+            r#type: route_type_of(r.kind),
             protocol: r.protocol,
         };
         let key = RouteSpecSpec {
