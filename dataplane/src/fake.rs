@@ -228,7 +228,7 @@ impl Routing for FakeRouting {
             rules: [(false, s.ipv4), (true, s.ipv6)]
                 .into_iter()
                 .filter(|(_, on)| *on && !g.torn_down)
-                .map(|(v6, _)| (v6, s.priority, s.table))
+                .map(|(v6, _)| (v6, s.rule_priority, s.table))
                 .collect(),
             // The default route of each enabled family, as the real adapter reports it.
             routes: [(false, s.ipv4), (true, s.ipv6)]
@@ -240,7 +240,7 @@ impl Routing for FakeRouting {
                     } else {
                         IpNet::V4(ipnet::Ipv4Net::default())
                     };
-                    (default, s.table, s.metric, s.mtu)
+                    (default, s.table, s.route_priority, s.mtu)
                 })
                 .collect(),
         })

@@ -288,7 +288,7 @@ impl Node {
         let rule = self
             .store
             .list::<RoutingRuleSpec>(NS_CONFIG, &Default::default());
-        let (table, priority, fwmark, fwmask) =
+        let (table, rule_priority, fw_mark, fw_mask) =
             rule.first().map_or((180, 32500, 0x40, 0x60), |r| {
                 (
                     r.spec.table,
@@ -308,9 +308,9 @@ impl Node {
             mtu,
             addresses,
             table,
-            priority,
-            fwmark,
-            fwmask,
+            rule_priority,
+            fw_mark,
+            fw_mask,
             ..RoutingSpec::default()
         };
         let mut routing = NetlinkRouting::new(&self.ns)?;

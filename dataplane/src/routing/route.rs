@@ -162,7 +162,7 @@ pub(super) fn desired_route(spec: &RoutingSpec, index: u32, v6: bool) -> RouteMe
             .destination_prefix(Ipv6Addr::UNSPECIFIED, 0)
             .output_interface(index)
             .table_id(spec.table)
-            .priority(spec.metric)
+            .priority(spec.route_priority)
             .protocol(RouteProtocol::Other(RTPROT_WIRESPAN))
             .scope(RouteScope::Universe)
             .kind(RouteType::Unicast)
@@ -172,7 +172,7 @@ pub(super) fn desired_route(spec: &RoutingSpec, index: u32, v6: bool) -> RouteMe
             .destination_prefix(Ipv4Addr::UNSPECIFIED, 0)
             .output_interface(index)
             .table_id(spec.table)
-            .priority(spec.metric)
+            .priority(spec.route_priority)
             .protocol(RouteProtocol::Other(RTPROT_WIRESPAN))
             .scope(RouteScope::Universe)
             .kind(RouteType::Unicast)
@@ -198,7 +198,7 @@ pub(super) fn route_matches(r: &RouteMessage, spec: &RoutingSpec, index: u32) ->
             _ => None,
         })
         .unwrap_or_default()
-            == spec.metric
+            == spec.route_priority
         && route_mtu(r) == spec.mtu
 }
 

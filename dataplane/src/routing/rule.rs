@@ -120,15 +120,15 @@ pub(super) fn rule_matches(r: &RuleMessage, spec: &RoutingSpec) -> bool {
         && rule_field(r, |a| match a {
             RuleAttribute::Priority(p) => Some(*p),
             _ => None,
-        }) == Some(spec.priority)
+        }) == Some(spec.rule_priority)
         && rule_field(r, |a| match a {
             RuleAttribute::FwMark(p) => Some(*p),
             _ => None,
-        }) == Some(spec.fwmark)
+        }) == Some(spec.fw_mark)
         && rule_field(r, |a| match a {
             RuleAttribute::FwMask(p) => Some(*p),
             _ => None,
-        }) == Some(spec.fwmask)
+        }) == Some(spec.fw_mask)
 }
 
 pub(super) fn rule_equal(o: &ObservedRule, p: &RuleParams) -> bool {
@@ -155,12 +155,12 @@ pub(super) async fn add_rule(h: &Handle, spec: &RoutingSpec, v6: bool) -> Result
     let base = h
         .rule()
         .add()
-        .priority(spec.priority)
-        .fw_mark(spec.fwmark)
+        .priority(spec.rule_priority)
+        .fw_mark(spec.fw_mark)
         .table_id(spec.table)
         .action(RuleAction::ToTable);
     let extra = [
-        RuleAttribute::FwMask(spec.fwmask),
+        RuleAttribute::FwMask(spec.fw_mask),
         RuleAttribute::Protocol(RouteProtocol::Other(RTPROT_WIRESPAN)),
     ];
     if v6 {
