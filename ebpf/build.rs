@@ -10,7 +10,8 @@ use std::{
     process::Command,
 };
 
-// BUCKETS, DEFAULT_ENTRIES and the bucket hash multipliers, the one definition.
+// BUCKETS, DEFAULT_ENTRIES, the bucket hash multipliers and the counter indices, the
+// one definition.
 include!("src/constants.rs");
 
 const SOURCES: &[&str] = &["marking"];
@@ -22,6 +23,11 @@ fn constant_flags() -> Vec<String> {
         format!("-DDEFAULT_ENTRIES={DEFAULT_ENTRIES}"),
         format!("-DBUCKET_HASH4={BUCKET_HASH4:#x}u"),
         format!("-DBUCKET_HASH6={BUCKET_HASH6:#x}ull"),
+        format!("-DCNT_HIT={}", counter::HIT),
+        format!("-DCNT_MISS={}", counter::MISS),
+        format!("-DCNT_SKIPPED={}", counter::SKIPPED),
+        format!("-DCNT_UNPARSED={}", counter::UNPARSED),
+        format!("-DCNT_MAX={}", counter::COUNT),
     ]
 }
 

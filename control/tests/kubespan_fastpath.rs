@@ -12,7 +12,7 @@ mod kubespan_common;
 use kubespan_common::{eventually, register_real, seed_cluster};
 use wirespan_control::kubespan::clock::SystemClock;
 use wirespan_control::{
-    controllers::kubespan::KernelMarking,
+    controllers::kubespan::KernelMarkingFactory,
     resources::{
         config::{MachineConfig, MachineConfigSpec},
         kubespan::KubeSpanManagerStatus,
@@ -20,7 +20,10 @@ use wirespan_control::{
     runtime::{Runtime, Store, StoreOptions},
     testing::Harness,
 };
-use wirespan_dataplane::netns::{unique_name, NetnsGuard, NetnsThread};
+use wirespan_dataplane::{
+    kernel_marking::KernelMarking,
+    netns::{unique_name, NetnsGuard, NetnsThread},
+};
 
 fn tcx_ingress_programs(ns: &NetnsGuard, dev: &str) -> usize {
     let dev = dev.to_owned();
@@ -96,8 +99,10 @@ async fn ebpf_fast_path_replaces_the_prerouting_lookup_and_switches_back() {
         &mut runtime,
         &ns,
         dir.path(),
-        Arc::new(KernelMarking {
-            netns: ns.netns().clone(),
+        Arc::new(KernelMarkingFactory {
+            marking: KernelMarking {
+                netns: ns.netns().clone(),
+            },
             metrics: None,
         }),
         Arc::new(SystemClock),

@@ -228,7 +228,7 @@ impl Routing for FakeRouting {
             rules: [(false, s.ipv4), (true, s.ipv6)]
                 .into_iter()
                 .filter(|(_, on)| *on && !g.torn_down)
-                .map(|(v6, _)| (v6, s.priority, s.table))
+                .map(|(v6, _)| (v6, s.rule_priority, s.table))
                 .collect(),
             // The default route of each enabled family, as the real adapter reports it.
             routes: [(false, s.ipv4), (true, s.ipv6)]
@@ -240,7 +240,7 @@ impl Routing for FakeRouting {
                     } else {
                         IpNet::V4(ipnet::Ipv4Net::default())
                     };
-                    (default, s.table, s.metric, s.mtu)
+                    (default, s.table, s.route_priority, s.mtu)
                 })
                 .collect(),
         })
@@ -631,7 +631,7 @@ fn fake_route_key(o: &ObservedRoute, p: &RouteParams) -> bool {
     o.destination == p.destination
         && o.gateway == p.gateway
         && o.table == p.table
-        && norm(o.metric) == norm(p.metric)
+        && norm(o.priority) == norm(p.priority)
 }
 
 impl NetworkConfig for FakeNetwork {
@@ -739,10 +739,10 @@ impl NetworkConfig for FakeNetwork {
 
     fn apply_route(&mut self, p: &RouteParams) -> Result<bool, RoutingError> {
         self.write(|g| {
-            let oif = if p.out_link.is_empty() {
+            let oif = if p.out_link_name.is_empty() {
                 None
             } else {
-                Some(fake_index(g, &p.out_link)?)
+                Some(fake_index(g, &p.out_link_name)?)
             };
             let want = ObservedRoute {
                 destination: p.destination,
@@ -751,10 +751,10 @@ impl NetworkConfig for FakeNetwork {
                 oif,
                 table: p.table,
                 // The kernel stores IPv6 metric 0 as 1024.
-                metric: if p.destination.addr().is_ipv6() && p.metric == 0 {
+                priority: if p.destination.addr().is_ipv6() && p.priority == 0 {
                     1024
                 } else {
-                    p.metric
+                    p.priority
                 },
                 scope: p.scope,
                 kind: p.kind,
@@ -790,12 +790,12 @@ impl NetworkConfig for FakeNetwork {
                 dst: p.dst,
                 table: p.table,
                 priority: p.priority,
-                fwmark: p.fwmark,
+                fw_mark: p.fw_mark,
                 // The kernel matches a mark without a mask under all ones.
-                fwmask: if p.fwmark != 0 && p.fwmask == 0 {
+                fw_mask: if p.fw_mark != 0 && p.fw_mask == 0 {
                     u32::MAX
                 } else {
-                    p.fwmask
+                    p.fw_mask
                 },
                 protocol: RTPROT_WIRESPAN,
             };

@@ -15,6 +15,7 @@ pub mod error;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod fastpath;
+pub mod kernel_marking;
 pub mod marking;
 pub mod markspec;
 pub mod netns;

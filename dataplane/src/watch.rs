@@ -82,8 +82,8 @@ pub enum NetEvent {
         oif: Option<u32>,
         /// Route protocol.
         protocol: u8,
-        /// Metric.
-        metric: u32,
+        /// Route priority (`ip route`'s metric).
+        priority: u32,
     },
     /// A policy rule.
     Rule {
@@ -162,14 +162,14 @@ fn route_event(change: Change, m: &RouteMessage) -> Option<NetEvent> {
     let mut table = u32::from(m.header.table);
     let mut dst: Option<IpAddr> = None;
     let mut oif = None;
-    let mut metric = 0;
+    let mut priority = 0;
     for a in &m.attributes {
         match a {
             RouteAttribute::Table(t) => table = *t,
             RouteAttribute::Destination(RouteAddress::Inet(ip)) => dst = Some((*ip).into()),
             RouteAttribute::Destination(RouteAddress::Inet6(ip)) => dst = Some((*ip).into()),
             RouteAttribute::Oif(i) => oif = Some(*i),
-            RouteAttribute::Priority(p) => metric = *p,
+            RouteAttribute::Priority(p) => priority = *p,
             _ => {}
         }
     }
@@ -185,7 +185,7 @@ fn route_event(change: Change, m: &RouteMessage) -> Option<NetEvent> {
         destination: IpNet::new(dst, m.header.destination_prefix_length).ok()?,
         oif,
         protocol: u8::from(m.header.protocol),
-        metric,
+        priority,
     })
 }
 

@@ -166,14 +166,14 @@ fn teardown_leaves_foreign_rule_and_route() {
 fn first_apply_of_a_new_process_removes_the_mesh_objects_of_an_earlier_table_and_priority() {
     let (ns, mut earlier, mut spec) = setup();
     spec.table = 181;
-    spec.priority = 32501;
+    spec.rule_priority = 32501;
     earlier.apply(&spec).unwrap();
     assert_eq!(our_rules(&ns, "-4")[0]["priority"], 32501);
     drop(earlier);
 
     let mut r = NetlinkRouting::new(ns.netns()).unwrap();
     spec.table = 180;
-    spec.priority = 32500;
+    spec.rule_priority = 32500;
     r.apply(&spec).unwrap();
     for fam in ["-4", "-6"] {
         let rules = our_rules(&ns, fam);
@@ -197,24 +197,24 @@ fn invalid_spec_and_missing_link_write_nothing() {
     for (bad, field) in [
         (
             RoutingSpec {
-                priority: 0,
+                rule_priority: 0,
                 ..spec.clone()
             },
-            "priority",
+            "rule_priority",
         ),
         (
             RoutingSpec {
-                priority: 32766,
+                rule_priority: 32766,
                 ..spec.clone()
             },
-            "priority",
+            "rule_priority",
         ),
         (
             RoutingSpec {
-                priority: 32767,
+                rule_priority: 32767,
                 ..spec.clone()
             },
-            "priority",
+            "rule_priority",
         ),
         (
             RoutingSpec {
@@ -232,10 +232,10 @@ fn invalid_spec_and_missing_link_write_nothing() {
         ),
         (
             RoutingSpec {
-                fwmark: 0x80,
+                fw_mark: 0x80,
                 ..spec.clone()
             },
-            "fwmark",
+            "fw_mark",
         ),
         (
             RoutingSpec {
@@ -358,9 +358,9 @@ fn mesh_teardown_spares_config_and_foreign_objects() {
         destination: dst.parse().unwrap(),
         gateway: None,
         source: None,
-        out_link: "mesh0".into(),
+        out_link_name: "mesh0".into(),
         table,
-        metric: 1,
+        priority: 1,
         scope: 0,
         kind: RouteKind::Unicast,
         mtu: 0,
@@ -369,8 +369,8 @@ fn mesh_teardown_spares_config_and_foreign_objects() {
     let rule = |priority: u32, table: u32, owner: Owner| RuleParams {
         priority,
         table,
-        fwmark: if owner == Owner::Mesh { 0x40 } else { 0 },
-        fwmask: if owner == Owner::Mesh { 0x60 } else { 0 },
+        fw_mark: if owner == Owner::Mesh { 0x40 } else { 0 },
+        fw_mask: if owner == Owner::Mesh { 0x60 } else { 0 },
         owner,
         ..RuleParams::default()
     };

@@ -88,7 +88,7 @@ fn streams_link_address_and_route_changes() {
     )
     .unwrap();
     next_matching(&mut w, &rt, |e| {
-        matches!(e, NetEvent::Route { change: Change::Updated, table: 180, destination, oif: Some(o), protocol: 211, metric: 5 }
+        matches!(e, NetEvent::Route { change: Change::Updated, table: 180, destination, oif: Some(o), protocol: 211, priority: 5 }
             if *o == index && destination.to_string() == "10.88.0.0/16")
     });
     ns.run("ip", &["route", "del", "10.88.0.0/16", "table", "180"])

@@ -16,9 +16,9 @@
 //! - XDP programs for the benchmark: [`PROG_XDP_PASS`] (traffic source with
 //!   `BPF_F_TEST_XDP_LIVE_FRAMES`) and [`PROG_XDP_SINK`] (counts and drops).
 //! - maps: see the `MAP_*` constants; key and value layouts are mirrored by the
-//!   loader. Sizes and the bucket hash's multipliers are defined once, in Rust
-//!   ([`BUCKETS`], [`DEFAULT_ENTRIES`], [`BUCKET_HASH4`], [`BUCKET_HASH6`]), and
-//!   passed to clang by `build.rs`.
+//!   loader. Sizes, the bucket hash's multipliers and the counter indices are defined
+//!   once, in Rust ([`BUCKETS`], [`DEFAULT_ENTRIES`], [`BUCKET_HASH4`],
+//!   [`BUCKET_HASH6`], [`counter`]), and passed to clang by `build.rs`.
 
 /// Bytes with the alignment the ELF parser wants.
 #[repr(C, align(32))]
@@ -72,23 +72,13 @@ pub const MAP_LPM_V4: &str = "wirespan_lpm_v4";
 pub const MAP_LPM_V6: &str = "wirespan_lpm_v6";
 
 mod constants;
+/// Counter indices in [`MAP_COUNTERS`], passed to clang by `build.rs` like the sizes.
+pub use constants::counter;
 pub use constants::{BUCKETS, BUCKET_HASH4, BUCKET_HASH6, DEFAULT_ENTRIES};
 
 /// The bucket hash in C (`src/bpf/hash.h`, included by the programs), for tests that
 /// compile it for the host and compare it with the loader's Rust copy.
 pub const BUCKET_HASH_C: &str = include_str!("bpf/hash.h");
-/// Counter indices in [`MAP_COUNTERS`].
-pub mod counter {
-    /// Destination in the set: marked.
-    pub const HIT: u32 = 0;
-    /// Parsed, not in the set.
-    pub const MISS: u32 = 1;
-    /// Carried the device mark: left alone.
-    pub const SKIPPED: u32 = 2;
-    /// Not IPv4/IPv6 (or truncated, or VLAN-tagged on the parent device): left alone.
-    pub const UNPARSED: u32 = 3;
-}
-
 #[cfg(test)]
 mod tests {
     #[test]

@@ -126,7 +126,10 @@ fn register_mesh(
     args: &MeshArgs,
 ) -> anyhow::Result<std::sync::Arc<kubespan::metrics::MeshMetrics>> {
     use std::sync::Arc;
-    use wirespan_dataplane::{netns::Netns, routing::NetlinkRouting, wireguard::BackendChoice};
+    use wirespan_dataplane::{
+        kernel_marking::KernelMarking, netns::Netns, routing::NetlinkRouting,
+        wireguard::BackendChoice,
+    };
     let netns = Netns::current();
     let metrics = Arc::new(kubespan::metrics::MeshMetrics::new());
     let m = Arc::clone(&metrics);
@@ -153,8 +156,10 @@ fn register_mesh(
                         WireGuardArg::Userspace => BackendChoice::Userspace,
                     },
                 }),
-                marking: Arc::new(kubespan::KernelMarking {
-                    netns: netns.clone(),
+                marking: Arc::new(kubespan::KernelMarkingFactory {
+                    marking: KernelMarking {
+                        netns: netns.clone(),
+                    },
                     metrics: Some(Arc::clone(&metrics)),
                 }),
                 routing_cleanup: Some(Box::new(routing)),

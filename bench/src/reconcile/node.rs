@@ -15,7 +15,7 @@ use wirespan_control::{
     controllers::kubespan::{
         identity::IpLinkSource,
         manager::{ManagerDeps, OnStop},
-        register, Deps, KernelMarking, KernelWireGuard,
+        register, Deps, KernelMarkingFactory, KernelWireGuard,
     },
     kubespan::clock::SystemClock,
     resources::{
@@ -30,6 +30,7 @@ use wirespan_control::{
 };
 use wirespan_dataplane::{
     ipnet::{IpNet, Ipv4Net},
+    kernel_marking::KernelMarking,
     netns::{unique_name, NetnsGuard},
     routing::{NetlinkRouting, Routing, RoutingSpec},
     wireguard::{BackendChoice, PublicKey},
@@ -139,8 +140,10 @@ pub(super) fn start(n: usize, fast_path: FastPath) -> anyhow::Result<Node> {
                     probe: Arc::clone(&probe),
                 }),
                 marking: Arc::new(TimedMarkingFactory {
-                    inner: KernelMarking {
-                        netns: ns.netns().clone(),
+                    inner: KernelMarkingFactory {
+                        marking: KernelMarking {
+                            netns: ns.netns().clone(),
+                        },
                         metrics: None,
                     },
                     tx,
@@ -285,7 +288,7 @@ impl Node {
         let rule = self
             .store
             .list::<RoutingRuleSpec>(NS_CONFIG, &Default::default());
-        let (table, priority, fwmark, fwmask) =
+        let (table, rule_priority, fw_mark, fw_mask) =
             rule.first().map_or((180, 32500, 0x40, 0x60), |r| {
                 (
                     r.spec.table,
@@ -305,9 +308,9 @@ impl Node {
             mtu,
             addresses,
             table,
-            priority,
-            fwmark,
-            fwmask,
+            rule_priority,
+            fw_mark,
+            fw_mask,
             ..RoutingSpec::default()
         };
         let mut routing = NetlinkRouting::new(&self.ns)?;

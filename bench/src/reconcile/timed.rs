@@ -13,7 +13,7 @@ use wirespan_control::{
     config::kubespan::FastPath,
     controllers::kubespan::{
         manager::{MarkingChoice, MarkingFactory, WireGuardFactory},
-        KernelMarking, KernelWireGuard,
+        KernelMarkingFactory, KernelWireGuard,
     },
 };
 use wirespan_dataplane::{
@@ -206,7 +206,7 @@ impl Marking for TimedMarking {
 /// Builds marking adapters wrapped in `TimedMarking`, and records which it got.
 #[derive(Debug)]
 pub(super) struct TimedMarkingFactory {
-    pub(super) inner: KernelMarking,
+    pub(super) inner: KernelMarkingFactory,
     pub(super) tx: mpsc::UnboundedSender<Applied>,
     pub(super) probe: Probe,
     /// What the manager got: (fast path in use, note).

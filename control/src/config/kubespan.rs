@@ -3,7 +3,7 @@
 //!
 //! ```yaml
 //! apiVersion: v1alpha1
-//! kind: KubeSpanConfig
+//! kind: KubeSpanConfigDocument
 //! enabled: true
 //! advertisedNetworks: [10.244.1.0/24]
 //! filters:
@@ -69,7 +69,7 @@ pub struct KubeSpanFilters {
 /// defaults are Talos KubeSpan's.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase", default)]
-pub struct KubeSpanConfig {
+pub struct KubeSpanConfigDocument {
     /// Run the mesh.
     pub enabled: bool,
     /// Advertise `advertisedNetworks` to peers, which then route them to this node.
@@ -172,7 +172,7 @@ const PEER_DOWN_INTERVAL_RANGE: (Duration, Duration) =
 const PEER_RECEIVE_TIMEOUT_RANGE: (Duration, Duration) =
     (Duration::from_secs(6), Duration::from_secs(300));
 
-impl Default for KubeSpanConfig {
+impl Default for KubeSpanConfigDocument {
     fn default() -> Self {
         Self {
             enabled: false,
@@ -198,7 +198,7 @@ impl Default for KubeSpanConfig {
     }
 }
 
-impl ConfigDocument for KubeSpanConfig {
+impl ConfigDocument for KubeSpanConfigDocument {
     const KIND: &'static str = "KubeSpanConfig";
     const SINGLETON: bool = true;
 
@@ -297,7 +297,7 @@ impl ConfigDocument for KubeSpanConfig {
     }
 }
 
-impl KubeSpanConfig {
+impl KubeSpanConfigDocument {
     /// The parsed endpoint filters; `None` when unset (no filtering).
     ///
     /// Valid documents always parse (validation checked every entry).
@@ -428,13 +428,13 @@ mod tests {
     fn defaults_are_upstream_and_hex_marks_parse() {
         let cfg = parse("apiVersion: v1alpha1\nkind: KubeSpanConfig\nenabled: true\ndeviceMark: 0x20\nfastPath: ebpf\n")
             .unwrap();
-        let k = cfg.singleton::<KubeSpanConfig>().unwrap();
+        let k = cfg.singleton::<KubeSpanConfigDocument>().unwrap();
         assert_eq!(
             *k,
-            KubeSpanConfig {
+            KubeSpanConfigDocument {
                 enabled: true,
                 fast_path: FastPath::Ebpf,
-                ..KubeSpanConfig::default()
+                ..KubeSpanConfigDocument::default()
             }
         );
         assert_eq!((k.mtu, k.listen_port, k.routing_table), (1420, 51820, 180));
@@ -446,7 +446,7 @@ mod tests {
     fn detection_timings_parse_and_bad_ones_are_named() {
         let cfg = parse("apiVersion: v1alpha1\nkind: KubeSpanConfig\npeerDownInterval: 3m\npeerReceiveTimeout: 6s\n")
             .unwrap();
-        let k = cfg.singleton::<KubeSpanConfig>().unwrap();
+        let k = cfg.singleton::<KubeSpanConfigDocument>().unwrap();
         assert_eq!(k.peer_down_interval, Duration::from_secs(180));
         assert_eq!(k.peer_receive_timeout, Duration::from_secs(6));
         for (text, field) in [
@@ -466,7 +466,7 @@ mod tests {
 
     #[test]
     fn invalid_fields_are_named() {
-        let k = KubeSpanConfig {
+        let k = KubeSpanConfigDocument {
             mtu: 0,
             listen_port: 0,
             route_mark: 0x80,
@@ -479,7 +479,7 @@ mod tests {
                 peer_endpoints: Some(vec!["::/0".into(), "!10.0.0.0/33".into()]),
                 ..KubeSpanFilters::default()
             },
-            ..KubeSpanConfig::default()
+            ..KubeSpanConfigDocument::default()
         };
         let fields: Vec<_> = k.validate().into_iter().map(|e| e.field).collect();
         assert_eq!(
@@ -555,7 +555,7 @@ mod tests {
         )
         .unwrap();
         let filters = doc
-            .singleton::<KubeSpanConfig>()
+            .singleton::<KubeSpanConfigDocument>()
             .unwrap()
             .peer_endpoint_filters();
         let want: Vec<SocketAddr> = [
@@ -571,7 +571,10 @@ mod tests {
         // Unset: untouched; empty: nothing left to try.
         assert_eq!(filter_endpoints(&eps, None), eps);
         assert!(filter_endpoints(&eps, Some(&[])).is_empty());
-        assert_eq!(KubeSpanConfig::default().peer_endpoint_filters(), None);
+        assert_eq!(
+            KubeSpanConfigDocument::default().peer_endpoint_filters(),
+            None
+        );
     }
 
     #[test]

@@ -290,7 +290,7 @@ macro_rules! documents {
 documents! {
     ClusterConfig => cluster::ClusterConfig,
     DiscoveryServiceConfig => cluster::DiscoveryServiceConfig,
-    KubeSpanConfig => kubespan::KubeSpanConfig,
+    KubeSpanConfig => kubespan::KubeSpanConfigDocument,
     KubeSpanEndpointsConfig => kubespan::KubeSpanEndpointsConfig,
     LinkConfig => network::LinkConfig,
     AddressConfig => network::AddressConfig,
@@ -519,7 +519,7 @@ mod tests {
     fn variant_names_are_the_kinds() {
         // The serde tag of `Document` is the variant name; it must be the kind.
         for doc in [
-            Document::KubeSpanConfig(kubespan::KubeSpanConfig::default()),
+            Document::KubeSpanConfig(kubespan::KubeSpanConfigDocument::default()),
             Document::ClusterConfig(cluster::ClusterConfig::default()),
             Document::KubeSpanEndpointsConfig(kubespan::KubeSpanEndpointsConfig::default()),
         ] {
@@ -571,7 +571,11 @@ bogus: 1
     fn singletons_once_and_empty_documents_skipped() {
         let one = "apiVersion: v1alpha1\nkind: KubeSpanConfig\nenabled: true\n";
         let cfg = parse(&format!("---\n{one}---\n")).unwrap();
-        assert!(cfg.singleton::<kubespan::KubeSpanConfig>().unwrap().enabled);
+        assert!(
+            cfg.singleton::<kubespan::KubeSpanConfigDocument>()
+                .unwrap()
+                .enabled
+        );
         let err = parse(&format!("{one}---\n{one}")).unwrap_err();
         assert_eq!(err.documents[0].position, 2);
         assert!(err.to_string().contains("only once"), "{err}");

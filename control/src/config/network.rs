@@ -221,8 +221,10 @@ pub struct RouteConfig {
     /// Outgoing link.
     ///
     /// Valid: an interface name when set; required when there is no `gateway`.
-    #[serde(default)]
-    pub link: String,
+    // The YAML key stays `link` (like `AddressConfig.link`); the field has the name it
+    // keeps in `RouteSpec`, `RouteStatus` and the kernel adapter (`docs/runtime.md` §4.6).
+    #[serde(default, rename = "link")]
+    pub out_link_name: String,
     /// Routing table.
     ///
     /// Valid: not 0 or 255, and not the mesh's table (`KubeSpanConfig.routingTable`,
@@ -231,9 +233,12 @@ pub struct RouteConfig {
     #[schemars(extend("default" = 254))]
     pub table: Option<u32>,
     /// Metric (priority).
-    #[serde(default)]
+    // The YAML key stays `metric` (Talos' machine config and `ip route` say metric); the
+    // field has the name it keeps in `RouteSpec`, `RouteStatus`, the kernel adapter and
+    // netlink (`RTA_PRIORITY`; `docs/runtime.md` §4.6).
+    #[serde(default, rename = "metric")]
     #[schemars(extend("default" = 1024))]
-    pub metric: Option<u32>,
+    pub priority: Option<u32>,
     /// Route MTU. Unset: none (the link's).
     ///
     /// Valid: 68–65535.
@@ -254,8 +259,8 @@ impl RouteConfig {
 
 /// The main routing table (a route's `table` when unset).
 pub const TABLE_MAIN: u32 = 254;
-/// A route's `metric` when unset.
-pub const DEFAULT_METRIC: u32 = 1024;
+/// A route's priority (YAML `metric`) when unset.
+pub const DEFAULT_ROUTE_PRIORITY: u32 = 1024;
 
 impl RouteConfig {
     /// The destination the route is programmed with: a `/0` is a default route, which
@@ -271,10 +276,10 @@ impl RouteConfig {
         self.table.unwrap_or(TABLE_MAIN)
     }
 
-    /// The metric, [`DEFAULT_METRIC`] when unset.
+    /// The priority, [`DEFAULT_ROUTE_PRIORITY`] when unset.
     #[must_use]
-    pub fn metric_or_default(&self) -> u32 {
-        self.metric.unwrap_or(DEFAULT_METRIC)
+    pub fn priority_or_default(&self) -> u32 {
+        self.priority.unwrap_or(DEFAULT_ROUTE_PRIORITY)
     }
 }
 
@@ -328,20 +333,20 @@ impl ConfigDocument for RouteConfig {
             route_key(
                 self.table_or_main(),
                 self.is_v6(),
-                &self.link,
+                &self.out_link_name,
                 self.gateway,
                 self.programmed_destination(),
-                self.metric_or_default(),
+                self.priority_or_default(),
             ),
         ))
     }
     fn validate(&self) -> Vec<FieldError> {
         let mut errs = Vec::new();
         check_network("destination", self.destination, &mut errs);
-        if !self.link.is_empty() {
-            check_ifname("link", &self.link, &mut errs);
+        if !self.out_link_name.is_empty() {
+            check_ifname("link", &self.out_link_name, &mut errs);
         }
-        if self.link.is_empty() && self.gateway.is_none() {
+        if self.out_link_name.is_empty() && self.gateway.is_none() {
             errs.push(FieldError::new("link", "a route needs a link or a gateway"));
         }
         let v6 = self.is_v6();
@@ -479,7 +484,7 @@ pub(super) fn check_mesh_reserved(
     errors: &mut Vec<super::DocumentError>,
 ) {
     use super::Document;
-    let default = super::kubespan::KubeSpanConfig::default();
+    let default = super::kubespan::KubeSpanConfigDocument::default();
     let mesh = documents
         .iter()
         .find_map(|(_, d)| match d {

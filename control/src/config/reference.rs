@@ -478,7 +478,7 @@ mod tests {
 
     #[test]
     fn field_order_is_declaration_order() {
-        let fields = field_order::<crate::config::kubespan::KubeSpanConfig>();
+        let fields = field_order::<crate::config::kubespan::KubeSpanConfigDocument>();
         assert_eq!(fields.first(), Some(&"enabled"));
         assert_eq!(fields.last(), Some(&"peerRelay"));
     }

@@ -5,6 +5,7 @@
 //! the controllers take time from.
 
 pub mod clock;
+pub mod peer_status;
 pub mod peers;
 pub mod planner;
 pub mod prefixset;

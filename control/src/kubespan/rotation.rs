@@ -6,7 +6,7 @@ use std::{
     time::{Duration, SystemTime},
 };
 
-use crate::resources::kubespan::{KubeSpanPeerStatusSpec, PeerState};
+use crate::{kubespan::peer_status::PeerStatus, resources::kubespan::PeerState};
 
 /// How long a fresh endpoint has to produce a handshake.
 pub const ENDPOINT_CONNECTION_TIMEOUT: Duration = Duration::from_secs(15);
@@ -108,7 +108,7 @@ pub struct Observed {
 /// recent handshake is then `up` at once and keeps its endpoint (nothing is pushed); one
 /// without continues the rotation from the endpoint it was on. Without an endpoint on
 /// the device the status stays empty (the peer is new: first endpoint pushed).
-pub fn seed(status: &mut KubeSpanPeerStatusSpec, observed: &Observed) {
+pub fn seed(status: &mut PeerStatus, observed: &Observed) {
     let Some(endpoint) = observed.endpoint else {
         return;
     };
@@ -325,7 +325,7 @@ pub fn wirespan_keepalive(window: Duration) -> u16 {
 /// down (§8.6), whatever its last handshake, and an unknown one whose counter moved
 /// since the push is up.
 pub fn step(
-    status: &mut KubeSpanPeerStatusSpec,
+    status: &mut PeerStatus,
     endpoints: &[SocketAddr],
     observed: Option<&Observed>,
     now: SystemTime,
@@ -407,7 +407,7 @@ pub const FIRST_HANDSHAKE_DEFERRAL: Duration = Duration::from_secs(1);
 pub fn defers_first_handshake(
     own_key: &[u8; 32],
     peer_key: &[u8; 32],
-    status: &KubeSpanPeerStatusSpec,
+    status: &PeerStatus,
     now: SystemTime,
 ) -> bool {
     own_key > peer_key
@@ -428,19 +428,19 @@ pub const UNLISTED_KEPT: &str = "not listed by discovery; kept while its session
 /// can delete affiliates, so a missing listing alone must not cut a working tunnel.
 /// Once the session goes stale the peer is removed as any unlisted one.
 #[must_use]
-pub fn keeps_unlisted(status: &KubeSpanPeerStatusSpec, now: SystemTime) -> bool {
+pub fn keeps_unlisted(status: &PeerStatus, now: SystemTime) -> bool {
     status.state == PeerState::Up && unlisted_until(status).is_some_and(|t| now < t)
 }
 
 /// When a kept unlisted peer's session is too old to carry data, whatever else happens.
 #[must_use]
-pub fn unlisted_until(status: &KubeSpanPeerStatusSpec) -> Option<SystemTime> {
+pub fn unlisted_until(status: &PeerStatus) -> Option<SystemTime> {
     status.last_handshake_time.map(|h| h + REJECT_AFTER_TIME)
 }
 
 /// Notes in `status` whether the peer is `listed` by discovery; returns whether the
 /// peer stays (always when listed; see [`keeps_unlisted`] otherwise).
-pub fn note_listing(status: &mut KubeSpanPeerStatusSpec, listed: bool, now: SystemTime) -> bool {
+pub fn note_listing(status: &mut PeerStatus, listed: bool, now: SystemTime) -> bool {
     let keep = listed || keeps_unlisted(status, now);
     status.retained_reason.clear();
     if !listed && keep {
@@ -456,7 +456,7 @@ pub fn note_listing(status: &mut KubeSpanPeerStatusSpec, listed: bool, now: Syst
 /// when it is to be probed or judged by its receive window.
 #[must_use]
 pub fn next_wake(
-    status: &KubeSpanPeerStatusSpec,
+    status: &PeerStatus,
     now: SystemTime,
     down_interval: Duration,
     rx: Option<(&RxTrack, Duration)>,
@@ -545,10 +545,10 @@ mod tests {
 
     #[test]
     fn an_unlisted_peer_is_kept_while_up_with_a_session_that_carries_data() {
-        let up = KubeSpanPeerStatusSpec {
+        let up = PeerStatus {
             state: PeerState::Up,
             last_handshake_time: Some(t(1000)),
-            ..KubeSpanPeerStatusSpec::default()
+            ..PeerStatus::default()
         };
         let mut st = up.clone();
         assert!(note_listing(&mut st, false, t(1010)));
@@ -565,13 +565,13 @@ mod tests {
         assert_eq!(stale.retained_reason, "");
         // Down or unknown (a wirespan peer silent for its receive window is down).
         for state in [PeerState::Down, PeerState::Unknown] {
-            let st = KubeSpanPeerStatusSpec {
+            let st = PeerStatus {
                 state,
                 ..up.clone()
             };
             assert!(!keeps_unlisted(&st, t(1001)), "{state:?}");
         }
-        let never = KubeSpanPeerStatusSpec {
+        let never = PeerStatus {
             last_handshake_time: None,
             ..up
         };
@@ -597,10 +597,10 @@ mod tests {
         assert_eq!(pick(&[], None, None), None);
     }
 
-    fn status() -> KubeSpanPeerStatusSpec {
-        KubeSpanPeerStatusSpec {
+    fn status() -> PeerStatus {
+        PeerStatus {
             label: "n1".into(),
-            ..KubeSpanPeerStatusSpec::default()
+            ..PeerStatus::default()
         }
     }
 
@@ -895,7 +895,7 @@ mod tests {
     #[test]
     fn the_default_down_interval_is_275_s_and_a_configured_one_replaces_it() {
         let used = Some(ep("192.0.2.1:51820"));
-        let default = crate::config::kubespan::KubeSpanConfig::default().peer_down_interval;
+        let default = crate::config::kubespan::KubeSpanConfigDocument::default().peer_down_interval;
         // Handshake at 0, endpoint pushed long before: judged by the handshake alone.
         let state = |at, interval| {
             peer_state(
@@ -1056,7 +1056,7 @@ mod tests {
         let w = Duration::from_secs(6);
         let mut s = status();
         let mut track = RxTrack::new(0, t(0));
-        let mut read = |s: &mut KubeSpanPeerStatusSpec, at: u64, rx: u64| {
+        let mut read = |s: &mut PeerStatus, at: u64, rx: u64| {
             let obs = Observed {
                 endpoint: Some(a),
                 // A session from before the push, still valid: no new handshake.

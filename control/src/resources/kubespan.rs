@@ -7,7 +7,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    config::kubespan::KubeSpanConfig as KubeSpanConfigDocument,
+    config::kubespan::KubeSpanConfigDocument,
     runtime::{Definition, ResourceKind},
     secret::Key32,
 };

@@ -131,7 +131,7 @@ impl TestNode {
         );
         let parsed = config::parse(config).unwrap();
         let ks = parsed
-            .singleton::<config::kubespan::KubeSpanConfig>()
+            .singleton::<config::kubespan::KubeSpanConfigDocument>()
             .cloned()
             .unwrap_or_default();
         set::<KubeSpanConfig>(

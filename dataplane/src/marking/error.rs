@@ -2,7 +2,7 @@
 //!
 //! [`MarkingError::FastPath`] is the marking module's one reference to
 //! [`crate::fastpath`]: an adapter that marks with both the nftables table and the
-//! eBPF fast path (the daemon's, in `wirespan-control`) reports through the
+//! eBPF fast path ([`crate::kernel_marking::FastPathMarking`]) reports through the
 //! [`Marking`](super::Marking) trait. The dependency runs one way: the fast path knows
 //! only [`crate::markspec`], never this module.
 

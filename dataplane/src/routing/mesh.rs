@@ -148,13 +148,13 @@ async fn observe_in_ns(h: Handle, name: String) -> Result<RoutingStatus, Routing
     }
     for r in mesh_routes(&h).await? {
         if let Some(dst) = route_dst(&r) {
-            let metric = route_u32(&r, |a| match a {
+            let priority = route_u32(&r, |a| match a {
                 RouteAttribute::Priority(p) => Some(*p),
                 _ => None,
             })
             .unwrap_or_default();
             st.routes
-                .push((dst, route_table(&r), metric, route_mtu(&r)));
+                .push((dst, route_table(&r), priority, route_mtu(&r)));
         }
     }
     Ok(st)

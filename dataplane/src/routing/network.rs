@@ -62,7 +62,7 @@ pub enum RouteKind {
     Prohibit,
 }
 
-/// A route to converge. Matched by (family, destination, gateway, table, metric).
+/// A route to converge. Matched by (family, destination, gateway, table, priority).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RouteParams {
     /// Destination (`0.0.0.0/0` or `::/0` for a default route).
@@ -72,11 +72,11 @@ pub struct RouteParams {
     /// Preferred source.
     pub source: Option<IpAddr>,
     /// Outgoing link (empty: none).
-    pub out_link: String,
+    pub out_link_name: String,
     /// Table (254 = main).
     pub table: u32,
-    /// Metric (IPv6: 0 means 1024).
-    pub metric: u32,
+    /// Route priority, `ip route`'s metric (IPv6: 0 means 1024).
+    pub priority: u32,
     /// Scope (`scope::*`).
     pub scope: u8,
     /// Type.
@@ -101,9 +101,9 @@ pub struct RuleParams {
     /// Priority.
     pub priority: u32,
     /// Mark (0 = none).
-    pub fwmark: u32,
+    pub fw_mark: u32,
     /// Mark mask (0 = none).
-    pub fwmask: u32,
+    pub fw_mask: u32,
     /// Whose marker the rule carries.
     pub owner: Owner,
 }
@@ -159,8 +159,8 @@ pub struct ObservedRoute {
     pub oif: Option<u32>,
     /// Table.
     pub table: u32,
-    /// Metric.
-    pub metric: u32,
+    /// Route priority (`ip route`'s metric).
+    pub priority: u32,
     /// Scope.
     pub scope: u8,
     /// Type.
@@ -183,9 +183,9 @@ pub struct ObservedRule {
     /// Priority.
     pub priority: u32,
     /// Mark.
-    pub fwmark: u32,
+    pub fw_mark: u32,
     /// Mask.
-    pub fwmask: u32,
+    pub fw_mask: u32,
     /// Protocol (211 = the mesh's, 212 = from network documents).
     pub protocol: u8,
 }

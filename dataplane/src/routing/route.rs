@@ -75,7 +75,7 @@ pub(super) fn route_addr(a: &RouteAddress) -> Option<IpAddr> {
     }
 }
 
-pub(super) fn route_metric_eq(v6: bool, a: u32, b: u32) -> bool {
+pub(super) fn route_priority_eq(v6: bool, a: u32, b: u32) -> bool {
     let norm = |m: u32| if v6 && m == 0 { 1024 } else { m };
     norm(a) == norm(b)
 }
@@ -145,7 +145,7 @@ pub(super) fn observed_route(r: &RouteMessage) -> Option<ObservedRoute> {
             _ => None,
         }),
         table: route_table(r),
-        metric: route_u32(r, |a| match a {
+        priority: route_u32(r, |a| match a {
             RouteAttribute::Priority(p) => Some(*p),
             _ => None,
         })
@@ -162,7 +162,7 @@ pub(super) fn desired_route(spec: &RoutingSpec, index: u32, v6: bool) -> RouteMe
             .destination_prefix(Ipv6Addr::UNSPECIFIED, 0)
             .output_interface(index)
             .table_id(spec.table)
-            .priority(spec.metric)
+            .priority(spec.route_priority)
             .protocol(RouteProtocol::Other(RTPROT_WIRESPAN))
             .scope(RouteScope::Universe)
             .kind(RouteType::Unicast)
@@ -172,7 +172,7 @@ pub(super) fn desired_route(spec: &RoutingSpec, index: u32, v6: bool) -> RouteMe
             .destination_prefix(Ipv4Addr::UNSPECIFIED, 0)
             .output_interface(index)
             .table_id(spec.table)
-            .priority(spec.metric)
+            .priority(spec.route_priority)
             .protocol(RouteProtocol::Other(RTPROT_WIRESPAN))
             .scope(RouteScope::Universe)
             .kind(RouteType::Unicast)
@@ -198,7 +198,7 @@ pub(super) fn route_matches(r: &RouteMessage, spec: &RoutingSpec, index: u32) ->
             _ => None,
         })
         .unwrap_or_default()
-            == spec.metric
+            == spec.route_priority
         && route_mtu(r) == spec.mtu
 }
 
@@ -206,7 +206,7 @@ pub(super) fn same_route_key(o: &ObservedRoute, p: &RouteParams) -> bool {
     o.destination == p.destination
         && o.gateway == p.gateway
         && o.table == p.table
-        && route_metric_eq(p.destination.addr().is_ipv6(), o.metric, p.metric)
+        && route_priority_eq(p.destination.addr().is_ipv6(), o.priority, p.priority)
 }
 
 pub(super) fn build_route(p: &RouteParams, oif: Option<u32>) -> Result<RouteMessage, RoutingError> {
@@ -226,7 +226,7 @@ pub(super) fn build_route(p: &RouteParams, oif: Option<u32>) -> Result<RouteMess
     }
     let mut msg = b
         .table_id(p.table)
-        .priority(p.metric)
+        .priority(p.priority)
         .protocol(RouteProtocol::from(p.owner.protocol()))
         .scope(RouteScope::from(p.scope))
         .kind(route_type_of(p.kind))
@@ -239,10 +239,10 @@ pub(super) fn build_route(p: &RouteParams, oif: Option<u32>) -> Result<RouteMess
 }
 
 pub(super) async fn apply_route_in_ns(h: Handle, p: RouteParams) -> Result<bool, RoutingError> {
-    let oif = if p.out_link.is_empty() {
+    let oif = if p.out_link_name.is_empty() {
         None
     } else {
-        Some(link_index(&h, &p.out_link).await?)
+        Some(link_index(&h, &p.out_link_name).await?)
     };
     let routes = all_routes(&h).await?;
     let matching: Vec<(ObservedRoute, u32)> = routes

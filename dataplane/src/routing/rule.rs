@@ -90,12 +90,12 @@ pub(super) fn observed_rule(r: &RuleMessage) -> ObservedRule {
             _ => None,
         })
         .unwrap_or_default(),
-        fwmark: rule_field(r, |a| match a {
+        fw_mark: rule_field(r, |a| match a {
             RuleAttribute::FwMark(p) => Some(*p),
             _ => None,
         })
         .unwrap_or_default(),
-        fwmask: rule_field(r, |a| match a {
+        fw_mask: rule_field(r, |a| match a {
             RuleAttribute::FwMask(p) => Some(*p),
             _ => None,
         })
@@ -120,15 +120,15 @@ pub(super) fn rule_matches(r: &RuleMessage, spec: &RoutingSpec) -> bool {
         && rule_field(r, |a| match a {
             RuleAttribute::Priority(p) => Some(*p),
             _ => None,
-        }) == Some(spec.priority)
+        }) == Some(spec.rule_priority)
         && rule_field(r, |a| match a {
             RuleAttribute::FwMark(p) => Some(*p),
             _ => None,
-        }) == Some(spec.fwmark)
+        }) == Some(spec.fw_mark)
         && rule_field(r, |a| match a {
             RuleAttribute::FwMask(p) => Some(*p),
             _ => None,
-        }) == Some(spec.fwmask)
+        }) == Some(spec.fw_mask)
 }
 
 pub(super) fn rule_equal(o: &ObservedRule, p: &RuleParams) -> bool {
@@ -137,8 +137,8 @@ pub(super) fn rule_equal(o: &ObservedRule, p: &RuleParams) -> bool {
         && o.dst == p.dst
         && o.table == p.table
         && o.priority == p.priority
-        && o.fwmark == p.fwmark
-        && effective_mask(o.fwmark, o.fwmask) == effective_mask(p.fwmark, p.fwmask)
+        && o.fw_mark == p.fw_mark
+        && effective_mask(o.fw_mark, o.fw_mask) == effective_mask(p.fw_mark, p.fw_mask)
 }
 
 /// The mask the kernel matches with: a mark given without a mask is matched whole
@@ -155,12 +155,12 @@ pub(super) async fn add_rule(h: &Handle, spec: &RoutingSpec, v6: bool) -> Result
     let base = h
         .rule()
         .add()
-        .priority(spec.priority)
-        .fw_mark(spec.fwmark)
+        .priority(spec.rule_priority)
+        .fw_mark(spec.fw_mark)
         .table_id(spec.table)
         .action(RuleAction::ToTable);
     let extra = [
-        RuleAttribute::FwMask(spec.fwmask),
+        RuleAttribute::FwMask(spec.fw_mask),
         RuleAttribute::Protocol(RouteProtocol::Other(RTPROT_WIRESPAN)),
     ];
     if v6 {
@@ -202,11 +202,11 @@ pub(super) async fn apply_rule_in_ns(h: Handle, p: RuleParams) -> Result<bool, R
     let mut extra = vec![RuleAttribute::Protocol(RouteProtocol::from(
         p.owner.protocol(),
     ))];
-    if p.fwmark != 0 {
-        extra.push(RuleAttribute::FwMark(p.fwmark));
+    if p.fw_mark != 0 {
+        extra.push(RuleAttribute::FwMark(p.fw_mark));
     }
-    if p.fwmask != 0 {
-        extra.push(RuleAttribute::FwMask(p.fwmask));
+    if p.fw_mask != 0 {
+        extra.push(RuleAttribute::FwMask(p.fw_mask));
     }
     let fill = |m: &mut RuleMessage| {
         m.attributes.extend(extra.iter().cloned());

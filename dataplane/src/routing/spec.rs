@@ -18,13 +18,13 @@ pub struct RoutingSpec {
     /// Routing table of the mesh routes.
     pub table: u32,
     /// Priority of the fwmark rules (0, 32766 and 32767 are the kernel's).
-    pub priority: u32,
+    pub rule_priority: u32,
     /// Mark the rules match.
-    pub fwmark: u32,
+    pub fw_mark: u32,
     /// Mask the rules match under.
-    pub fwmask: u32,
-    /// Metric of the default routes.
-    pub metric: u32,
+    pub fw_mask: u32,
+    /// Priority (`ip route`'s metric) of the default routes.
+    pub route_priority: u32,
     /// Program IPv4 rule and route.
     pub ipv4: bool,
     /// Program IPv6 rule and route.
@@ -38,10 +38,10 @@ impl Default for RoutingSpec {
             mtu: crate::DEFAULT_MTU,
             addresses: Vec::new(),
             table: crate::ROUTE_TABLE,
-            priority: crate::RULE_PRIORITY,
-            fwmark: crate::MESH_MARK,
-            fwmask: crate::MARK_MASK,
-            metric: 1,
+            rule_priority: crate::RULE_PRIORITY,
+            fw_mark: crate::MESH_MARK,
+            fw_mask: crate::MARK_MASK,
+            route_priority: 1,
             ipv4: true,
             ipv6: true,
         }
@@ -56,12 +56,12 @@ impl RoutingSpec {
     pub fn validate(&self) -> Result<(), Invalid> {
         check_ifname("link", &self.link)?;
         check_mtu("mtu", self.mtu)?;
-        if matches!(self.priority, 0 | 32766 | 32767) {
+        if matches!(self.rule_priority, 0 | 32766 | 32767) {
             return Err(Invalid::new(
-                "priority",
+                "rule_priority",
                 format!(
                     "{} is reserved by the kernel (0, 32766, 32767)",
-                    self.priority
+                    self.rule_priority
                 ),
             ));
         }
@@ -71,12 +71,12 @@ impl RoutingSpec {
                 format!("{} is reserved (unspec, default, main, local)", self.table),
             ));
         }
-        if self.fwmask == 0 || self.fwmark & !self.fwmask != 0 || self.fwmark == 0 {
+        if self.fw_mask == 0 || self.fw_mark & !self.fw_mask != 0 || self.fw_mark == 0 {
             return Err(Invalid::new(
-                "fwmark",
+                "fw_mark",
                 format!(
-                    "{:#x} must be non-zero and inside fwmask {:#x}",
-                    self.fwmark, self.fwmask
+                    "{:#x} must be non-zero and inside fw_mask {:#x}",
+                    self.fw_mark, self.fw_mask
                 ),
             ));
         }
@@ -106,7 +106,7 @@ pub struct RoutingStatus {
     pub addresses: Vec<IpNet>,
     /// Our rules: (family is v6, priority, table).
     pub rules: Vec<(bool, u32, u32)>,
-    /// Our routes: (destination, table, metric, mtu).
+    /// Our routes: (destination, table, priority, mtu).
     pub routes: Vec<(IpNet, u32, u32, u32)>,
 }
 

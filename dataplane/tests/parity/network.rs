@@ -101,9 +101,9 @@ struct RouteView {
     destination: IpNet,
     gateway: Option<std::net::IpAddr>,
     source: Option<std::net::IpAddr>,
-    out_link: Option<String>,
+    out_link_name: Option<String>,
     table: u32,
-    metric: u32,
+    priority: u32,
     scope: u8,
     kind: String,
 }
@@ -157,9 +157,9 @@ fn net_view(st: NetworkState, writes: u64) -> NetView {
             destination: r.destination,
             gateway: r.gateway,
             source: r.source,
-            out_link: r.oif.map(name_of),
+            out_link_name: r.oif.map(name_of),
             table: r.table,
-            metric: r.metric,
+            priority: r.priority,
             scope: r.scope,
             kind: format!("{:?}", r.kind),
         })
@@ -199,9 +199,9 @@ fn route(dst: &str, out_link: &str) -> RouteParams {
         destination: net(dst),
         gateway: None,
         source: None,
-        out_link: out_link.to_owned(),
+        out_link_name: out_link.to_owned(),
         table: 180,
-        metric: 1,
+        priority: 1,
         scope: scope::UNIVERSE,
         kind: RouteKind::Unicast,
         mtu: 0,
@@ -217,8 +217,8 @@ fn rule(v6: bool, priority: u32, table: u32) -> RuleParams {
         dst: None,
         table,
         priority,
-        fwmark: 0x40,
-        fwmask: 0x60,
+        fw_mark: 0x40,
+        fw_mask: 0x60,
         owner: Owner::Mesh,
     }
 }
@@ -285,7 +285,7 @@ fn bridge(name: &str, up: bool, mtu: u32) -> LinkParams {
 
 fn network_steps() -> Vec<Step<DynNetSide>> {
     let v6_route = RouteParams {
-        metric: 0, // IPv6: the kernel's default metric
+        priority: 0, // IPv6: the kernel's default metric
         ..route("fd00:20::/48", "wsd0")
     };
     let via = RouteParams {
@@ -304,12 +304,12 @@ fn network_steps() -> Vec<Step<DynNetSide>> {
     let src_rule = RuleParams {
         src: Some(net("10.20.0.0/24")),
         dst: Some(net("10.30.0.0/16")),
-        fwmark: 0,
-        fwmask: 0,
+        fw_mark: 0,
+        fw_mask: 0,
         ..rule(false, 32600, 181)
     };
     let unmasked = RuleParams {
-        fwmask: 0,
+        fw_mask: 0,
         ..rule(false, 32700, 183)
     };
     vec![
@@ -384,7 +384,7 @@ fn network_steps() -> Vec<Step<DynNetSide>> {
                 add_route(blackhole.clone()),
                 add_route(v6_route.clone()),
                 add_route(RouteParams {
-                    metric: 1024,
+                    priority: 1024,
                     ..v6_route.clone()
                 }),
             ]),
@@ -474,7 +474,7 @@ fn network_sides() -> (FakeNet, RealNet) {
 #[test]
 fn network_rule_with_an_unmasked_mark_is_applied_once() {
     let unmasked = RuleParams {
-        fwmask: 0,
+        fw_mask: 0,
         ..rule(false, 32700, 183)
     };
     let steps = vec![

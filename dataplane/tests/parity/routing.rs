@@ -95,8 +95,8 @@ fn routing_steps() -> Vec<Step<DynRoutingSide>> {
         mtu: 1380,
         addresses: nets(&["fd7f:175a:b97c:5602::2/64"]),
         table: 181,
-        priority: 32501,
-        metric: 5,
+        rule_priority: 32501,
+        route_priority: 5,
         ..spec.clone()
     };
     let v6_only = RoutingSpec {
@@ -108,7 +108,7 @@ fn routing_steps() -> Vec<Step<DynRoutingSide>> {
         ..spec.clone()
     };
     let bad = RoutingSpec {
-        priority: 32766,
+        rule_priority: 32766,
         ..spec.clone()
     };
     let apply_missing = apply(&missing);

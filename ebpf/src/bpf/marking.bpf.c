@@ -38,10 +38,11 @@
 #if !defined(BUCKETS) || !defined(DEFAULT_ENTRIES)
 #error "BUCKETS and DEFAULT_ENTRIES are passed by build.rs (ebpf/src/constants.rs)"
 #endif
+#if !defined(CNT_HIT) || !defined(CNT_MISS) || !defined(CNT_SKIPPED) || !defined(CNT_UNPARSED) || !defined(CNT_MAX)
+#error "the counter indices CNT_* are passed by build.rs (ebpf/src/constants.rs)"
+#endif
 
 #include "hash.h"
-
-enum counter { CNT_HIT = 0, CNT_MISS = 1, CNT_SKIPPED = 2, CNT_UNPARSED = 3, CNT_MAX = 4 };
 
 struct config {
 	__u32 device_mark;

@@ -14,7 +14,7 @@ use anyhow::Context as _;
 use checks::{Finding, Level, Want, WireGuardChoice};
 use wirespan_control::config::{
     self,
-    kubespan::{FastPath, KubeSpanConfig},
+    kubespan::{FastPath, KubeSpanConfigDocument},
 };
 
 use super::node::WireGuardArg;
@@ -47,11 +47,11 @@ fn want(args: &Args) -> anyhow::Result<Want> {
                 .with_context(|| format!("reading {}", path.display()))?;
             let cfg =
                 config::parse(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-            cfg.singleton::<KubeSpanConfig>()
+            cfg.singleton::<KubeSpanConfigDocument>()
                 .cloned()
                 .unwrap_or_default()
         }
-        None => KubeSpanConfig::default(),
+        None => KubeSpanConfigDocument::default(),
     };
     let advertised = if mesh.advertise_kubernetes_networks {
         mesh.advertised_networks.as_slice()

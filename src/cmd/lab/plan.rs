@@ -14,7 +14,9 @@ use std::{
 };
 
 use serde::{Deserialize, Serialize};
-use wirespan_control::config::{self, kubespan::FastPath, kubespan::KubeSpanConfig, API_VERSION};
+use wirespan_control::config::{
+    self, kubespan::FastPath, kubespan::KubeSpanConfigDocument, API_VERSION,
+};
 
 pub use super::topology::{node_name, MAX_NODES};
 use super::topology::{Nat, Topology};
@@ -181,8 +183,8 @@ pub fn node_config(
     fast_path: FastPath,
     peer_receive_timeout: Option<std::time::Duration>,
 ) -> Result<String, serde_yaml_ng::Error> {
-    let defaults = KubeSpanConfig::default();
-    let kubespan = KubeSpanConfig {
+    let defaults = KubeSpanConfigDocument::default();
+    let kubespan = KubeSpanConfigDocument {
         enabled: true,
         fast_path,
         peer_receive_timeout: peer_receive_timeout.unwrap_or(defaults.peer_receive_timeout),
@@ -398,7 +400,7 @@ mod tests {
         )
         .unwrap();
         let n = validate(&node).unwrap();
-        let ks = n.singleton::<KubeSpanConfig>().unwrap();
+        let ks = n.singleton::<KubeSpanConfigDocument>().unwrap();
         assert!(ks.enabled);
         assert_eq!(ks.fast_path, FastPath::Ebpf);
         assert_eq!(ks.peer_receive_timeout, std::time::Duration::from_secs(6));

@@ -13,7 +13,7 @@ use std::{
 use anyhow::Context as _;
 use wirespan_control::{
     config::{
-        kubespan::{FastPath, KubeSpanConfig},
+        kubespan::{FastPath, KubeSpanConfigDocument},
         ConfigDocument as _,
     },
     files::write_atomic,
@@ -76,9 +76,9 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
     }
     if let Some(t) = opts.peer_receive_timeout {
         // The node's own check, before anything is made.
-        let kubespan = KubeSpanConfig {
+        let kubespan = KubeSpanConfigDocument {
             peer_receive_timeout: t,
-            ..KubeSpanConfig::default()
+            ..KubeSpanConfigDocument::default()
         };
         let errors = kubespan.validate();
         if let Some(e) = errors.iter().find(|e| e.field == "peerReceiveTimeout") {

@@ -107,7 +107,7 @@ fn route_config() {
     let ok = RouteConfig {
         destination: net("10.10.0.0/16"),
         gateway: Some("10.9.0.254".parse().unwrap()),
-        link: "eth0".into(),
+        out_link_name: "eth0".into(),
         ..RouteConfig::default()
     };
     assert!(errors(&ok).is_empty());
@@ -136,9 +136,9 @@ fn route_config() {
         destination: net("10.0.0.0/8"),
         gateway: Some("fd00::1".parse().unwrap()),
         source: Some("fd00::2".parse().unwrap()),
-        link: "a b".into(),
+        out_link_name: "a b".into(),
         table: Some(255),
-        metric: None,
+        priority: None,
         mtu: Some(1),
     };
     let e = errors(&bad);

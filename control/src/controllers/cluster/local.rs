@@ -333,7 +333,7 @@ fn desired(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::kubespan::KubeSpanConfig as Doc;
+    use crate::config::kubespan::KubeSpanConfigDocument as Doc;
 
     fn nets(list: &[&str]) -> Vec<IpNet> {
         list.iter().map(|s| s.parse().unwrap()).collect()

@@ -3,7 +3,7 @@
 use futures::future::BoxFuture;
 
 use crate::{
-    config::kubespan::{KubeSpanConfig as Document, KubeSpanEndpointsConfig},
+    config::kubespan::{KubeSpanConfigDocument as Document, KubeSpanEndpointsConfig},
     resources::{
         config::MachineConfig,
         kubespan::{KubeSpanConfig, KubeSpanConfigSpec, KUBESPAN, NS},

@@ -10,15 +10,16 @@ use std::{
 use wirespan_dataplane::{
     fake::{FakeMarking, FakeSysctl, FakeWireGuard},
     fastpath::FastPathError,
+    kernel_marking::{compose, Classifier},
     marking::{Marking as _, MarkingSpec, PrefixDelta, PreroutingMarking},
     wireguard::{DeviceState, PublicKey, WgError, WireGuard},
 };
 
 use super::{
-    fast_path_choice,
+    choice_of,
     identity::{LinkInfo, LinkSource},
     manager::{ManagerDeps, MarkingChoice, MarkingFactory, OnStop, Prober, WireGuardFactory},
-    register, Classifier, Deps,
+    prerouting_of, register, Deps,
 };
 use crate::{
     config::kubespan::FastPath,
@@ -84,12 +85,12 @@ impl Classifier for NoClassifier {
 
 impl MarkingFactory for FakeMarkingFactory {
     fn create(&self, fast_path: FastPath, _link: &str) -> MarkingChoice {
-        fast_path_choice(fast_path, self.0.clone(), || {
+        choice_of(compose(self.0.clone(), prerouting_of(fast_path), || {
             Err::<NoClassifier, _>(FastPathError::Unsupported {
                 what: "bpf syscall".into(),
                 source: "not in tests".into(),
             })
-        })
+        }))
     }
 }
 
@@ -952,54 +953,6 @@ async fn ebpf_attach_failure_falls_back_to_nftables_marking_with_a_note() {
     m.h.stop().await.unwrap();
 }
 
-/// Counts applies; shares the count with the test.
-#[derive(Clone, Default)]
-struct CountingClassifier(Arc<std::sync::Mutex<(usize, bool)>>);
-
-impl Classifier for CountingClassifier {
-    fn apply(&mut self, _spec: &MarkingSpec) -> Result<bool, FastPathError> {
-        self.0.lock().unwrap().0 += 1;
-        Ok(true)
-    }
-
-    fn apply_delta(&mut self, _delta: &PrefixDelta) -> Result<bool, FastPathError> {
-        self.0.lock().unwrap().0 += 1;
-        Ok(true)
-    }
-
-    fn teardown(self) -> Result<(), FastPathError> {
-        self.0.lock().unwrap().1 = true;
-        Ok(())
-    }
-}
-
-#[test]
-fn fast_path_marking_omits_prerouting_lookups_and_restores_them_when_dropped() {
-    use super::FastPathMarking;
-    use wirespan_dataplane::marking::Marking as _;
-    let nft = FakeMarking::new();
-    let classifier = CountingClassifier::default();
-    let mut m = FastPathMarking {
-        nft: nft.clone(),
-        classifier: Some(classifier.clone()),
-        applied: None,
-    };
-    let spec = MarkingSpec {
-        prefixes_v4: vec!["10.5.0.1/32".parse().unwrap()],
-        ..MarkingSpec::default()
-    };
-    assert!(m.apply(&spec).unwrap());
-    assert_eq!(nft.spec().unwrap().prerouting, PreroutingMarking::FastPath);
-    assert_eq!(*classifier.0.lock().unwrap(), (1, false));
-    // Dropped without teardown (fast-path switch, or stop keeping kernel state):
-    // nftables marks forwarded traffic again before the classifier goes.
-    drop(m);
-    let restored = nft.spec().unwrap();
-    assert_eq!(restored.prerouting, PreroutingMarking::Nftables);
-    assert_eq!(restored.prefixes_v4, spec.prefixes_v4);
-    assert_eq!(*classifier.0.lock().unwrap(), (1, true));
-}
-
 /// Random joins, leaves, key moves and overlapping claims: after every step the peer
 /// specs equal a full pass over the same affiliates, whichever path produced them.
 #[tokio::test]
@@ -1129,62 +1082,6 @@ async fn a_peer_claiming_this_nodes_address_does_not_get_it() {
     let p1 = store.get::<KubeSpanPeerSpec>(NS, &key(1)).unwrap();
     assert!(p1.spec.overlap_removed.is_empty(), "{:?}", p1.spec);
     m.h.stop().await.unwrap();
-}
-
-#[test]
-fn fast_path_marking_applies_deltas_to_both_and_restores_the_result_when_dropped() {
-    use super::FastPathMarking;
-    use wirespan_dataplane::marking::{Marking as _, MarkingError};
-    let p = |s: &str| s.parse::<wirespan_dataplane::ipnet::IpNet>().unwrap();
-    let nft = FakeMarking::new();
-    let classifier = CountingClassifier::default();
-    let mut m = FastPathMarking {
-        nft: nft.clone(),
-        classifier: Some(classifier.clone()),
-        applied: None,
-    };
-    let delta = PrefixDelta {
-        remove: vec![p("10.5.0.1/32")],
-        add: vec![p("10.6.0.0/24"), p("fd00::1/128")],
-    };
-    assert!(matches!(
-        m.apply_delta(&delta),
-        Err(MarkingError::NotApplied)
-    ));
-    let spec = MarkingSpec {
-        prefixes_v4: vec![p("10.5.0.1/32"), p("10.5.0.2/32")],
-        ..MarkingSpec::default()
-    };
-    assert!(m.apply(&spec).unwrap());
-    assert!(m.apply_delta(&delta).unwrap());
-    assert_eq!(*classifier.0.lock().unwrap(), (2, false));
-    let after = nft.spec().unwrap();
-    assert_eq!(after.prerouting, PreroutingMarking::FastPath);
-    let mut v4 = after.prefixes_v4.clone();
-    v4.sort();
-    assert_eq!(v4, vec![p("10.5.0.2/32"), p("10.6.0.0/24")]);
-    assert_eq!(after.prefixes_v6, vec![p("fd00::1/128")]);
-    // An invalid delta names the entry and reaches neither the maps nor nftables.
-    let writes = nft.transactions();
-    let bad = PrefixDelta {
-        remove: vec![p("10.5.0.1/32")],
-        add: vec![],
-    };
-    match m.apply_delta(&bad) {
-        Err(MarkingError::Invalid(e)) => assert_eq!(e.field, "remove[0]"),
-        other => panic!("{other:?}"),
-    }
-    assert_eq!(*classifier.0.lock().unwrap(), (2, false));
-    assert_eq!(nft.transactions(), writes);
-    // Dropped: nftables marks the routed set as the deltas left it.
-    drop(m);
-    let restored = nft.spec().unwrap();
-    assert_eq!(restored.prerouting, PreroutingMarking::Nftables);
-    let mut v4 = restored.prefixes_v4.clone();
-    v4.sort();
-    assert_eq!(v4, vec![p("10.5.0.2/32"), p("10.6.0.0/24")]);
-    assert_eq!(restored.prefixes_v6, vec![p("fd00::1/128")]);
-    assert_eq!(*classifier.0.lock().unwrap(), (2, true));
 }
 
 /// Every endpoint a WireGuard write set, by peer, from update `from` on.

@@ -74,9 +74,9 @@ pub fn route_spec(r: &RouteConfig) -> RouteSpecSpec {
         destination: r.programmed_destination(),
         source: r.source,
         gateway: r.gateway,
-        out_link_name: r.link.clone(),
+        out_link_name: r.out_link_name.clone(),
         table: r.table_or_main(),
-        priority: r.metric_or_default(),
+        priority: r.priority_or_default(),
         scope: if r.gateway.is_none() && r.destination.is_some_and(|d| d.prefix_len() != 0) {
             Scope::Link
         } else {
@@ -205,9 +205,9 @@ mod tests {
             },
             RouteConfig {
                 destination: Some("::/0".parse().unwrap()),
-                link: "eth0".into(),
+                out_link_name: "eth0".into(),
                 table: Some(100),
-                metric: Some(7),
+                priority: Some(7),
                 ..RouteConfig::default()
             },
             RouteConfig {

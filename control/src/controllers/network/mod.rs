@@ -26,11 +26,11 @@ use std::sync::{Arc, Mutex};
 use futures::{stream::BoxStream, StreamExt as _};
 use wirespan_dataplane::{
     netns::Netns,
-    routing::{scope, NetworkConfig},
+    routing::{scope, NetworkConfig, RouteKind},
 };
 
 use crate::{
-    resources::network::{AddressSpec, LinkSpec, RouteSpec, RoutingRuleSpec, Scope},
+    resources::network::{AddressSpec, LinkSpec, RouteSpec, RouteType, RoutingRuleSpec, Scope},
     runtime::{RegistrationError, Runtime},
 };
 
@@ -46,7 +46,7 @@ pub trait KernelEvents: Send + Sync + 'static {
     fn subscribe(&self) -> std::io::Result<BoxStream<'static, ()>>;
 }
 
-/// Netlink link/address/route events of one namespace.
+/// Netlink link, address, route and rule events of one namespace.
 #[derive(Debug, Clone)]
 pub struct NetlinkFeed(pub Netns);
 
@@ -86,6 +86,29 @@ pub fn scope_of(n: u8) -> Scope {
         scope::SITE => Scope::Site,
         scope::LINK => Scope::Link,
         _ => Scope::Host,
+    }
+}
+
+/// The kernel adapter's route type of a spec's (the one mapping, with
+/// [`route_type_of`]; the adapter's is `RouteKind` because rtnetlink has a `RouteType`).
+#[must_use]
+pub fn route_kind(t: RouteType) -> RouteKind {
+    match t {
+        RouteType::Unicast => RouteKind::Unicast,
+        RouteType::Blackhole => RouteKind::Blackhole,
+        RouteType::Unreachable => RouteKind::Unreachable,
+        RouteType::Prohibit => RouteKind::Prohibit,
+    }
+}
+
+/// A spec's route type of the kernel adapter's.
+#[must_use]
+pub fn route_type_of(k: RouteKind) -> RouteType {
+    match k {
+        RouteKind::Unicast => RouteType::Unicast,
+        RouteKind::Blackhole => RouteType::Blackhole,
+        RouteKind::Unreachable => RouteType::Unreachable,
+        RouteKind::Prohibit => RouteType::Prohibit,
     }
 }
 

@@ -7,15 +7,13 @@ use std::{marker::PhantomData, net::IpAddr, time::Duration};
 use futures::future::BoxFuture;
 use ipnet::IpNet;
 use wirespan_dataplane::routing::{
-    AddressParams, LinkParams, NetworkConfig, Owner, RouteKind, RouteParams, RoutingError,
-    RuleParams,
+    AddressParams, LinkParams, NetworkConfig, Owner, RouteParams, RoutingError, RuleParams,
 };
 
-use super::{scope_number, Deps};
+use super::{route_kind, scope_number, Deps};
 use crate::{
     resources::network::{
-        AddressSpec, ConfigLayer, Family, LinkSpec, RouteSpec, RouteType, RoutingRuleSpec, NS,
-        TABLE_MAIN,
+        AddressSpec, ConfigLayer, Family, LinkSpec, RouteSpec, RoutingRuleSpec, NS, TABLE_MAIN,
     },
     runtime::{
         Action, Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind,
@@ -105,16 +103,11 @@ pub fn route_params(s: &crate::resources::network::RouteSpecSpec) -> RouteParams
         destination,
         gateway: s.gateway,
         source: s.source,
-        out_link: s.out_link_name.clone(),
+        out_link_name: s.out_link_name.clone(),
         table: if s.table == 0 { TABLE_MAIN } else { s.table },
-        metric: s.priority,
+        priority: s.priority,
         scope: scope_number(s.scope),
-        kind: match s.r#type {
-            RouteType::Unicast => RouteKind::Unicast,
-            RouteType::Blackhole => RouteKind::Blackhole,
-            RouteType::Unreachable => RouteKind::Unreachable,
-            RouteType::Prohibit => RouteKind::Prohibit,
-        },
+        kind: route_kind(s.r#type),
         mtu: s.mtu,
         owner: owner_of(s.layer),
     }
@@ -137,8 +130,8 @@ fn rule_params(s: &crate::resources::network::RoutingRuleSpecSpec) -> RuleParams
         dst: s.dst,
         table: s.table,
         priority: s.priority,
-        fwmark: s.fw_mark,
-        fwmask: s.fw_mask,
+        fw_mark: s.fw_mark,
+        fw_mask: s.fw_mask,
         owner: owner_of(s.layer),
     }
 }

@@ -6,13 +6,13 @@
 use std::{collections::HashMap, time::Duration};
 
 use futures::future::BoxFuture;
-use wirespan_dataplane::routing::{NetworkState, RouteKind};
+use wirespan_dataplane::routing::NetworkState;
 
-use super::{scope_of, Deps};
+use super::{route_type_of, scope_of, Deps};
 use crate::{
     resources::network::{
         AddressStatus, AddressStatusSpec, Family, LinkStatus, LinkStatusSpec, RouteSpecSpec,
-        RouteStatus, RouteStatusSpec, RouteType, RoutingRuleStatus, RoutingRuleStatusSpec, NS,
+        RouteStatus, RouteStatusSpec, RoutingRuleStatus, RoutingRuleStatusSpec, NS,
     },
     runtime::{
         Action, Controller, ControllerError, ControllerResult, ControllerRuntime, Input, Kind,
@@ -92,14 +92,9 @@ pub fn statuses(st: &NetworkState) -> Statuses {
                 .map(|n| (*n).to_owned())
                 .unwrap_or_default(),
             table: r.table,
-            priority: r.metric,
+            priority: r.priority,
             scope: scope_of(r.scope),
-            r#type: match r.kind {
-                RouteKind::Unicast => RouteType::Unicast,
-                RouteKind::Blackhole => RouteType::Blackhole,
-                RouteKind::Unreachable => RouteType::Unreachable,
-                RouteKind::Prohibit => RouteType::Prohibit,
-            },
+            r#type: route_type_of(r.kind),
             protocol: r.protocol,
         };
         let key = RouteSpecSpec {
@@ -117,15 +112,15 @@ pub fn statuses(st: &NetworkState) -> Statuses {
     for r in &st.rules {
         let family = if r.v6 { Family::Inet6 } else { Family::Inet4 };
         out.rules.push((
-            format!("{family}/{:05}", r.priority),
+            crate::config::network::rule_key(r.v6, r.priority),
             RoutingRuleStatusSpec {
                 family,
                 src: r.src,
                 dst: r.dst,
                 table: r.table,
                 priority: r.priority,
-                fw_mark: r.fwmark,
-                fw_mask: r.fwmask,
+                fw_mark: r.fw_mark,
+                fw_mask: r.fw_mask,
                 protocol: r.protocol,
             },
         ));

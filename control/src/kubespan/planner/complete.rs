@@ -22,7 +22,7 @@ use super::{
     CompleteInputs, MarkingPlan, MeshState, PathChange, Plan, WireGuardPlan,
 };
 use crate::{
-    config::kubespan::KubeSpanConfig as Settings,
+    config::kubespan::KubeSpanConfigDocument as Settings,
     kubespan::peers::routed_set,
     resources::kubespan::{KubeSpanPeerSpec, PeerState},
     runtime::Resource,

@@ -14,7 +14,7 @@ use super::{
     peer::{judge, program, rx_window_of, Facts, Programming, Route},
     MarkingPlan, MeshState, Plan, WireGuardPlan,
 };
-use crate::config::kubespan::KubeSpanConfig as Settings;
+use crate::config::kubespan::KubeSpanConfigDocument as Settings;
 
 impl MeshState {
     /// Plans a delta round over the peers `keys` at `now`.

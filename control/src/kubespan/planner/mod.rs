@@ -45,6 +45,7 @@ pub use self::{
     round::{choose_round, Round, DELTA_MAX, READ_DEFER_MAX},
 };
 use super::{
+    peer_status::PeerStatus,
     relay::DirectPath,
     rotation::{Observed, RxTrack, PEER_DOWN_INTERVAL},
 };
@@ -139,7 +140,7 @@ pub struct MeshState {
     /// Peer specs as last seen (the spec feed's mirror), by public key.
     specs: BTreeMap<String, Arc<Resource<KubeSpanPeerSpec>>>,
     /// Live per-peer state (the rotation cursor), by public key.
-    statuses: BTreeMap<String, KubeSpanPeerStatusSpec>,
+    statuses: BTreeMap<String, PeerStatus>,
     /// Receive tracking of wirespan peers, by public key.
     rx: HashMap<String, RxTrack>,
     /// public key → (spec, peer without endpoint), so unchanged peers are not rebuilt;
@@ -210,13 +211,13 @@ impl MeshState {
 
     /// A peer's status.
     #[must_use]
-    pub fn status(&self, key: &str) -> Option<&KubeSpanPeerStatusSpec> {
+    pub fn status(&self, key: &str) -> Option<&PeerStatus> {
         self.statuses.get(key)
     }
 
     /// Every peer's status, by public key.
     #[must_use]
-    pub fn statuses(&self) -> &BTreeMap<String, KubeSpanPeerStatusSpec> {
+    pub fn statuses(&self) -> &BTreeMap<String, PeerStatus> {
         &self.statuses
     }
 
@@ -261,7 +262,7 @@ impl MeshState {
     pub fn adopt_status(&mut self, key: &str, status: &KubeSpanPeerStatusSpec) {
         self.statuses
             .entry(key.to_owned())
-            .or_insert_with(|| status.clone());
+            .or_insert_with(|| PeerStatus::from(status));
     }
 
     /// The device is gone (torn down or renamed): every peer is built anew.

@@ -16,8 +16,9 @@ use super::{
     MeshState, PathChange, PERSISTENT_KEEPALIVE,
 };
 use crate::{
-    config::kubespan::KubeSpanConfig as Settings,
+    config::kubespan::KubeSpanConfigDocument as Settings,
     kubespan::{
+        peer_status::PeerStatus,
         peers::routed_prefixes,
         relay::DirectPath,
         rotation::{
@@ -25,7 +26,7 @@ use crate::{
             wirespan_keepalive, Observed, RxRule, RxTrack,
         },
     },
-    resources::kubespan::{KubeSpanPeerSpecSpec, KubeSpanPeerStatusSpec, PeerPath, PeerState},
+    resources::kubespan::{KubeSpanPeerSpecSpec, PeerPath, PeerState},
 };
 
 /// What a round knows of one peer besides its status.
@@ -62,7 +63,7 @@ pub(super) struct Judged {
 /// Steps one peer's status: a new status (seeded from what the device held), the
 /// receive window of a wirespan peer, the rotation step, listing, and whether to probe.
 pub(super) fn judge(
-    statuses: &mut BTreeMap<String, KubeSpanPeerStatusSpec>,
+    statuses: &mut BTreeMap<String, PeerStatus>,
     rx: &mut HashMap<String, RxTrack>,
     f: &Facts<'_>,
     s: &Settings,
@@ -71,9 +72,9 @@ pub(super) fn judge(
     let st = match statuses.entry(f.key.to_owned()) {
         Entry::Occupied(e) => e.into_mut(),
         Entry::Vacant(e) => {
-            let mut st = KubeSpanPeerStatusSpec {
+            let mut st = PeerStatus {
                 label: f.spec.label.clone(),
-                ..KubeSpanPeerStatusSpec::default()
+                ..PeerStatus::default()
             };
             // A peer the device already has (kept by an earlier run): its status starts
             // from it (no endpoint pushed over a working one).
@@ -156,7 +157,7 @@ pub(super) struct Programming<'a> {
 /// relayed peer is reachable through its relay, a server-relayed one once handshakes
 /// through the relay work), and its next wake-up (§8.5).
 pub(super) fn program(
-    st: &mut KubeSpanPeerStatusSpec,
+    st: &mut PeerStatus,
     p: &Programming<'_>,
     own_key: Option<&PublicKey>,
     s: &Settings,
@@ -227,7 +228,7 @@ pub(super) fn program(
 fn keepalive(
     own_key: Option<&PublicKey>,
     peer: &WgPeer,
-    status: &KubeSpanPeerStatusSpec,
+    status: &PeerStatus,
     now: SystemTime,
 ) -> u16 {
     let defer = own_key.is_some_and(|own| {

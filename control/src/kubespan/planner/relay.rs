@@ -10,14 +10,13 @@ use std::{
 
 use super::MeshState;
 use crate::{
-    config::kubespan::KubeSpanConfig as Settings,
+    config::kubespan::KubeSpanConfigDocument as Settings,
     kubespan::{
+        peer_status::PeerStatus,
         relay::{choose, key_id, published_down, Candidate, DirectPath},
         rotation::ENDPOINT_CONNECTION_TIMEOUT,
     },
-    resources::kubespan::{
-        KubeSpanPeerSpecSpec, KubeSpanPeerStatusSpec, PeerState, ServerRelayWant,
-    },
+    resources::kubespan::{KubeSpanPeerSpecSpec, PeerState, ServerRelayWant},
 };
 
 /// How long a relayed peer's keepalive is held at 0 at the start of each retry cycle:
@@ -38,7 +37,7 @@ pub(super) fn relay_user(s: &Settings, spec: &KubeSpanPeerSpecSpec) -> bool {
 
 /// Where `now` falls in the relayed peer's retry cycles, which start at its last
 /// endpoint push: the time since the current cycle began.
-fn retry_phase(st: &KubeSpanPeerStatusSpec, now: SystemTime) -> Option<(SystemTime, Duration)> {
+fn retry_phase(st: &PeerStatus, now: SystemTime) -> Option<(SystemTime, Duration)> {
     let t = st.last_endpoint_change?;
     let since = now.duration_since(t).unwrap_or_default();
     let cycle = DIRECT_RETRY_CYCLE.as_nanos();
@@ -47,11 +46,7 @@ fn retry_phase(st: &KubeSpanPeerStatusSpec, now: SystemTime) -> Option<(SystemTi
 }
 
 /// The keepalive of a relayed peer (see [`DIRECT_RETRY_REARM`]).
-pub(super) fn relayed_keepalive(
-    keepalive: u16,
-    st: &KubeSpanPeerStatusSpec,
-    now: SystemTime,
-) -> u16 {
+pub(super) fn relayed_keepalive(keepalive: u16, st: &PeerStatus, now: SystemTime) -> u16 {
     match retry_phase(st, now) {
         Some((_, phase)) if phase < DIRECT_RETRY_REARM => 0,
         _ => keepalive,
@@ -61,7 +56,7 @@ pub(super) fn relayed_keepalive(
 /// When to look at a relayed peer again: to turn its keepalive back on, a second
 /// later to see whether that handshake came through, then at the start of the next
 /// retry cycle (no per-second handshake poll: its traffic flows through the relay).
-pub(super) fn relayed_wake(st: &KubeSpanPeerStatusSpec, now: SystemTime) -> Option<SystemTime> {
+pub(super) fn relayed_wake(st: &PeerStatus, now: SystemTime) -> Option<SystemTime> {
     let (start, _) = retry_phase(st, now)?;
     [
         start + DIRECT_RETRY_REARM,

@@ -16,7 +16,7 @@ use super::{
     CompleteInputs, DevicePeer, MarkingPlan, MeshState, Plan, WireGuardPlan, RETAIN_AFTER_START,
 };
 use crate::{
-    config::kubespan::KubeSpanConfig as Settings,
+    config::kubespan::KubeSpanConfigDocument as Settings,
     kubespan::rotation::{Observed, UNLISTED_KEPT},
     resources::{
         cluster::WirespanAffiliateSpec,

@@ -14,7 +14,7 @@ use std::{
 use anyhow::Context as _;
 use nix::{sys::signal::Signal, unistd::Pid};
 use serde_json::Value;
-use wirespan_control::{config::kubespan::KubeSpanConfig, files::write_atomic};
+use wirespan_control::{config::kubespan::KubeSpanConfigDocument, files::write_atomic};
 use wirespan_dataplane::netns::Netns;
 
 use super::{
@@ -89,7 +89,7 @@ pub struct ChaosLab {
     baseline: Vec<Baseline>,
     children: Vec<Child>,
     secrets: Vec<Secret>,
-    kubespan: KubeSpanConfig,
+    kubespan: KubeSpanConfigDocument,
 }
 
 fn nsenter_node(n: &crate::cmd::lab::plan::NodeState, args: &[&str]) -> anyhow::Result<String> {
@@ -153,7 +153,7 @@ impl ChaosLab {
             baseline: Vec::new(),
             children: Vec::new(),
             secrets,
-            kubespan: KubeSpanConfig::default(),
+            kubespan: KubeSpanConfigDocument::default(),
         })
     }
 

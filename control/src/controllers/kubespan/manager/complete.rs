@@ -16,7 +16,7 @@ use wirespan_dataplane::{
 
 use super::{blocking, wg_error, ActiveMarking, KubeSpanManagerController, ManagerError};
 use crate::{
-    config::kubespan::{FastPath, KubeSpanConfig as Settings},
+    config::kubespan::{FastPath, KubeSpanConfigDocument as Settings},
     controllers::kubespan::metrics::PeerFigures,
     kubespan::{
         planner::{CompleteInputs, DevicePeer, MarkingPlan, Plan, WireGuardPlan},

@@ -9,7 +9,7 @@ use wirespan_dataplane::wireguard::PresharedKey;
 
 use super::{blocking, wg_error, KubeSpanManagerController, ManagerError};
 use crate::{
-    config::kubespan::KubeSpanConfig as Settings,
+    config::kubespan::KubeSpanConfigDocument as Settings,
     kubespan::{
         planner::{MarkingPlan, Plan, WireGuardPlan},
         rotation::RECONCILE_TICK,

@@ -52,6 +52,7 @@ use crate::{
     config::kubespan::FastPath,
     kubespan::{
         clock::Clock,
+        peer_status::PeerStatus,
         planner::{choose_round, MeshState, Round, DELTA_MAX},
     },
     resources::{
@@ -59,8 +60,8 @@ use crate::{
         config::MachineConfig,
         kubespan::{
             KubeSpanConfig, KubeSpanEndpoint, KubeSpanEndpointSpec, KubeSpanIdentity,
-            KubeSpanManagerStatus, KubeSpanPeerSpec, KubeSpanPeerStatus, KubeSpanPeerStatusSpec,
-            KubeSpanRelayEndpoint, KUBESPAN, NS,
+            KubeSpanManagerStatus, KubeSpanPeerSpec, KubeSpanPeerStatus, KubeSpanRelayEndpoint,
+            KUBESPAN, NS,
         },
         network::{AddressSpec, LinkSpec, RouteSpec, RoutingRuleSpec},
     },
@@ -214,7 +215,9 @@ struct Kernel {
 /// What the manager last wrote to the store, so unchanged outputs are not rewritten.
 #[derive(Debug, Default)]
 struct Written {
-    statuses: BTreeMap<String, KubeSpanPeerStatusSpec>,
+    /// In the mesh's own type: compared with the planner's each round, converted to
+    /// the resource's spec only when written.
+    statuses: BTreeMap<String, PeerStatus>,
     endpoints: BTreeMap<String, KubeSpanEndpointSpec>,
     /// Network specs: (type, id).
     specs: BTreeSet<(&'static str, String)>,

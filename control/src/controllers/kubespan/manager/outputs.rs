@@ -10,12 +10,12 @@ use ipnet::{IpNet, Ipv6Net};
 
 use super::KubeSpanManagerController;
 use crate::{
-    config::kubespan::{FastPath, KubeSpanConfig as Settings},
-    kubespan::{peers::harvest, relay::DIRECT_DOWN_MAX},
+    config::kubespan::{FastPath, KubeSpanConfigDocument as Settings},
+    kubespan::{peer_status::PeerStatus, peers::harvest, relay::DIRECT_DOWN_MAX},
     resources::{
         kubespan::{
             KubeSpanEndpoint, KubeSpanEndpointSpec, KubeSpanManagerStatus, KubeSpanPeerStatus,
-            PeerState, KUBESPAN, NS,
+            KubeSpanPeerStatusSpec, PeerState, KUBESPAN, NS,
         },
         network::{
             AddressSpec, ConfigLayer, Family, LinkSpec, RouteSpec, RouteType, RoutingRuleSpec,
@@ -52,7 +52,7 @@ impl KubeSpanManagerController {
         for r in rt.list::<KubeSpanPeerStatus>(NS)? {
             self.written
                 .statuses
-                .insert(r.metadata.id.clone(), r.spec.clone());
+                .insert(r.metadata.id.clone(), PeerStatus::from(&r.spec));
             self.mesh.adopt_status(&r.metadata.id, &r.spec);
         }
         for r in rt.list::<KubeSpanEndpoint>(NS)? {
@@ -156,7 +156,8 @@ impl KubeSpanManagerController {
         match self.mesh.status(key) {
             Some(st) => {
                 if self.written.statuses.get(key) != Some(st) {
-                    rt.modify::<KubeSpanPeerStatus>(NS, key, |r| r.spec.clone_from(st))?;
+                    let spec = KubeSpanPeerStatusSpec::from(st);
+                    rt.modify::<KubeSpanPeerStatus>(NS, key, |r| r.spec.clone_from(&spec))?;
                     self.written.statuses.insert(key.to_owned(), st.clone());
                 }
             }
