@@ -23,6 +23,7 @@ pub mod nfnl;
 pub mod routing;
 pub mod sysctl;
 pub mod watch;
+pub mod userspace_wireguard;
 pub mod wireguard;
 
 pub use error::Invalid;
