@@ -281,18 +281,22 @@ fn udp_loop(shared: &Shared) {
     let mut buf = vec![0u8; 65_536];
     loop {
         let socket = shared.socket();
-        match socket.recv_from(&mut buf) {
-            // Zero bytes: the socket was shut down because a new one replaced it
-            // (a WireGuard message is never empty).
-            Ok((0, _)) => {}
-            Ok((n, from)) => {
-                let from = SocketAddr::new(from.ip().to_canonical(), from.port());
+        // nix rather than std: after `shutdown` the kernel returns an empty address,
+        // which std's `recv_from` asserts against.
+        match socket::recvfrom::<socket::SockaddrStorage>(socket.as_raw_fd(), &mut buf) {
+            Ok((n, Some(from))) if n > 0 => {
+                let Some(from) = storage_to_addr(&from) else {
+                    continue;
+                };
                 let mut io = NetIo {
                     socket: &socket,
                     tun: &shared.tun,
                 };
                 shared.core().handle_datagram(from, &buf[..n], Instant::now(), SystemTime::now(), &mut io);
             }
+            // Zero bytes or no address: the socket was shut down because a new one
+            // replaced it (a WireGuard message is never empty).
+            Ok(_) => {}
             Err(e) => {
                 tracing::trace!(error = %e, "receive failed");
                 if Arc::ptr_eq(&socket, &shared.socket()) {
@@ -302,6 +306,16 @@ fn udp_loop(shared: &Shared) {
             }
         }
     }
+}
+
+/// A received address as an IPv4 or IPv6 socket address (IPv4-mapped made IPv4).
+fn storage_to_addr(addr: &socket::SockaddrStorage) -> Option<SocketAddr> {
+    if let Some(v6) = addr.as_sockaddr_in6() {
+        let ip = v6.ip().to_canonical();
+        return Some(SocketAddr::new(ip, v6.port()));
+    }
+    addr.as_sockaddr_in()
+        .map(|v4| SocketAddr::new(std::net::IpAddr::V4(v4.ip()), v4.port()))
 }
 
 fn timer_loop(shared: &Shared, name: &str, exit: &mpsc::Sender<ExitReason>) {
