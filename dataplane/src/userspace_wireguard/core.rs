@@ -469,3 +469,166 @@ fn act(
         _ => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::{net::Ipv4Addr, time::Duration};
+
+    use super::*;
+    use crate::userspace_wireguard::uapi_request::parse_set;
+
+    /// Captures what a core sends and delivers.
+    #[derive(Default)]
+    struct Captured {
+        sent: Vec<(SocketAddr, Vec<u8>)>,
+        tun: Vec<Vec<u8>>,
+    }
+
+    impl Io for Captured {
+        fn send(&mut self, to: SocketAddr, datagram: &[u8]) {
+            self.sent.push((to, datagram.to_vec()));
+        }
+        fn write_tun(&mut self, packet: &[u8]) {
+            self.tun.push(packet.to_vec());
+        }
+    }
+
+    const ADDR_A: &str = "192.0.2.1:51820";
+    const ADDR_B: &str = "192.0.2.2:51820";
+
+    fn secret(n: u8) -> Key {
+        [n; 32]
+    }
+
+    fn public(n: u8) -> String {
+        hex::encode(PublicKey::from(&StaticSecret::from(secret(n))).as_bytes())
+    }
+
+    /// A core with private key `me`, one peer `peer` owning 10.0.0.`peer`/32.
+    fn core(me: u8, peer: u8, endpoint: &str) -> DeviceCore {
+        let mut c = DeviceCore::default();
+        let body = format!(
+            "private_key={}\npublic_key={}\nendpoint={endpoint}\nallowed_ip=10.0.0.{peer}/32\n",
+            hex::encode(secret(me)),
+            public(peer)
+        );
+        c.apply_set(parse_set(&body).unwrap());
+        c
+    }
+
+    /// A minimal IPv4 packet from 10.0.0.`src` to 10.0.0.`dst` with 8 bytes of payload.
+    fn ipv4(src: u8, dst: u8) -> Vec<u8> {
+        let mut p = vec![0u8; 28];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&28u16.to_be_bytes());
+        p[8] = 64;
+        p[9] = 17;
+        p[12..16].copy_from_slice(&Ipv4Addr::new(10, 0, 0, src).octets());
+        p[16..20].copy_from_slice(&Ipv4Addr::new(10, 0, 0, dst).octets());
+        p
+    }
+
+    /// Delivers every datagram in `from_io` to `to`, as coming from `from_addr`.
+    fn deliver(from_io: &mut Captured, from_addr: &str, to: &mut DeviceCore, now: Instant) -> Captured {
+        let mut out = Captured::default();
+        for (_, d) in from_io.sent.drain(..) {
+            to.handle_datagram(from_addr.parse().unwrap(), &d, now, SystemTime::now(), &mut out);
+        }
+        out
+    }
+
+    /// A and B after a handshake started by A's first packet; returns what B delivered.
+    fn handshaken(now: Instant) -> (DeviceCore, DeviceCore, Captured) {
+        let mut a = core(1, 2, ADDR_B);
+        let mut b = core(2, 1, ADDR_A);
+        let mut io_a = Captured::default();
+        a.handle_tun_packet(&ipv4(1, 2), now, &mut io_a);
+        assert_eq!(io_a.sent[0].1[0], 1, "a handshake initiation");
+        let mut io_b = deliver(&mut io_a, ADDR_A, &mut b, now);
+        assert_eq!(io_b.sent[0].1[0], 2, "a handshake response");
+        let mut io_a = deliver(&mut io_b, ADDR_B, &mut a, now);
+        // A's queued packet and a keepalive confirm the session to B.
+        let io_b = deliver(&mut io_a, ADDR_A, &mut b, now);
+        (a, b, io_b)
+    }
+
+    #[test]
+    fn a_queued_packet_crosses_after_the_handshake() {
+        let (_, b, io_b) = handshaken(Instant::now());
+        assert_eq!(io_b.tun, vec![ipv4(1, 2)]);
+        assert!(b.render_get().contains("last_handshake_time_sec="));
+        assert!(!b.render_get().contains("last_handshake_time_sec=0\n"));
+    }
+
+    #[test]
+    fn the_endpoint_follows_the_peer_to_its_new_address() {
+        let now = Instant::now();
+        let (mut a, mut b, _) = handshaken(now);
+        let mut io_a = Captured::default();
+        a.handle_tun_packet(&ipv4(1, 2), now, &mut io_a);
+        let io_b = deliver(&mut io_a, "198.51.100.7:4000", &mut b, now);
+        assert_eq!(io_b.tun.len(), 1);
+        assert!(b.render_get().contains("endpoint=198.51.100.7:4000"), "{}", b.render_get());
+        let mut io_b = Captured::default();
+        b.handle_tun_packet(&ipv4(2, 1), now, &mut io_b);
+        assert_eq!(io_b.sent[0].0, "198.51.100.7:4000".parse().unwrap());
+    }
+
+    #[test]
+    fn a_packet_from_outside_the_peers_allowed_ips_is_dropped() {
+        let now = Instant::now();
+        let (mut a, mut b, _) = handshaken(now);
+        let mut io_a = Captured::default();
+        // A's route to B is 10.0.0.2/32; give A a route for the spoofing source too.
+        a.apply_set(parse_set(&format!("public_key={}\nallowed_ip=10.0.0.0/24\n", public(2))).unwrap());
+        a.handle_tun_packet(&ipv4(9, 2), now, &mut io_a);
+        let io_b = deliver(&mut io_a, ADDR_A, &mut b, now);
+        assert!(io_b.tun.is_empty());
+        assert_eq!(b.counters().spoofed_packets, 1);
+    }
+
+    #[test]
+    fn garbage_is_counted_not_delivered() {
+        let now = Instant::now();
+        let (_, mut b, _) = handshaken(now);
+        let mut io = Captured::default();
+        for d in [&[1u8][..], &[4u8; 64][..], &[1u8; 148][..], &[7u8; 40][..]] {
+            b.handle_datagram(ADDR_A.parse().unwrap(), d, now, SystemTime::now(), &mut io);
+        }
+        assert!(io.tun.is_empty() && io.sent.is_empty());
+        assert_eq!(b.counters().invalid_datagrams, 4);
+    }
+
+    #[test]
+    fn a_flood_of_initiations_gets_cookie_replies() {
+        let now = Instant::now();
+        let mut b = core(2, 1, ADDR_A);
+        let mut flooder = Tunn::new(
+            StaticSecret::from(secret(1)),
+            PublicKey::from(&StaticSecret::from(secret(2))),
+            None,
+            None,
+            7,
+            None,
+        );
+        let mut buf = vec![0u8; 256];
+        let mut io = Captured::default();
+        for _ in 0..150 {
+            let TunnResult::WriteToNetwork(init) = flooder.format_handshake_initiation(&mut buf, true) else {
+                panic!("an initiation");
+            };
+            b.handle_datagram(ADDR_A.parse().unwrap(), init, now, SystemTime::now(), &mut io);
+        }
+        let cookies = io.sent.iter().filter(|(_, d)| d[0] == 3).count();
+        assert!(cookies > 0, "cookie replies under load");
+        assert_eq!(b.counters().cookie_replies, cookies as u64);
+        // A second later the count is reset and initiations are answered again.
+        b.reset_rate_limit();
+        io.sent.clear();
+        let TunnResult::WriteToNetwork(init) = flooder.format_handshake_initiation(&mut buf, true) else {
+            panic!("an initiation");
+        };
+        b.handle_datagram(ADDR_A.parse().unwrap(), init, now + Duration::from_secs(1), SystemTime::now(), &mut io);
+        assert_eq!(io.sent[0].1[0], 2, "a handshake response");
+    }
+}
