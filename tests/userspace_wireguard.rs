@@ -39,7 +39,10 @@ fn run_ok(ns: &NetnsGuard, program: &str, args: &[&str]) -> String {
 }
 
 fn has_wireguard_go() -> bool {
-    Command::new("wireguard-go").arg("--version").output().is_ok()
+    Command::new("wireguard-go")
+        .arg("--version")
+        .output()
+        .is_ok()
 }
 
 fn poll_until(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool) {
@@ -55,8 +58,26 @@ fn linked_pair() -> (NetnsGuard, NetnsGuard) {
     let a = NetnsGuard::new("wsuwg").unwrap();
     let b = NetnsGuard::new("wsuwg").unwrap();
     let (va, vb) = (unique_name("va"), unique_name("vb"));
-    run_ok(&a, "ip", &["link", "add", &va, "type", "veth", "peer", "name", &vb, "netns", b.name()]);
-    for (ns, dev, v4, v6) in [(&a, &va, "192.168.77.1/24", "fd77::1/64"), (&b, &vb, "192.168.77.2/24", "fd77::2/64")] {
+    run_ok(
+        &a,
+        "ip",
+        &[
+            "link",
+            "add",
+            &va,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &vb,
+            "netns",
+            b.name(),
+        ],
+    );
+    for (ns, dev, v4, v6) in [
+        (&a, &va, "192.168.77.1/24", "fd77::1/64"),
+        (&b, &vb, "192.168.77.2/24", "fd77::2/64"),
+    ] {
         run_ok(ns, "ip", &["addr", "add", v4, "dev", dev]);
         run_ok(ns, "ip", &["addr", "add", v6, "dev", dev, "nodad"]);
         run_ok(ns, "ip", &["link", "set", dev, "up"]);
@@ -66,14 +87,20 @@ fn linked_pair() -> (NetnsGuard, NetnsGuard) {
 
 /// A WireGuard key pair from `wg genkey | wg pubkey`.
 fn keypair() -> (String, String) {
-    let private = String::from_utf8(Command::new("wg").arg("genkey").output().unwrap().stdout).unwrap();
+    let private =
+        String::from_utf8(Command::new("wg").arg("genkey").output().unwrap().stdout).unwrap();
     let mut pubkey = Command::new("wg")
         .arg("pubkey")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    pubkey.stdin.take().unwrap().write_all(private.as_bytes()).unwrap();
+    pubkey
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(private.as_bytes())
+        .unwrap();
     let public = String::from_utf8(pubkey.wait_with_output().unwrap().stdout).unwrap();
     (private.trim().to_owned(), public.trim().to_owned())
 }
@@ -95,15 +122,32 @@ fn configure(me: &End<'_>, peer: &End<'_>) {
     let allowed = format!("10.77.0.{}/32,fd77:77::{}/128", peer.n, peer.n);
     let endpoint = format!("192.168.77.{}:{}", peer.n, peer.port);
     let set = [
-        "set", &me.ifname, "private-key", key_file.to_str().unwrap(), "listen-port", &port,
-        "peer", &peer.keys.1, "allowed-ips", &allowed, "endpoint", &endpoint,
+        "set",
+        &me.ifname,
+        "private-key",
+        key_file.to_str().unwrap(),
+        "listen-port",
+        &port,
+        "peer",
+        &peer.keys.1,
+        "allowed-ips",
+        &allowed,
+        "endpoint",
+        &endpoint,
     ];
     let out = me.ns.run("wg", &set);
     let _ = std::fs::remove_file(&key_file);
     out.unwrap();
-    let (v4, v6) = (format!("10.77.0.{}/24", me.n), format!("fd77:77::{}/64", me.n));
+    let (v4, v6) = (
+        format!("10.77.0.{}/24", me.n),
+        format!("fd77:77::{}/64", me.n),
+    );
     run_ok(me.ns, "ip", &["addr", "add", &v4, "dev", &me.ifname]);
-    run_ok(me.ns, "ip", &["addr", "add", &v6, "dev", &me.ifname, "nodad"]);
+    run_ok(
+        me.ns,
+        "ip",
+        &["addr", "add", &v6, "dev", &me.ifname, "nodad"],
+    );
     run_ok(me.ns, "ip", &["link", "set", &me.ifname, "up"]);
 }
 
@@ -156,8 +200,20 @@ fn pairs_with_wireguard_go_using_stock_tools() {
     run_ok(&a, BIN, &["wireguard", &if_a]);
     assert!(socket_of(&if_a).exists());
     run_ok(&b, "wireguard-go", &[&if_b]);
-    let end_a = End { ns: &a, ifname: if_a.clone(), n: 1, port: 51820, keys: keypair() };
-    let end_b = End { ns: &b, ifname: if_b.clone(), n: 2, port: 51821, keys: keypair() };
+    let end_a = End {
+        ns: &a,
+        ifname: if_a.clone(),
+        n: 1,
+        port: 51820,
+        keys: keypair(),
+    };
+    let end_b = End {
+        ns: &b,
+        ifname: if_b,
+        n: 2,
+        port: 51821,
+        keys: keypair(),
+    };
     configure(&end_a, &end_b);
     configure(&end_b, &end_a);
 
@@ -165,7 +221,10 @@ fn pairs_with_wireguard_go_using_stock_tools() {
     ping(&b, "10.77.0.1");
     ping(&a, "fd77:77::2");
     ping(&b, "fd77:77::1");
-    assert!(handshake_time(&a, &if_a) > 0, "wg show dump shows the handshake");
+    assert!(
+        handshake_time(&a, &if_a) > 0,
+        "wg show dump shows the handshake"
+    );
 
     // Malformed datagrams to the device's port: dropped, counted, and the tunnel
     // keeps working.
@@ -190,7 +249,9 @@ fn pairs_with_wireguard_go_using_stock_tools() {
 
     // Deleting the interface stops the device, which removes its socket.
     run_ok(&a, "ip", &["link", "del", &if_a]);
-    poll_until("the socket's removal", Duration::from_secs(5), || !socket_of(&if_a).exists());
+    poll_until("the socket's removal", Duration::from_secs(5), || {
+        !socket_of(&if_a).exists()
+    });
 }
 
 #[test]
@@ -200,9 +261,23 @@ fn pairs_with_itself_and_stops_on_sigterm() {
     let (a, b) = linked_pair();
     let pid_a = a.spawn(BIN, &["wireguard", "--foreground", &if_a]).unwrap();
     run_ok(&b, BIN, &["wireguard", &if_b]);
-    poll_until("the socket of A", Duration::from_secs(5), || UnixStream::connect(socket_of(&if_a)).is_ok());
-    let end_a = End { ns: &a, ifname: if_a.clone(), n: 1, port: 51820, keys: keypair() };
-    let end_b = End { ns: &b, ifname: if_b.clone(), n: 2, port: 51821, keys: keypair() };
+    poll_until("the socket of A", Duration::from_secs(5), || {
+        UnixStream::connect(socket_of(&if_a)).is_ok()
+    });
+    let end_a = End {
+        ns: &a,
+        ifname: if_a.clone(),
+        n: 1,
+        port: 51820,
+        keys: keypair(),
+    };
+    let end_b = End {
+        ns: &b,
+        ifname: if_b.clone(),
+        n: 2,
+        port: 51821,
+        keys: keypair(),
+    };
     configure(&end_a, &end_b);
     configure(&end_b, &end_a);
 
@@ -212,7 +287,9 @@ fn pairs_with_itself_and_stops_on_sigterm() {
 
     let pid = nix::unistd::Pid::from_raw(i32::try_from(pid_a).unwrap());
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-    poll_until("A's socket removal", Duration::from_secs(5), || !socket_of(&if_a).exists());
+    poll_until("A's socket removal", Duration::from_secs(5), || {
+        !socket_of(&if_a).exists()
+    });
     poll_until("A's interface removal", Duration::from_secs(5), || {
         a.run("ip", &["link", "show", &if_a]).is_err()
     });
@@ -236,13 +313,16 @@ fn a_bad_uapi_request_gets_errno_and_changes_nothing() {
     let bad = [
         // A good change followed by a bad value: the good part must not apply either.
         format!("set=1\nlisten_port=40002\npublic_key={peer}\nallowed_ip=10.2.0.0/33\n\n"),
-        format!("set=1\nreplace_peers=true\nbogus_key=1\n\n"),
+        "set=1\nreplace_peers=true\nbogus_key=1\n\n".to_owned(),
         format!("set=1\npublic_key={peer}\nremove=true\nendpoint=not-an-address\n\n"),
         "set=1\nprivate_key=zz\n\n".to_owned(),
     ];
     for request in &bad {
         let answer = uapi(&ifname, request);
-        assert!(answer.starts_with("errno=") && answer != "errno=0\n", "{request:?} got {answer:?}");
+        assert!(
+            answer.starts_with("errno=") && answer != "errno=0\n",
+            "{request:?} got {answer:?}"
+        );
         assert_eq!(uapi(&ifname, "get=1\n\n"), before, "after {request:?}");
     }
     // `wg` reads the same state.

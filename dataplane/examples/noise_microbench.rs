@@ -49,7 +49,10 @@ fn report(what: &str, n: u32, elapsed: Duration, bytes: Option<usize>) {
     match bytes {
         Some(b) => {
             let gbits = (b as f64 * 8.0 * f64::from(n)) / elapsed.as_secs_f64() / 1e9;
-            println!("{what:<48} {:>9.2} µs/op {gbits:>7.2} Gbit/s", per.as_secs_f64() * 1e6);
+            println!(
+                "{what:<48} {:>9.2} µs/op {gbits:>7.2} Gbit/s",
+                per.as_secs_f64() * 1e6
+            );
         }
         None => println!("{what:<48} {:>9.2} µs/op", per.as_secs_f64() * 1e6),
     }
@@ -73,7 +76,12 @@ fn main() {
         };
         let _ = std::hint::black_box(sealed);
     }
-    report("boringtun seal 1400 B (encapsulate)", n, t.elapsed(), Some(PACKET));
+    report(
+        "boringtun seal 1400 B (encapsulate)",
+        n,
+        t.elapsed(),
+        Some(PACKET),
+    );
 
     let t = Instant::now();
     for _ in 0..n {
@@ -92,7 +100,12 @@ fn main() {
     for _ in 0..hn {
         handshake(&mut a, &mut b, &mut buf, &mut out);
     }
-    report("boringtun handshake (init, response, confirm)", hn, t.elapsed(), None);
+    report(
+        "boringtun handshake (init, response, confirm)",
+        hn,
+        t.elapsed(),
+        None,
+    );
 
     let key = LessSafeKey::new(UnboundKey::new(&CHACHA20_POLY1305, &[7u8; 32]).unwrap());
     let mut data = vec![0u8; PACKET];
@@ -101,11 +114,20 @@ fn main() {
         let mut nonce = [0u8; 12];
         nonce[4..].copy_from_slice(&u64::from(i).to_le_bytes());
         let tag = key
-            .seal_in_place_separate_tag(Nonce::assume_unique_for_key(nonce), Aad::empty(), &mut data)
+            .seal_in_place_separate_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::empty(),
+                &mut data,
+            )
             .unwrap();
         let _ = std::hint::black_box(tag);
     }
-    report("ring ChaCha20-Poly1305 seal 1400 B (floor)", n, t.elapsed(), Some(PACKET));
+    report(
+        "ring ChaCha20-Poly1305 seal 1400 B (floor)",
+        n,
+        t.elapsed(),
+        Some(PACKET),
+    );
 
     let secret = x25519_dalek::StaticSecret::from([3u8; 32]);
     let public = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from([4u8; 32]));
@@ -113,5 +135,10 @@ fn main() {
     for _ in 0..hn {
         let _ = std::hint::black_box(secret.diffie_hellman(&public));
     }
-    report("x25519-dalek one DH (a handshake needs ~8)", hn, t.elapsed(), None);
+    report(
+        "x25519-dalek one DH (a handshake needs ~8)",
+        hn,
+        t.elapsed(),
+        None,
+    );
 }

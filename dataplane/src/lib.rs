@@ -22,8 +22,8 @@ pub mod netns;
 pub mod nfnl;
 pub mod routing;
 pub mod sysctl;
-pub mod watch;
 pub mod userspace_wireguard;
+pub mod watch;
 pub mod wireguard;
 
 pub use error::Invalid;

@@ -77,12 +77,17 @@ fn daemonise(args: &Args, opts: &DeviceOptions) -> anyhow::Result<()> {
             return Ok(());
         }
         if let Some(status) = child.try_wait()? {
-            anyhow::bail!("the device exited at start ({status}); run with --foreground to see why");
+            anyhow::bail!(
+                "the device exited at start ({status}); run with --foreground to see why"
+            );
         }
         if Instant::now() > deadline {
             let _ = child.kill();
             let _ = child.wait();
-            anyhow::bail!("the device did not serve {} within {START_TIMEOUT:?}", path.display());
+            anyhow::bail!(
+                "the device did not serve {} within {START_TIMEOUT:?}",
+                path.display()
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }

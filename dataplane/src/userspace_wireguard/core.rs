@@ -529,10 +529,21 @@ mod tests {
     }
 
     /// Delivers every datagram in `from_io` to `to`, as coming from `from_addr`.
-    fn deliver(from_io: &mut Captured, from_addr: &str, to: &mut DeviceCore, now: Instant) -> Captured {
+    fn deliver(
+        from_io: &mut Captured,
+        from_addr: &str,
+        to: &mut DeviceCore,
+        now: Instant,
+    ) -> Captured {
         let mut out = Captured::default();
         for (_, d) in from_io.sent.drain(..) {
-            to.handle_datagram(from_addr.parse().unwrap(), &d, now, SystemTime::now(), &mut out);
+            to.handle_datagram(
+                from_addr.parse().unwrap(),
+                &d,
+                now,
+                SystemTime::now(),
+                &mut out,
+            );
         }
         out
     }
@@ -568,7 +579,11 @@ mod tests {
         a.handle_tun_packet(&ipv4(1, 2), now, &mut io_a);
         let io_b = deliver(&mut io_a, "198.51.100.7:4000", &mut b, now);
         assert_eq!(io_b.tun.len(), 1);
-        assert!(b.render_get().contains("endpoint=198.51.100.7:4000"), "{}", b.render_get());
+        assert!(
+            b.render_get().contains("endpoint=198.51.100.7:4000"),
+            "{}",
+            b.render_get()
+        );
         let mut io_b = Captured::default();
         b.handle_tun_packet(&ipv4(2, 1), now, &mut io_b);
         assert_eq!(io_b.sent[0].0, "198.51.100.7:4000".parse().unwrap());
@@ -580,7 +595,13 @@ mod tests {
         let (mut a, mut b, _) = handshaken(now);
         let mut io_a = Captured::default();
         // A's route to B is 10.0.0.2/32; give A a route for the spoofing source too.
-        a.apply_set(parse_set(&format!("public_key={}\nallowed_ip=10.0.0.0/24\n", public(2))).unwrap());
+        a.apply_set(
+            parse_set(&format!(
+                "public_key={}\nallowed_ip=10.0.0.0/24\n",
+                public(2)
+            ))
+            .unwrap(),
+        );
         a.handle_tun_packet(&ipv4(9, 2), now, &mut io_a);
         let io_b = deliver(&mut io_a, ADDR_A, &mut b, now);
         assert!(io_b.tun.is_empty());
@@ -614,10 +635,18 @@ mod tests {
         let mut buf = vec![0u8; 256];
         let mut io = Captured::default();
         for _ in 0..150 {
-            let TunnResult::WriteToNetwork(init) = flooder.format_handshake_initiation(&mut buf, true) else {
+            let TunnResult::WriteToNetwork(init) =
+                flooder.format_handshake_initiation(&mut buf, true)
+            else {
                 panic!("an initiation");
             };
-            b.handle_datagram(ADDR_A.parse().unwrap(), init, now, SystemTime::now(), &mut io);
+            b.handle_datagram(
+                ADDR_A.parse().unwrap(),
+                init,
+                now,
+                SystemTime::now(),
+                &mut io,
+            );
         }
         let cookies = io.sent.iter().filter(|(_, d)| d[0] == 3).count();
         assert!(cookies > 0, "cookie replies under load");

@@ -105,7 +105,9 @@ impl Shared {
     fn core(&self) -> MutexGuard<'_, DeviceCore> {
         // A panic elsewhere poisons the lock; the state itself stays consistent
         // between calls, so carry on rather than take the whole device down.
-        self.core.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.core
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn socket(&self) -> Arc<UdpSocket> {
@@ -126,7 +128,9 @@ impl Io for NetIo<'_> {
     fn send(&mut self, to: SocketAddr, datagram: &[u8]) {
         // The socket is dual-stack IPv6: IPv4 peers are reached as mapped addresses.
         let to = match to {
-            SocketAddr::V4(v4) => SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0)),
+            SocketAddr::V4(v4) => {
+                SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
+            }
             v6 @ SocketAddr::V6(_) => v6,
         };
         if let Err(e) = self.socket.send_to(datagram, to) {
@@ -226,7 +230,6 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
         move || timer_loop(&shared, &name, &exit)
     });
     spawn("wg-uapi", {
-        let shared = shared.clone();
         move || {
             for stream in listener.incoming().flatten() {
                 if let Err(e) = serve_uapi(&shared, stream) {
@@ -265,7 +268,9 @@ fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
                     socket: &socket,
                     tun: &shared.tun,
                 };
-                shared.core().handle_tun_packet(&buf[..n], Instant::now(), &mut io);
+                shared
+                    .core()
+                    .handle_tun_packet(&buf[..n], Instant::now(), &mut io);
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
@@ -292,7 +297,13 @@ fn udp_loop(shared: &Shared) {
                     socket: &socket,
                     tun: &shared.tun,
                 };
-                shared.core().handle_datagram(from, &buf[..n], Instant::now(), SystemTime::now(), &mut io);
+                shared.core().handle_datagram(
+                    from,
+                    &buf[..n],
+                    Instant::now(),
+                    SystemTime::now(),
+                    &mut io,
+                );
             }
             // Zero bytes or no address: the socket was shut down because a new one
             // replaced it (a WireGuard message is never empty).
@@ -330,7 +341,7 @@ fn timer_loop(shared: &Shared, name: &str, exit: &mpsc::Sender<ExitReason>) {
         };
         let mut core = shared.core();
         core.tick(Instant::now(), &mut io);
-        if ticks % 4 == 0 {
+        if ticks.is_multiple_of(4) {
             core.reset_rate_limit();
             drop(core);
             if nix::net::if_::if_nametoindex(name).is_err() {

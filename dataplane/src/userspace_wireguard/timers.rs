@@ -115,7 +115,10 @@ impl PeerTimers {
             self.handshake_due = Some(now + KEEPALIVE_TIMEOUT + REKEY_TIMEOUT);
         }
         match self.session {
-            Some(s) if s.initiator && now.saturating_duration_since(s.established) >= REKEY_AFTER_TIME => {
+            Some(s)
+                if s.initiator
+                    && now.saturating_duration_since(s.established) >= REKEY_AFTER_TIME =>
+            {
                 self.wants_handshake()
             }
             _ => TimerAction::Idle,
@@ -234,7 +237,10 @@ mod tests {
     fn initiator_rekeys_on_receive_at_165_seconds() {
         let (clock, mut t) = established(true);
         assert_eq!(t.on_data_received(clock.at(164)), TimerAction::Idle);
-        assert_eq!(t.on_data_received(clock.at(165)), TimerAction::SendHandshake);
+        assert_eq!(
+            t.on_data_received(clock.at(165)),
+            TimerAction::SendHandshake
+        );
     }
 
     #[test]

@@ -156,7 +156,9 @@ fn apply_device_line(req: &mut SetRequest, key: &str, value: &str) -> Result<(),
     match key {
         "private_key" => req.private_key = Some(parse_optional_key(key, value)?),
         "listen_port" => req.listen_port = Some(parse_num(key, value)?),
-        "fwmark" => req.fwmark = Some(if value.is_empty() { 0 } else { parse_num(key, value)? }),
+        // `wg set IF fwmark off` sends an empty value.
+        "fwmark" if value.is_empty() => req.fwmark = Some(0),
+        "fwmark" => req.fwmark = Some(parse_num(key, value)?),
         "replace_peers" => req.replace_peers = parse_true(key, value)?,
         _ => return Err(invalid(key)),
     }
@@ -221,7 +223,10 @@ mod tests {
             ("bogus=1".to_owned(), errno::EINVAL),
             ("no equals sign".to_owned(), errno::EPROTO),
             (format!("public_key={B}\nendpoint=nowhere"), errno::EINVAL),
-            (format!("public_key={B}\nallowed_ip=10.0.0.0/33"), errno::EINVAL),
+            (
+                format!("public_key={B}\nallowed_ip=10.0.0.0/33"),
+                errno::EINVAL,
+            ),
             (format!("public_key={B}\nlisten_port=1"), errno::EINVAL),
             (format!("public_key={B}\nprotocol_version=2"), errno::EINVAL),
             (format!("public_key={B}\nremove=yes"), errno::EINVAL),
