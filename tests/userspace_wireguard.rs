@@ -180,6 +180,29 @@ fn stat(ifname: &str, key: &str) -> u64 {
         .unwrap()
 }
 
+/// One second of iperf3 TCP from `client` to the iperf3 server on `server_addr`
+/// (`reverse`: the server sends); returns the received rate in Mbit/s.
+fn iperf(client: &NetnsGuard, server_addr: &str, reverse: bool) -> f64 {
+    let mut args = vec!["-c", server_addr, "-t", "1", "-J"];
+    if reverse {
+        args.push("-R");
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let report = loop {
+        // Until the server listens, the client fails at once.
+        match client.run_stdout("iperf3", &args) {
+            Ok(out) => break out,
+            Err(e) => assert!(Instant::now() < deadline, "iperf3: {e}"),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let v: serde_json::Value = serde_json::from_str(&report).unwrap();
+    v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .unwrap()
+        / 1e6
+}
+
 /// `wg show IF dump`'s first peer line: the handshake time is field 4.
 fn handshake_time(ns: &NetnsGuard, ifname: &str) -> u64 {
     let dump = run_ok(ns, "wg", &["show", ifname, "dump"]);
@@ -225,6 +248,15 @@ fn pairs_with_wireguard_go_using_stock_tools() {
         handshake_time(&a, &if_a) > 0,
         "wg show dump shows the handshake"
     );
+    // The server stops with its namespace.
+    b.spawn("iperf3", &["-s", "-B", "10.77.0.2"]).unwrap();
+    let sent = iperf(&a, "10.77.0.2", false);
+    let received = iperf(&a, "10.77.0.2", true);
+    // A figure, not a target: this is a debug build of the device.
+    eprintln!(
+        "iperf3 TCP 1 s: wirespan -> wireguard-go {sent:.0} Mbit/s, back {received:.0} Mbit/s"
+    );
+    assert!(sent > 0.0 && received > 0.0);
 
     // Malformed datagrams to the device's port: dropped, counted, and the tunnel
     // keeps working.
