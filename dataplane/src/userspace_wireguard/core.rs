@@ -189,6 +189,11 @@ impl DeviceCore {
     }
 
     fn set_private_key(&mut self, key: Option<Key>) {
+        // Writers such as `wg setconf` resend the same key: that must not cost every
+        // peer its session.
+        if self.identity.as_ref().map(|i| i.secret.to_bytes()) == key {
+            return;
+        }
         self.identity = key.map(Identity::new);
         for (id, peer) in &mut self.peers {
             peer.tunnel = self.identity.as_ref().map(|i| new_tunnel(i, peer, *id));
@@ -381,7 +386,9 @@ impl DeviceCore {
             TunnResult::WriteToNetwork(out) => {
                 peer.tx_bytes += out.len() as u64;
                 io.send(from, out);
-                if kind == 1 || kind == 2 {
+                // An initiation answered with a response, or a response answered
+                // with the confirming keepalive (not a cookie reply under load).
+                if (kind == 1 && out[0] == 2) || (kind == 2 && out[0] == 4) {
                     peer.timers.on_session_established(now, kind == 2);
                     peer.last_handshake = Some(wall);
                 }
@@ -569,6 +576,23 @@ mod tests {
         assert_eq!(io_b.tun, vec![ipv4(1, 2)]);
         assert!(b.render_get().contains("last_handshake_time_sec="));
         assert!(!b.render_get().contains("last_handshake_time_sec=0\n"));
+    }
+
+    #[test]
+    fn resending_the_same_private_key_keeps_the_session() {
+        let now = Instant::now();
+        let (mut a, _, _) = handshaken(now);
+        let same = format!("private_key={}\n", hex::encode(secret(1)));
+        a.apply_set(parse_set(&same).unwrap());
+        let mut io = Captured::default();
+        a.handle_tun_packet(&ipv4(1, 2), now, &mut io);
+        assert_eq!(io.sent[0].1[0], 4, "data on the existing session");
+        // A new key does start over.
+        let other = format!("private_key={}\n", hex::encode(secret(9)));
+        a.apply_set(parse_set(&other).unwrap());
+        let mut io = Captured::default();
+        a.handle_tun_packet(&ipv4(1, 2), now, &mut io);
+        assert_eq!(io.sent[0].1[0], 1, "a new handshake");
     }
 
     #[test]
