@@ -17,7 +17,7 @@ use wirespan_dataplane::netns::{unique_name, NetnsGuard, NetnsThread};
 const BIN: &str = env!("CARGO_BIN_EXE_wirespan");
 const SOCKET_DIR: &str = "/var/run/wireguard";
 
-/// Removes the UAPI sockets of the test's interfaces at the end, also on failure (a
+/// Removes the UAPI sockets of the test's interfaces (and other files) at the end, also on failure (a
 /// device killed with its namespace leaves its socket behind). Declared before the
 /// namespace guards, so it drops after them.
 struct SocketFiles(Vec<PathBuf>);
@@ -360,4 +360,76 @@ fn a_bad_uapi_request_gets_errno_and_changes_nothing() {
     // `wg` reads the same state.
     let shown = run_ok(&ns, "wg", &["show", &ifname, "allowed-ips"]);
     assert!(shown.contains("10.1.0.0/16"), "{shown}");
+}
+
+/// The node's userspace backend (written for wireguard-go: it runs `BINARY -f IFNAME`
+/// and speaks the UAPI) drives `wirespan wireguard` unchanged: a full apply, a no-op
+/// apply that writes nothing, and a read-back that matches.
+#[test]
+fn the_nodes_userspace_backend_drives_it_unchanged() {
+    use wirespan_dataplane::wireguard::{
+        userspace::{UserspaceBackend, UserspaceOptions},
+        PresharedKey, PrivateKey, WgDevice, WgPeer, WireGuard,
+    };
+
+    let ifname = unique_name("wgN");
+    let _sockets = SocketFiles(vec![socket_of(&ifname)]);
+    let ns = NetnsGuard::new("wsuwg").unwrap();
+    let wrapper = std::env::temp_dir().join(unique_name("wirespan-wg-"));
+    std::fs::write(
+        &wrapper,
+        format!("#!/bin/sh\nexec {BIN} wireguard \"$@\"\n"),
+    )
+    .unwrap();
+    let _wrapper = SocketFiles(vec![wrapper.clone()]);
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+
+    let opts = UserspaceOptions {
+        binary: wrapper.clone(),
+        socket_dir: PathBuf::from(SOCKET_DIR),
+    };
+    let mut wg = UserspaceBackend::with_options(&ifname, ns.netns().clone(), opts);
+    let peer = |ips: &[&str]| WgPeer {
+        public_key: PrivateKey::generate().public_key(),
+        preshared_key: Some(PresharedKey::generate()),
+        persistent_keepalive: 25,
+        endpoint: None,
+        allowed_ips: ips.iter().map(|s| s.parse().unwrap()).collect(),
+    };
+    let dev = WgDevice {
+        name: ifname.clone(),
+        private_key: PrivateKey::generate(),
+        listen_port: 51830,
+        fwmark: 0x20,
+        peers: vec![
+            peer(&["10.1.0.1/32", "10.244.1.0/24"]),
+            WgPeer {
+                endpoint: Some("192.0.2.10:51820".parse().unwrap()),
+                ..peer(&["10.1.0.2/32", "fd00:1::2/128"])
+            },
+        ],
+    };
+    assert!(wg.apply(&dev).unwrap());
+    assert!(
+        !wg.apply(&dev).unwrap(),
+        "the same state again writes nothing"
+    );
+    let st = wg.observe().unwrap();
+    assert!(st.present);
+    assert_eq!(st.listen_port, 51830);
+    assert_eq!(st.peers.len(), 2);
+    let dump = run_ok(&ns, "wg", &["show", &ifname, "dump"]);
+    let iface: Vec<&str> = dump.lines().next().unwrap().split('\t').collect();
+    assert_eq!(iface[0], dev.private_key.to_base64());
+    assert_eq!(iface[2], "51830");
+    assert_eq!(iface[3], "0x20");
+    assert!(
+        dump.contains("192.0.2.10:51820\t10.1.0.2/32,fd00:1::2/128"),
+        "{dump}"
+    );
+    wg.teardown().unwrap();
 }
