@@ -389,7 +389,7 @@ fn the_nodes_userspace_backend_drives_it_unchanged() {
     .unwrap();
 
     let opts = UserspaceOptions {
-        binary: wrapper.clone(),
+        binary: wrapper,
         socket_dir: PathBuf::from(SOCKET_DIR),
     };
     let mut wg = UserspaceBackend::with_options(&ifname, ns.netns().clone(), opts);
