@@ -431,5 +431,8 @@ fn the_nodes_userspace_backend_drives_it_unchanged() {
         dump.contains("192.0.2.10:51820\t10.1.0.2/32,fd00:1::2/128"),
         "{dump}"
     );
+    // The mark is on the socket itself (SO_MARK), not only in the UAPI's answer.
+    let sockets = run_ok(&ns, "ss", &["-uane", "sport", "= :51830"]);
+    assert!(sockets.contains("fwmark:0x20"), "{sockets}");
     wg.teardown().unwrap();
 }
