@@ -229,13 +229,16 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
         let (shared, exit, name) = (shared.clone(), exit_tx.clone(), opts.name.clone());
         move || timer_loop(&shared, &name, &exit)
     });
-    spawn("wg-uapi", {
-        move || {
-            for stream in listener.incoming().flatten() {
+    spawn("wg-uapi", move || {
+        // A thread per connection, as wireguard-go serves them: a client that keeps
+        // its connection open must not hold up `wg` or the node.
+        for stream in listener.incoming().flatten() {
+            let shared = shared.clone();
+            spawn("wg-uapi-conn", move || {
                 if let Err(e) = serve_uapi(&shared, stream) {
                     tracing::debug!(error = %e, "UAPI connection ended");
                 }
-            }
+            });
         }
     });
     spawn("wg-signals", move || {
