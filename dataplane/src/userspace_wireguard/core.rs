@@ -596,6 +596,45 @@ mod tests {
     }
 
     #[test]
+    fn removed_peers_lose_their_routes_and_update_only_creates_nothing() {
+        let now = Instant::now();
+        let mut a = core(1, 2, ADDR_B);
+        let set = |c: &mut DeviceCore, body: String| c.apply_set(parse_set(&body).unwrap());
+        set(
+            &mut a,
+            format!(
+                "public_key={}\nupdate_only=true\nallowed_ip=10.9.0.0/16\n",
+                public(3)
+            ),
+        );
+        assert_eq!(a.peer_count(), 1, "update_only never creates");
+        set(&mut a, format!("public_key={}\nremove=true\n", public(2)));
+        assert_eq!(a.peer_count(), 0);
+        assert!(!a.render_get().contains("allowed_ip="));
+        let mut io = Captured::default();
+        a.handle_tun_packet(&ipv4(1, 2), now, &mut io);
+        assert!(io.sent.is_empty());
+        assert_eq!(a.counters().unroutable_packets, 1);
+        // replace_peers leaves exactly the peers of the request.
+        set(
+            &mut a,
+            format!("public_key={}\nallowed_ip=10.0.0.3/32\n", public(3)),
+        );
+        set(
+            &mut a,
+            format!(
+                "replace_peers=true\npublic_key={}\nallowed_ip=10.0.0.4/32\n",
+                public(4)
+            ),
+        );
+        let get = a.render_get();
+        assert!(
+            !get.contains(&public(3)) && get.contains(&public(4)),
+            "{get}"
+        );
+    }
+
+    #[test]
     fn the_endpoint_follows_the_peer_to_its_new_address() {
         let now = Instant::now();
         let (mut a, mut b, _) = handshaken(now);
