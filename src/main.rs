@@ -46,6 +46,8 @@ enum Command {
     Discovery(Box<cmd::discovery::Args>),
     /// Run the mesh daemon.
     Node(cmd::node::Args),
+    /// Run a userspace WireGuard device (a drop-in for wireguard-go).
+    Wireguard(cmd::wireguard::Args),
     /// Replace a running node's config (validated whole; rejected configs change nothing).
     Apply(cmd::apply::Args),
     /// Show resources of a running node (`wirespan get rd`, `wirespan get nodeidentity -o yaml`).
@@ -82,7 +84,7 @@ enum Command {
 
 fn init_tracing(cli: &Cli) -> anyhow::Result<()> {
     let default = match cli.command {
-        Command::Discovery(_) | Command::Node(_) => "info",
+        Command::Discovery(_) | Command::Node(_) | Command::Wireguard(_) => "info",
         // Reports and tables on stdout; only trouble on stderr.
         _ => "warn",
     };
@@ -106,6 +108,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(bench) => cmd::bench::run(&bench),
         Command::Gen(g) => cmd::gen::run(&g),
         Command::Node(args) => cmd::node::run(&args, &cli.socket),
+        Command::Wireguard(args) => cmd::wireguard::run(&args),
         Command::Apply(args) => cmd::apply::run(&args, &cli.socket),
         Command::Get(args) => cmd::get::run(&args, &cli.socket, false),
         Command::Watch(args) => cmd::get::run(&args, &cli.socket, true),

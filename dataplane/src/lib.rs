@@ -23,6 +23,7 @@ pub mod netns;
 pub mod nfnl;
 pub mod routing;
 pub mod sysctl;
+pub mod userspace_wireguard;
 pub mod watch;
 pub mod wireguard;
 

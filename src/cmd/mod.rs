@@ -14,6 +14,7 @@ pub mod lab;
 pub mod man;
 pub mod node;
 pub mod status;
+pub mod wireguard;
 
 /// Runs a CLI future on a small current-thread runtime.
 pub fn block_on<T>(f: impl std::future::Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {

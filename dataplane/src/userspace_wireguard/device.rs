@@ -1,0 +1,443 @@
+//! The device loop: the I/O edge around [`DeviceCore`]. One thread reads the TUN, one
+//! the UDP socket, one serves the UAPI socket, one ticks the timers (every 250 ms) and
+//! watches the interface; the calling thread waits for SIGTERM/SIGINT or the
+//! interface's deletion, removes the UAPI socket and returns. All threads share one
+//! lock over the core: a plain correct device first, batching and cores come later.
+
+use std::{
+    fs::File,
+    io::{self, BufRead, BufReader, Read, Write},
+    net::{Ipv6Addr, SocketAddr, SocketAddrV6, UdpSocket},
+    os::{
+        fd::AsRawFd,
+        unix::{fs::PermissionsExt, net::UnixListener, net::UnixStream},
+    },
+    path::{Path, PathBuf},
+    sync::{mpsc, Arc, Mutex, MutexGuard, RwLock},
+    thread,
+    time::{Duration, Instant, SystemTime},
+};
+
+use nix::sys::{
+    signal::{SigSet, Signal},
+    signalfd::SignalFd,
+    socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn6},
+};
+
+use super::{
+    core::{DeviceCore, Io},
+    tun,
+    uapi_request::{errno, parse_set},
+};
+
+/// Where wireguard-go and `wg` put the UAPI sockets.
+pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
+/// How often the timers run.
+const TICK: Duration = Duration::from_millis(250);
+/// A UAPI client that sends nothing for this long is dropped.
+const UAPI_IDLE: Duration = Duration::from_secs(10);
+
+/// What the device needs to start.
+#[derive(Debug, Clone)]
+pub struct DeviceOptions {
+    /// The interface name.
+    pub name: String,
+    /// The UAPI socket directory (`SOCKET_DIR/NAME.sock`).
+    pub socket_dir: PathBuf,
+    /// The TUN's MTU.
+    pub mtu: u32,
+}
+
+/// Why the device stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExitReason {
+    /// SIGTERM or SIGINT.
+    Signal,
+    /// The interface was deleted.
+    InterfaceGone,
+}
+
+/// A device that could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DeviceError {
+    /// Creating the TUN failed.
+    #[error("creating TUN {name}: {source}")]
+    Tun {
+        /// The interface name.
+        name: String,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Binding the UDP socket failed.
+    #[error("binding the UDP socket: {0}")]
+    Socket(#[source] io::Error),
+    /// The UAPI socket could not be served.
+    #[error("UAPI socket {path}: {source}")]
+    Uapi {
+        /// The socket path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+    /// Another process serves this interface's UAPI socket.
+    #[error("{0} is served by a running process")]
+    AlreadyRunning(PathBuf),
+    /// Signal handling could not be set up.
+    #[error("signals: {0}")]
+    Signals(#[source] nix::Error),
+}
+
+/// The UAPI socket path of `name` in `dir`.
+pub fn socket_path(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.sock"))
+}
+
+/// What the threads share.
+struct Shared {
+    core: Mutex<DeviceCore>,
+    socket: RwLock<Arc<UdpSocket>>,
+    tun: File,
+}
+
+impl Shared {
+    fn core(&self) -> MutexGuard<'_, DeviceCore> {
+        // A panic elsewhere poisons the lock; the state itself stays consistent
+        // between calls, so carry on rather than take the whole device down.
+        self.core
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn socket(&self) -> Arc<UdpSocket> {
+        self.socket
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// The [`Io`] of the loop: the current socket and the TUN.
+struct NetIo<'a> {
+    socket: &'a UdpSocket,
+    tun: &'a File,
+}
+
+impl Io for NetIo<'_> {
+    fn send(&mut self, to: SocketAddr, datagram: &[u8]) {
+        // The socket is dual-stack IPv6: IPv4 peers are reached as mapped addresses.
+        let to = match to {
+            SocketAddr::V4(v4) => {
+                SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
+            }
+            v6 @ SocketAddr::V6(_) => v6,
+        };
+        if let Err(e) = self.socket.send_to(datagram, to) {
+            tracing::trace!(error = %e, "send failed");
+        }
+    }
+
+    fn write_tun(&mut self, packet: &[u8]) {
+        if let Err(e) = (&*self.tun).write(packet) {
+            tracing::trace!(error = %e, "TUN write failed");
+        }
+    }
+}
+
+/// A dual-stack UDP socket on `port` (0: any), marked with `mark` when non-zero.
+fn bind_udp(port: u16, mark: u32) -> io::Result<UdpSocket> {
+    let fd = socket::socket(
+        AddressFamily::Inet6,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )?;
+    socket::setsockopt(&fd, sockopt::Ipv6V6Only, &false)?;
+    if mark != 0 {
+        socket::setsockopt(&fd, sockopt::Mark, &mark)?;
+    }
+    let addr = SockaddrIn6::from(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0));
+    socket::bind(fd.as_raw_fd(), &addr)?;
+    Ok(UdpSocket::from(fd))
+}
+
+fn local_port(sock: &UdpSocket) -> u16 {
+    sock.local_addr().map(|a| a.port()).unwrap_or_default()
+}
+
+/// Binds the UAPI socket, refusing to take over one a live process still serves.
+fn listen_uapi(dir: &Path, name: &str) -> Result<(UnixListener, PathBuf), DeviceError> {
+    let path = socket_path(dir, name);
+    let uapi_err = |source| DeviceError::Uapi {
+        path: path.clone(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(uapi_err)?;
+    if path.exists() {
+        if UnixStream::connect(&path).is_ok() {
+            return Err(DeviceError::AlreadyRunning(path));
+        }
+        std::fs::remove_file(&path).map_err(uapi_err)?;
+    }
+    let listener = UnixListener::bind(&path).map_err(uapi_err)?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).map_err(uapi_err)?;
+    Ok((listener, path))
+}
+
+/// Runs the device until SIGTERM/SIGINT or the interface's deletion. Call it from the
+/// process's main thread before any other thread exists: it blocks the two signals
+/// for every thread it starts and reads them from a signalfd.
+///
+/// # Errors
+/// The TUN, the socket, the UAPI socket or the signal setup failed at start.
+pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGINT);
+    signals.thread_block().map_err(DeviceError::Signals)?;
+    let signal_fd = SignalFd::new(&signals).map_err(DeviceError::Signals)?;
+
+    let tun_file = tun::open(&opts.name).map_err(|source| DeviceError::Tun {
+        name: opts.name.clone(),
+        source,
+    })?;
+    if let Err(e) = tun::set_mtu(&opts.name, opts.mtu) {
+        tracing::warn!(interface = %opts.name, error = %e, "setting the MTU failed");
+    }
+    let socket = bind_udp(0, 0).map_err(DeviceError::Socket)?;
+    let (listener, path) = listen_uapi(&opts.socket_dir, &opts.name)?;
+    let mut core = DeviceCore::default();
+    core.listen_port = local_port(&socket);
+    tracing::info!(interface = %opts.name, port = core.listen_port, "userspace WireGuard device up");
+    let shared = Arc::new(Shared {
+        core: Mutex::new(core),
+        socket: RwLock::new(Arc::new(socket)),
+        tun: tun_file,
+    });
+
+    let (exit_tx, exit_rx) = mpsc::channel();
+    spawn("wg-tun", {
+        let (shared, exit) = (shared.clone(), exit_tx.clone());
+        move || tun_loop(&shared, &exit)
+    });
+    spawn("wg-udp", {
+        let shared = shared.clone();
+        move || udp_loop(&shared)
+    });
+    spawn("wg-timers", {
+        let (shared, exit, name) = (shared.clone(), exit_tx.clone(), opts.name.clone());
+        move || timer_loop(&shared, &name, &exit)
+    });
+    spawn("wg-uapi", move || {
+        // A thread per connection, as wireguard-go serves them: a client that keeps
+        // its connection open must not hold up `wg` or the node.
+        for stream in listener.incoming().flatten() {
+            let shared = shared.clone();
+            spawn("wg-uapi-conn", move || {
+                if let Err(e) = serve_uapi(&shared, stream) {
+                    tracing::debug!(error = %e, "UAPI connection ended");
+                }
+            });
+        }
+    });
+    spawn("wg-signals", move || {
+        if let Ok(Some(info)) = signal_fd.read_signal() {
+            tracing::info!(signal = info.ssi_signo, "stopping");
+        }
+        let _ = exit_tx.send(ExitReason::Signal);
+    });
+
+    let reason = exit_rx.recv().unwrap_or(ExitReason::Signal);
+    let _ = std::fs::remove_file(&path);
+    tracing::info!(interface = %opts.name, ?reason, "userspace WireGuard device down");
+    Ok(reason)
+}
+
+fn spawn(name: &str, f: impl FnOnce() + Send + 'static) {
+    if let Err(e) = thread::Builder::new().name(name.to_owned()).spawn(f) {
+        tracing::error!(thread = name, error = %e, "cannot start a device thread");
+    }
+}
+
+fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
+    let mut buf = vec![0u8; 65_536];
+    loop {
+        match (&shared.tun).read(&mut buf) {
+            Ok(0) => {}
+            Ok(n) => {
+                let socket = shared.socket();
+                let mut io = NetIo {
+                    socket: &socket,
+                    tun: &shared.tun,
+                };
+                shared
+                    .core()
+                    .handle_tun_packet(&buf[..n], Instant::now(), &mut io);
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                tracing::info!(error = %e, "TUN read failed");
+                let _ = exit.send(ExitReason::InterfaceGone);
+                return;
+            }
+        }
+    }
+}
+
+fn udp_loop(shared: &Shared) {
+    let mut buf = vec![0u8; 65_536];
+    loop {
+        let socket = shared.socket();
+        // nix rather than std: after `shutdown` the kernel returns an empty address,
+        // which std's `recv_from` asserts against.
+        match socket::recvfrom::<socket::SockaddrStorage>(socket.as_raw_fd(), &mut buf) {
+            Ok((n, Some(from))) if n > 0 => {
+                let Some(from) = storage_to_addr(&from) else {
+                    continue;
+                };
+                let mut io = NetIo {
+                    socket: &socket,
+                    tun: &shared.tun,
+                };
+                shared.core().handle_datagram(
+                    from,
+                    &buf[..n],
+                    Instant::now(),
+                    SystemTime::now(),
+                    &mut io,
+                );
+            }
+            // Zero bytes or no address: the socket was shut down because a new one
+            // replaced it (a WireGuard message is never empty).
+            Ok(_) => {}
+            Err(e) => {
+                tracing::trace!(error = %e, "receive failed");
+                if Arc::ptr_eq(&socket, &shared.socket()) {
+                    // Not a replacement: avoid spinning on a persistent error.
+                    thread::sleep(TICK);
+                }
+            }
+        }
+    }
+}
+
+/// A received address as an IPv4 or IPv6 socket address (IPv4-mapped made IPv4).
+fn storage_to_addr(addr: &socket::SockaddrStorage) -> Option<SocketAddr> {
+    if let Some(v6) = addr.as_sockaddr_in6() {
+        let ip = v6.ip().to_canonical();
+        return Some(SocketAddr::new(ip, v6.port()));
+    }
+    addr.as_sockaddr_in()
+        .map(|v4| SocketAddr::new(std::net::IpAddr::V4(v4.ip()), v4.port()))
+}
+
+fn timer_loop(shared: &Shared, name: &str, exit: &mpsc::Sender<ExitReason>) {
+    let mut ticks: u64 = 0;
+    loop {
+        thread::sleep(TICK);
+        ticks += 1;
+        let socket = shared.socket();
+        let mut io = NetIo {
+            socket: &socket,
+            tun: &shared.tun,
+        };
+        let mut core = shared.core();
+        core.tick(Instant::now(), &mut io);
+        if ticks.is_multiple_of(4) {
+            core.reset_rate_limit();
+            drop(core);
+            if nix::net::if_::if_nametoindex(name).is_err() {
+                let _ = exit.send(ExitReason::InterfaceGone);
+                return;
+            }
+        }
+    }
+}
+
+/// Serves one UAPI connection: `get=1`, `set=1` and the `stats=1` extension, each
+/// ended by a blank line, until the client closes it.
+fn serve_uapi(shared: &Shared, stream: UnixStream) -> io::Result<()> {
+    stream.set_read_timeout(Some(UAPI_IDLE))?;
+    let mut reader = BufReader::new(stream.try_clone()?);
+    let mut writer = stream;
+    loop {
+        let mut command = String::new();
+        if reader.read_line(&mut command)? == 0 {
+            return Ok(());
+        }
+        let mut body = String::new();
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line)? == 0 || line == "\n" {
+                break;
+            }
+            body.push_str(&line);
+        }
+        let answer = match command.trim_end() {
+            "get=1" => format!("{}errno=0\n\n", shared.core().render_get()),
+            "set=1" => format!("errno={}\n\n", apply_set(shared, &body)),
+            "stats=1" => {
+                let c = shared.core().counters();
+                format!(
+                    "invalid_datagrams={}\nspoofed_packets={}\nunroutable_packets={}\ncookie_replies={}\nerrno=0\n\n",
+                    c.invalid_datagrams, c.spoofed_packets, c.unroutable_packets, c.cookie_replies
+                )
+            }
+            _ => {
+                writer.write_all(format!("errno={}\n\n", errno::EPROTO).as_bytes())?;
+                return Ok(());
+            }
+        };
+        writer.write_all(answer.as_bytes())?;
+    }
+}
+
+/// Applies a `set=1` body; returns the errno to answer. Nothing changes unless the
+/// whole request parses and the socket accepts its port and mark.
+fn apply_set(shared: &Shared, body: &str) -> i32 {
+    let req = match parse_set(body) {
+        Ok(req) => req,
+        Err(e) => {
+            tracing::info!(error = %e, "UAPI set refused");
+            return e.errno();
+        }
+    };
+    let mut core = shared.core();
+    let mark = req.fwmark.unwrap_or(core.fwmark);
+    let current = shared.socket();
+    let port = match req.listen_port {
+        Some(port) if port == 0 || port != core.listen_port => match bind_udp(port, mark) {
+            Ok(new) => {
+                let port = local_port(&new);
+                *shared
+                    .socket
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(new);
+                // Wake the receiver blocked on the old socket.
+                let _ = socket::shutdown(current.as_raw_fd(), socket::Shutdown::Read);
+                port
+            }
+            Err(e) => {
+                tracing::info!(port, error = %e, "UAPI set refused: cannot bind");
+                return if e.kind() == io::ErrorKind::AddrInUse {
+                    errno::EADDRINUSE
+                } else {
+                    errno::EIO
+                };
+            }
+        },
+        _ => {
+            if mark != core.fwmark {
+                if let Err(e) = socket::setsockopt(&*current, sockopt::Mark, &mark) {
+                    tracing::info!(error = %e, "UAPI set refused: cannot mark the socket");
+                    return errno::EIO;
+                }
+            }
+            core.listen_port
+        }
+    };
+    core.apply_set(req);
+    core.listen_port = port;
+    0
+}

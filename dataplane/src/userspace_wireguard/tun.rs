@@ -1,0 +1,69 @@
+//! The TUN device: `/dev/net/tun` opened with `IFF_TUN | IFF_NO_PI`, so each read is
+//! one IP packet and each write takes one. No offloads yet (`IFF_VNET_HDR` comes with
+//! the batching work).
+
+#![allow(unsafe_code)] // Two ioctls (TUNSETIFF, SIOCSIFMTU) on owned descriptors.
+
+use std::{
+    fs::{File, OpenOptions},
+    io,
+    os::fd::AsRawFd,
+};
+
+/// The kernel's `struct ifreq`: a name and a union, 40 bytes on 64-bit Linux.
+#[repr(C)]
+struct IfReq {
+    name: [u8; libc::IFNAMSIZ],
+    /// `ifr_flags` (a short) or `ifr_mtu` (an int), little room needed either way.
+    data: [u8; 24],
+}
+
+impl IfReq {
+    fn new(name: &str) -> io::Result<Self> {
+        let bytes = name.as_bytes();
+        if bytes.is_empty() || bytes.len() >= libc::IFNAMSIZ || bytes.contains(&0) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("bad interface name {name:?}"),
+            ));
+        }
+        let mut req = Self {
+            name: [0; libc::IFNAMSIZ],
+            data: [0; 24],
+        };
+        req.name[..bytes.len()].copy_from_slice(bytes);
+        Ok(req)
+    }
+}
+
+/// Creates (or attaches to) the TUN interface `name` and returns its descriptor.
+pub fn open(name: &str) -> io::Result<File> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/net/tun")?;
+    let mut req = IfReq::new(name)?;
+    let flags = (libc::IFF_TUN | libc::IFF_NO_PI) as i16;
+    req.data[..2].copy_from_slice(&flags.to_ne_bytes());
+    // SAFETY: the descriptor is open and owned by `file`; `req` is a live, correctly
+    // sized `struct ifreq` the kernel reads and writes within its 40 bytes.
+    let rc = unsafe { libc::ioctl(file.as_raw_fd(), libc::TUNSETIFF, &mut req as *mut IfReq) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(file)
+}
+
+/// Sets the MTU of interface `name` (through any socket of the current namespace).
+pub fn set_mtu(name: &str, mtu: u32) -> io::Result<()> {
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0")?;
+    let mut req = IfReq::new(name)?;
+    let mtu = i32::try_from(mtu).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    req.data[..4].copy_from_slice(&mtu.to_ne_bytes());
+    // SAFETY: as in `open`: an owned descriptor and a live `struct ifreq`.
+    let rc = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFMTU, &mut req as *mut IfReq) };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
