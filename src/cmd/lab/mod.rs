@@ -124,8 +124,9 @@ enum Lab {
         /// No new fault starts after this long, counted from the first fault.
         #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
         duration: Duration,
-        /// Keep starting faults past --duration until this many have run (on a slow
-        /// machine, such as an emulated VM, a short duration may fit only one or two).
+        /// Keep starting faults past --duration until this many have run, skipped ones
+        /// not counted (on a slow machine, such as an emulated VM, a short duration
+        /// may fit only one or two).
         #[arg(long, default_value_t = 0)]
         min_faults: usize,
         /// Seed of the fault schedule (printed in the report: replay with it).

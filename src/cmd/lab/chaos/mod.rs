@@ -29,7 +29,8 @@ pub struct Options {
     /// No new fault starts after this long, counted from the first fault, once
     /// `min_faults` have run.
     pub duration: Duration,
-    /// The fewest faults a run injects, however long they take.
+    /// The fewest faults a run injects, however long they take (a skipped fault, one
+    /// that does not apply to the lab, does not count).
     pub min_faults: usize,
     /// Seed of the fault schedule.
     pub seed: u64,
@@ -43,8 +44,8 @@ pub struct Options {
     pub json: bool,
 }
 
-/// Whether another fault starts, `elapsed` after the first one with `ran` faults done:
-/// while within the duration, and past it until `min_faults` have run.
+/// Whether another fault starts, `elapsed` after the first one with `ran` faults
+/// applied: while within the duration, and past it until `min_faults` have been.
 fn another_fault(elapsed: Duration, ran: usize, opts: &Options) -> bool {
     elapsed < opts.duration || ran < opts.min_faults
 }
@@ -266,7 +267,11 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
     // The clock starts at the first fault: the baseline wait above is not chaos.
     let started = Instant::now();
     for fault in Schedule::new(opts.seed, nodes) {
-        if !another_fault(started.elapsed(), faults.len(), opts) {
+        let applied = faults
+            .iter()
+            .filter(|f: &&FaultRecord| f.skipped.is_none())
+            .count();
+        if !another_fault(started.elapsed(), applied, opts) {
             break;
         }
         let what = describe(&lab, &fault);
