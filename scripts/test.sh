@@ -23,7 +23,7 @@ cargo test --workspace --locked --doc
 # cannot leak that state into their neighbours. setup.sh installed it.
 status=0
 cargo nextest run --workspace --locked --no-fail-fast || status=$?
-# The VM tier: the kernel-dependent tests again on Debian's 6.1 kernel (kernel
+# The VM tier: the kernel-dependent tests and the e2e labs again on Debian's 6.1 kernel (kernel
 # WireGuard, clsact), with the binaries just built. WIRESPAN_VM_TIER=0 leaves it out.
 if [ "${WIRESPAN_VM_TIER:-1}" != 0 ]; then
   bash scripts/vm-tier.sh || status=$?

@@ -549,7 +549,7 @@ fn a_mixed_lab_runs_kernel_wireguard_and_wireguard_go_side_by_side() {
         "--wireguard",
         "node1=kernel,node2=userspace",
         "--timeout",
-        "90s",
+        "180s",
         "--no-hints",
     ]);
     let err = String::from_utf8_lossy(&o.stderr);

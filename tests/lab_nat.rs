@@ -310,7 +310,7 @@ fn a_blocked_pair_in_a_topology_file_connects_through_the_node_that_reaches_both
         "--topology",
         file.to_str().unwrap(),
         "--timeout",
-        "90s",
+        "180s",
         "--no-hints",
     ]);
     let err = String::from_utf8_lossy(&o.stderr);

@@ -38,8 +38,12 @@ use crate::netns::Netns;
 
 /// Where wireguard-go puts its sockets.
 pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
-/// How long to wait for a fresh wireguard-go to open its socket.
-const START_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long to wait for a fresh wireguard-go to open its socket. Generous: one that
+/// exits is reported at once, and in an emulated VM on a busy machine (the suite's VM
+/// tier, QEMU without KVM) a start took longer than 5 s.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long an adopted wireguard-go gets to exit on SIGTERM before SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(5);
 /// How often the supervisor checks the child.
 const POLL: Duration = Duration::from_millis(100);
 /// UAPI read/write timeout.
@@ -295,12 +299,12 @@ impl UserspaceBackend {
     }
 
     /// Stops an adopted wireguard-go: SIGTERM to the pid its socket reports now (a
-    /// clean exit removes the device and the socket), SIGKILL after [`START_TIMEOUT`].
+    /// clean exit removes the device and the socket), SIGKILL after [`STOP_GRACE`].
     fn stop_adopted(&self) {
         use nix::{sys::signal::Signal, unistd::Pid};
         let path = self.socket_path();
-        let term_until = Instant::now() + START_TIMEOUT;
-        let give_up = term_until + START_TIMEOUT;
+        let term_until = Instant::now() + STOP_GRACE;
+        let give_up = term_until + STOP_GRACE;
         let mut last = None;
         // The socket goes first; the process (and with it the device) a moment later.
         while let Some(pid) = socket_owner(&path).or(last.filter(|p| alive(*p))) {

@@ -121,9 +121,14 @@ enum Lab {
     /// nothing is duplicated or leaked, and report recovery times; non-zero exit on
     /// any violation. The same --seed replays the same faults.
     Chaos {
-        /// No new fault starts after this long.
+        /// No new fault starts after this long, counted from the first fault.
         #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
         duration: Duration,
+        /// Keep starting faults past --duration until this many have run, skipped ones
+        /// not counted (on a slow machine, such as an emulated VM, a short duration
+        /// may fit only one or two).
+        #[arg(long, default_value_t = 0)]
+        min_faults: usize,
         /// Seed of the fault schedule (printed in the report: replay with it).
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -221,6 +226,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         Lab::Chaos {
             duration,
+            min_faults,
             seed,
             nodes,
             recovery_timeout,
@@ -230,6 +236,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             &name,
             &chaos::Options {
                 duration: *duration,
+                min_faults: *min_faults,
                 seed: *seed,
                 nodes: *nodes,
                 recovery_timeout: *recovery_timeout,

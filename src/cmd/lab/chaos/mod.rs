@@ -26,8 +26,12 @@ use super::plan::LabName;
 /// Options of `chaos`.
 #[derive(Debug)]
 pub struct Options {
-    /// No new fault starts after this long.
+    /// No new fault starts after this long, counted from the first fault, once
+    /// `min_faults` have run.
     pub duration: Duration,
+    /// The fewest faults a run injects, however long they take (a skipped fault, one
+    /// that does not apply to the lab, does not count).
+    pub min_faults: usize,
     /// Seed of the fault schedule.
     pub seed: u64,
     /// The node count the run expects (checked against the lab).
@@ -38,6 +42,12 @@ pub struct Options {
     pub rss_limit: u64,
     /// Print the report as JSON.
     pub json: bool,
+}
+
+/// Whether another fault starts, `elapsed` after the first one with `ran` faults
+/// applied: while within the duration, and past it until `min_faults` have been.
+fn another_fault(elapsed: Duration, ran: usize, opts: &Options) -> bool {
+    elapsed < opts.duration || ran < opts.min_faults
 }
 
 /// One fault as it happened.
@@ -233,7 +243,6 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
              `wirespan lab up --name {name} --nodes {want}`)"
         );
     }
-    let started = Instant::now();
     let mut violations = Vec::new();
     let mut max_rss: BTreeMap<String, u64> = BTreeMap::new();
     // The lab must be healthy before the first fault, or nothing can be blamed on one.
@@ -246,12 +255,23 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
     }
     let mut faults = Vec::new();
     eprintln!(
-        "chaos on lab {name} ({nodes} nodes), seed {}, for {}",
+        "chaos on lab {name} ({nodes} nodes), seed {}, for {}{}",
         opts.seed,
-        humantime::format_duration(opts.duration)
+        humantime::format_duration(opts.duration),
+        if opts.min_faults > 0 {
+            format!(" and at least {} faults", opts.min_faults)
+        } else {
+            String::new()
+        }
     );
+    // The clock starts at the first fault: the baseline wait above is not chaos.
+    let started = Instant::now();
     for fault in Schedule::new(opts.seed, nodes) {
-        if started.elapsed() >= opts.duration {
+        let applied = faults
+            .iter()
+            .filter(|f: &&FaultRecord| f.skipped.is_none())
+            .count();
+        if !another_fault(started.elapsed(), applied, opts) {
             break;
         }
         let what = describe(&lab, &fault);
@@ -328,9 +348,14 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
         nodes,
         elapsed_ms: ms(started.elapsed()),
         replay: format!(
-            "wirespan lab chaos --name {name} --seed {} --duration {} (on a fresh `lab up --nodes {nodes}`)",
+            "wirespan lab chaos --name {name} --seed {} --duration {}{} (on a fresh `lab up --nodes {nodes}`)",
             opts.seed,
-            humantime::format_duration(opts.duration)
+            humantime::format_duration(opts.duration),
+            if opts.min_faults > 0 {
+                format!(" --min-faults {}", opts.min_faults)
+            } else {
+                String::new()
+            }
         ),
         kinds: kind_stats(&faults),
         faults,
@@ -356,6 +381,28 @@ pub fn run(name: &LabName, opts: &Options) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn faults_start_within_the_duration_and_past_it_until_the_minimum_ran() {
+        let opts = |min_faults| Options {
+            duration: Duration::from_secs(60),
+            min_faults,
+            seed: 1,
+            nodes: None,
+            recovery_timeout: Duration::from_secs(60),
+            rss_limit: 0,
+            json: false,
+        };
+        let s = Duration::from_secs;
+        assert!(another_fault(s(59), 1, &opts(0)));
+        assert!(!another_fault(s(60), 1, &opts(0)));
+        // A slow machine: one fault took the whole minute.
+        assert!(another_fault(s(90), 1, &opts(4)));
+        assert!(another_fault(s(200), 3, &opts(4)));
+        assert!(!another_fault(s(200), 4, &opts(4)));
+        // The minimum does not cut a run short.
+        assert!(another_fault(s(30), 9, &opts(4)));
+    }
 
     fn rec(seq: usize, kind: FaultKind, recovery_ms: Option<u64>) -> FaultRecord {
         FaultRecord {
