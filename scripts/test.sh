@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 
 cargo fmt --all -- --check
+(cd fuzz && cargo fmt --all -- --check)
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # The fuzz targets are their own workspace (fuzzing needs nightly cargo-fuzz), so the
 # line above never compiles them: check them on stable against the crates they drive.

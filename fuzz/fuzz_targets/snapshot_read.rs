@@ -8,7 +8,9 @@ use libfuzzer_sys::fuzz_target;
 use wirespan_discovery::server::snapshot;
 
 /// The state's counts without the load's own tally of dropped entries.
-fn snapshot_counts(state: &wirespan_discovery::server::state::State) -> wirespan_discovery::server::state::Counts {
+fn snapshot_counts(
+    state: &wirespan_discovery::server::state::State,
+) -> wirespan_discovery::server::state::Counts {
     wirespan_discovery::server::state::Counts {
         snapshot_dropped: 0,
         ..state.counts()
