@@ -188,19 +188,23 @@ fn iperf(client: &NetnsGuard, server_addr: &str, reverse: bool) -> f64 {
         args.push("-R");
     }
     let deadline = Instant::now() + Duration::from_secs(10);
-    let report = loop {
-        // Until the server listens, the client fails at once.
-        match client.run_stdout("iperf3", &args) {
-            Ok(out) => break out,
-            Err(e) => assert!(Instant::now() < deadline, "iperf3: {e}"),
+    loop {
+        // Until the server listens (or while it still ends the previous run) the client
+        // fails at once, or reports an error instead of a received rate.
+        let outcome = client
+            .run_stdout("iperf3", &args)
+            .map_err(|e| e.to_string());
+        let rate = outcome.as_ref().ok().and_then(|report| {
+            serde_json::from_str::<serde_json::Value>(report).ok()?["end"]["sum_received"]
+                ["bits_per_second"]
+                .as_f64()
+        });
+        if let Some(bps) = rate {
+            return bps / 1e6;
         }
+        assert!(Instant::now() < deadline, "iperf3: {outcome:?}");
         std::thread::sleep(Duration::from_millis(100));
-    };
-    let v: serde_json::Value = serde_json::from_str(&report).unwrap();
-    v["end"]["sum_received"]["bits_per_second"]
-        .as_f64()
-        .unwrap()
-        / 1e6
+    }
 }
 
 /// `wg show IF dump`'s first peer line: the handshake time is field 4.
