@@ -115,6 +115,19 @@ struct End<'a> {
     keys: (String, String),
 }
 
+impl<'a> End<'a> {
+    /// End `n` (1 or 2) of a pair: address .n, UDP port 51819 + n, fresh keys.
+    fn new(ns: &'a NetnsGuard, ifname: String, n: u8) -> Self {
+        Self {
+            ns,
+            ifname,
+            n,
+            port: 51819 + u16::from(n),
+            keys: keypair(),
+        }
+    }
+}
+
 fn configure(me: &End<'_>, peer: &End<'_>) {
     let key_file = std::env::temp_dir().join(unique_name("uwgkey"));
     std::fs::write(&key_file, &me.keys.0).unwrap();
@@ -227,20 +240,8 @@ fn pairs_with_wireguard_go_using_stock_tools() {
     run_ok(&a, BIN, &["wireguard", &if_a]);
     assert!(socket_of(&if_a).exists());
     run_ok(&b, "wireguard-go", &[&if_b]);
-    let end_a = End {
-        ns: &a,
-        ifname: if_a.clone(),
-        n: 1,
-        port: 51820,
-        keys: keypair(),
-    };
-    let end_b = End {
-        ns: &b,
-        ifname: if_b,
-        n: 2,
-        port: 51821,
-        keys: keypair(),
-    };
+    let end_a = End::new(&a, if_a.clone(), 1);
+    let end_b = End::new(&b, if_b, 2);
     configure(&end_a, &end_b);
     configure(&end_b, &end_a);
 
@@ -300,20 +301,8 @@ fn pairs_with_itself_and_stops_on_sigterm() {
     poll_until("the socket of A", Duration::from_secs(5), || {
         UnixStream::connect(socket_of(&if_a)).is_ok()
     });
-    let end_a = End {
-        ns: &a,
-        ifname: if_a.clone(),
-        n: 1,
-        port: 51820,
-        keys: keypair(),
-    };
-    let end_b = End {
-        ns: &b,
-        ifname: if_b.clone(),
-        n: 2,
-        port: 51821,
-        keys: keypair(),
-    };
+    let end_a = End::new(&a, if_a.clone(), 1);
+    let end_b = End::new(&b, if_b.clone(), 2);
     configure(&end_a, &end_b);
     configure(&end_b, &end_a);
 
