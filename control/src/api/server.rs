@@ -82,7 +82,7 @@ impl ConfigApply {
             accepted_version: accepted.version,
             documents: u32::try_from(accepted.documents).unwrap_or(u32::MAX),
             trial_deadline: deadline
-                .map(|d| humantime::format_rfc3339_seconds(d).to_string())
+                .map(|d| humantime::format_rfc3339_millis(d).to_string())
                 .unwrap_or_default(),
         })
     }
@@ -372,7 +372,7 @@ impl proto::resource_service_server::ResourceService for ResourceApi {
             version: loader.accepted_version(),
             trial_deadline: loader
                 .trial()
-                .map(|t| humantime::format_rfc3339_seconds(t.deadline).to_string())
+                .map(|t| humantime::format_rfc3339_millis(t.deadline).to_string())
                 .unwrap_or_default(),
         }))
     }

@@ -106,7 +106,7 @@ impl std::fmt::Display for RollbackReason {
             Self::Expired { deadline } => write!(
                 f,
                 "not confirmed by its deadline {}",
-                humantime::format_rfc3339_seconds(*deadline)
+                humantime::format_rfc3339_millis(*deadline)
             ),
             Self::Unreachable {
                 endpoint,
@@ -265,7 +265,7 @@ mod tests {
         let Verdict::RollBack(r) = v else { panic!() };
         assert_eq!(
             r.to_string(),
-            "not confirmed by its deadline 2027-01-15T08:00:15Z"
+            "not confirmed by its deadline 2027-01-15T08:00:15.000Z"
         );
     }
 

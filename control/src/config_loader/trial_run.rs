@@ -143,7 +143,7 @@ impl ConfigLoader {
         match self.commit(st, text, cfg, source, Save::Never) {
             Ok(a) => {
                 tracing::warn!(version = %t.version, previous = %t.previous_version,
-                    deadline = %humantime::format_rfc3339_seconds(t.deadline),
+                    deadline = %humantime::format_rfc3339_millis(t.deadline),
                     "config on trial; it rolls back unless confirmed");
                 self.record_trial(&t);
                 let deadline = t.deadline;
@@ -260,7 +260,7 @@ impl ConfigLoader {
                 match self.try_accept(st, &t.config, "trial (resumed at start)", Save::Never) {
                     Ok(a) => {
                         tracing::warn!(version = %t.version,
-                            deadline = %humantime::format_rfc3339_seconds(t.deadline),
+                            deadline = %humantime::format_rfc3339_millis(t.deadline),
                             "config trial resumed; it rolls back unless confirmed");
                         self.record_trial(&t);
                         st.trial = Some(t);
@@ -287,7 +287,7 @@ impl ConfigLoader {
     fn record_trial(&self, t: &ConfigTrial) {
         self.modify_status(|s| {
             s.trial_version.clone_from(&t.version);
-            s.trial_deadline = humantime::format_rfc3339_seconds(t.deadline).to_string();
+            s.trial_deadline = humantime::format_rfc3339_millis(t.deadline).to_string();
             s.trial_previous_version.clone_from(&t.previous_version);
             s.trial_reachability = t
                 .probe
