@@ -8,6 +8,7 @@ mod common;
 
 use std::{
     path::PathBuf,
+    process::Command,
     time::{Duration, Instant, SystemTime},
 };
 
@@ -250,4 +251,72 @@ fn a_node_killed_during_a_trial_and_started_after_the_deadline_comes_up_on_the_e
     let specs = common::stdout(&node.cli(&["get", "routespecs"]));
     assert!(!specs.contains(ROUTE), "{specs}");
     assert!(!node.dir.join("state/config-trial.json").exists());
+}
+
+#[test]
+fn patch_and_edit_validate_whole_show_a_diff_and_apply_in_the_mode_asked() {
+    let node = Node::new();
+    let _n = node.start();
+    until("the base config", Duration::from_secs(10), || {
+        node.status()["acceptedVersion"] == version(BASE)
+    });
+    // Invalid as a whole (a route over a link the patch gives a bad MTU): nothing.
+    let o = node.cli(&[
+        "patch",
+        "--patch",
+        "apiVersion: v1alpha1\nkind: LinkConfig\nname: eth9\nmtu: 1\n",
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("mtu: 1 is outside"), "{err}");
+    assert!(err.contains("nothing applied"), "{err}");
+    assert_eq!(node.status()["acceptedVersion"], version(BASE));
+
+    let route = with_route();
+    let route_doc = &route[BASE.len() + "---\n".len()..];
+    let out = common::stdout(&node.cli(&[
+        "patch",
+        "--mode",
+        "try",
+        "--timeout",
+        "10m",
+        "--patch",
+        route_doc,
+    ]));
+    assert!(
+        out.starts_with("added RouteConfig \"inet4/10.88.0.1/10.77.0.0/16/1024\"\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains("+kind: RouteConfig\n+destination: 10.77.0.0/16\n"),
+        "{out}"
+    );
+    assert!(out.contains("config on trial: version"), "{out}");
+    until("the patched route", Duration::from_secs(5), || {
+        node.has_route()
+    });
+    assert_eq!(node.status()["trialVersion"], version(&route));
+
+    // The editor changes the route; a plain apply, so the trial ends.
+    let sed = "sed -i -e s#10.77.0.0/16#10.78.0.0/16#";
+    let o = Command::new(common::BIN)
+        .arg("--socket")
+        .arg(&node.socket)
+        .arg("edit")
+        .env_remove("WIRESPAN_SOCKET")
+        .env_remove("VISUAL")
+        .env("EDITOR", sed)
+        .output()
+        .unwrap();
+    let out = common::stdout(&o);
+    assert!(
+        out.contains("-destination: 10.77.0.0/16\n+destination: 10.78.0.0/16\n"),
+        "{out}"
+    );
+    let edited = route.replace("10.77.0.0/16", "10.78.0.0/16");
+    assert_eq!(node.status()["acceptedVersion"], version(&edited));
+    let st = node.status();
+    assert!(st["trialVersion"].is_null(), "{st}");
+    assert_eq!(st["lastTrial"], "ended by a plain apply from api");
+    assert_eq!(std::fs::read_to_string(&node.config).unwrap(), edited);
 }
