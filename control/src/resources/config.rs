@@ -80,10 +80,9 @@ impl ResourceKind for ConfigStatus {
             .column("Accepted", ".acceptedVersion")
             .column("Source", ".source")
             .column("LastAttempt", ".lastAttempt")
+            .column("TrialDeadline", ".trialDeadline")
             .column("LastErrorTime", ".lastErrorTime")
             .column("LastError", ".lastError")
-            .column("TrialDeadline", ".trialDeadline")
-            .column("LastTrial", ".lastTrial")
     }
 }
 
