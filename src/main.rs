@@ -48,7 +48,8 @@ enum Command {
     Node(cmd::node::Args),
     /// Run a userspace WireGuard device (a drop-in for wireguard-go).
     Wireguard(cmd::wireguard::Args),
-    /// Replace a running node's config (validated whole; rejected configs change nothing).
+    /// Replace a running node's config (validated whole; rejected configs change nothing;
+    /// `--mode try` rolls back unless `apply --confirm` follows in time).
     Apply(cmd::apply::Args),
     /// Change a running node's config by a strategic merge of documents (by kind and
     /// name; `$patch: delete` removes one), validated whole, with a diff.
