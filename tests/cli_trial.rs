@@ -320,3 +320,41 @@ fn patch_and_edit_validate_whole_show_a_diff_and_apply_in_the_mode_asked() {
     assert_eq!(st["lastTrial"], "ended by a plain apply from api");
     assert_eq!(std::fs::read_to_string(&node.config).unwrap(), edited);
 }
+
+#[test]
+fn a_trial_rolls_back_at_once_when_the_address_to_keep_is_unreachable() {
+    let node = Node::new();
+    let _n = node.start();
+    until("the base config", Duration::from_secs(10), || {
+        node.status()["acceptedVersion"] == version(BASE)
+    });
+    let file = node.dir.join("trial.yaml");
+    std::fs::write(&file, with_route()).unwrap();
+    // Loopback is down in the fresh namespace: every connect fails at once.
+    let out = common::stdout(&node.cli(&[
+        "apply",
+        "--mode",
+        "try",
+        "--timeout",
+        "10m",
+        "--rollback-unless-reachable",
+        "127.0.0.1:9",
+        "--failure-threshold",
+        "2",
+        file.to_str().unwrap(),
+    ]));
+    assert!(out.starts_with("config on trial"), "{out}");
+    until(
+        "the rollback on unreachability",
+        Duration::from_secs(10),
+        || node.status()["acceptedVersion"] == version(BASE),
+    );
+    let last = node.status()["lastTrial"].as_str().unwrap().to_owned();
+    assert!(
+        last.contains("127.0.0.1:9 unreachable 2 time(s) in a row"),
+        "{last}"
+    );
+    until("the route removed", Duration::from_secs(10), || {
+        !node.has_route()
+    });
+}
