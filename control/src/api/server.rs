@@ -609,6 +609,66 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_trial_leaves_the_file_alone_until_confirmed_and_get_config_shows_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.yaml");
+        let store = Store::new(StoreOptions::default());
+        let loader = ConfigLoader::in_state_dir(store.clone(), &dir.path().join("state"));
+        let api = ResourceApi::new(store, None).with_config_apply(loader, Some(file.clone()));
+        apply(&api, GOOD, false).await;
+        let trial = GOOD.replace("1400", "1300");
+        let try_req = |base: &str| proto::ApplyConfigRequest {
+            config: trial.clone(),
+            mode: proto::ApplyMode::Try as i32,
+            trial_timeout_ms: 60_000,
+            base_version: base.to_owned(),
+            ..Default::default()
+        };
+        let stale = api
+            .apply_config(Request::new(try_req("0123")))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            stale.errors[0].starts_with("the config in force is version"),
+            "{:?}",
+            stale.errors
+        );
+        let r = api
+            .apply_config(Request::new(try_req(&version_of(GOOD))))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(r.accepted_version, version_of(&trial));
+        assert!(r.trial_deadline.ends_with('Z'), "{}", r.trial_deadline);
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), GOOD);
+        let got = api
+            .get_config(Request::new(proto::GetConfigRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (got.config.as_str(), got.version.as_str()),
+            (trial.as_str(), version_of(&trial).as_str())
+        );
+        assert_eq!(got.trial_deadline, r.trial_deadline);
+
+        let c = api
+            .confirm_config(Request::new(proto::ConfirmConfigRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(c.version, version_of(&trial));
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), trial);
+        let again = api
+            .confirm_config(Request::new(proto::ConfirmConfigRequest {}))
+            .await
+            .unwrap_err();
+        assert_eq!(again.code(), tonic::Code::FailedPrecondition);
+    }
+
     /// The one worker of a current-thread runtime runs the spawned apply as soon as
     /// this test yields: a parse on the worker would be finished by the time the test
     /// runs again; a parse on a blocking thread is still going.
