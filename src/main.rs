@@ -48,8 +48,14 @@ enum Command {
     Node(cmd::node::Args),
     /// Run a userspace WireGuard device (a drop-in for wireguard-go).
     Wireguard(cmd::wireguard::Args),
-    /// Replace a running node's config (validated whole; rejected configs change nothing).
+    /// Replace a running node's config (validated whole; rejected configs change nothing;
+    /// `--mode try` rolls back unless `apply --confirm` follows in time).
     Apply(cmd::apply::Args),
+    /// Change a running node's config by a strategic merge of documents (by kind and
+    /// name; `$patch: delete` removes one), validated whole, with a diff.
+    Patch(cmd::patch::PatchArgs),
+    /// Edit a running node's config in force in `$EDITOR`; validated whole, with a diff.
+    Edit(cmd::patch::EditArgs),
     /// Show resources of a running node (`wirespan get rd`, `wirespan get nodeidentity -o yaml`).
     Get(cmd::get::Args),
     /// Watch resources of a running node (shorthand for `get --watch`).
@@ -110,6 +116,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Node(args) => cmd::node::run(&args, &cli.socket),
         Command::Wireguard(args) => cmd::wireguard::run(&args),
         Command::Apply(args) => cmd::apply::run(&args, &cli.socket),
+        Command::Patch(args) => cmd::patch::run_patch(&args, &cli.socket),
+        Command::Edit(args) => cmd::patch::run_edit(&args, &cli.socket),
         Command::Get(args) => cmd::get::run(&args, &cli.socket, false),
         Command::Watch(args) => cmd::get::run(&args, &cli.socket, true),
         Command::Inspect(c) => cmd::inspect::run(&c, &cli.socket),

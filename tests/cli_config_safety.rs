@@ -161,6 +161,7 @@ fn bad_config_files_keep_the_last_good_config_and_restarts_start_from_it() {
             "ACCEPTED",
             "SOURCE",
             "LASTATTEMPT",
+            "TRIALDEADLINE",
             "LASTERRORTIME",
             "LASTERROR"
         ],

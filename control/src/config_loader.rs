@@ -18,8 +18,8 @@
 use std::{
     io::Read as _,
     path::{Path, PathBuf},
-    sync::{Arc, Mutex},
-    time::Duration,
+    sync::{Arc, Mutex, MutexGuard},
+    time::{Duration, SystemTime},
 };
 
 use sha2::Digest as _;
@@ -35,6 +35,11 @@ use crate::{
 };
 
 pub use crate::config::LAST_GOOD_FILE;
+pub use trial::{ConfigTrial, ReachabilityProbe, RollbackReason, Verdict, TRIAL_FILE};
+
+pub mod trial;
+mod trial_run;
+pub use trial_run::{Confirmed, TrialOptions, ROLLBACK_SOURCE};
 /// The error of a config without documents.
 pub const EMPTY: &str = "config file is empty; to turn the mesh off set enabled: false";
 /// Poll period of the file when inotify cannot be used.
@@ -78,6 +83,24 @@ pub enum LoadError {
     /// The store refused the write.
     #[error("storing config: {0}")]
     Store(#[from] StateError),
+    /// `apply --confirm` without a trial in progress.
+    #[error("no config trial in progress (nothing to confirm)")]
+    NoTrial,
+    /// A trial needs a config in force to roll back to.
+    #[error("a trial needs a config in force to roll back to; apply this one plainly")]
+    NothingToRollBackTo,
+    /// The trial's timeout is out of range.
+    #[error("{0}")]
+    TrialTimeout(String),
+    /// The config in force is not the one the change was made against (a patch or
+    /// edit raced another change).
+    #[error("the config in force is version {in_force}, not {expected} that the change was made against; fetch it again")]
+    Stale {
+        /// The version the caller expected.
+        expected: String,
+        /// The version in force.
+        in_force: String,
+    },
 }
 
 impl LoadError {
@@ -160,13 +183,36 @@ fn now_rfc3339() -> String {
 }
 
 /// Takes configs from the file, the API and the state dir into the store, keeps the
-/// last good copy and `config/ConfigStatus current`. Clones share one lock, so a file
-/// reload and an API apply never interleave.
+/// last good copy and `config/ConfigStatus current`, and runs config trials
+/// (`apply --mode try`, see [`trial`]). Clones share one lock, so a file reload, an
+/// API apply and a rollback never interleave.
 #[derive(Debug, Clone)]
 pub struct ConfigLoader {
     store: Store,
     last_good: Option<PathBuf>,
-    lock: Arc<Mutex<()>>,
+    state: Arc<Mutex<LoaderState>>,
+    /// Woken whenever a trial begins or ends (the trial enforcer waits on it).
+    trial_changed: Arc<tokio::sync::Notify>,
+}
+
+/// What the loader holds under its lock.
+#[derive(Debug, Default)]
+struct LoaderState {
+    /// The text of the config in force (what a trial rolls back to).
+    in_force: Option<String>,
+    /// The trial in progress.
+    trial: Option<ConfigTrial>,
+}
+
+/// Whether an accepted text becomes the last good copy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Save {
+    /// When it differs from the config in force (a plain apply, no trial running).
+    IfChanged,
+    /// Always (a plain apply ending a trial, a rollback).
+    Always,
+    /// Never (a config on trial).
+    Never,
 }
 
 impl ConfigLoader {
@@ -176,7 +222,8 @@ impl ConfigLoader {
         Self {
             store,
             last_good,
-            lock: Arc::default(),
+            state: Arc::default(),
+            trial_changed: Arc::default(),
         }
     }
 
@@ -184,6 +231,12 @@ impl ConfigLoader {
     #[must_use]
     pub fn in_state_dir(store: Store, state_dir: &Path) -> Self {
         Self::new(store, Some(state_dir.join(LAST_GOOD_FILE)))
+    }
+
+    fn locked(&self) -> MutexGuard<'_, LoaderState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Where the last good config is kept.
@@ -201,6 +254,12 @@ impl ConfigLoader {
             .map(|r| r.spec.clone())
     }
 
+    /// The text of the config in force, if any.
+    #[must_use]
+    pub fn in_force_text(&self) -> Option<String> {
+        self.locked().in_force.clone()
+    }
+
     /// The version in force (empty when none).
     #[must_use]
     pub fn accepted_version(&self) -> String {
@@ -214,13 +273,64 @@ impl ConfigLoader {
     ///
     /// # Errors
     /// Every problem of the text; nothing changes then (but the status).
+    /// A trial in progress ends: the accepted text becomes the last good copy.
     pub fn accept(&self, text: &str, source: &str) -> Result<Accepted, LoadError> {
-        let _g = self
-            .lock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.try_accept(text, source)
+        self.accept_based_on(text, source, None)
+    }
+
+    /// [`Self::accept`], only if the config in force is version `base` (when given):
+    /// a change computed from the config in force (patch, edit) must not undo another
+    /// change made meanwhile.
+    ///
+    /// # Errors
+    /// As [`Self::accept`], and [`LoadError::Stale`].
+    pub fn accept_based_on(
+        &self,
+        text: &str,
+        source: &str,
+        base: Option<&str>,
+    ) -> Result<Accepted, LoadError> {
+        let mut st = self.locked();
+        self.check_base(base)
+            .and_then(|()| self.accept_plain(&mut st, text, source))
             .inspect_err(|e| self.record_rejection(source, e))
+    }
+
+    fn check_base(&self, base: Option<&str>) -> Result<(), LoadError> {
+        let in_force = self.accepted_version();
+        match base {
+            Some(b) if b != in_force => Err(LoadError::Stale {
+                expected: b.to_owned(),
+                in_force,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// A plain apply, the lock held: ends a trial in progress.
+    fn accept_plain(
+        &self,
+        st: &mut LoaderState,
+        text: &str,
+        source: &str,
+    ) -> Result<Accepted, LoadError> {
+        let cfg = validate(text)?;
+        let Some(trial) = st.trial.take() else {
+            return self.commit(st, text, cfg, source, Save::IfChanged);
+        };
+        // The trial file goes first: a crash before the new last good copy is written
+        // then comes back on the earlier config, never on the trial's.
+        self.remove_trial_file();
+        match self.commit(st, text, cfg, source, Save::Always) {
+            Ok(a) => {
+                self.end_trial(&format!("ended by a plain apply from {source}"));
+                Ok(a)
+            }
+            Err(e) => {
+                self.restore_trial(st, trial);
+                Err(e)
+            }
+        }
     }
 
     /// Reads `path` and [`Self::accept`]s it; read errors are recorded too.
@@ -232,10 +342,7 @@ impl ConfigLoader {
         match read_file(path) {
             Ok(text) => self.accept(&text, &source),
             Err(e) => {
-                let _g = self
-                    .lock
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let _g = self.locked();
                 self.record_rejection(&source, &e);
                 Err(e)
             }
@@ -247,26 +354,40 @@ impl ConfigLoader {
     ///
     /// # Errors
     /// The file's error when there is no usable last good copy to fall back to.
+    ///
+    /// A trial found in the state dir then resumes on top of it, or, past its deadline
+    /// (or unreadable), is recorded as rolled back: the earlier config stays.
     pub fn start(&self, file: Option<&Path>) -> Result<Option<Accepted>, LoadError> {
-        let _g = self
-            .lock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut st = self.locked();
+        let earlier = self.start_earlier(&mut st, file)?;
+        Ok(self.resume_trial(&mut st, SystemTime::now()).or(earlier))
+    }
+
+    /// The config in force before any trial: the file, else the last good copy.
+    fn start_earlier(
+        &self,
+        st: &mut LoaderState,
+        file: Option<&Path>,
+    ) -> Result<Option<Accepted>, LoadError> {
         let Some(path) = file else {
             let Some((text, source)) = self.read_last_good() else {
                 return Ok(None);
             };
-            return self.try_accept(&text, &source).map(Some);
+            return self
+                .try_accept(st, &text, &source, Save::IfChanged)
+                .map(Some);
         };
         let file_source = path.display().to_string();
-        let err = match read_file(path).and_then(|t| self.try_accept(&t, &file_source)) {
+        let err = match read_file(path)
+            .and_then(|t| self.try_accept(st, &t, &file_source, Save::IfChanged))
+        {
             Ok(a) => return Ok(Some(a)),
             Err(e) => e,
         };
         let Some((text, source)) = self.read_last_good() else {
             return Err(err);
         };
-        match self.try_accept(&text, &source) {
+        match self.try_accept(st, &text, &source, Save::IfChanged) {
             Ok(a) => {
                 tracing::error!(path = %path.display(), error = %err, last_good = %source,
                     version = %a.version,
@@ -299,8 +420,26 @@ impl ConfigLoader {
     }
 
     /// The work of [`Self::accept`], the lock held, without recording a rejection.
-    fn try_accept(&self, text: &str, source: &str) -> Result<Accepted, LoadError> {
+    fn try_accept(
+        &self,
+        st: &mut LoaderState,
+        text: &str,
+        source: &str,
+        save: Save,
+    ) -> Result<Accepted, LoadError> {
         let cfg = validate(text)?;
+        self.commit(st, text, cfg, source, save)
+    }
+
+    /// Puts a validated config in force.
+    fn commit(
+        &self,
+        st: &mut LoaderState,
+        text: &str,
+        cfg: crate::config::ConfigDocuments,
+        source: &str,
+        save: Save,
+    ) -> Result<Accepted, LoadError> {
         let version = version_of(text);
         let documents = cfg.documents.len();
         let in_force = self
@@ -309,8 +448,11 @@ impl ConfigLoader {
             .is_ok();
         let status = self.status().unwrap_or_default();
         let changed = !(in_force && status.accepted_version == version);
-        if changed {
+        if save == Save::Always || (save == Save::IfChanged && changed) {
             self.persist(text)?;
+        }
+        st.in_force = Some(text.to_owned());
+        if changed {
             let spec = MachineConfigSpec {
                 source: source.to_owned(),
                 document_count: documents,
@@ -514,3 +656,6 @@ fn watch(path: &Path) -> notify::Result<Watch> {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod trial_tests;

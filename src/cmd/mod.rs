@@ -13,6 +13,7 @@ pub mod install;
 pub mod lab;
 pub mod man;
 pub mod node;
+pub mod patch;
 pub mod status;
 pub mod wireguard;
 

@@ -297,6 +297,8 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
     if let Some(path) = &args.config {
         tokio::spawn(config_loader.watch_file(path.clone(), cancel.clone(), None));
     }
+    // Rolls a config trial (`apply --mode try`) back at its deadline.
+    tokio::spawn(config_loader.enforce_trials(cancel.clone()));
     let mut api_task = tokio::spawn({
         let cancel = cancel.clone();
         let socket = socket.to_owned();

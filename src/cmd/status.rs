@@ -250,7 +250,27 @@ fn config(f: &Facts) -> String {
             Some(other) => other.to_string(),
         },
     };
-    format!("{accepted}; last error: {last_error}")
+    format!("{accepted}{}; last error: {last_error}", trial(f))
+}
+
+/// The trial in progress (`apply --mode try`), or how the latest one ended.
+fn trial(f: &Facts) -> String {
+    let Some(st) = f
+        .config_status
+        .as_ref()
+        .and_then(|v| v.first())
+        .map(|r| &r.spec)
+    else {
+        return String::new();
+    };
+    match (text(st, "trialDeadline"), text(st, "lastTrial")) {
+        ("", "") => String::new(),
+        ("", last) => format!("; last trial: {last}"),
+        (deadline, _) => format!(
+            ", ON TRIAL until {deadline} (then back to {} unless `wirespan apply --confirm`)",
+            text(st, "trialPreviousVersion")
+        ),
+    }
 }
 
 fn probes(f: &Facts) -> String {

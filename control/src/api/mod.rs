@@ -12,6 +12,18 @@ pub mod proto {
 
 use crate::runtime::Definition;
 
+/// The API methods that change the node (every other method only reads): what an
+/// authorization layer or a fan-out to many nodes must treat as writes.
+pub const MUTATING_METHODS: &[&str] = &["ApplyConfig", "ConfirmConfig"];
+
+/// Whether the gRPC request path (`/wirespan.resource.v1.ResourceService/ApplyConfig`)
+/// names a method of [`MUTATING_METHODS`].
+#[must_use]
+pub fn is_mutating(path: &str) -> bool {
+    path.rsplit_once('/')
+        .is_some_and(|(_, m)| MUTATING_METHODS.contains(&m))
+}
+
 /// Default path of the API socket.
 pub const DEFAULT_SOCKET: &str = "/run/wirespan/node.sock";
 
@@ -127,5 +139,19 @@ mod tests {
             "unknown resource type \"nodeidentty\"; closest known names: nodeidentity"
         ));
         assert_eq!(edit_distance("kitten", "sitting"), 3);
+    }
+
+    #[test]
+    fn the_writes_are_apply_and_confirm() {
+        assert!(is_mutating(
+            "/wirespan.resource.v1.ResourceService/ApplyConfig"
+        ));
+        assert!(is_mutating(
+            "/wirespan.resource.v1.ResourceService/ConfirmConfig"
+        ));
+        assert!(!is_mutating(
+            "/wirespan.resource.v1.ResourceService/GetConfig"
+        ));
+        assert!(!is_mutating("/wirespan.resource.v1.ResourceService/List"));
     }
 }

@@ -4,6 +4,7 @@ use std::{
     os::unix::fs::{FileTypeExt as _, PermissionsExt as _},
     path::{Path, PathBuf},
     sync::Arc,
+    time::{Duration, SystemTime},
 };
 
 use tokio::{net::UnixListener, sync::mpsc};
@@ -44,6 +45,7 @@ impl ConfigApply {
             errors: e.problems(),
             accepted_version: self.loader.accepted_version(),
             documents: 0,
+            trial_deadline: String::new(),
         };
         if req.dry_run {
             return Ok(match loader::validate(&req.config) {
@@ -54,31 +56,94 @@ impl ConfigApply {
                 Err(e) => rejected(&e),
             });
         }
-        let accepted = match self.loader.accept(&req.config, "api") {
+        let base = Some(req.base_version.as_str()).filter(|b| !b.is_empty());
+        let trial = req.mode == proto::ApplyMode::Try as i32;
+        let res = if trial {
+            let opts = trial_options(req)?;
+            self.loader
+                .accept_trial(&req.config, "api (trial)", opts, base, SystemTime::now())
+        } else {
+            self.loader
+                .accept_based_on(&req.config, "api", base)
+                .map(|a| (a, None))
+        };
+        let (accepted, deadline) = match res {
             Ok(a) => a,
             Err(e) => return Ok(rejected(&e)),
         };
-        if let Some(file) = &self.file {
-            // Skipped when the file already holds it: no rewrite, no reload event.
-            if std::fs::read(file).ok().as_deref() != Some(req.config.as_bytes()) {
-                crate::files::write_atomic(file, req.config.as_bytes()).map_err(
-                    |e| {
-                        Status::internal(format!(
-                            "config accepted (version {}), but writing {} failed: {e}; the file still holds the previous config",
-                            accepted.version,
-                            file.display()
-                        ))
-                    },
-                )?;
-            }
+        // A trial config is not written to the file: a restart must find the earlier
+        // one there. Confirming writes it.
+        if !trial {
+            self.write_file(&req.config, &accepted.version)?;
         }
         Ok(proto::ApplyConfigResponse {
             changed: accepted.changed,
             errors: Vec::new(),
             accepted_version: accepted.version,
             documents: u32::try_from(accepted.documents).unwrap_or(u32::MAX),
+            trial_deadline: deadline
+                .map(|d| humantime::format_rfc3339_millis(d).to_string())
+                .unwrap_or_default(),
         })
     }
+
+    /// `ConfirmConfig`'s work, blocking.
+    fn confirm(&self) -> Result<proto::ConfirmConfigResponse, Status> {
+        let confirmed = self.loader.confirm().map_err(|e| match e {
+            loader::LoadError::NoTrial => Status::failed_precondition(e.to_string()),
+            e => Status::internal(e.to_string()),
+        })?;
+        self.write_file(&confirmed.config, &confirmed.version)?;
+        Ok(proto::ConfirmConfigResponse {
+            version: confirmed.version,
+        })
+    }
+
+    /// Writes the accepted `config` to the node's config file, so that the file and
+    /// the node agree.
+    fn write_file(&self, config: &str, version: &str) -> Result<(), Status> {
+        let Some(file) = &self.file else {
+            return Ok(());
+        };
+        // Skipped when the file already holds it: no rewrite, no reload event.
+        if std::fs::read(file).ok().as_deref() == Some(config.as_bytes()) {
+            return Ok(());
+        }
+        crate::files::write_atomic(file, config.as_bytes()).map_err(|e| {
+            Status::internal(format!(
+                "config accepted (version {version}), but writing {} failed: {e}; the file still holds the previous config",
+                file.display()
+            ))
+        })
+    }
+}
+
+/// The trial options of an `ApplyConfig` in try mode.
+fn trial_options(req: &proto::ApplyConfigRequest) -> Result<loader::TrialOptions, Status> {
+    let timeout = match req.trial_timeout_ms {
+        0 => loader::trial::DEFAULT_TIMEOUT,
+        ms => Duration::from_millis(ms),
+    };
+    let probe = match req.rollback_unless_reachable.as_str() {
+        "" => None,
+        endpoint => {
+            if endpoint.rsplit_once(':').is_none() {
+                return Err(Status::invalid_argument(format!(
+                    "rollback_unless_reachable {endpoint:?} is not host:port"
+                )));
+            }
+            Some(loader::ReachabilityProbe {
+                endpoint: endpoint.to_owned(),
+                interval: loader::trial::PROBE_INTERVAL,
+                timeout: loader::trial::PROBE_TIMEOUT,
+                failure_threshold: match req.reachability_failure_threshold {
+                    0 => loader::trial::DEFAULT_FAILURE_THRESHOLD,
+                    n => n,
+                },
+            })
+        }
+    };
+    Ok(loader::TrialOptions { timeout, probe })
 }
 
 impl ResourceApi {
@@ -281,6 +346,37 @@ impl proto::resource_service_server::ResourceService for ResourceApi {
             .map(Response::new)
     }
 
+    async fn confirm_config(
+        &self,
+        _request: Request<proto::ConfirmConfigRequest>,
+    ) -> Result<Response<proto::ConfirmConfigResponse>, Status> {
+        let Some(apply) = self.config_apply.clone() else {
+            return Err(Status::unimplemented("this server does not take configs"));
+        };
+        tokio::task::spawn_blocking(move || apply.confirm())
+            .await
+            .map_err(|e| Status::internal(format!("config confirm task failed: {e}")))?
+            .map(Response::new)
+    }
+
+    async fn get_config(
+        &self,
+        _request: Request<proto::GetConfigRequest>,
+    ) -> Result<Response<proto::GetConfigResponse>, Status> {
+        let Some(apply) = &self.config_apply else {
+            return Err(Status::unimplemented("this server does not take configs"));
+        };
+        let loader = &apply.loader;
+        Ok(Response::new(proto::GetConfigResponse {
+            config: loader.in_force_text().unwrap_or_default(),
+            version: loader.accepted_version(),
+            trial_deadline: loader
+                .trial()
+                .map(|t| humantime::format_rfc3339_millis(t.deadline).to_string())
+                .unwrap_or_default(),
+        }))
+    }
+
     async fn dependency_graph(
         &self,
         request: Request<proto::DependencyGraphRequest>,
@@ -451,6 +547,7 @@ mod tests {
         api.apply_config(Request::new(proto::ApplyConfigRequest {
             config: config.to_owned(),
             dry_run,
+            ..Default::default()
         }))
         .await
         .unwrap()
@@ -510,6 +607,66 @@ mod tests {
                 big.len()
             )]
         );
+    }
+
+    #[tokio::test]
+    async fn a_trial_leaves_the_file_alone_until_confirmed_and_get_config_shows_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("config.yaml");
+        let store = Store::new(StoreOptions::default());
+        let loader = ConfigLoader::in_state_dir(store.clone(), &dir.path().join("state"));
+        let api = ResourceApi::new(store, None).with_config_apply(loader, Some(file.clone()));
+        apply(&api, GOOD, false).await;
+        let trial = GOOD.replace("1400", "1300");
+        let try_req = |base: &str| proto::ApplyConfigRequest {
+            config: trial.clone(),
+            mode: proto::ApplyMode::Try as i32,
+            trial_timeout_ms: 60_000,
+            base_version: base.to_owned(),
+            ..Default::default()
+        };
+        let stale = api
+            .apply_config(Request::new(try_req("0123")))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(
+            stale.errors[0].starts_with("the config in force is version"),
+            "{:?}",
+            stale.errors
+        );
+        let r = api
+            .apply_config(Request::new(try_req(&version_of(GOOD))))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(r.errors.is_empty(), "{:?}", r.errors);
+        assert_eq!(r.accepted_version, version_of(&trial));
+        assert!(r.trial_deadline.ends_with('Z'), "{}", r.trial_deadline);
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), GOOD);
+        let got = api
+            .get_config(Request::new(proto::GetConfigRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (got.config.as_str(), got.version.as_str()),
+            (trial.as_str(), version_of(&trial).as_str())
+        );
+        assert_eq!(got.trial_deadline, r.trial_deadline);
+
+        let c = api
+            .confirm_config(Request::new(proto::ConfirmConfigRequest {}))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(c.version, version_of(&trial));
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), trial);
+        let again = api
+            .confirm_config(Request::new(proto::ConfirmConfigRequest {}))
+            .await
+            .unwrap_err();
+        assert_eq!(again.code(), tonic::Code::FailedPrecondition);
     }
 
     /// The one worker of a current-thread runtime runs the spawned apply as soon as

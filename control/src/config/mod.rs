@@ -26,6 +26,7 @@ pub mod depth;
 pub mod duration;
 pub mod kubespan;
 pub mod network;
+pub mod patch;
 pub mod probe;
 pub mod reference;
 pub mod schema;
@@ -252,7 +253,10 @@ macro_rules! documents {
                 match self { $(Self::$variant(d) => d.validate(),)* }
             }
 
-            fn merge_key(&self) -> Option<(&'static str, String)> {
+            /// What identifies the document among its kind's when it has no name
+            /// ([`ConfigDocument::merge_key`]).
+            #[must_use]
+            pub fn merge_key(&self) -> Option<(&'static str, String)> {
                 match self { $(Self::$variant(d) => d.merge_key(),)* }
             }
 

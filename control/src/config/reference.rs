@@ -395,6 +395,10 @@ are the fields of that kind below.
   started with a bad or missing file starts from it.
 - Check a file without applying it: `wirespan doctor --config FILE` (offline), or
   `wirespan apply --dry-run FILE` (on a running node).
+- Change a running node's config on trial with `wirespan apply --mode try` (rolled
+  back unless `wirespan apply --confirm` comes in time), or part of it with `wirespan
+  patch` (documents matched by kind and name) and `wirespan edit`: see
+  `docs/operations.md` §2.4.
 
 | Kind | How many |
 |---|---|

@@ -80,6 +80,7 @@ impl ResourceKind for ConfigStatus {
             .column("Accepted", ".acceptedVersion")
             .column("Source", ".source")
             .column("LastAttempt", ".lastAttempt")
+            .column("TrialDeadline", ".trialDeadline")
             .column("LastErrorTime", ".lastErrorTime")
             .column("LastError", ".lastError")
     }
@@ -116,4 +117,24 @@ pub struct ConfigStatusSpec {
     pub last_error_source: String,
     /// When it was rejected (RFC 3339).
     pub last_error_time: String,
+    /// Version of the config on trial (`wirespan apply --mode try`), which is the one
+    /// in force until it is confirmed or rolled back; empty when there is no trial.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trial_version: String,
+    /// When the trial rolls back unless confirmed (RFC 3339).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trial_deadline: String,
+    /// The version a rollback of the trial goes back to.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trial_previous_version: String,
+    /// The trial's `--rollback-unless-reachable` endpoint, if any.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub trial_reachability: String,
+    /// What became of the latest trial: `confirmed …`, `rolled back to … : why`,
+    /// `ended by a plain apply …`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_trial: String,
+    /// When the latest trial ended (RFC 3339).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub last_trial_time: String,
 }

@@ -193,3 +193,25 @@ fn an_escape_sequence_in_a_value_is_printed_as_text() {
     assert!(!out.contains('\u{1b}'), "{out:?}");
     assert!(out.contains("n\\x1b[2J up"), "{out:?}");
 }
+
+#[test]
+fn a_trial_in_progress_and_the_last_trial_are_shown() {
+    let mut f = running();
+    f.config_status = Some(vec![res(
+        "current",
+        json!({"acceptedVersion": "bbbb", "trialDeadline": "2026-11-27T14:00:00Z",
+               "trialPreviousVersion": "aaaa", "lastTrial": "confirmed version cccc"}),
+    )]);
+    assert_eq!(
+        line(&f, "config"),
+        "accepted version bbbb, ON TRIAL until 2026-11-27T14:00:00Z (then back to aaaa unless `wirespan apply --confirm`); last error: none"
+    );
+    f.config_status = Some(vec![res(
+        "current",
+        json!({"acceptedVersion": "aaaa", "lastTrial": "rolled back to aaaa: not confirmed by its deadline 2026-11-27T14:00:00Z"}),
+    )]);
+    assert_eq!(
+        line(&f, "config"),
+        "accepted version aaaa; last trial: rolled back to aaaa: not confirmed by its deadline 2026-11-27T14:00:00Z; last error: none"
+    );
+}
