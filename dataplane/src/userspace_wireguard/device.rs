@@ -9,7 +9,7 @@ use std::{
     io::{self, BufRead, BufReader, Read, Write},
     net::{Ipv6Addr, SocketAddr, SocketAddrV6, UdpSocket},
     os::{
-        fd::AsRawFd,
+        fd::{AsFd, AsRawFd},
         unix::{fs::PermissionsExt, net::UnixListener, net::UnixStream},
     },
     path::{Path, PathBuf},
@@ -18,6 +18,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::{
     signal::{SigSet, Signal},
     signalfd::SignalFd,
@@ -25,6 +26,7 @@ use nix::sys::{
 };
 
 use super::{
+    batch::Outbox,
     core::{DeviceCore, Io},
     tun,
     uapi_request::{errno, parse_set},
@@ -126,14 +128,7 @@ struct NetIo<'a> {
 
 impl Io for NetIo<'_> {
     fn send(&mut self, to: SocketAddr, datagram: &[u8]) {
-        // The socket is dual-stack IPv6: IPv4 peers are reached as mapped addresses.
-        let to = match to {
-            SocketAddr::V4(v4) => {
-                SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
-            }
-            v6 @ SocketAddr::V6(_) => v6,
-        };
-        if let Err(e) = self.socket.send_to(datagram, to) {
+        if let Err(e) = self.socket.send_to(datagram, mapped(to)) {
             tracing::trace!(error = %e, "send failed");
         }
     }
@@ -260,64 +255,143 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) {
     }
 }
 
-fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
-    let mut buf = vec![0u8; 65_536];
-    loop {
-        match (&shared.tun).read(&mut buf) {
-            Ok(0) => {}
-            Ok(n) => {
-                let socket = shared.socket();
-                let mut io = NetIo {
-                    socket: &socket,
-                    tun: &shared.tun,
-                };
-                shared
-                    .core()
-                    .handle_tun_packet(&buf[..n], Instant::now(), &mut io);
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                tracing::info!(error = %e, "TUN read failed");
-                let _ = exit.send(ExitReason::InterfaceGone);
-                return;
-            }
+/// Reads up to `BATCH` packets or datagrams before taking the core's lock once for all.
+const BATCH: usize = 64;
+/// Room for the largest packet or datagram.
+const RECV_SIZE: usize = 65_536;
+
+/// `BATCH` receive buffers. Each is allocated zeroed and untouched, so an idle device
+/// holds only the pages its traffic has used.
+fn recv_buffers() -> Vec<Vec<u8>> {
+    (0..BATCH).map(|_| vec![0u8; RECV_SIZE]).collect()
+}
+
+/// Writes what one batch produced, after the core's lock is released: the TUN
+/// packets, then the datagrams.
+fn flush(shared: &Shared, socket: &UdpSocket, out: &Outbox) {
+    for packet in out.packets() {
+        if let Err(e) = (&shared.tun).write(packet) {
+            tracing::trace!(error = %e, "TUN write failed");
+        }
+    }
+    for (to, range) in out.datagrams() {
+        if let Err(e) = socket.send_to(&out.bytes()[range.clone()], mapped(*to)) {
+            tracing::trace!(error = %e, "send failed");
         }
     }
 }
 
-fn udp_loop(shared: &Shared) {
-    let mut buf = vec![0u8; 65_536];
+/// The socket is dual-stack IPv6: IPv4 peers are reached as mapped addresses.
+fn mapped(to: SocketAddr) -> SocketAddr {
+    match to {
+        SocketAddr::V4(v4) => {
+            SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
+        }
+        v6 @ SocketAddr::V6(_) => v6,
+    }
+}
+
+/// Waits until `fd` is readable (or has an error for the next read to report).
+fn wait_readable(fd: std::os::fd::BorrowedFd<'_>) {
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    let _ = poll(&mut fds, PollTimeout::NONE);
+}
+
+fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
+    let mut bufs = recv_buffers();
+    let mut lens = Vec::with_capacity(BATCH);
+    let mut out = Outbox::default();
     loop {
-        let socket = shared.socket();
-        // nix rather than std: after `shutdown` the kernel returns an empty address,
-        // which std's `recv_from` asserts against.
-        match socket::recvfrom::<socket::SockaddrStorage>(socket.as_raw_fd(), &mut buf) {
-            Ok((n, Some(from))) if n > 0 => {
-                let Some(from) = storage_to_addr(&from) else {
-                    continue;
-                };
-                let mut io = NetIo {
-                    socket: &socket,
-                    tun: &shared.tun,
-                };
-                shared.core().handle_datagram(
-                    from,
-                    &buf[..n],
-                    Instant::now(),
-                    SystemTime::now(),
-                    &mut io,
-                );
-            }
-            // Zero bytes or no address: the socket was shut down because a new one
-            // replaced it (a WireGuard message is never empty).
-            Ok(_) => {}
-            Err(e) => {
-                tracing::trace!(error = %e, "receive failed");
-                if Arc::ptr_eq(&socket, &shared.socket()) {
-                    // Not a replacement: avoid spinning on a persistent error.
-                    thread::sleep(TICK);
+        lens.clear();
+        // The TUN is non-blocking: read what is queued, wait only when nothing is.
+        while lens.len() < BATCH {
+            match (&shared.tun).read(&mut bufs[lens.len()]) {
+                Ok(0) => break,
+                Ok(n) => lens.push(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if !lens.is_empty() {
+                        break;
+                    }
+                    wait_readable(shared.tun.as_fd());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::info!(error = %e, "TUN read failed");
+                    let _ = exit.send(ExitReason::InterfaceGone);
+                    return;
                 }
             }
+        }
+        out.clear();
+        {
+            let mut core = shared.core();
+            let now = Instant::now();
+            for (buf, n) in bufs.iter().zip(&lens) {
+                core.handle_tun_packet(&buf[..*n], now, &mut out);
+            }
+        }
+        if !out.is_empty() {
+            flush(shared, &shared.socket(), &out);
+        }
+    }
+}
+
+/// One receive: `Ok(None)` when the socket was shut down (a new one replaced it).
+fn recv_one(
+    socket: &UdpSocket,
+    buf: &mut [u8],
+    flags: socket::MsgFlags,
+) -> nix::Result<Option<(SocketAddr, usize)>> {
+    let mut iov = [io::IoSliceMut::new(buf)];
+    // nix rather than std: after `shutdown` the kernel returns an empty address,
+    // which std's `recv_from` asserts against.
+    let msg =
+        socket::recvmsg::<socket::SockaddrStorage>(socket.as_raw_fd(), &mut iov, None, flags)?;
+    // Zero bytes or no address: shut down (a WireGuard message is never empty).
+    match msg.address.as_ref().and_then(storage_to_addr) {
+        Some(from) if msg.bytes > 0 => Ok(Some((from, msg.bytes))),
+        _ => Ok(None),
+    }
+}
+
+fn udp_loop(shared: &Shared) {
+    let mut bufs = recv_buffers();
+    let mut got: Vec<(SocketAddr, usize)> = Vec::with_capacity(BATCH);
+    let mut out = Outbox::default();
+    loop {
+        let socket = shared.socket();
+        got.clear();
+        // Block for the first datagram, then take what else is queued.
+        let mut flags = socket::MsgFlags::empty();
+        while got.len() < BATCH {
+            match recv_one(&socket, &mut bufs[got.len()], flags) {
+                Ok(Some(d)) => got.push(d),
+                Ok(None) => break,
+                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => break,
+                Err(e) => {
+                    tracing::trace!(error = %e, "receive failed");
+                    if got.is_empty() && Arc::ptr_eq(&socket, &shared.socket()) {
+                        // Not a replacement: avoid spinning on a persistent error.
+                        thread::sleep(TICK);
+                    }
+                    break;
+                }
+            }
+            flags = socket::MsgFlags::MSG_DONTWAIT;
+        }
+        if got.is_empty() {
+            continue;
+        }
+        out.clear();
+        {
+            let mut core = shared.core();
+            let (now, wall) = (Instant::now(), SystemTime::now());
+            for (buf, (from, n)) in bufs.iter().zip(&got) {
+                core.handle_datagram(*from, &buf[..*n], now, wall, &mut out);
+            }
+        }
+        if !out.is_empty() {
+            flush(shared, &socket, &out);
         }
     }
 }

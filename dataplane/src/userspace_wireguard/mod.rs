@@ -11,6 +11,7 @@
 //! `docs/userspace-wireguard.md` has the library evaluation and the design.
 
 pub mod allowed_ips;
+pub mod batch;
 pub mod core;
 pub mod device;
 pub mod timers;

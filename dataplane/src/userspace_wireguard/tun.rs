@@ -7,7 +7,7 @@
 use std::{
     fs::{File, OpenOptions},
     io,
-    os::fd::AsRawFd,
+    os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
 };
 
 /// The kernel's `struct ifreq`: a name and a union, 40 bytes on 64-bit Linux.
@@ -36,11 +36,13 @@ impl IfReq {
     }
 }
 
-/// Creates (or attaches to) the TUN interface `name` and returns its descriptor.
+/// Creates (or attaches to) the TUN interface `name` and returns its descriptor,
+/// non-blocking so that a reader can drain what is queued and wait with `poll`.
 pub fn open(name: &str) -> io::Result<File> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
+        .custom_flags(libc::O_NONBLOCK)
         .open("/dev/net/tun")?;
     let mut req = IfReq::new(name)?;
     let flags = (libc::IFF_TUN | libc::IFF_NO_PI) as i16;
