@@ -13,11 +13,15 @@ use std::{
         unix::{fs::PermissionsExt, net::UnixListener, net::UnixStream},
     },
     path::{Path, PathBuf},
-    sync::{mpsc, Arc, Mutex, MutexGuard, RwLock},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc, Arc, Mutex, MutexGuard, RwLock,
+    },
     thread,
     time::{Duration, Instant, SystemTime},
 };
 
+use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::{
     signal::{SigSet, Signal},
@@ -26,7 +30,7 @@ use nix::sys::{
 };
 
 use super::{
-    batch::Outbox,
+    batch::{gro_segments, gso_runs, Outbox, MAX_GSO_BYTES, MAX_GSO_SEGMENTS},
     core::{DeviceCore, Io},
     tun,
     uapi_request::{errno, parse_set},
@@ -101,6 +105,8 @@ struct Shared {
     core: Mutex<DeviceCore>,
     socket: RwLock<Arc<UdpSocket>>,
     tun: File,
+    /// UDP GSO is used until a send shows the kernel cannot do it.
+    gso: AtomicBool,
 }
 
 impl Shared {
@@ -151,6 +157,10 @@ fn bind_udp(port: u16, mark: u32) -> io::Result<UdpSocket> {
     socket::setsockopt(&fd, sockopt::Ipv6V6Only, &false)?;
     if mark != 0 {
         socket::setsockopt(&fd, sockopt::Mark, &mark)?;
+    }
+    // Coalesced receives (split by `gro_segments`); without it, one datagram a read.
+    if let Err(e) = socket::setsockopt(&fd, sockopt::UdpGroSegment, &true) {
+        tracing::debug!(error = %e, "UDP GRO unavailable");
     }
     let addr = SockaddrIn6::from(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0));
     socket::bind(fd.as_raw_fd(), &addr)?;
@@ -209,6 +219,7 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
         core: Mutex::new(core),
         socket: RwLock::new(Arc::new(socket)),
         tun: tun_file,
+        gso: AtomicBool::new(true),
     });
 
     let (exit_tx, exit_rx) = mpsc::channel();
@@ -267,18 +278,55 @@ fn recv_buffers() -> Vec<Vec<u8>> {
 }
 
 /// Writes what one batch produced, after the core's lock is released: the TUN
-/// packets, then the datagrams.
+/// packets, then the datagrams, each run of equal-sized datagrams to one peer as one
+/// UDP GSO send.
 fn flush(shared: &Shared, socket: &UdpSocket, out: &Outbox) {
     for packet in out.packets() {
         if let Err(e) = (&shared.tun).write(packet) {
             tracing::trace!(error = %e, "TUN write failed");
         }
     }
-    for (to, range) in out.datagrams() {
-        if let Err(e) = socket.send_to(&out.bytes()[range.clone()], mapped(*to)) {
-            tracing::trace!(error = %e, "send failed");
+    for run in gso_runs(out.datagrams(), MAX_GSO_SEGMENTS, MAX_GSO_BYTES) {
+        let bytes = &out.bytes()[run.bytes.clone()];
+        if run.count > 1 && shared.gso.load(Ordering::Relaxed) {
+            match send_gso(socket, run.to, bytes, run.segment) {
+                Ok(()) => continue,
+                // The route's device cannot segment (or checksum) for us: send
+                // datagrams one by one from now on.
+                Err(e @ (Errno::EIO | Errno::EINVAL | Errno::ENOPROTOOPT | Errno::EOPNOTSUPP)) => {
+                    tracing::info!(error = %e, "UDP GSO unavailable, sending datagrams one by one");
+                    shared.gso.store(false, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tracing::trace!(error = %e, "send failed");
+                    continue;
+                }
+            }
+        }
+        for datagram in gro_segments(bytes, run.segment) {
+            if let Err(e) = socket.send_to(datagram, mapped(run.to)) {
+                tracing::trace!(error = %e, "send failed");
+            }
         }
     }
+}
+
+/// Sends `bytes` as datagrams of `segment` bytes (the last may be shorter) in one
+/// call: the kernel cuts them (`UDP_SEGMENT`).
+fn send_gso(socket: &UdpSocket, to: SocketAddr, bytes: &[u8], segment: usize) -> nix::Result<()> {
+    let segment = u16::try_from(segment).map_err(|_| Errno::EINVAL)?;
+    let SocketAddr::V6(to) = mapped(to) else {
+        return Err(Errno::EINVAL);
+    };
+    let addr = SockaddrIn6::from(to);
+    socket::sendmsg(
+        socket.as_raw_fd(),
+        &[io::IoSlice::new(bytes)],
+        &[socket::ControlMessage::UdpGsoSegments(&segment)],
+        socket::MsgFlags::empty(),
+        Some(&addr),
+    )?;
+    Ok(())
 }
 
 /// The socket is dual-stack IPv6: IPv4 peers are reached as mapped addresses.
@@ -336,27 +384,57 @@ fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
     }
 }
 
-/// One receive: `Ok(None)` when the socket was shut down (a new one replaced it).
+/// One receive: the sender, the bytes and, when the kernel coalesced several
+/// datagrams (`UDP_GRO`), their size (0: one datagram). `Ok(None)` when the socket
+/// was shut down (a new one replaced it).
 fn recv_one(
     socket: &UdpSocket,
     buf: &mut [u8],
+    cmsg: &mut Vec<u8>,
     flags: socket::MsgFlags,
-) -> nix::Result<Option<(SocketAddr, usize)>> {
+) -> nix::Result<Option<Received>> {
     let mut iov = [io::IoSliceMut::new(buf)];
     // nix rather than std: after `shutdown` the kernel returns an empty address,
     // which std's `recv_from` asserts against.
-    let msg =
-        socket::recvmsg::<socket::SockaddrStorage>(socket.as_raw_fd(), &mut iov, None, flags)?;
+    let msg = socket::recvmsg::<socket::SockaddrStorage>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(cmsg),
+        flags,
+    )?;
+    let segment = msg
+        .cmsgs()
+        .ok()
+        .into_iter()
+        .flatten()
+        .find_map(|c| match c {
+            socket::ControlMessageOwned::UdpGroSegments(size) => usize::try_from(size).ok(),
+            _ => None,
+        })
+        .unwrap_or(0);
     // Zero bytes or no address: shut down (a WireGuard message is never empty).
     match msg.address.as_ref().and_then(storage_to_addr) {
-        Some(from) if msg.bytes > 0 => Ok(Some((from, msg.bytes))),
+        Some(from) if msg.bytes > 0 => Ok(Some(Received {
+            from,
+            len: msg.bytes,
+            segment,
+        })),
         _ => Ok(None),
     }
 }
 
+/// What one receive returned.
+struct Received {
+    from: SocketAddr,
+    len: usize,
+    /// The size of each coalesced datagram (0: one datagram).
+    segment: usize,
+}
+
 fn udp_loop(shared: &Shared) {
     let mut bufs = recv_buffers();
-    let mut got: Vec<(SocketAddr, usize)> = Vec::with_capacity(BATCH);
+    let mut got: Vec<Received> = Vec::with_capacity(BATCH);
+    let mut cmsg = nix::cmsg_space!(i32);
     let mut out = Outbox::default();
     loop {
         let socket = shared.socket();
@@ -364,10 +442,10 @@ fn udp_loop(shared: &Shared) {
         // Block for the first datagram, then take what else is queued.
         let mut flags = socket::MsgFlags::empty();
         while got.len() < BATCH {
-            match recv_one(&socket, &mut bufs[got.len()], flags) {
+            match recv_one(&socket, &mut bufs[got.len()], &mut cmsg, flags) {
                 Ok(Some(d)) => got.push(d),
                 Ok(None) => break,
-                Err(nix::errno::Errno::EAGAIN | nix::errno::Errno::EINTR) => break,
+                Err(Errno::EAGAIN | Errno::EINTR) => break,
                 Err(e) => {
                     tracing::trace!(error = %e, "receive failed");
                     if got.is_empty() && Arc::ptr_eq(&socket, &shared.socket()) {
@@ -386,8 +464,10 @@ fn udp_loop(shared: &Shared) {
         {
             let mut core = shared.core();
             let (now, wall) = (Instant::now(), SystemTime::now());
-            for (buf, (from, n)) in bufs.iter().zip(&got) {
-                core.handle_datagram(*from, &buf[..*n], now, wall, &mut out);
+            for (buf, d) in bufs.iter().zip(&got) {
+                for datagram in gro_segments(&buf[..d.len], d.segment) {
+                    core.handle_datagram(d.from, datagram, now, wall, &mut out);
+                }
             }
         }
         if !out.is_empty() {
