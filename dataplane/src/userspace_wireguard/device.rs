@@ -32,6 +32,7 @@ use nix::sys::{
 use super::{
     batch::{gro_segments, gso_runs, Outbox, MAX_GSO_BYTES, MAX_GSO_SEGMENTS},
     core::{DeviceCore, Io},
+    offload::{self, VnetHdr, F_DATA_VALID, VNET_HDR_LEN},
     tun,
     uapi_request::{errno, parse_set},
 };
@@ -40,6 +41,8 @@ use super::{
 pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
 /// How often the timers run.
 const TICK: Duration = Duration::from_millis(250);
+/// The UDP socket's send and receive buffer size.
+const SOCKET_BUFFER: usize = 7 << 20;
 /// A UAPI client that sends nothing for this long is dropped.
 const UAPI_IDLE: Duration = Duration::from_secs(10);
 
@@ -140,9 +143,7 @@ impl Io for NetIo<'_> {
     }
 
     fn write_tun(&mut self, packet: &[u8]) {
-        if let Err(e) = (&*self.tun).write(packet) {
-            tracing::trace!(error = %e, "TUN write failed");
-        }
+        write_tun(self.tun, packet);
     }
 }
 
@@ -157,6 +158,15 @@ fn bind_udp(port: u16, mark: u32) -> io::Result<UdpSocket> {
     socket::setsockopt(&fd, sockopt::Ipv6V6Only, &false)?;
     if mark != 0 {
         socket::setsockopt(&fd, sockopt::Mark, &mark)?;
+    }
+    // Room for the bursts that GSO sends and GRO receives (as wireguard-go does): with
+    // the default 208 KiB, a burst overflows the receive queue and TCP inside the
+    // tunnel retransmits. `*BUFFORCE` passes the sysctl limit (we run as root).
+    if socket::setsockopt(&fd, sockopt::RcvBufForce, &SOCKET_BUFFER).is_err() {
+        let _ = socket::setsockopt(&fd, sockopt::RcvBuf, &SOCKET_BUFFER);
+    }
+    if socket::setsockopt(&fd, sockopt::SndBufForce, &SOCKET_BUFFER).is_err() {
+        let _ = socket::setsockopt(&fd, sockopt::SndBuf, &SOCKET_BUFFER);
     }
     // Coalesced receives (split by `gro_segments`); without it, one datagram a read.
     if let Err(e) = socket::setsockopt(&fd, sockopt::UdpGroSegment, &true) {
@@ -207,6 +217,9 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
         name: opts.name.clone(),
         source,
     })?;
+    if let Err(e) = tun::enable_tcp_offloads(&tun_file) {
+        tracing::info!(interface = %opts.name, error = %e, "TUN offloads unavailable");
+    }
     if let Err(e) = tun::set_mtu(&opts.name, opts.mtu) {
         tracing::warn!(interface = %opts.name, error = %e, "setting the MTU failed");
     }
@@ -268,8 +281,8 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) {
 
 /// Reads up to `BATCH` packets or datagrams before taking the core's lock once for all.
 const BATCH: usize = 64;
-/// Room for the largest packet or datagram.
-const RECV_SIZE: usize = 65_536;
+/// Room for the largest packet (after its `virtio_net_hdr`) or datagram.
+const RECV_SIZE: usize = 65_536 + VNET_HDR_LEN;
 
 /// `BATCH` receive buffers. Each is allocated zeroed and untouched, so an idle device
 /// holds only the pages its traffic has used.
@@ -282,9 +295,7 @@ fn recv_buffers() -> Vec<Vec<u8>> {
 /// UDP GSO send.
 fn flush(shared: &Shared, socket: &UdpSocket, out: &Outbox) {
     for packet in out.packets() {
-        if let Err(e) = (&shared.tun).write(packet) {
-            tracing::trace!(error = %e, "TUN write failed");
-        }
+        write_tun(&shared.tun, packet);
     }
     for run in gso_runs(out.datagrams(), MAX_GSO_SEGMENTS, MAX_GSO_BYTES) {
         let bytes = &out.bytes()[run.bytes.clone()];
@@ -329,6 +340,20 @@ fn send_gso(socket: &UdpSocket, to: SocketAddr, bytes: &[u8], segment: usize) ->
     Ok(())
 }
 
+/// Writes one packet to the TUN after its `virtio_net_hdr`: a plain packet whose
+/// checksums need no check (WireGuard authenticated it, as the kernel's own WireGuard
+/// marks it).
+fn write_tun(tun: &File, packet: &[u8]) {
+    let hdr = VnetHdr {
+        flags: F_DATA_VALID,
+        ..VnetHdr::default()
+    }
+    .to_bytes();
+    if let Err(e) = (&*tun).write_vectored(&[io::IoSlice::new(&hdr), io::IoSlice::new(packet)]) {
+        tracing::trace!(error = %e, "TUN write failed");
+    }
+}
+
 /// The socket is dual-stack IPv6: IPv4 peers are reached as mapped addresses.
 fn mapped(to: SocketAddr) -> SocketAddr {
     match to {
@@ -348,6 +373,8 @@ fn wait_readable(fd: std::os::fd::BorrowedFd<'_>) {
 fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
     let mut bufs = recv_buffers();
     let mut lens = Vec::with_capacity(BATCH);
+    // The batch's packets, super-packets cut to MTU size, back to back.
+    let (mut packets, mut ranges) = (Vec::new(), Vec::new());
     let mut out = Outbox::default();
     loop {
         lens.clear();
@@ -370,12 +397,23 @@ fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
                 }
             }
         }
+        packets.clear();
+        ranges.clear();
+        for (buf, n) in bufs.iter().zip(&lens) {
+            let Some(hdr) = VnetHdr::parse(&buf[..*n]) else {
+                continue;
+            };
+            if let Err(e) = offload::split(&hdr, &buf[VNET_HDR_LEN..*n], &mut packets, &mut ranges)
+            {
+                tracing::debug!(error = %e, "TUN packet dropped");
+            }
+        }
         out.clear();
         {
             let mut core = shared.core();
             let now = Instant::now();
-            for (buf, n) in bufs.iter().zip(&lens) {
-                core.handle_tun_packet(&buf[..*n], now, &mut out);
+            for range in &ranges {
+                core.handle_tun_packet(&packets[range.clone()], now, &mut out);
             }
         }
         if !out.is_empty() {
