@@ -31,7 +31,7 @@ use nix::sys::{
 
 use super::{
     batch::{gro_segments, gso_runs, Outbox, MAX_GSO_BYTES, MAX_GSO_SEGMENTS},
-    core::{DeviceCore, Io},
+    core::DeviceCore,
     offload::{self, VnetHdr, F_DATA_VALID, VNET_HDR_LEN},
     tun,
     uapi_request::{errno, parse_set},
@@ -39,8 +39,13 @@ use super::{
 
 /// Where wireguard-go and `wg` put the UAPI sockets.
 pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
-/// How often the timers run.
-const TICK: Duration = Duration::from_millis(250);
+/// The shortest sleep of the timer loop, its slack: peers whose deadlines fall close
+/// together (a thousand handshakes started in one burst) are served by one wake-up,
+/// and a deadline that stayed in the past cannot make the loop spin. The fixed tick
+/// this replaces ran every 250 ms.
+const MIN_TIMER_WAIT: Duration = Duration::from_millis(100);
+/// How long the receiver pauses after a socket error that is not a replacement.
+const ERROR_PAUSE: Duration = Duration::from_millis(250);
 /// The UDP socket's send and receive buffer size.
 const SOCKET_BUFFER: usize = 7 << 20;
 /// A UAPI client that sends nothing for this long is dropped.
@@ -110,6 +115,8 @@ struct Shared {
     tun: File,
     /// UDP GSO is used until a send shows the kernel cannot do it.
     gso: AtomicBool,
+    /// Wakes the timer loop when a deadline moved earlier.
+    wake_timer: mpsc::SyncSender<()>,
 }
 
 impl Shared {
@@ -121,29 +128,16 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Wakes the timer loop (a wake already pending is enough).
+    fn wake_timer(&self) {
+        let _ = self.wake_timer.try_send(());
+    }
+
     fn socket(&self) -> Arc<UdpSocket> {
         self.socket
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
-    }
-}
-
-/// The [`Io`] of the loop: the current socket and the TUN.
-struct NetIo<'a> {
-    socket: &'a UdpSocket,
-    tun: &'a File,
-}
-
-impl Io for NetIo<'_> {
-    fn send(&mut self, to: SocketAddr, datagram: &[u8]) {
-        if let Err(e) = self.socket.send_to(datagram, mapped(to)) {
-            tracing::trace!(error = %e, "send failed");
-        }
-    }
-
-    fn write_tun(&mut self, packet: &[u8]) {
-        write_tun(self.tun, packet);
     }
 }
 
@@ -228,11 +222,13 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
     let mut core = DeviceCore::default();
     core.listen_port = local_port(&socket);
     tracing::info!(interface = %opts.name, port = core.listen_port, "userspace WireGuard device up");
+    let (wake_timer, wake_rx) = mpsc::sync_channel(1);
     let shared = Arc::new(Shared {
         core: Mutex::new(core),
         socket: RwLock::new(Arc::new(socket)),
         tun: tun_file,
         gso: AtomicBool::new(true),
+        wake_timer,
     });
 
     let (exit_tx, exit_rx) = mpsc::channel();
@@ -245,8 +241,8 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
         move || udp_loop(&shared)
     });
     spawn("wg-timers", {
-        let (shared, exit, name) = (shared.clone(), exit_tx.clone(), opts.name.clone());
-        move || timer_loop(&shared, &name, &exit)
+        let shared = shared.clone();
+        move || timer_loop(&shared, &wake_rx)
     });
     spawn("wg-uapi", move || {
         // A thread per connection, as wireguard-go serves them: a client that keeps
@@ -409,12 +405,16 @@ fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
             }
         }
         out.clear();
-        {
+        let wake = {
             let mut core = shared.core();
             let now = Instant::now();
             for range in &ranges {
                 core.handle_tun_packet(&packets[range.clone()], now, &mut out);
             }
+            core.take_timer_wake()
+        };
+        if wake {
+            shared.wake_timer();
         }
         if !out.is_empty() {
             flush(shared, &shared.socket(), &out);
@@ -488,7 +488,7 @@ fn udp_loop(shared: &Shared) {
                     tracing::trace!(error = %e, "receive failed");
                     if got.is_empty() && Arc::ptr_eq(&socket, &shared.socket()) {
                         // Not a replacement: avoid spinning on a persistent error.
-                        thread::sleep(TICK);
+                        thread::sleep(ERROR_PAUSE);
                     }
                     break;
                 }
@@ -499,7 +499,7 @@ fn udp_loop(shared: &Shared) {
             continue;
         }
         out.clear();
-        {
+        let wake = {
             let mut core = shared.core();
             let (now, wall) = (Instant::now(), SystemTime::now());
             for (buf, d) in bufs.iter().zip(&got) {
@@ -507,6 +507,10 @@ fn udp_loop(shared: &Shared) {
                     core.handle_datagram(d.from, datagram, now, wall, &mut out);
                 }
             }
+            core.take_timer_wake()
+        };
+        if wake {
+            shared.wake_timer();
         }
         if !out.is_empty() {
             flush(shared, &socket, &out);
@@ -524,25 +528,34 @@ fn storage_to_addr(addr: &socket::SockaddrStorage) -> Option<SocketAddr> {
         .map(|v4| SocketAddr::new(std::net::IpAddr::V4(v4.ip()), v4.port()))
 }
 
-fn timer_loop(shared: &Shared, name: &str, exit: &mpsc::Sender<ExitReason>) {
-    let mut ticks: u64 = 0;
+/// Runs the timers when the earliest deadline comes, or sooner when a packet or a
+/// `set=1` made a deadline earlier (a message on `wake`). An idle device with no
+/// pending timer sleeps until woken.
+fn timer_loop(shared: &Shared, wake: &mpsc::Receiver<()>) {
+    let mut out = Outbox::default();
     loop {
-        thread::sleep(TICK);
-        ticks += 1;
-        let socket = shared.socket();
-        let mut io = NetIo {
-            socket: &socket,
-            tun: &shared.tun,
+        out.clear();
+        let now = Instant::now();
+        let next = {
+            let mut core = shared.core();
+            core.tick(now, &mut out);
+            core.next_deadline(now)
         };
-        let mut core = shared.core();
-        core.tick(Instant::now(), &mut io);
-        if ticks.is_multiple_of(4) {
-            core.reset_rate_limit();
-            drop(core);
-            if nix::net::if_::if_nametoindex(name).is_err() {
-                let _ = exit.send(ExitReason::InterfaceGone);
-                return;
+        if !out.is_empty() {
+            flush(shared, &shared.socket(), &out);
+        }
+        let woken = match next {
+            Some(due) => {
+                let wait = due.saturating_duration_since(Instant::now());
+                match wake.recv_timeout(wait.max(MIN_TIMER_WAIT)) {
+                    Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => Ok(()),
+                    Err(mpsc::RecvTimeoutError::Disconnected) => Err(()),
+                }
             }
+            None => wake.recv().map_err(|_| ()),
+        };
+        if woken.is_err() {
+            return;
         }
     }
 }
@@ -631,5 +644,8 @@ fn apply_set(shared: &Shared, body: &str) -> i32 {
     };
     core.apply_set(req);
     core.listen_port = port;
+    drop(core);
+    // New peers or intervals can bring a deadline forward.
+    shared.wake_timer();
     0
 }
