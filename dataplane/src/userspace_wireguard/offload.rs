@@ -108,7 +108,7 @@ pub fn ones_sum(data: &[u8], sum: u64) -> u64 {
     // Folded to 16 bits in host order, then to big-endian order; swapped once more
     // when the words start at an odd byte of `data`.
     let mut middle = u16::from_be(fold(wide));
-    if head.len() % 2 == 1 {
+    if !head.len().is_multiple_of(2) {
         middle = middle.swap_bytes();
     }
     let sum = sum_bytes(head, 0, sum) + u64::from(middle);
@@ -118,7 +118,7 @@ pub fn ones_sum(data: &[u8], sum: u64) -> u64 {
 /// Adds `bytes`, which start at byte `offset` of the summed data, to `sum`.
 fn sum_bytes(bytes: &[u8], offset: usize, mut sum: u64) -> u64 {
     for (i, b) in bytes.iter().enumerate() {
-        let shift = if (offset + i) % 2 == 0 { 8 } else { 0 };
+        let shift = if (offset + i).is_multiple_of(2) { 8 } else { 0 };
         sum += u64::from(*b) << shift;
     }
     sum

@@ -363,6 +363,11 @@ mod tests {
         assert_deadline_is_next_action(&mut t, &clock, 2, 400);
         t.on_data_sent(clock.at(3));
         assert_deadline_is_next_action(&mut t, &clock, 3, 400);
+        // A handshake started while data awaits an answer: nothing but the attempt
+        // counts until it ends (the data's deadline at 18 s passes silently).
+        let mut waiting = t.clone();
+        waiting.on_handshake_sent(clock.at(17));
+        assert_deadline_is_next_action(&mut waiting, &clock, 17, 400);
         t.on_authenticated_received();
         assert_deadline_is_next_action(&mut t, &clock, 3, 400);
         let mut p = PeerTimers::new(25);
