@@ -566,7 +566,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::userspace_wireguard::uapi_request::parse_set;
+    use crate::userspace_wireguard::{timers::REKEY_TIMEOUT, uapi_request::parse_set};
 
     /// Captures what a core sends and delivers.
     #[derive(Default)]
@@ -765,6 +765,32 @@ mod tests {
         }
         assert!(io.tun.is_empty() && io.sent.is_empty());
         assert_eq!(b.counters().invalid_datagrams, 4);
+    }
+
+    #[test]
+    fn an_idle_device_has_no_deadline_until_a_packet_brings_one_and_wakes_the_timer() {
+        let now = Instant::now();
+        let mut a = core(1, 2, ADDR_B);
+        assert_eq!(
+            a.next_deadline(now),
+            None,
+            "configured peers that never talk"
+        );
+        assert!(
+            a.peers.values().all(|p| p.tunnel.is_none()),
+            "no tunnel made yet"
+        );
+        let mut io = Captured::default();
+        a.handle_tun_packet(&ipv4(1, 2), now, &mut io);
+        assert!(
+            a.take_timer_wake(),
+            "the handshake's retry is the new earliest deadline"
+        );
+        assert!(!a.take_timer_wake(), "once");
+        assert_eq!(a.next_deadline(now), Some(now + REKEY_TIMEOUT));
+        // A second packet brings nothing earlier: no wake.
+        a.handle_tun_packet(&ipv4(1, 2), now, &mut io);
+        assert!(!a.take_timer_wake());
     }
 
     #[test]
