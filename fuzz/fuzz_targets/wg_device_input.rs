@@ -1,7 +1,8 @@
 //! The userspace WireGuard device's untrusted input (`wirespan wireguard`): UAPI `set=1`
 //! bodies (`uapi_request::parse_set`, then applied), and datagrams and TUN packets fed
-//! to a configured `core::DeviceCore`. Nothing may panic; a refused request must leave
-//! `get=1` unchanged.
+//! to a configured `core::DeviceCore`, and TUN reads (a `virtio_net_hdr` and a packet)
+//! cut by `offload::split`. Nothing may panic; a refused request must leave `get=1`
+//! unchanged; split packets are whole and no longer than the read.
 #![no_main]
 
 use std::{
@@ -12,6 +13,7 @@ use std::{
 use libfuzzer_sys::fuzz_target;
 use wirespan_dataplane::userspace_wireguard::{
     core::{DeviceCore, Io},
+    offload::{self, VnetHdr, VNET_HDR_LEN},
     uapi_request::parse_set,
 };
 
@@ -33,7 +35,7 @@ fuzz_target!(|data: &[u8]| {
     let mut core = DeviceCore::default();
     core.apply_set(parse_set(BASE).expect("the base config parses"));
     let now = Instant::now();
-    match selector % 3 {
+    match selector % 4 {
         0 => {
             let before = core.render_get();
             match parse_set(&String::from_utf8_lossy(rest)) {
@@ -45,6 +47,23 @@ fuzz_target!(|data: &[u8]| {
             let from: SocketAddr = "192.0.2.2:51820".parse().unwrap();
             for chunk in rest.split(|b| *b == 0xff) {
                 core.handle_datagram(from, chunk, now, SystemTime::now(), &mut Discard);
+            }
+        }
+        3 => {
+            let Some(hdr) = VnetHdr::parse(rest) else {
+                return;
+            };
+            let packet = &rest[VNET_HDR_LEN..];
+            let (mut out, mut ranges) = (Vec::new(), Vec::new());
+            if offload::split(&hdr, packet, &mut out, &mut ranges).is_ok() {
+                for r in &ranges {
+                    assert!(r.end <= out.len() && r.len() <= packet.len().max(1));
+                }
+            } else {
+                assert!(
+                    out.is_empty() && ranges.is_empty(),
+                    "a refused read adds nothing"
+                );
             }
         }
         _ => {

@@ -8,7 +8,7 @@ use std::{
     fmt::Write as _,
     net::{IpAddr, SocketAddr},
     sync::Arc,
-    time::{Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use boringtun::{
@@ -26,6 +26,9 @@ use super::{
 /// message is checked twice (by the device to find the peer, then by the peer's
 /// tunnel), so the count is double the protocol's limit.
 const HANDSHAKE_RATE_LIMIT: u64 = 2 * 100;
+
+/// How long the handshake rate limiter counts before its count is reset.
+const RATE_LIMIT_WINDOW: Duration = Duration::from_secs(1);
 
 /// Room for any packet plus WireGuard's overhead.
 const BUFFER_SIZE: usize = 65_536 + 64;
@@ -79,8 +82,10 @@ struct Peer {
     preshared_key: Option<Key>,
     endpoint: Option<SocketAddr>,
     persistent_keepalive: u16,
-    /// The Noise state; `None` while the device has no private key.
-    tunnel: Option<Tunn>,
+    /// The Noise state, made when first needed (a packet to send, an initiation
+    /// received, a timer) and dropped when the keys expire: an idle peer costs only
+    /// its configuration. Boxed: a `Tunn` holds eight sessions inline (kilobytes).
+    tunnel: Option<Box<Tunn>>,
     timers: PeerTimers,
     last_handshake: Option<SystemTime>,
     rx_bytes: u64,
@@ -100,6 +105,12 @@ pub struct DeviceCore {
     routes: AllowedIps<u32>,
     counters: DeviceCounters,
     buf: Vec<u8>,
+    /// When the rate limiter first counted a handshake message since its last reset.
+    limiter_counting_since: Option<Instant>,
+    /// When the timer loop will next run `tick` (`None`: not until woken).
+    timer_due: Option<Instant>,
+    /// A packet made a deadline earlier than `timer_due`: the timer loop must wake.
+    wake_timer: bool,
 }
 
 impl Default for DeviceCore {
@@ -114,15 +125,28 @@ impl Default for DeviceCore {
             routes: AllowedIps::default(),
             counters: DeviceCounters::default(),
             buf: vec![0; BUFFER_SIZE],
+            limiter_counting_since: None,
+            timer_due: None,
+            wake_timer: false,
         }
     }
 }
 
-fn new_tunnel(identity: &Identity, peer: &Peer, id: u32) -> Tunn {
+/// The peer's tunnel (its `tunnel` field), made now if it has none yet.
+fn tunnel_of<'a>(identity: &Identity, peer: PeerTunnel<'a>, id: u32) -> &'a mut Tunn {
+    let PeerTunnel(slot, public_key, preshared_key) = peer;
+    slot.get_or_insert_with(|| Box::new(new_tunnel(identity, public_key, preshared_key, id)))
+}
+
+/// A peer's tunnel slot with its public and preshared keys: borrows only that field,
+/// so the peer's counters and timers stay usable beside the tunnel.
+struct PeerTunnel<'a>(&'a mut Option<Box<Tunn>>, Key, Option<Key>);
+
+fn new_tunnel(identity: &Identity, public_key: Key, preshared_key: Option<Key>, id: u32) -> Tunn {
     Tunn::new(
         identity.secret.clone(),
-        PublicKey::from(peer.public_key),
-        peer.preshared_key,
+        PublicKey::from(public_key),
+        preshared_key,
         // The persistent keepalive is ours (timers.rs): the tunnel's own timer
         // routine is never called.
         None,
@@ -158,10 +182,35 @@ impl DeviceCore {
         self.peers.len()
     }
 
-    /// Resets the handshake rate limiter's count; the loop calls it once a second.
-    pub fn reset_rate_limit(&self) {
-        if let Some(id) = &self.identity {
-            id.limiter.reset_count();
+    /// When `tick` next has something to do: the earliest deadline of any peer's
+    /// timers or of the rate limiter's reset (`None`: nothing pending). The timer
+    /// loop sleeps until then, or until a packet makes a deadline earlier.
+    pub fn next_deadline(&mut self, now: Instant) -> Option<Instant> {
+        let limiter = self.limiter_counting_since.map(|t| t + RATE_LIMIT_WINDOW);
+        let peers = self.identity.as_ref().and_then(|_| {
+            self.peers
+                .values()
+                .filter_map(|p| p.timers.next_deadline(now))
+                .min()
+        });
+        let due = limiter.into_iter().chain(peers).min();
+        self.timer_due = due;
+        self.wake_timer = false;
+        due
+    }
+
+    /// True (once) when a packet made a deadline earlier than the one the timer loop
+    /// sleeps until.
+    pub fn take_timer_wake(&mut self) -> bool {
+        std::mem::take(&mut self.wake_timer)
+    }
+
+    fn note_deadline(&mut self, due: Option<Instant>) {
+        if let Some(due) = due {
+            if self.timer_due.is_none_or(|t| due < t) {
+                self.timer_due = Some(due);
+                self.wake_timer = true;
+            }
         }
     }
 
@@ -195,8 +244,8 @@ impl DeviceCore {
             return;
         }
         self.identity = key.map(Identity::new);
-        for (id, peer) in &mut self.peers {
-            peer.tunnel = self.identity.as_ref().map(|i| new_tunnel(i, peer, *id));
+        for peer in self.peers.values_mut() {
+            peer.tunnel = None;
             peer.timers = PeerTimers::new(peer.persistent_keepalive);
         }
     }
@@ -234,7 +283,7 @@ impl DeviceCore {
         if let Some(psk) = change.preshared_key {
             if psk != peer.preshared_key {
                 peer.preshared_key = psk;
-                peer.tunnel = self.identity.as_ref().map(|i| new_tunnel(i, peer, id));
+                peer.tunnel = None;
                 peer.timers = PeerTimers::new(peer.persistent_keepalive);
             }
         }
@@ -250,7 +299,7 @@ impl DeviceCore {
         // Ids are the upper 24 bits of the session index the tunnel puts on the wire.
         let id = self.next_id;
         self.next_id = (self.next_id + 1) & 0x00ff_ffff;
-        let mut peer = Peer {
+        let peer = Peer {
             public_key,
             preshared_key: None,
             endpoint: None,
@@ -261,7 +310,6 @@ impl DeviceCore {
             rx_bytes: 0,
             tx_bytes: 0,
         };
-        peer.tunnel = self.identity.as_ref().map(|i| new_tunnel(i, &peer, id));
         self.peers.insert(id, peer);
         self.by_key.insert(public_key, id);
         id
@@ -314,10 +362,15 @@ impl DeviceCore {
         let Some(peer) = self.peers.get_mut(&id) else {
             return;
         };
-        let (Some(tunnel), Some(endpoint)) = (peer.tunnel.as_mut(), peer.endpoint) else {
+        let (Some(identity), Some(endpoint)) = (self.identity.as_ref(), peer.endpoint) else {
             self.counters.unroutable_packets += 1;
             return;
         };
+        let tunnel = tunnel_of(
+            identity,
+            PeerTunnel(&mut peer.tunnel, peer.public_key, peer.preshared_key),
+            id,
+        );
         let action = match tunnel.encapsulate(packet, &mut self.buf) {
             TunnResult::WriteToNetwork(out) => {
                 peer.tx_bytes += out.len() as u64;
@@ -329,9 +382,9 @@ impl DeviceCore {
             _ if !peer.timers.handshake_in_progress() => TimerAction::SendHandshake,
             _ => TimerAction::Idle,
         };
-        if let Some(identity) = self.identity.as_ref() {
-            act(identity, id, peer, action, now, &mut self.buf, io);
-        }
+        act(identity, id, peer, action, now, &mut self.buf, io);
+        let due = peer.timers.next_deadline(now);
+        self.note_deadline(due);
     }
 
     /// An encrypted datagram from the socket: authenticate it, update the peer's
@@ -372,10 +425,21 @@ impl DeviceCore {
             self.counters.invalid_datagrams += 1;
             return;
         };
-        let Some(tunnel) = peer.tunnel.as_mut() else {
-            return;
-        };
         let kind = datagram[0];
+        // Only an initiation can start a peer's first session: anything else for a
+        // peer without a tunnel is stale or forged.
+        if peer.tunnel.is_none() && kind != 1 {
+            self.counters.invalid_datagrams += 1;
+            return;
+        }
+        if kind == 1 || kind == 2 {
+            self.limiter_counting_since.get_or_insert(now);
+        }
+        let tunnel = tunnel_of(
+            identity,
+            PeerTunnel(&mut peer.tunnel, peer.public_key, peer.preshared_key),
+            id,
+        );
         let mut action = TimerAction::Idle;
         let inner = match tunnel.decapsulate(Some(from.ip()), datagram, &mut self.buf) {
             TunnResult::Err(e) => {
@@ -423,13 +487,26 @@ impl DeviceCore {
         peer.timers.on_authenticated_received();
         peer.endpoint = Some(from);
         act(identity, id, peer, action, now, &mut self.buf, io);
+        let due = peer.timers.next_deadline(now);
+        self.note_deadline(due);
+        if let Some(since) = self.limiter_counting_since {
+            self.note_deadline(Some(since + RATE_LIMIT_WINDOW));
+        }
     }
 
-    /// Runs every peer's timers; the loop calls it every few hundred milliseconds.
+    /// Runs every peer's timers and resets the rate limiter's count once its window
+    /// is over; the loop calls it at `next_deadline`.
     pub fn tick(&mut self, now: Instant, io: &mut impl Io) {
         let Some(identity) = self.identity.as_ref() else {
             return;
         };
+        if self
+            .limiter_counting_since
+            .is_some_and(|t| now >= t + RATE_LIMIT_WINDOW)
+        {
+            identity.limiter.reset_count();
+            self.limiter_counting_since = None;
+        }
         for (id, peer) in &mut self.peers {
             let action = peer.timers.tick(now);
             act(identity, *id, peer, action, now, &mut self.buf, io);
@@ -451,17 +528,22 @@ fn act(
         TimerAction::Idle => return,
         TimerAction::ExpireKeys => {
             tracing::debug!(peer = id, "session keys expired");
-            peer.tunnel = Some(new_tunnel(identity, peer, id));
+            // A new tunnel is made when next needed.
+            peer.tunnel = None;
             return;
         }
-        TimerAction::SendHandshake => match peer.tunnel.as_mut() {
-            Some(t) => t.format_handshake_initiation(buf, true),
-            None => return,
-        },
-        TimerAction::SendKeepalive => match peer.tunnel.as_mut() {
-            Some(t) => t.encapsulate(&[], buf),
-            None => return,
-        },
+        TimerAction::SendHandshake => tunnel_of(
+            identity,
+            PeerTunnel(&mut peer.tunnel, peer.public_key, peer.preshared_key),
+            id,
+        )
+        .format_handshake_initiation(buf, true),
+        TimerAction::SendKeepalive => tunnel_of(
+            identity,
+            PeerTunnel(&mut peer.tunnel, peer.public_key, peer.preshared_key),
+            id,
+        )
+        .encapsulate(&[], buf),
     };
     match (result, peer.endpoint) {
         (TunnResult::WriteToNetwork(out), Some(endpoint)) => {
@@ -473,6 +555,8 @@ fn act(
             // No endpoint yet: count the attempt so it is retried on the timer's cadence.
             peer.timers.on_handshake_sent(now);
         }
+        // Likewise a (persistent) keepalive: due again after its interval, not at once.
+        _ if action == TimerAction::SendKeepalive => peer.timers.on_packet_sent(now),
         _ => {}
     }
 }
@@ -482,7 +566,7 @@ mod tests {
     use std::net::Ipv4Addr;
 
     use super::*;
-    use crate::userspace_wireguard::uapi_request::parse_set;
+    use crate::userspace_wireguard::{timers::REKEY_TIMEOUT, uapi_request::parse_set};
 
     /// Captures what a core sends and delivers.
     #[derive(Default)]
@@ -681,6 +765,32 @@ mod tests {
         }
         assert!(io.tun.is_empty() && io.sent.is_empty());
         assert_eq!(b.counters().invalid_datagrams, 4);
+    }
+
+    #[test]
+    fn an_idle_device_has_no_deadline_until_a_packet_brings_one_and_wakes_the_timer() {
+        let now = Instant::now();
+        let mut a = core(1, 2, ADDR_B);
+        assert_eq!(
+            a.next_deadline(now),
+            None,
+            "configured peers that never talk"
+        );
+        assert!(
+            a.peers.values().all(|p| p.tunnel.is_none()),
+            "no tunnel made yet"
+        );
+        let mut io = Captured::default();
+        a.handle_tun_packet(&ipv4(1, 2), now, &mut io);
+        assert!(
+            a.take_timer_wake(),
+            "the handshake's retry is the new earliest deadline"
+        );
+        assert!(!a.take_timer_wake(), "once");
+        assert_eq!(a.next_deadline(now), Some(now + REKEY_TIMEOUT));
+        // A second packet brings nothing earlier: no wake.
+        a.handle_tun_packet(&ipv4(1, 2), now, &mut io);
+        assert!(!a.take_timer_wake());
     }
 
     #[test]

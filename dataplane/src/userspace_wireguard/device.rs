@@ -9,15 +9,20 @@ use std::{
     io::{self, BufRead, BufReader, Read, Write},
     net::{Ipv6Addr, SocketAddr, SocketAddrV6, UdpSocket},
     os::{
-        fd::AsRawFd,
+        fd::{AsFd, AsRawFd},
         unix::{fs::PermissionsExt, net::UnixListener, net::UnixStream},
     },
     path::{Path, PathBuf},
-    sync::{mpsc, Arc, Mutex, MutexGuard, RwLock},
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        mpsc, Arc, Mutex, MutexGuard, RwLock,
+    },
     thread,
     time::{Duration, Instant, SystemTime},
 };
 
+use nix::errno::Errno;
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::{
     signal::{SigSet, Signal},
     signalfd::SignalFd,
@@ -25,15 +30,24 @@ use nix::sys::{
 };
 
 use super::{
-    core::{DeviceCore, Io},
+    batch::{gro_segments, gso_runs, Outbox, MAX_GSO_BYTES, MAX_GSO_SEGMENTS},
+    core::DeviceCore,
+    offload::{self, VnetHdr, F_DATA_VALID, VNET_HDR_LEN},
     tun,
     uapi_request::{errno, parse_set},
 };
 
 /// Where wireguard-go and `wg` put the UAPI sockets.
 pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
-/// How often the timers run.
-const TICK: Duration = Duration::from_millis(250);
+/// The shortest sleep of the timer loop, its slack: peers whose deadlines fall close
+/// together (a thousand handshakes started in one burst) are served by one wake-up,
+/// and a deadline that stayed in the past cannot make the loop spin. The fixed tick
+/// this replaces ran every 250 ms.
+const MIN_TIMER_WAIT: Duration = Duration::from_millis(100);
+/// How long the receiver pauses after a socket error that is not a replacement.
+const ERROR_PAUSE: Duration = Duration::from_millis(250);
+/// The UDP socket's send and receive buffer size.
+const SOCKET_BUFFER: usize = 7 << 20;
 /// A UAPI client that sends nothing for this long is dropped.
 const UAPI_IDLE: Duration = Duration::from_secs(10);
 
@@ -99,6 +113,10 @@ struct Shared {
     core: Mutex<DeviceCore>,
     socket: RwLock<Arc<UdpSocket>>,
     tun: File,
+    /// UDP GSO is used until a send shows the kernel cannot do it.
+    gso: AtomicBool,
+    /// Wakes the timer loop when a deadline moved earlier.
+    wake_timer: mpsc::SyncSender<()>,
 }
 
 impl Shared {
@@ -110,38 +128,16 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Wakes the timer loop (a wake already pending is enough).
+    fn wake_timer(&self) {
+        let _ = self.wake_timer.try_send(());
+    }
+
     fn socket(&self) -> Arc<UdpSocket> {
         self.socket
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
-    }
-}
-
-/// The [`Io`] of the loop: the current socket and the TUN.
-struct NetIo<'a> {
-    socket: &'a UdpSocket,
-    tun: &'a File,
-}
-
-impl Io for NetIo<'_> {
-    fn send(&mut self, to: SocketAddr, datagram: &[u8]) {
-        // The socket is dual-stack IPv6: IPv4 peers are reached as mapped addresses.
-        let to = match to {
-            SocketAddr::V4(v4) => {
-                SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
-            }
-            v6 @ SocketAddr::V6(_) => v6,
-        };
-        if let Err(e) = self.socket.send_to(datagram, to) {
-            tracing::trace!(error = %e, "send failed");
-        }
-    }
-
-    fn write_tun(&mut self, packet: &[u8]) {
-        if let Err(e) = (&*self.tun).write(packet) {
-            tracing::trace!(error = %e, "TUN write failed");
-        }
     }
 }
 
@@ -156,6 +152,19 @@ fn bind_udp(port: u16, mark: u32) -> io::Result<UdpSocket> {
     socket::setsockopt(&fd, sockopt::Ipv6V6Only, &false)?;
     if mark != 0 {
         socket::setsockopt(&fd, sockopt::Mark, &mark)?;
+    }
+    // Room for the bursts that GSO sends and GRO receives (as wireguard-go does): with
+    // the default 208 KiB, a burst overflows the receive queue and TCP inside the
+    // tunnel retransmits. `*BUFFORCE` passes the sysctl limit (we run as root).
+    if socket::setsockopt(&fd, sockopt::RcvBufForce, &SOCKET_BUFFER).is_err() {
+        let _ = socket::setsockopt(&fd, sockopt::RcvBuf, &SOCKET_BUFFER);
+    }
+    if socket::setsockopt(&fd, sockopt::SndBufForce, &SOCKET_BUFFER).is_err() {
+        let _ = socket::setsockopt(&fd, sockopt::SndBuf, &SOCKET_BUFFER);
+    }
+    // Coalesced receives (split by `gro_segments`); without it, one datagram a read.
+    if let Err(e) = socket::setsockopt(&fd, sockopt::UdpGroSegment, &true) {
+        tracing::debug!(error = %e, "UDP GRO unavailable");
     }
     let addr = SockaddrIn6::from(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0));
     socket::bind(fd.as_raw_fd(), &addr)?;
@@ -202,6 +211,9 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
         name: opts.name.clone(),
         source,
     })?;
+    if let Err(e) = tun::enable_tcp_offloads(&tun_file) {
+        tracing::info!(interface = %opts.name, error = %e, "TUN offloads unavailable");
+    }
     if let Err(e) = tun::set_mtu(&opts.name, opts.mtu) {
         tracing::warn!(interface = %opts.name, error = %e, "setting the MTU failed");
     }
@@ -210,10 +222,13 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
     let mut core = DeviceCore::default();
     core.listen_port = local_port(&socket);
     tracing::info!(interface = %opts.name, port = core.listen_port, "userspace WireGuard device up");
+    let (wake_timer, wake_rx) = mpsc::sync_channel(1);
     let shared = Arc::new(Shared {
         core: Mutex::new(core),
         socket: RwLock::new(Arc::new(socket)),
         tun: tun_file,
+        gso: AtomicBool::new(true),
+        wake_timer,
     });
 
     let (exit_tx, exit_rx) = mpsc::channel();
@@ -226,8 +241,8 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
         move || udp_loop(&shared)
     });
     spawn("wg-timers", {
-        let (shared, exit, name) = (shared.clone(), exit_tx.clone(), opts.name.clone());
-        move || timer_loop(&shared, &name, &exit)
+        let shared = shared.clone();
+        move || timer_loop(&shared, &wake_rx)
     });
     spawn("wg-uapi", move || {
         // A thread per connection, as wireguard-go serves them: a client that keeps
@@ -260,64 +275,245 @@ fn spawn(name: &str, f: impl FnOnce() + Send + 'static) {
     }
 }
 
-fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
-    let mut buf = vec![0u8; 65_536];
-    loop {
-        match (&shared.tun).read(&mut buf) {
-            Ok(0) => {}
-            Ok(n) => {
-                let socket = shared.socket();
-                let mut io = NetIo {
-                    socket: &socket,
-                    tun: &shared.tun,
-                };
-                shared
-                    .core()
-                    .handle_tun_packet(&buf[..n], Instant::now(), &mut io);
+/// Reads up to `BATCH` packets or datagrams before taking the core's lock once for all.
+const BATCH: usize = 64;
+/// Room for the largest packet (after its `virtio_net_hdr`) or datagram.
+const RECV_SIZE: usize = 65_536 + VNET_HDR_LEN;
+
+/// `BATCH` receive buffers. Each is allocated zeroed and untouched, so an idle device
+/// holds only the pages its traffic has used.
+fn recv_buffers() -> Vec<Vec<u8>> {
+    (0..BATCH).map(|_| vec![0u8; RECV_SIZE]).collect()
+}
+
+/// Writes what one batch produced, after the core's lock is released: the TUN
+/// packets, then the datagrams, each run of equal-sized datagrams to one peer as one
+/// UDP GSO send.
+fn flush(shared: &Shared, socket: &UdpSocket, out: &Outbox) {
+    for packet in out.packets() {
+        write_tun(&shared.tun, packet);
+    }
+    for run in gso_runs(out.datagrams(), MAX_GSO_SEGMENTS, MAX_GSO_BYTES) {
+        let bytes = &out.bytes()[run.bytes.clone()];
+        if run.count > 1 && shared.gso.load(Ordering::Relaxed) {
+            match send_gso(socket, run.to, bytes, run.segment) {
+                Ok(()) => continue,
+                // The route's device cannot segment (or checksum) for us: send
+                // datagrams one by one from now on.
+                Err(e @ (Errno::EIO | Errno::EINVAL | Errno::ENOPROTOOPT | Errno::EOPNOTSUPP)) => {
+                    tracing::info!(error = %e, "UDP GSO unavailable, sending datagrams one by one");
+                    shared.gso.store(false, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    tracing::trace!(error = %e, "send failed");
+                    continue;
+                }
             }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                tracing::info!(error = %e, "TUN read failed");
-                let _ = exit.send(ExitReason::InterfaceGone);
-                return;
+        }
+        for datagram in gro_segments(bytes, run.segment) {
+            if let Err(e) = socket.send_to(datagram, mapped(run.to)) {
+                tracing::trace!(error = %e, "send failed");
             }
         }
     }
 }
 
-fn udp_loop(shared: &Shared) {
-    let mut buf = vec![0u8; 65_536];
+/// Sends `bytes` as datagrams of `segment` bytes (the last may be shorter) in one
+/// call: the kernel cuts them (`UDP_SEGMENT`).
+fn send_gso(socket: &UdpSocket, to: SocketAddr, bytes: &[u8], segment: usize) -> nix::Result<()> {
+    let segment = u16::try_from(segment).map_err(|_| Errno::EINVAL)?;
+    let SocketAddr::V6(to) = mapped(to) else {
+        return Err(Errno::EINVAL);
+    };
+    let addr = SockaddrIn6::from(to);
+    socket::sendmsg(
+        socket.as_raw_fd(),
+        &[io::IoSlice::new(bytes)],
+        &[socket::ControlMessage::UdpGsoSegments(&segment)],
+        socket::MsgFlags::empty(),
+        Some(&addr),
+    )?;
+    Ok(())
+}
+
+/// Writes one packet to the TUN after its `virtio_net_hdr`: a plain packet whose
+/// checksums need no check (WireGuard authenticated it, as the kernel's own WireGuard
+/// marks it).
+fn write_tun(tun: &File, packet: &[u8]) {
+    let hdr = VnetHdr {
+        flags: F_DATA_VALID,
+        ..VnetHdr::default()
+    }
+    .to_bytes();
+    if let Err(e) = (&*tun).write_vectored(&[io::IoSlice::new(&hdr), io::IoSlice::new(packet)]) {
+        tracing::trace!(error = %e, "TUN write failed");
+    }
+}
+
+/// The socket is dual-stack IPv6: IPv4 peers are reached as mapped addresses.
+fn mapped(to: SocketAddr) -> SocketAddr {
+    match to {
+        SocketAddr::V4(v4) => {
+            SocketAddr::V6(SocketAddrV6::new(v4.ip().to_ipv6_mapped(), v4.port(), 0, 0))
+        }
+        v6 @ SocketAddr::V6(_) => v6,
+    }
+}
+
+/// Waits until `fd` is readable (or has an error for the next read to report).
+fn wait_readable(fd: std::os::fd::BorrowedFd<'_>) {
+    let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+    let _ = poll(&mut fds, PollTimeout::NONE);
+}
+
+fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
+    let mut bufs = recv_buffers();
+    let mut lens = Vec::with_capacity(BATCH);
+    // The batch's packets, super-packets cut to MTU size, back to back.
+    let (mut packets, mut ranges) = (Vec::new(), Vec::new());
+    let mut out = Outbox::default();
     loop {
-        let socket = shared.socket();
-        // nix rather than std: after `shutdown` the kernel returns an empty address,
-        // which std's `recv_from` asserts against.
-        match socket::recvfrom::<socket::SockaddrStorage>(socket.as_raw_fd(), &mut buf) {
-            Ok((n, Some(from))) if n > 0 => {
-                let Some(from) = storage_to_addr(&from) else {
-                    continue;
-                };
-                let mut io = NetIo {
-                    socket: &socket,
-                    tun: &shared.tun,
-                };
-                shared.core().handle_datagram(
-                    from,
-                    &buf[..n],
-                    Instant::now(),
-                    SystemTime::now(),
-                    &mut io,
-                );
-            }
-            // Zero bytes or no address: the socket was shut down because a new one
-            // replaced it (a WireGuard message is never empty).
-            Ok(_) => {}
-            Err(e) => {
-                tracing::trace!(error = %e, "receive failed");
-                if Arc::ptr_eq(&socket, &shared.socket()) {
-                    // Not a replacement: avoid spinning on a persistent error.
-                    thread::sleep(TICK);
+        lens.clear();
+        // The TUN is non-blocking: read what is queued, wait only when nothing is.
+        while lens.len() < BATCH {
+            match (&shared.tun).read(&mut bufs[lens.len()]) {
+                Ok(0) => break,
+                Ok(n) => lens.push(n),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if !lens.is_empty() {
+                        break;
+                    }
+                    wait_readable(shared.tun.as_fd());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    tracing::info!(error = %e, "TUN read failed");
+                    let _ = exit.send(ExitReason::InterfaceGone);
+                    return;
                 }
             }
+        }
+        packets.clear();
+        ranges.clear();
+        for (buf, n) in bufs.iter().zip(&lens) {
+            let Some(hdr) = VnetHdr::parse(&buf[..*n]) else {
+                continue;
+            };
+            if let Err(e) = offload::split(&hdr, &buf[VNET_HDR_LEN..*n], &mut packets, &mut ranges)
+            {
+                tracing::debug!(error = %e, "TUN packet dropped");
+            }
+        }
+        out.clear();
+        let wake = {
+            let mut core = shared.core();
+            let now = Instant::now();
+            for range in &ranges {
+                core.handle_tun_packet(&packets[range.clone()], now, &mut out);
+            }
+            core.take_timer_wake()
+        };
+        if wake {
+            shared.wake_timer();
+        }
+        if !out.is_empty() {
+            flush(shared, &shared.socket(), &out);
+        }
+    }
+}
+
+/// One receive: the sender, the bytes and, when the kernel coalesced several
+/// datagrams (`UDP_GRO`), their size (0: one datagram). `Ok(None)` when the socket
+/// was shut down (a new one replaced it).
+fn recv_one(
+    socket: &UdpSocket,
+    buf: &mut [u8],
+    cmsg: &mut Vec<u8>,
+    flags: socket::MsgFlags,
+) -> nix::Result<Option<Received>> {
+    let mut iov = [io::IoSliceMut::new(buf)];
+    // nix rather than std: after `shutdown` the kernel returns an empty address,
+    // which std's `recv_from` asserts against.
+    let msg = socket::recvmsg::<socket::SockaddrStorage>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(cmsg),
+        flags,
+    )?;
+    let segment = msg
+        .cmsgs()
+        .ok()
+        .into_iter()
+        .flatten()
+        .find_map(|c| match c {
+            socket::ControlMessageOwned::UdpGroSegments(size) => usize::try_from(size).ok(),
+            _ => None,
+        })
+        .unwrap_or(0);
+    // Zero bytes or no address: shut down (a WireGuard message is never empty).
+    match msg.address.as_ref().and_then(storage_to_addr) {
+        Some(from) if msg.bytes > 0 => Ok(Some(Received {
+            from,
+            len: msg.bytes,
+            segment,
+        })),
+        _ => Ok(None),
+    }
+}
+
+/// What one receive returned.
+struct Received {
+    from: SocketAddr,
+    len: usize,
+    /// The size of each coalesced datagram (0: one datagram).
+    segment: usize,
+}
+
+fn udp_loop(shared: &Shared) {
+    let mut bufs = recv_buffers();
+    let mut got: Vec<Received> = Vec::with_capacity(BATCH);
+    let mut cmsg = nix::cmsg_space!(i32);
+    let mut out = Outbox::default();
+    loop {
+        let socket = shared.socket();
+        got.clear();
+        // Block for the first datagram, then take what else is queued.
+        let mut flags = socket::MsgFlags::empty();
+        while got.len() < BATCH {
+            match recv_one(&socket, &mut bufs[got.len()], &mut cmsg, flags) {
+                Ok(Some(d)) => got.push(d),
+                Ok(None) => break,
+                Err(Errno::EAGAIN | Errno::EINTR) => break,
+                Err(e) => {
+                    tracing::trace!(error = %e, "receive failed");
+                    if got.is_empty() && Arc::ptr_eq(&socket, &shared.socket()) {
+                        // Not a replacement: avoid spinning on a persistent error.
+                        thread::sleep(ERROR_PAUSE);
+                    }
+                    break;
+                }
+            }
+            flags = socket::MsgFlags::MSG_DONTWAIT;
+        }
+        if got.is_empty() {
+            continue;
+        }
+        out.clear();
+        let wake = {
+            let mut core = shared.core();
+            let (now, wall) = (Instant::now(), SystemTime::now());
+            for (buf, d) in bufs.iter().zip(&got) {
+                for datagram in gro_segments(&buf[..d.len], d.segment) {
+                    core.handle_datagram(d.from, datagram, now, wall, &mut out);
+                }
+            }
+            core.take_timer_wake()
+        };
+        if wake {
+            shared.wake_timer();
+        }
+        if !out.is_empty() {
+            flush(shared, &socket, &out);
         }
     }
 }
@@ -332,25 +528,34 @@ fn storage_to_addr(addr: &socket::SockaddrStorage) -> Option<SocketAddr> {
         .map(|v4| SocketAddr::new(std::net::IpAddr::V4(v4.ip()), v4.port()))
 }
 
-fn timer_loop(shared: &Shared, name: &str, exit: &mpsc::Sender<ExitReason>) {
-    let mut ticks: u64 = 0;
+/// Runs the timers when the earliest deadline comes, or sooner when a packet or a
+/// `set=1` made a deadline earlier (a message on `wake`). An idle device with no
+/// pending timer sleeps until woken.
+fn timer_loop(shared: &Shared, wake: &mpsc::Receiver<()>) {
+    let mut out = Outbox::default();
     loop {
-        thread::sleep(TICK);
-        ticks += 1;
-        let socket = shared.socket();
-        let mut io = NetIo {
-            socket: &socket,
-            tun: &shared.tun,
+        out.clear();
+        let now = Instant::now();
+        let next = {
+            let mut core = shared.core();
+            core.tick(now, &mut out);
+            core.next_deadline(now)
         };
-        let mut core = shared.core();
-        core.tick(Instant::now(), &mut io);
-        if ticks.is_multiple_of(4) {
-            core.reset_rate_limit();
-            drop(core);
-            if nix::net::if_::if_nametoindex(name).is_err() {
-                let _ = exit.send(ExitReason::InterfaceGone);
-                return;
+        if !out.is_empty() {
+            flush(shared, &shared.socket(), &out);
+        }
+        let woken = match next {
+            Some(due) => {
+                let wait = due.saturating_duration_since(Instant::now());
+                match wake.recv_timeout(wait.max(MIN_TIMER_WAIT)) {
+                    Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) => Ok(()),
+                    Err(mpsc::RecvTimeoutError::Disconnected) => Err(()),
+                }
             }
+            None => wake.recv().map_err(|_| ()),
+        };
+        if woken.is_err() {
+            return;
         }
     }
 }
@@ -439,5 +644,8 @@ fn apply_set(shared: &Shared, body: &str) -> i32 {
     };
     core.apply_set(req);
     core.listen_port = port;
+    drop(core);
+    // New peers or intervals can bring a deadline forward.
+    shared.wake_timer();
     0
 }

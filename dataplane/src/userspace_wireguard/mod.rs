@@ -11,8 +11,10 @@
 //! `docs/userspace-wireguard.md` has the library evaluation and the design.
 
 pub mod allowed_ips;
+pub mod batch;
 pub mod core;
 pub mod device;
+pub mod offload;
 pub mod timers;
 pub mod tun;
 pub mod uapi_request;

@@ -158,8 +158,36 @@ impl PeerTimers {
         }
     }
 
-    /// What is due at `now`. The device calls it every few hundred milliseconds and
-    /// carries out the answer, reporting what it sent through the `on_*` events.
+    /// When `tick` next has something to do (`now` if it has now), or `None` when
+    /// nothing is pending. The device sleeps until the earliest deadline of its peers
+    /// instead of ticking on a fixed period.
+    pub fn next_deadline(&self, now: Instant) -> Option<Instant> {
+        let mut due: Option<Instant> = None;
+        let mut at = |t: Instant| due = Some(due.map_or(t, |d| d.min(t)));
+        if let Some(s) = self.session {
+            at(s.established + REJECT_AFTER_TIME);
+        }
+        if let Some(a) = self.attempt {
+            // While a handshake runs, `tick` does nothing else.
+            at(a.started + REKEY_ATTEMPT_TIME);
+            at(a.last_sent + REKEY_TIMEOUT);
+            return due;
+        }
+        if let Some(t) = self.handshake_due {
+            at(t);
+        }
+        if let (Some(t), Some(_)) = (self.keepalive_due, self.session) {
+            at(t);
+        }
+        if let Some(interval) = self.persistent_keepalive {
+            at(self.last_sent.map_or(now, |t| t + interval));
+        }
+        due
+    }
+
+    /// What is due at `now`. The device calls it at the earliest `next_deadline` of
+    /// its peers and carries out the answer, reporting what it sent through the
+    /// `on_*` events.
     pub fn tick(&mut self, now: Instant) -> TimerAction {
         if let Some(s) = self.session {
             if now.saturating_duration_since(s.established) >= REJECT_AFTER_TIME {
@@ -304,6 +332,48 @@ mod tests {
         assert_eq!(t.tick(clock.at(90)), TimerAction::Idle);
         assert!(!t.handshake_in_progress());
         assert_eq!(t.tick(clock.at(200)), TimerAction::Idle);
+    }
+
+    /// Steps second by second: `next_deadline` names exactly the first second at which
+    /// `tick` acts.
+    fn assert_deadline_is_next_action(t: &mut PeerTimers, clock: &Clock, from: u64, to: u64) {
+        let due = t.next_deadline(clock.at(from));
+        let first_action = (from..to).find(|s| t.clone().tick(clock.at(*s)) != TimerAction::Idle);
+        assert_eq!(
+            due.map(|d| (d - clock.0).as_secs()),
+            first_action,
+            "from {from}"
+        );
+    }
+
+    #[test]
+    fn the_next_deadline_is_when_tick_next_acts() {
+        let clock = Clock(Instant::now());
+        let mut t = PeerTimers::new(0);
+        assert_eq!(
+            t.next_deadline(clock.at(0)),
+            None,
+            "nothing pending: no wake-up"
+        );
+        t.on_handshake_sent(clock.at(0));
+        assert_deadline_is_next_action(&mut t, &clock, 0, 10);
+        t.on_session_established(clock.at(1), true);
+        assert_deadline_is_next_action(&mut t, &clock, 1, 400);
+        t.on_data_received(clock.at(2));
+        assert_deadline_is_next_action(&mut t, &clock, 2, 400);
+        t.on_data_sent(clock.at(3));
+        assert_deadline_is_next_action(&mut t, &clock, 3, 400);
+        // A handshake started while data awaits an answer: nothing but the attempt
+        // counts until it ends (the data's deadline at 18 s passes silently).
+        let mut waiting = t.clone();
+        waiting.on_handshake_sent(clock.at(17));
+        assert_deadline_is_next_action(&mut waiting, &clock, 17, 400);
+        t.on_authenticated_received();
+        assert_deadline_is_next_action(&mut t, &clock, 3, 400);
+        let mut p = PeerTimers::new(25);
+        assert_eq!(p.next_deadline(clock.at(7)), Some(clock.at(7)), "due now");
+        p.on_packet_sent(clock.at(7));
+        assert_deadline_is_next_action(&mut p, &clock, 7, 100);
     }
 
     #[test]

@@ -1,13 +1,13 @@
-//! The TUN device: `/dev/net/tun` opened with `IFF_TUN | IFF_NO_PI`, so each read is
-//! one IP packet and each write takes one. No offloads yet (`IFF_VNET_HDR` comes with
-//! the batching work).
+//! The TUN device: `/dev/net/tun` opened with `IFF_TUN | IFF_NO_PI | IFF_VNET_HDR`, so
+//! each read is one IP packet (or TCP super-packet) after a `virtio_net_hdr`, and each
+//! write takes one packet after such a header (see `offload.rs`).
 
-#![allow(unsafe_code)] // Two ioctls (TUNSETIFF, SIOCSIFMTU) on owned descriptors.
+#![allow(unsafe_code)] // Three ioctls (TUNSETIFF, TUNSETOFFLOAD, SIOCSIFMTU) on owned descriptors.
 
 use std::{
     fs::{File, OpenOptions},
     io,
-    os::fd::AsRawFd,
+    os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
 };
 
 /// The kernel's `struct ifreq`: a name and a union, 40 bytes on 64-bit Linux.
@@ -36,14 +36,16 @@ impl IfReq {
     }
 }
 
-/// Creates (or attaches to) the TUN interface `name` and returns its descriptor.
+/// Creates (or attaches to) the TUN interface `name` and returns its descriptor,
+/// non-blocking so that a reader can drain what is queued and wait with `poll`.
 pub fn open(name: &str) -> io::Result<File> {
     let file = OpenOptions::new()
         .read(true)
         .write(true)
+        .custom_flags(libc::O_NONBLOCK)
         .open("/dev/net/tun")?;
     let mut req = IfReq::new(name)?;
-    let flags = (libc::IFF_TUN | libc::IFF_NO_PI) as i16;
+    let flags = (libc::IFF_TUN | libc::IFF_NO_PI | libc::IFF_VNET_HDR) as i16;
     req.data[..2].copy_from_slice(&flags.to_ne_bytes());
     // SAFETY: the descriptor is open and owned by `file`; `req` is a live, correctly
     // sized `struct ifreq` the kernel reads and writes within its 40 bytes.
@@ -52,6 +54,25 @@ pub fn open(name: &str) -> io::Result<File> {
         return Err(io::Error::last_os_error());
     }
     Ok(file)
+}
+
+/// Lets the kernel hand over TCP super-packets (TSO over IPv4 and IPv6, with ECN)
+/// and packets whose transport checksum is left partial. UDP segmentation (USO) is
+/// not asked for: `offload::split` cuts TCP only.
+pub fn enable_tcp_offloads(tun: &File) -> io::Result<()> {
+    let flags = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_TSO_ECN;
+    // SAFETY: an owned TUN descriptor; TUNSETOFFLOAD takes its flags by value.
+    let rc = unsafe {
+        libc::ioctl(
+            tun.as_raw_fd(),
+            libc::TUNSETOFFLOAD,
+            libc::c_ulong::from(flags),
+        )
+    };
+    if rc < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Sets the MTU of interface `name` (through any socket of the current namespace).
