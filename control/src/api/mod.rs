@@ -2,6 +2,9 @@
 //! definitions, dependency graph) and its client.
 
 pub mod client;
+pub mod gate;
+pub mod pki;
+pub mod remote;
 pub mod server;
 
 /// Generated protobuf types and service stubs.
