@@ -207,7 +207,7 @@ impl Proxy {
         let role = effective_role(
             caller,
             header(ROLE_HEADER),
-            remote::mesh_address(&self.store),
+            remote::mesh_prefix(&self.store),
         )
         .and_then(|role| authorize(path, role).map(|()| role))
         .inspect_err(|s| {

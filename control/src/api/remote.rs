@@ -252,9 +252,9 @@ pub fn node_sans(hostname: &str, addresses: &[IpAddr], mesh: Option<IpAddr>) -> 
     sans
 }
 
-/// The node's mesh (ULA) address and its prefix, once the mesh identity exists.
+/// The node's mesh (ULA) address, once the mesh identity exists.
 #[must_use]
-pub fn mesh_address(store: &Store) -> Option<ipnet::IpNet> {
+pub fn mesh_address(store: &Store) -> Option<IpAddr> {
     store
         .list::<KubeSpanIdentity>(
             KubeSpanIdentity::DEFAULT_NAMESPACE,
@@ -262,6 +262,16 @@ pub fn mesh_address(store: &Store) -> Option<ipnet::IpNet> {
         )
         .first()
         .and_then(|r| r.spec.address)
+        .map(|n| n.addr())
+}
+
+/// The cluster's mesh prefix (the /64 every node's mesh address is in): where
+/// forwarded requests must come from.
+#[must_use]
+pub fn mesh_prefix(store: &Store) -> Option<ipnet::IpNet> {
+    ipnet::IpNet::new(mesh_address(store)?, 64)
+        .ok()
+        .map(|n| n.trunc())
 }
 
 /// Issues the node a new certificate when there is none, the CA or the names changed,
@@ -280,11 +290,7 @@ pub fn refresh(shared: &SharedMaterial, store: &Store, now: SystemTime) {
         return;
     };
     let host = hostname();
-    let sans = node_sans(
-        &host,
-        &local_addresses(),
-        mesh_address(store).map(|n| n.addr()),
-    );
+    let sans = node_sans(&host, &local_addresses(), mesh_address(store));
     let current = shared.read().ok().and_then(|m| m.clone());
     if let Some(m) = &current {
         if m.ca_cert_pem == ca_cert
