@@ -373,6 +373,11 @@ async fn handshake(
             tracing::debug!(%remote, timeout = ?HANDSHAKE_TIMEOUT, "API handshake timed out");
             return;
         }
+        // Closed before saying anything: a port scan or an evicted flood, not a refusal.
+        Ok(Err(e)) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+            tracing::debug!(%remote, "API connection closed during the handshake");
+            return;
+        }
         Ok(Err(e)) => {
             tracing::warn!(%remote, error = %e, "API TLS handshake failed");
             return;
