@@ -834,11 +834,17 @@ fn hints(state: &LabState) -> String {
         "Look around:\n  \
          {lab} status [-o json]                  # every node's peers and their state\n  \
          {lab} exec {node} -- wirespan get peers  # any command inside a node\n  \
+         {lab} exec {node} -- wirespan -n {others} get peers  # other nodes through {node} (remote API)\n  \
          {lab} exec {node} -- wg show kubespan    # the node's WireGuard device\n  \
          logs: {dir}/node*/node.log, {dir}/discovery.log\n{routers}\
          Tear down:\n  \
          {lab} down\n",
         node = n1.name,
+        others = if state.nodes.len() > 1 {
+            state.nodes[1..].iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(",")
+        } else {
+            n1.name.clone()
+        },
         dir = state.dir.display(),
         routers = state
             .nodes
