@@ -15,7 +15,7 @@ use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 use wirespan_control::{
     api::{
-        remote,
+        remote_server,
         server::{bind, serve, ResourceApi},
     },
     config::cluster::ClusterConfig,
@@ -315,7 +315,7 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
         tracing::info!(addr = %listener.local_addr()?, "serving the API with mutual TLS");
         let (store, api, cancel) = (store.clone(), api.clone(), cancel.clone());
         tokio::spawn(async move {
-            if let Err(e) = remote::serve(listener, store, api, cancel).await {
+            if let Err(e) = remote_server::serve(listener, store, api, cancel).await {
                 tracing::error!(error = %e, "remote API server failed");
             }
         });

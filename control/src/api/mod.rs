@@ -5,6 +5,7 @@ pub mod client;
 pub mod gate;
 pub mod pki;
 pub mod remote;
+pub mod remote_server;
 pub mod server;
 
 /// Generated protobuf types and service stubs.

@@ -10,7 +10,8 @@
 //! [`MAX_PENDING_HANDSHAKES`] handshakes are in progress, and a new connection beyond
 //! that evicts the oldest unfinished one, so a flood of connections that never finish
 //! cannot lock a real client out for longer than its own handshake takes. Role checks
-//! and the proxy to other nodes are in [`gate`](super::gate).
+//! and the proxy to other nodes are in [`gate`](super::gate), the server that joins
+//! them in [`remote_server`](super::remote_server).
 
 use std::{
     collections::VecDeque,
@@ -27,18 +28,16 @@ use tokio::{
     sync::mpsc,
 };
 use tokio_rustls::{server::TlsStream, TlsAcceptor};
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    gate::{GateLayer, Proxy},
-    pki::{self, Issued, Role},
-    proto,
-    server::{ResourceApi, ServeError},
-};
+use super::pki::{self, Issued, Role};
 use crate::{
     config::cluster::ClusterConfig,
-    resources::{config::MachineConfig, kubespan::KubeSpanIdentity},
+    resources::{
+        config::MachineConfig,
+        kubespan::KubeSpanIdentity,
+        network::{HostnameStatus, HOSTNAME},
+    },
     runtime::{ResourceKind as _, Store},
     secret::SecretString,
 };
@@ -47,8 +46,6 @@ use crate::{
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Handshakes in progress at once; a new connection beyond it evicts the oldest.
 pub const MAX_PENDING_HANDSHAKES: usize = 256;
-/// How often the node checks whether its certificate needs renewing.
-const RENEW_CHECK: Duration = Duration::from_secs(30);
 
 /// Who is calling: read from the client certificate the handshake verified.
 #[derive(Debug, Clone)]
@@ -290,7 +287,15 @@ pub fn refresh(shared: &SharedMaterial, store: &Store, now: SystemTime) {
         return;
     };
     let host = hostname();
-    let sans = node_sans(&host, &local_addresses(), mesh_address(store));
+    let mut sans = node_sans(&host, &local_addresses(), mesh_address(store));
+    // The FQDN too: other nodes know this node by its affiliate's hostname, which is it.
+    if let Ok(h) = store.get::<HostnameStatus>(HostnameStatus::DEFAULT_NAMESPACE, HOSTNAME) {
+        let fqdn = h.spec.fqdn();
+        if !fqdn.is_empty() && !sans.contains(&fqdn) {
+            sans.push(fqdn);
+            sans.sort();
+        }
+    }
     let current = shared.read().ok().and_then(|m| m.clone());
     if let Some(m) = &current {
         if m.ca_cert_pem == ca_cert
@@ -406,8 +411,9 @@ fn common_name(der: &[u8]) -> Option<String> {
     pki::subject_attribute(der, &[0x55, 0x04, 0x03])
 }
 
-/// Accepts connections until `shutdown`, handing verified ones to `tx`.
-async fn accept_loop(
+/// Accepts connections until `shutdown`, handing verified ones (with their
+/// [`Caller`]) to `tx`.
+pub async fn accept_loop(
     listener: TcpListener,
     material: SharedMaterial,
     tx: mpsc::Sender<Result<CallerStream, std::io::Error>>,
@@ -446,53 +452,6 @@ async fn accept_loop(
             }
         });
     }
-}
-
-/// Serves `api` on `listener` with mutual TLS until `shutdown`; the node's
-/// certificate is kept current from the config in `store`.
-///
-/// # Errors
-/// Transport errors.
-pub async fn serve(
-    listener: TcpListener,
-    store: Store,
-    api: ResourceApi,
-    shutdown: CancellationToken,
-) -> Result<(), ServeError> {
-    let material: SharedMaterial = Arc::default();
-    let port = listener.local_addr().map(|a| a.port()).unwrap_or_default();
-    tokio::spawn({
-        let (material, store, shutdown) = (Arc::clone(&material), store.clone(), shutdown.clone());
-        async move {
-            let mut tick = tokio::time::interval(RENEW_CHECK);
-            loop {
-                tokio::select! {
-                    () = shutdown.cancelled() => return,
-                    _ = tick.tick() => refresh(&material, &store, SystemTime::now()),
-                }
-            }
-        }
-    });
-    // The first certificate before the first connection, when the config has a CA.
-    refresh(&material, &store, SystemTime::now());
-    let (tx, rx) = mpsc::channel(64);
-    tokio::spawn(accept_loop(
-        listener,
-        Arc::clone(&material),
-        tx,
-        shutdown.clone(),
-    ));
-    let proxy = Arc::new(Proxy::new(store, port, material));
-    tonic::transport::Server::builder()
-        .layer(GateLayer::new(proxy))
-        .add_service(
-            proto::resource_service_server::ResourceServiceServer::new(api)
-                .max_decoding_message_size(super::MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(super::MAX_MESSAGE_BYTES),
-        )
-        .serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown.cancelled_owned())
-        .await
-        .map_err(Into::into)
 }
 
 #[cfg(test)]

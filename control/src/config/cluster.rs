@@ -92,7 +92,10 @@ impl ConfigDocument for ClusterConfig {
         match (&self.api_ca_cert, &self.api_ca_key) {
             (None, None) => {}
             (Some(cert), Some(key)) => {
-                if crate::api::pki::first_cert_der(cert).is_none() {
+                if !rustls_pemfile::certs(&mut cert.as_bytes())
+                    .next()
+                    .is_some_and(|c| c.is_ok())
+                {
                     errs.push(FieldError::new("apiCaCert", "is not a PEM certificate"));
                 }
                 if !key.expose().contains("PRIVATE KEY-----") {
