@@ -253,7 +253,7 @@ where
 /// The one target's error.
 pub fn split<T>(
     results: Vec<(Option<String>, anyhow::Result<T>)>,
-) -> anyhow::Result<(Vec<(Option<String>, T)>, Failed)> {
+) -> anyhow::Result<(NodeResults<T>, Failed)> {
     let total = results.len();
     let mut ok = Vec::new();
     let mut failed = 0;
@@ -269,6 +269,9 @@ pub fn split<T>(
     }
     Ok((ok, Failed { failed, total }))
 }
+
+/// Per node (`None`: the local socket), what it returned.
+pub type NodeResults<T> = Vec<(Option<String>, T)>;
 
 /// How many nodes failed; [`Failed::into_result`] after printing the others.
 #[derive(Debug, Clone, Copy)]

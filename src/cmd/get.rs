@@ -79,7 +79,7 @@ fn spec_format(args: &Args) -> i32 {
     format as i32
 }
 
-fn status(s: tonic::Status) -> anyhow::Error {
+fn status(s: &tonic::Status) -> anyhow::Error {
     anyhow::anyhow!("{}", s.message())
 }
 
@@ -102,7 +102,7 @@ async fn fetch(
                 include_sensitive: args.include_sensitive,
             })
             .await
-            .map_err(status)?
+            .map_err(|s| status(&s))?
             .into_inner();
         (resp.definition, resp.resource.into_iter().collect())
     } else {
@@ -114,7 +114,7 @@ async fn fetch(
                 include_sensitive: args.include_sensitive,
             })
             .await
-            .map_err(status)?
+            .map_err(|s| status(&s))?
             .into_inner();
         (resp.definition, resp.resources)
     };
@@ -133,7 +133,7 @@ async fn forward_watch(
     let mut stream = match client.watch(req).await {
         Ok(s) => s.into_inner(),
         Err(s) => {
-            let _ = tx.send((node, Err(status(s)))).await;
+            let _ = tx.send((node, Err(status(&s)))).await;
             return;
         }
     };
@@ -141,7 +141,7 @@ async fn forward_watch(
         let item = match stream.message().await {
             Ok(Some(msg)) => Ok(msg),
             Ok(None) => return,
-            Err(s) => Err(status(s)),
+            Err(s) => Err(status(&s)),
         };
         let end = item.is_err();
         if tx.send((node.clone(), item)).await.is_err() || end {

@@ -92,9 +92,9 @@ impl ConfigDocument for ClusterConfig {
         match (&self.api_ca_cert, &self.api_ca_key) {
             (None, None) => {}
             (Some(cert), Some(key)) => {
-                if !rustls_pemfile::certs(&mut cert.as_bytes())
+                if rustls_pemfile::certs(&mut cert.as_bytes())
                     .next()
-                    .is_some_and(|c| c.is_ok())
+                    .is_none_or(|c| c.is_err())
                 {
                     errs.push(FieldError::new("apiCaCert", "is not a PEM certificate"));
                 }
