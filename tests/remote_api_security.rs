@@ -382,3 +382,44 @@ async fn attacks(admin: (String, String, SecretString), ca_cert: String, pid: u3
         node_fds_during_flood,
     }
 }
+
+#[test]
+fn watch_merges_the_nodes_streams_and_status_fans_out() {
+    let mut f = Fixture::start();
+    // Two names of the one node: two streams, one printout, each row with its node.
+    let mut child = bin_in(&f.ns)
+        .env_remove("WIRESPAN_SOCKET")
+        .env("WIRESPANCONFIG", f.path("admin.yaml"))
+        .args(["-n", "127.0.0.1,localhost", "watch", "nodeidentity"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let out = child.stdout.take().unwrap();
+    let _watch = ChildGuard(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                return;
+            }
+        }
+    });
+    let header = common::expect_line(&rx, "the header", |l| l.starts_with("NODE"));
+    assert!(header.contains("NAMESPACE"), "{header}");
+    let mut seen = std::collections::BTreeSet::new();
+    while seen.len() < 2 {
+        let l = common::expect_line(&rx, "a row of each node", |l| l.contains("NodeIdentity"));
+        seen.insert(l.split_whitespace().next().unwrap().to_owned());
+    }
+    assert_eq!(
+        seen.into_iter().collect::<Vec<_>>(),
+        ["127.0.0.1", "localhost"]
+    );
+
+    let o = f.cli("admin.yaml", &["-n", "127.0.0.1,localhost", "status"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(out.matches("NODE  ").count(), 2, "{out}");
+}

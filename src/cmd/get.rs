@@ -528,4 +528,29 @@ mod tests {
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["spec"]["label"], "a\u{9b}\u{202e}", "the same string");
     }
+
+    /// Rows of several nodes: a NODE column first in tables, a `node` field in JSON.
+    #[test]
+    fn fanned_out_rows_say_which_node_they_came_from() {
+        let def = proto::Definition {
+            display_type: "KubeSpanPeerStatus".into(),
+            ..Default::default()
+        };
+        let rows = [
+            (Some("node2".to_owned()), resource("a", Format::Json)),
+            (Some("node3".to_owned()), resource("b", Format::Json)),
+        ];
+        let out = Printer::new(&def, Format::Table, false, true)
+            .render_all(&rows)
+            .unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("NODE    NAMESPACE"), "{out}");
+        assert!(lines[1].starts_with("node2   kubespan"), "{out}");
+        assert!(lines[2].starts_with("node3   kubespan"), "{out}");
+        let out = Printer::new(&def, Format::Json, false, true)
+            .render_all(&rows[..1])
+            .unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["node"], "node2");
+    }
 }
