@@ -296,9 +296,13 @@ impl Printer {
         };
         p.widths = p.header_cells().iter().map(String::len).collect();
         if watch {
-            // Rows arrive one by one; pad to a reasonable width instead of measuring.
-            for w in p.widths.iter_mut().skip(1) {
-                *w = (*w).max(12);
+            // Rows arrive one by one; pad to a reasonable width instead of measuring
+            // (all but the one-character event mark).
+            let mark = usize::from(nodes);
+            for (i, w) in p.widths.iter_mut().enumerate() {
+                if i != mark {
+                    *w = (*w).max(12);
+                }
             }
         }
         p
