@@ -15,8 +15,7 @@ use rcgen::{
 
 use crate::secret::SecretString;
 
-/// Common name of the cluster API CA; also how a node rebuilds the CA's issuer name
-/// from the CA's key (the name is fixed, so the issuer matches).
+/// Common name of the cluster API CA, followed by 12 hex digits of its key's SHA-256.
 pub const CA_COMMON_NAME: &str = "wirespan cluster API CA";
 
 /// How long the CA is valid (ten years).
@@ -118,10 +117,18 @@ fn validity(
     Ok((not_before, not_after))
 }
 
-fn ca_params() -> CertificateParams {
+/// The CA's parameters; its name carries a fingerprint of its key, so two clusters'
+/// CAs have different names (a certificate of the other is an unknown issuer) and a
+/// node rebuilds the name from the key alone.
+fn ca_params(key: &KeyPair) -> CertificateParams {
+    use sha2::Digest as _;
+    let fingerprint = sha2::Sha256::digest(key.public_key_raw());
     let mut params = CertificateParams::default();
     let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, CA_COMMON_NAME);
+    dn.push(
+        DnType::CommonName,
+        format!("{CA_COMMON_NAME} {}", hex_prefix(&fingerprint[..6])),
+    );
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
@@ -134,7 +141,7 @@ fn ca_params() -> CertificateParams {
 /// [`PkiError`].
 pub fn generate_ca(now: SystemTime) -> Result<Issued, PkiError> {
     let key = KeyPair::generate()?;
-    let mut params = ca_params();
+    let mut params = ca_params(&key);
     let (not_before, not_after) = validity(&mut params, now, CA_LIFETIME)?;
     let cert = params.self_signed(&key)?;
     Ok(Issued {
@@ -163,7 +170,7 @@ pub fn issue(
     let ca_key = KeyPair::from_pem(ca_key_pem.expose())?;
     // The CA's name is fixed: re-signing its parameters with its key gives the issuer
     // (name and key identifier) that this certificate needs.
-    let ca = ca_params().self_signed(&ca_key)?;
+    let ca = ca_params(&ca_key).self_signed(&ca_key)?;
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(sans.to_vec())?;
     let mut dn = DistinguishedName::new();
@@ -185,6 +192,10 @@ pub fn issue(
         not_before,
         not_after,
     })
+}
+
+fn hex_prefix(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 /// True once two thirds of a certificate's validity have passed (or it is not valid
