@@ -281,6 +281,12 @@ pub struct Failed {
 }
 
 impl Failed {
+    /// How many nodes were asked.
+    #[must_use]
+    pub fn total(self) -> usize {
+        self.total
+    }
+
     /// An error when any node failed (so the exit status says so).
     ///
     /// # Errors

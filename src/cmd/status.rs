@@ -383,8 +383,8 @@ pub fn run(args: &Args, fleet: &FleetArgs, socket: Option<&Path>) -> anyhow::Res
         }
     }
     if args.output == Format::Json {
-        // One node: its object as before; several: node → object.
-        let doc = if ok.len() == 1 && ok[0].0.is_none() {
+        // One node asked: its object as before; several: node → object.
+        let doc = if ok.len() == 1 && failed.total() == 1 {
             json.into_values().next().unwrap_or_default()
         } else {
             serde_json::to_value(json)?
