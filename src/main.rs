@@ -26,9 +26,14 @@ struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
 
-    /// Path of the node's API socket.
-    #[arg(long, global = true, env = "WIRESPAN_SOCKET", default_value = wirespan_control::api::DEFAULT_SOCKET)]
-    socket: std::path::PathBuf,
+    /// Path of the node's API socket [default: /run/wirespan/node.sock]. Given
+    /// explicitly, it wins over a client config (not over -e/-n/--context).
+    #[arg(long, global = true, env = "WIRESPAN_SOCKET")]
+    socket: Option<std::path::PathBuf>,
+
+    /// Remote API flags: `wirespan -n node2,node3 get peers`.
+    #[command(flatten)]
+    fleet: cmd::fleet::FleetArgs,
 
     #[command(subcommand)]
     command: Command,
@@ -63,6 +68,9 @@ enum Command {
     /// Inspect a running node.
     #[command(subcommand)]
     Inspect(cmd::inspect::Inspect),
+    /// The client config (`~/.wirespan/config`): contexts, use-context, add, merge.
+    #[command(subcommand)]
+    Config(cmd::fleet::ConfigCmd),
     /// Generate cluster secrets, WireGuard keys and node IDs.
     #[command(subcommand)]
     Gen(cmd::gen::Gen),
@@ -109,20 +117,26 @@ fn init_tracing(cli: &Cli) -> anyhow::Result<()> {
 
 fn run(cli: Cli) -> anyhow::Result<()> {
     init_tracing(&cli)?;
+    let socket = cli.socket.as_deref();
+    let fleet = &cli.fleet;
     match cli.command {
         Command::Discovery(args) => cmd::discovery::run(*args),
         Command::Bench(bench) => cmd::bench::run(&bench),
         Command::Gen(g) => cmd::gen::run(&g),
-        Command::Node(args) => cmd::node::run(&args, &cli.socket),
+        Command::Node(args) => cmd::node::run(
+            &args,
+            socket.unwrap_or(std::path::Path::new(wirespan_control::api::DEFAULT_SOCKET)),
+        ),
         Command::Wireguard(args) => cmd::wireguard::run(&args),
-        Command::Apply(args) => cmd::apply::run(&args, &cli.socket),
-        Command::Patch(args) => cmd::patch::run_patch(&args, &cli.socket),
-        Command::Edit(args) => cmd::patch::run_edit(&args, &cli.socket),
-        Command::Get(args) => cmd::get::run(&args, &cli.socket, false),
-        Command::Watch(args) => cmd::get::run(&args, &cli.socket, true),
-        Command::Inspect(c) => cmd::inspect::run(&c, &cli.socket),
+        Command::Apply(args) => cmd::apply::run(&args, fleet, socket),
+        Command::Patch(args) => cmd::patch::run_patch(&args, fleet, socket),
+        Command::Edit(args) => cmd::patch::run_edit(&args, fleet, socket),
+        Command::Get(args) => cmd::get::run(&args, fleet, socket, false),
+        Command::Watch(args) => cmd::get::run(&args, fleet, socket, true),
+        Command::Inspect(c) => cmd::inspect::run(&c, fleet, socket),
+        Command::Config(c) => cmd::fleet::run_config(&c, fleet),
         Command::Lab(args) => cmd::lab::run(&args),
-        Command::Status(args) => cmd::status::run(&args, &cli.socket),
+        Command::Status(args) => cmd::status::run(&args, fleet, socket),
         Command::Doctor(args) => cmd::doctor::run(&args),
         Command::Install(i) => cmd::install::run(&i),
         Command::Completions(args) => cmd::completions::run(&args, Cli::command()),

@@ -134,7 +134,14 @@ fn bad_config_files_keep_the_last_good_config_and_restarts_start_from_it() {
     for args in [
         &["get", "probespecs", "-o", "yaml"][..],
         &["get", "probespecs"],
-        &["get", "probespecs", "-n", "network-config", "-o", "json"],
+        &[
+            "get",
+            "probespecs",
+            "--namespace",
+            "network-config",
+            "-o",
+            "json",
+        ],
     ] {
         let out = stdout(&node.cli(args));
         assert!(out.contains("127.0.0.1:1/a"), "{args:?}: {out}");

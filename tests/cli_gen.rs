@@ -154,3 +154,64 @@ fn cluster_config_is_a_ready_0600_config_and_never_printed() {
     assert!(err.contains("endpoint"), "{err}");
     assert!(!bad.exists());
 }
+
+#[test]
+fn client_configs_carry_the_role_in_a_0600_file_and_print_no_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = dir.path().join("cluster.yaml");
+    let c = cluster.to_str().unwrap();
+    assert!(gen(&["cluster", "--out", c]).status.success());
+    let text = std::fs::read_to_string(&cluster).unwrap();
+    assert!(
+        text.contains("apiCaCert: |") && text.contains("apiCaKey: |"),
+        "{text}"
+    );
+    for role in ["admin", "reader"] {
+        let out_path = dir.path().join(format!("{role}.yaml"));
+        let o = out_path.to_str().unwrap();
+        let out = gen(&[
+            "client",
+            "--cluster",
+            c,
+            "--role",
+            role,
+            "--out",
+            o,
+            "--endpoint",
+            "10.0.0.1:50100",
+            "--node",
+            "node2,node3",
+        ]);
+        assert!(out.status.success(), "{out:?}");
+        let printed = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!printed.contains("PRIVATE"), "{printed}");
+        assert_eq!(
+            std::fs::metadata(&out_path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let v: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(&out_path).unwrap()).unwrap();
+        let ctx = &v["contexts"][role];
+        assert_eq!(v["context"], role);
+        assert_eq!(ctx["nodes"][1], "node3");
+        let der = wirespan_control::api::pki::first_cert_der(ctx["crt"].as_str().unwrap()).unwrap();
+        assert_eq!(
+            wirespan_control::api::pki::organization_of(&der).as_deref(),
+            Some(format!("wirespan:{role}").as_str())
+        );
+    }
+    let bad = gen(&[
+        "client",
+        "--cluster",
+        c,
+        "--role",
+        "root",
+        "--out",
+        "/dev/null",
+    ]);
+    assert!(!bad.status.success());
+}

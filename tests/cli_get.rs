@@ -74,7 +74,7 @@ fn table_lists_sorted_with_print_columns_and_case_insensitive_alias() {
     assert_eq!(cols[3][2], "c");
     assert_eq!(lines.len(), 4, "{out}");
     // Namespace flag and single id.
-    let out = stdout(&srv.cli(&["get", "intresource", "z", "-n", "other"]));
+    let out = stdout(&srv.cli(&["get", "intresource", "z", "--namespace", "other"]));
     assert!(
         out.lines()
             .nth(1)

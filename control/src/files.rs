@@ -55,7 +55,11 @@ pub fn ensure_private_dir(dir: &Path) -> std::io::Result<()> {
 /// # Errors
 /// I/O errors.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
+    // `Path::new("f").parent()` is `Some("")`: that is the current directory too.
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     let tmp = dir.join(format!(
         ".{}.tmp.{:016x}",
         path.file_name().and_then(|n| n.to_str()).unwrap_or("file"),

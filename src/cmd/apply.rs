@@ -13,12 +13,11 @@ use std::{
 
 use anyhow::Context as _;
 use wirespan_control::{
-    api::{client::connect, proto},
+    api::{client::ApiClient, proto},
     config_loader as loader,
 };
 
-/// The API client.
-pub type Client = proto::resource_service_client::ResourceServiceClient<tonic::transport::Channel>;
+use super::fleet::{self, FleetArgs};
 
 /// How a config is applied.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
@@ -107,50 +106,71 @@ pub struct Args {
     pub mode: ModeArgs,
 }
 
-pub fn run(args: &Args, socket: &Path) -> anyhow::Result<()> {
-    if args.confirm {
-        return super::block_on(confirm(socket));
-    }
-    args.mode.check()?;
-    let Some(file) = &args.file else {
-        anyhow::bail!("a config file is needed (or --confirm)");
+pub fn run(args: &Args, fleet: &FleetArgs, socket: Option<&Path>) -> anyhow::Result<()> {
+    let config = if args.confirm {
+        None
+    } else {
+        args.mode.check()?;
+        let Some(file) = &args.file else {
+            anyhow::bail!("a config file is needed (or --confirm)");
+        };
+        // Same size cap as the node's, checked before sending.
+        Some(loader::read_file(file).with_context(|| format!("reading {}", file.display()))?)
     };
-    // Same size cap as the node's, checked before sending.
-    let config = loader::read_file(file).with_context(|| format!("reading {}", file.display()))?;
     super::block_on(async {
-        let mut client = connect(socket).await?;
-        let mut req = args.mode.request(config, "");
-        req.dry_run = args.dry_run;
-        send(&mut client, req).await
+        let targets = fleet::targets(fleet, socket).await?;
+        let results = fleet::each(&targets, |mut c| {
+            let req = config.as_ref().map(|config| {
+                let mut req = args.mode.request(config.clone(), "");
+                req.dry_run = args.dry_run;
+                req
+            });
+            async move {
+                match req {
+                    Some(req) => send(&mut c, req).await,
+                    None => confirm(&mut c).await,
+                }
+            }
+        })
+        .await;
+        let (ok, failed) = fleet::split(results)?;
+        for (node, line) in ok {
+            match node {
+                Some(n) => println!("{n}: {line}"),
+                None => println!("{line}"),
+            }
+        }
+        failed.into_result()
     })
 }
 
-/// `apply --confirm`.
-async fn confirm(socket: &Path) -> anyhow::Result<()> {
-    let mut client = connect(socket).await?;
+/// `apply --confirm` on one node; the line to print.
+async fn confirm(client: &mut ApiClient) -> anyhow::Result<String> {
     let resp = client
         .confirm_config(proto::ConfirmConfigRequest {})
         .await
         .map_err(|s| anyhow::anyhow!("{}", s.message()))
         .context("confirming the config trial")?
         .into_inner();
-    println!(
+    Ok(format!(
         "config trial confirmed: version {} is the last good config",
         resp.version
-    );
-    Ok(())
+    ))
 }
 
-/// Sends an `ApplyConfig` and prints its outcome.
+/// Sends an `ApplyConfig`; the line that says its outcome.
 ///
 /// # Errors
 /// The call failed or the config was rejected (every problem on stderr).
-pub async fn send(client: &mut Client, req: proto::ApplyConfigRequest) -> anyhow::Result<()> {
+pub async fn send(
+    client: &mut ApiClient,
+    req: proto::ApplyConfigRequest,
+) -> anyhow::Result<String> {
     let dry_run = req.dry_run;
     let resp = client
         .apply_config(req)
         .await
-        .context("ApplyConfig")?
+        .map_err(|s| anyhow::anyhow!("ApplyConfig: {} ({:?})", s.message(), s.code()))?
         .into_inner();
     if !resp.errors.is_empty() {
         for e in &resp.errors {
@@ -166,23 +186,19 @@ pub async fn send(client: &mut Client, req: proto::ApplyConfigRequest) -> anyhow
             resp.errors.len()
         );
     }
-    if dry_run {
-        println!("config is valid");
+    Ok(if dry_run {
+        "config is valid".to_owned()
     } else if !resp.trial_deadline.is_empty() {
-        println!(
+        format!(
             "config on trial: version {} ({} documents) rolls back at {} unless confirmed with `wirespan apply --confirm`",
             resp.accepted_version, resp.documents, resp.trial_deadline
-        );
+        )
     } else if resp.changed {
-        println!(
+        format!(
             "config applied: version {} ({} documents)",
             resp.accepted_version, resp.documents
-        );
+        )
     } else {
-        println!(
-            "config unchanged: version {} in force",
-            resp.accepted_version
-        );
-    }
-    Ok(())
+        format!("config unchanged: version {} in force", resp.accepted_version)
+    })
 }

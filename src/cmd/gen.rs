@@ -7,8 +7,13 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Subcommand;
-use wirespan_control::files::write_atomic;
+use wirespan_control::{
+    api::pki::{self, Role},
+    files::write_atomic,
+};
 use wirespan_dataplane::wireguard::{PresharedKey, PrivateKey};
+
+use super::fleet::ClientConfig;
 
 /// What to generate.
 #[derive(Debug, Subcommand)]
@@ -41,8 +46,10 @@ pub enum Gen {
     /// Prints a fresh node ID (32 random bytes, base62), as nodes generate on first start.
     NodeId,
     /// A cluster config file (0600): a `ClusterConfig` document with a fresh cluster ID
-    /// and secret (upstream formats: URL-safe and standard base64 of 32 random bytes),
-    /// plus one `DiscoveryServiceConfig` per `--discovery`. Usable as it is with
+    /// and secret (upstream formats: URL-safe and standard base64 of 32 random bytes)
+    /// and a fresh cluster API CA (`apiCaCert`, `apiCaKey`: nodes started with
+    /// `--api-listen` issue their certificates from it), plus one
+    /// `DiscoveryServiceConfig` per `--discovery`. Usable as it is with
     /// `wirespan node --config FILE`; more documents (e.g. `KubeSpanConfig`) may be
     /// appended. Nothing secret is printed.
     Cluster {
@@ -54,6 +61,33 @@ pub enum Gen {
         /// The name defaults to the URL's host and port.
         #[arg(long = "discovery", value_name = "[NAME=]URL")]
         discovery: Vec<String>,
+        /// Replace an existing file.
+        #[arg(long)]
+        force: bool,
+    },
+    /// A client config (0600) for the remote API: one context with endpoints, nodes,
+    /// the cluster API CA and a client certificate and key signed by it, carrying the
+    /// role. Merge it into `~/.wirespan/config` with `wirespan config merge FILE`, or
+    /// point `WIRESPANCONFIG` at it.
+    Client {
+        /// The cluster config holding the API CA (`wirespan gen cluster` wrote it).
+        #[arg(long, value_name = "FILE")]
+        cluster: PathBuf,
+        /// What the certificate may do: `admin` (everything) or `reader` (no apply).
+        #[arg(long, value_parser = ["admin", "reader"])]
+        role: String,
+        /// Where to write the client config. Refuses to overwrite unless --force.
+        #[arg(long, short)]
+        out: PathBuf,
+        /// The context's endpoints (`host[:port]`, comma-separated).
+        #[arg(long = "endpoint", value_delimiter = ',')]
+        endpoints: Vec<String>,
+        /// The context's default nodes (comma-separated).
+        #[arg(long = "node", value_delimiter = ',')]
+        nodes: Vec<String>,
+        /// The context's name (default: the role).
+        #[arg(long)]
+        context: Option<String>,
         /// Replace an existing file.
         #[arg(long)]
         force: bool,
@@ -89,13 +123,88 @@ pub fn run(cmd: &Gen) -> anyhow::Result<()> {
             let text = cluster_config(discovery)?;
             write_file(out, *force, &text)?;
             eprintln!(
-                "cluster config with {} discovery service(s) written to {}",
+                "cluster config with {} discovery service(s) and an API CA written to {}",
                 discovery.len(),
+                out.display()
+            );
+        }
+        Gen::Client {
+            cluster,
+            role,
+            out,
+            endpoints,
+            nodes,
+            context,
+            force,
+        } => {
+            let role = Role::parse(role).context("--role must be admin or reader")?;
+            let config = client_config(cluster, role, endpoints, nodes, context.as_deref())?;
+            if !force && out.exists() {
+                anyhow::bail!(
+                    "{} already exists; pass --force to replace it",
+                    out.display()
+                );
+            }
+            config.save(out)?;
+            eprintln!(
+                "client config (role {}, context {}) written to {}",
+                role.as_str(),
+                config.context,
                 out.display()
             );
         }
     }
     Ok(())
+}
+
+/// A client config with one context holding a fresh certificate for `role` issued
+/// by the API CA of the cluster config at `cluster`.
+pub fn client_config(
+    cluster: &Path,
+    role: Role,
+    endpoints: &[String],
+    nodes: &[String],
+    context: Option<&str>,
+) -> anyhow::Result<ClientConfig> {
+    let text = std::fs::read_to_string(cluster)
+        .with_context(|| format!("reading {}", cluster.display()))?;
+    // Errors name documents and fields and never echo a secret.
+    let docs = wirespan_control::config::parse(&text)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", cluster.display()))?;
+    let cc = docs
+        .singleton::<wirespan_control::config::cluster::ClusterConfig>()
+        .with_context(|| format!("{} has no ClusterConfig document", cluster.display()))?;
+    let (Some(ca_cert), Some(ca_key)) = (&cc.api_ca_cert, &cc.api_ca_key) else {
+        anyhow::bail!(
+            "{}: its ClusterConfig has no API CA (apiCaCert/apiCaKey); a config from `wirespan gen cluster` has one",
+            cluster.display()
+        );
+    };
+    let name = context.unwrap_or(role.as_str()).to_owned();
+    let issued = pki::issue(
+        ca_key,
+        role,
+        &format!("wirespan-{}", role.as_str()),
+        &[],
+        std::time::SystemTime::now(),
+        pki::CLIENT_LIFETIME,
+    )?;
+    let ctx = super::fleet::Context {
+        endpoints: endpoints.to_vec(),
+        nodes: nodes.to_vec(),
+        ca: ca_cert.clone(),
+        crt: issued.cert_pem,
+        key: issued.key_pem.expose().to_owned(),
+    };
+    Ok(ClientConfig {
+        context: name.clone(),
+        contexts: [(name, ctx)].into(),
+    })
+}
+
+/// `text` as a YAML literal block indented by two spaces.
+fn yaml_block(text: &str) -> String {
+    text.lines().map(|l| format!("  {l}\n")).collect()
 }
 
 /// Discovery service name from a URL: host and port with every character outside
@@ -130,9 +239,13 @@ fn cluster_config(discovery: &[String]) -> anyhow::Result<String> {
         })
         .collect();
     let secret = PresharedKey::generate().to_base64();
+    let ca = pki::generate_ca(std::time::SystemTime::now())?;
     let mut text = format!(
-        "# Generated by `wirespan gen cluster`. Contains the cluster secret: keep it 0600.\n\
-         apiVersion: v1alpha1\nkind: ClusterConfig\nid: {id}\nsecret: {secret}\n"
+        "# Generated by `wirespan gen cluster`. Contains the cluster secret and the API CA key: keep it 0600.\n\
+         apiVersion: v1alpha1\nkind: ClusterConfig\nid: {id}\nsecret: {secret}\n\
+         apiCaCert: |\n{}apiCaKey: |\n{}",
+        yaml_block(&ca.cert_pem),
+        yaml_block(ca.key_pem.expose()),
     );
     let mut names = std::collections::BTreeSet::new();
     for entry in discovery {

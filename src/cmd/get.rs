@@ -4,7 +4,9 @@ use std::{fmt::Write as _, path::Path};
 
 use anyhow::Context as _;
 use serde_json::{json, Value};
-use wirespan_control::api::{client::connect, proto};
+use wirespan_control::api::{client::ApiClient, proto};
+
+use super::fleet::{FleetArgs, Target};
 use wirespan_discovery::text::{escape_terminal, is_unsafe_char};
 
 /// Output format.
@@ -25,8 +27,9 @@ pub struct Args {
     pub r#type: String,
     /// One resource id (default: all of the kind).
     pub id: Option<String>,
-    /// Namespace (default: the type's default namespace).
-    #[arg(short = 'n', long)]
+    /// Namespace (default: the type's default namespace). `-n` names nodes (see
+    /// `wirespan --help`).
+    #[arg(long)]
     pub namespace: Option<String>,
     /// Output format.
     #[arg(short = 'o', long, value_enum, default_value_t = Format::Table)]
@@ -41,99 +44,190 @@ pub struct Args {
 
 const REDACTED: &str = "(sensitive: use --include-sensitive to show)";
 
-pub fn run(args: &Args, socket: &Path, force_watch: bool) -> anyhow::Result<()> {
+pub fn run(
+    args: &Args,
+    fleet: &FleetArgs,
+    socket: Option<&Path>,
+    force_watch: bool,
+) -> anyhow::Result<()> {
     super::block_on(async {
-        let mut client = connect(socket).await?;
-        let format = if args.output == Format::Yaml {
-            proto::SpecFormat::Yaml
-        } else {
-            proto::SpecFormat::Json
-        } as i32;
-        let ns = args.namespace.clone().unwrap_or_default();
-        let status = |s: tonic::Status| anyhow::anyhow!("{}", s.message());
+        let targets = super::fleet::targets(fleet, socket).await?;
+        let node_column = targets.iter().any(|t| t.node.is_some());
         if args.watch || force_watch {
-            let mut stream = client
-                .watch(proto::WatchRequest {
-                    r#type: args.r#type.clone(),
-                    namespace: ns,
-                    id: args.id.clone().unwrap_or_default(),
-                    format,
-                    include_sensitive: args.include_sensitive,
-                })
-                .await
-                .map_err(status)?
-                .into_inner();
-            let mut printer = None;
-            while let Some(msg) = stream.message().await.map_err(status)? {
-                if let Some(def) = &msg.definition {
-                    let p = Printer::new(def, args.output, true);
-                    if args.output == Format::Table {
-                        println!("{}", p.header());
-                    }
-                    printer = Some(p);
-                }
-                let p = printer
-                    .as_mut()
-                    .context("watch stream without definition")?;
-                let ev = proto::EventType::try_from(msg.event).unwrap_or(proto::EventType::Errored);
-                let mark = match ev {
-                    proto::EventType::Created => "+",
-                    proto::EventType::Updated => " ",
-                    proto::EventType::Destroyed => "-",
-                    proto::EventType::Bootstrapped => continue,
-                    proto::EventType::Errored => anyhow::bail!("watch failed: {}", msg.error),
-                };
-                if let Some(r) = &msg.resource {
-                    // A watch of one missing id starts with a tombstone (version 0).
-                    if mark == "-" && r.metadata.as_ref().is_some_and(|m| m.version == 0) {
-                        continue;
-                    }
-                    println!("{}", p.render(r, Some(mark))?);
-                }
-            }
-            return Ok(());
+            return watch(args, &targets, node_column).await;
         }
-        let (def, resources) = if let Some(id) = &args.id {
-            let resp = client
-                .get(proto::GetRequest {
-                    r#type: args.r#type.clone(),
-                    namespace: ns,
-                    id: id.clone(),
-                    format,
-                    include_sensitive: args.include_sensitive,
-                })
-                .await
-                .map_err(status)?
-                .into_inner();
-            (
-                resp.definition,
-                resp.resource.into_iter().collect::<Vec<_>>(),
-            )
-        } else {
-            let resp = client
-                .list(proto::ListRequest {
-                    r#type: args.r#type.clone(),
-                    namespace: ns,
-                    format,
-                    include_sensitive: args.include_sensitive,
-                })
-                .await
-                .map_err(status)?
-                .into_inner();
-            (resp.definition, resp.resources)
-        };
-        let def = def.context("response without definition")?;
-        let mut p = Printer::new(&def, args.output, false);
-        let out = p.render_all(&resources)?;
-        print!("{out}");
-        Ok(())
+        let results = super::fleet::each(&targets, |c| fetch(args, c)).await;
+        let (ok, failed) = super::fleet::split(results)?;
+        if let Some((_, (def, _))) = ok.first() {
+            let mut p = Printer::new(def, args.output, false, node_column);
+            let rows: Vec<(Option<String>, proto::Resource)> = ok
+                .iter()
+                .flat_map(|(node, (_, rs))| rs.iter().map(|r| (node.clone(), r.clone())))
+                .collect();
+            print!("{}", p.render_all(&rows)?);
+        }
+        failed.into_result()
     })
+}
+
+fn spec_format(args: &Args) -> i32 {
+    let format = if args.output == Format::Yaml {
+        proto::SpecFormat::Yaml
+    } else {
+        proto::SpecFormat::Json
+    };
+    format as i32
+}
+
+fn status(s: &tonic::Status) -> anyhow::Error {
+    anyhow::anyhow!("{}", s.message())
+}
+
+/// One node's resources (one id, or the kind) and their definition.
+async fn fetch(
+    args: &Args,
+    mut client: ApiClient,
+) -> anyhow::Result<(proto::Definition, Vec<proto::Resource>)> {
+    let (format, ns) = (
+        spec_format(args),
+        args.namespace.clone().unwrap_or_default(),
+    );
+    let (def, resources) = if let Some(id) = &args.id {
+        let resp = client
+            .get(proto::GetRequest {
+                r#type: args.r#type.clone(),
+                namespace: ns,
+                id: id.clone(),
+                format,
+                include_sensitive: args.include_sensitive,
+            })
+            .await
+            .map_err(|s| status(&s))?
+            .into_inner();
+        (resp.definition, resp.resource.into_iter().collect())
+    } else {
+        let resp = client
+            .list(proto::ListRequest {
+                r#type: args.r#type.clone(),
+                namespace: ns,
+                format,
+                include_sensitive: args.include_sensitive,
+            })
+            .await
+            .map_err(|s| status(&s))?
+            .into_inner();
+        (resp.definition, resp.resources)
+    };
+    Ok((def.context("response without definition")?, resources))
+}
+
+type Tagged = (Option<String>, anyhow::Result<proto::WatchResponse>);
+
+/// Forwards one node's watch stream to `tx`, tagged with the node.
+async fn forward_watch(
+    req: proto::WatchRequest,
+    mut client: ApiClient,
+    node: Option<String>,
+    tx: tokio::sync::mpsc::Sender<Tagged>,
+) {
+    let mut stream = match client.watch(req).await {
+        Ok(s) => s.into_inner(),
+        Err(s) => {
+            let _ = tx.send((node, Err(status(&s)))).await;
+            return;
+        }
+    };
+    loop {
+        let item = match stream.message().await {
+            Ok(Some(msg)) => Ok(msg),
+            Ok(None) => return,
+            Err(s) => Err(status(&s)),
+        };
+        let end = item.is_err();
+        if tx.send((node.clone(), item)).await.is_err() || end {
+            return;
+        }
+    }
+}
+
+/// Every node's watch stream merged into one printout.
+async fn watch(args: &Args, targets: &[Target], node_column: bool) -> anyhow::Result<()> {
+    let req = proto::WatchRequest {
+        r#type: args.r#type.clone(),
+        namespace: args.namespace.clone().unwrap_or_default(),
+        id: args.id.clone().unwrap_or_default(),
+        format: spec_format(args),
+        include_sensitive: args.include_sensitive,
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+    for t in targets {
+        tokio::spawn(forward_watch(
+            req.clone(),
+            t.client.clone(),
+            t.node.clone(),
+            tx.clone(),
+        ));
+    }
+    drop(tx);
+    let mut printer: Option<Printer> = None;
+    let mut failed = 0;
+    while let Some((node, item)) = rx.recv().await {
+        let msg = match item {
+            Ok(m) => m,
+            Err(e) if targets.len() == 1 => return Err(e),
+            Err(e) => {
+                failed += 1;
+                eprintln!("{}: {e:#}", node.as_deref().unwrap_or("local"));
+                continue;
+            }
+        };
+        if let (Some(def), None) = (&msg.definition, &printer) {
+            let p = Printer::new(def, args.output, true, node_column);
+            if args.output == Format::Table {
+                println!("{}", p.header());
+            }
+            printer = Some(p);
+        }
+        let p = printer
+            .as_mut()
+            .context("watch stream without definition")?;
+        let ev = proto::EventType::try_from(msg.event).unwrap_or(proto::EventType::Errored);
+        let mark = match ev {
+            proto::EventType::Created => "+",
+            proto::EventType::Updated => " ",
+            proto::EventType::Destroyed => "-",
+            proto::EventType::Bootstrapped => continue,
+            proto::EventType::Errored if targets.len() == 1 => {
+                anyhow::bail!("watch failed: {}", msg.error)
+            }
+            proto::EventType::Errored => {
+                failed += 1;
+                eprintln!(
+                    "{}: watch failed: {}",
+                    node.as_deref().unwrap_or("local"),
+                    msg.error
+                );
+                continue;
+            }
+        };
+        if let Some(r) = &msg.resource {
+            // A watch of one missing id starts with a tombstone (version 0).
+            if mark == "-" && r.metadata.as_ref().is_some_and(|m| m.version == 0) {
+                continue;
+            }
+            println!("{}", p.render(r, Some(mark), node.as_deref())?);
+        }
+    }
+    anyhow::ensure!(failed == 0, "{failed} of {} node(s) failed", targets.len());
+    Ok(())
 }
 
 struct Printer {
     def: proto::Definition,
     format: Format,
     watch: bool,
+    /// A NODE column first (rows from remote nodes).
+    nodes: bool,
     widths: Vec<usize>,
     docs: usize,
 }
@@ -191,19 +285,24 @@ pub(crate) fn escape_document(doc: &str, format: Format) -> String {
 }
 
 impl Printer {
-    fn new(def: &proto::Definition, format: Format, watch: bool) -> Self {
+    fn new(def: &proto::Definition, format: Format, watch: bool, nodes: bool) -> Self {
         let mut p = Self {
             def: def.clone(),
             format,
             watch,
+            nodes,
             widths: Vec::new(),
             docs: 0,
         };
         p.widths = p.header_cells().iter().map(String::len).collect();
         if watch {
-            // Rows arrive one by one; pad to a reasonable width instead of measuring.
-            for w in p.widths.iter_mut().skip(1) {
-                *w = (*w).max(12);
+            // Rows arrive one by one; pad to a reasonable width instead of measuring
+            // (all but the one-character event mark).
+            let mark = usize::from(nodes);
+            for (i, w) in p.widths.iter_mut().enumerate() {
+                if i != mark {
+                    *w = (*w).max(12);
+                }
             }
         }
         p
@@ -211,6 +310,9 @@ impl Printer {
 
     fn header_cells(&self) -> Vec<String> {
         let mut h: Vec<String> = Vec::new();
+        if self.nodes {
+            h.push("NODE".into());
+        }
         if self.watch {
             h.push("*".into());
         }
@@ -240,10 +342,18 @@ impl Printer {
         s.trim_end().to_owned()
     }
 
-    fn cells(&self, r: &proto::Resource, mark: Option<&str>) -> anyhow::Result<Vec<String>> {
+    fn cells(
+        &self,
+        r: &proto::Resource,
+        mark: Option<&str>,
+        node: Option<&str>,
+    ) -> anyhow::Result<Vec<String>> {
         let md = r.metadata.clone().unwrap_or_default();
         let spec = spec_value(r, Format::Json)?;
         let mut c = Vec::new();
+        if self.nodes {
+            c.push(node.unwrap_or_default().to_owned());
+        }
         if let Some(m) = mark {
             c.push(m.to_owned());
         }
@@ -271,7 +381,12 @@ impl Printer {
             .collect())
     }
 
-    fn document(&self, r: &proto::Resource, mark: Option<&str>) -> anyhow::Result<Value> {
+    fn document(
+        &self,
+        r: &proto::Resource,
+        mark: Option<&str>,
+        node: Option<&str>,
+    ) -> anyhow::Result<Value> {
         let md = r.metadata.clone().unwrap_or_default();
         let mut meta = json!({
             "namespace": md.namespace,
@@ -293,6 +408,9 @@ impl Printer {
             meta["finalizers"] = json!(md.finalizers);
         }
         let mut doc = serde_json::Map::new();
+        if let Some(n) = node {
+            doc.insert("node".into(), json!(n));
+        }
         if let Some(m) = mark {
             let ev = match m {
                 "+" => "created",
@@ -306,17 +424,22 @@ impl Printer {
         Ok(Value::Object(doc))
     }
 
-    fn render(&mut self, r: &proto::Resource, mark: Option<&str>) -> anyhow::Result<String> {
+    fn render(
+        &mut self,
+        r: &proto::Resource,
+        mark: Option<&str>,
+        node: Option<&str>,
+    ) -> anyhow::Result<String> {
         match self.format {
-            Format::Table => Ok(self.line(&self.cells(r, mark)?)),
+            Format::Table => Ok(self.line(&self.cells(r, mark, node)?)),
             Format::Json => {
-                let j = serde_json::to_string_pretty(&self.document(r, mark)?)?;
+                let j = serde_json::to_string_pretty(&self.document(r, mark, node)?)?;
                 Ok(escape_document(&j, Format::Json))
             }
             Format::Yaml => {
                 let sep = if self.docs > 0 { "---\n" } else { "" };
                 self.docs += 1;
-                let y = serde_yaml_ng::to_string(&self.document(r, mark)?)?;
+                let y = serde_yaml_ng::to_string(&self.document(r, mark, node)?)?;
                 Ok(format!(
                     "{sep}{}",
                     escape_document(y.trim_end(), Format::Yaml)
@@ -325,12 +448,15 @@ impl Printer {
         }
     }
 
-    fn render_all(&mut self, resources: &[proto::Resource]) -> anyhow::Result<String> {
+    fn render_all(
+        &mut self,
+        resources: &[(Option<String>, proto::Resource)],
+    ) -> anyhow::Result<String> {
         let mut out = String::new();
         if self.format == Format::Table {
             let rows = resources
                 .iter()
-                .map(|r| self.cells(r, None))
+                .map(|(node, r)| self.cells(r, None, node.as_deref()))
                 .collect::<anyhow::Result<Vec<_>>>()?;
             for row in &rows {
                 for (i, c) in row.iter().enumerate() {
@@ -347,8 +473,8 @@ impl Printer {
             }
             return Ok(out);
         }
-        for r in resources {
-            out.push_str(&self.render(r, None)?);
+        for (node, r) in resources {
+            out.push_str(&self.render(r, None, node.as_deref())?);
             out.push('\n');
         }
         Ok(out)
@@ -391,17 +517,44 @@ mod tests {
         };
         for format in [Format::Table, Format::Yaml, Format::Json] {
             let r = resource("evil\u{1b}[2J\u{9b}31m\u{202e}", format);
-            let out = Printer::new(&def, format, false).render_all(&[r]).unwrap();
+            let out = Printer::new(&def, format, false, false)
+                .render_all(&[(None, r)])
+                .unwrap();
             assert!(
                 !out.contains(['\u{1b}', '\u{9b}', '\u{202e}']),
                 "{format:?}: {out:?}"
             );
             assert!(out.contains("evil"), "{format:?}: {out:?}");
         }
-        let out = Printer::new(&def, Format::Json, false)
-            .render_all(&[resource("a\u{9b}\u{202e}", Format::Json)])
+        let out = Printer::new(&def, Format::Json, false, false)
+            .render_all(&[(None, resource("a\u{9b}\u{202e}", Format::Json))])
             .unwrap();
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["spec"]["label"], "a\u{9b}\u{202e}", "the same string");
+    }
+
+    /// Rows of several nodes: a NODE column first in tables, a `node` field in JSON.
+    #[test]
+    fn fanned_out_rows_say_which_node_they_came_from() {
+        let def = proto::Definition {
+            display_type: "KubeSpanPeerStatus".into(),
+            ..Default::default()
+        };
+        let rows = [
+            (Some("node2".to_owned()), resource("a", Format::Json)),
+            (Some("node3".to_owned()), resource("b", Format::Json)),
+        ];
+        let out = Printer::new(&def, Format::Table, false, true)
+            .render_all(&rows)
+            .unwrap();
+        let lines: Vec<&str> = out.lines().collect();
+        assert!(lines[0].starts_with("NODE    NAMESPACE"), "{out}");
+        assert!(lines[1].starts_with("node2   kubespan"), "{out}");
+        assert!(lines[2].starts_with("node3   kubespan"), "{out}");
+        let out = Printer::new(&def, Format::Json, false, true)
+            .render_all(&rows[..1])
+            .unwrap();
+        let v: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!(v["node"], "node2");
     }
 }

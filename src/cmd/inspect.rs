@@ -2,7 +2,9 @@
 
 use std::path::Path;
 
-use wirespan_control::api::{client::connect, proto};
+use wirespan_control::api::{client::ApiClient, proto};
+
+use super::fleet::FleetArgs;
 
 /// What to inspect.
 #[derive(Debug, clap::Subcommand)]
@@ -15,18 +17,28 @@ pub enum Inspect {
     },
 }
 
-pub fn run(cmd: &Inspect, socket: &Path) -> anyhow::Result<()> {
+pub fn run(cmd: &Inspect, fleet: &FleetArgs, socket: Option<&Path>) -> anyhow::Result<()> {
     let Inspect::Dependencies { with_destroy_ready } = cmd;
+    let with_destroy_ready = *with_destroy_ready;
     super::block_on(async {
-        let mut client = connect(socket).await?;
-        let resp = client
-            .dependency_graph(proto::DependencyGraphRequest {
-                with_destroy_ready: *with_destroy_ready,
-            })
-            .await
-            .map_err(|s| anyhow::anyhow!("{}", s.message()))?
-            .into_inner();
-        print!("{}", resp.dot);
-        Ok(())
+        let targets = super::fleet::targets(fleet, socket).await?;
+        let results = super::fleet::each(&targets, |mut client: ApiClient| async move {
+            Ok(client
+                .dependency_graph(proto::DependencyGraphRequest { with_destroy_ready })
+                .await
+                .map_err(|s| anyhow::anyhow!("{}", s.message()))?
+                .into_inner()
+                .dot)
+        })
+        .await;
+        let (ok, failed) = super::fleet::split(results)?;
+        for (node, dot) in ok {
+            if let Some(n) = node {
+                // A DOT comment: each node's graph stays a valid document.
+                println!("// node: {n}");
+            }
+            print!("{dot}");
+        }
+        failed.into_result()
     })
 }

@@ -6,6 +6,7 @@ pub mod completions;
 pub mod discovery;
 pub mod docs;
 pub mod doctor;
+pub mod fleet;
 pub mod gen;
 pub mod get;
 pub mod inspect;

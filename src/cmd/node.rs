@@ -14,7 +14,10 @@ use std::{
 use anyhow::Context as _;
 use tokio_util::sync::CancellationToken;
 use wirespan_control::{
-    api::server::{bind, serve, ResourceApi},
+    api::{
+        remote_server,
+        server::{bind, serve, ResourceApi},
+    },
     config::cluster::ClusterConfig,
     config_loader as loader,
     controllers::{kubespan, network, probe},
@@ -44,6 +47,14 @@ pub struct Args {
     /// state dir; fatal when there is none).
     #[arg(long, env = "WIRESPAN_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Also serve the API on this TCP address with mutual TLS 1.3 (off by default; the
+    /// local socket stays). The node's certificate is issued from the cluster API CA
+    /// in the config (`ClusterConfig.apiCaCert`/`apiCaKey`); clients need a
+    /// certificate from that CA (`wirespan gen client`). Every node of a cluster should
+    /// use the same port: a node forwards requests for another node to that port on
+    /// the other node's mesh address.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub api_listen: Option<std::net::SocketAddr>,
     #[command(flatten)]
     pub mesh: MeshArgs,
 }
@@ -299,6 +310,18 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
     }
     // Rolls a config trial (`apply --mode try`) back at its deadline.
     tokio::spawn(config_loader.enforce_trials(cancel.clone()));
+    if let Some(addr) = args.api_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding --api-listen {addr}"))?;
+        tracing::info!(addr = %listener.local_addr()?, "serving the API with mutual TLS");
+        let (store, api, cancel) = (store.clone(), api.clone(), cancel.clone());
+        tokio::spawn(async move {
+            if let Err(e) = remote_server::serve(listener, store, api, cancel).await {
+                tracing::error!(error = %e, "remote API server failed");
+            }
+        });
+    }
     let mut api_task = tokio::spawn({
         let cancel = cancel.clone();
         let socket = socket.to_owned();

@@ -12,12 +12,15 @@ use std::{
 
 use anyhow::Context as _;
 use wirespan_control::{
-    api::{client::connect, proto},
+    api::{client::ApiClient, proto},
     config::patch,
     config_loader as loader,
 };
 
-use super::apply::{send, Client, ModeArgs};
+use super::{
+    apply::{send, ModeArgs},
+    fleet::{self, FleetArgs},
+};
 
 /// Options of `wirespan patch`.
 #[derive(Debug, clap::Args)]
@@ -39,8 +42,20 @@ pub struct EditArgs {
     pub mode: ModeArgs,
 }
 
+/// The one node a patch or an edit changes (each node has its own config, and the
+/// change is made from the version it read).
+async fn one_node(args: &FleetArgs, socket: Option<&Path>) -> anyhow::Result<ApiClient> {
+    let mut targets = fleet::targets(args, socket).await?;
+    anyhow::ensure!(
+        targets.len() == 1,
+        "patch and edit change one node at a time, and {} are named: pick one with -n NODE",
+        targets.len()
+    );
+    Ok(targets.remove(0).client)
+}
+
 /// The config in force and its version.
-async fn in_force(client: &mut Client) -> anyhow::Result<(String, String)> {
+async fn in_force(client: &mut ApiClient) -> anyhow::Result<(String, String)> {
     let resp = client
         .get_config(proto::GetConfigRequest {})
         .await
@@ -53,7 +68,7 @@ async fn in_force(client: &mut Client) -> anyhow::Result<(String, String)> {
     Ok((resp.config, resp.version))
 }
 
-pub fn run_patch(args: &PatchArgs, socket: &Path) -> anyhow::Result<()> {
+pub fn run_patch(args: &PatchArgs, fleet: &FleetArgs, socket: Option<&Path>) -> anyhow::Result<()> {
     args.mode.check()?;
     let text = match (&args.file, &args.patch) {
         (Some(f), _) => loader::read_file(f).with_context(|| format!("reading {}", f.display()))?,
@@ -61,7 +76,7 @@ pub fn run_patch(args: &PatchArgs, socket: &Path) -> anyhow::Result<()> {
         (None, None) => anyhow::bail!("a patch file or --patch YAML is needed"),
     };
     super::block_on(async {
-        let mut client = connect(socket).await?;
+        let mut client = one_node(fleet, socket).await?;
         let (config, version) = in_force(&mut client).await?;
         let patched = patch::merge(&config, &text)?;
         for c in &patched.changes {
@@ -71,10 +86,10 @@ pub fn run_patch(args: &PatchArgs, socket: &Path) -> anyhow::Result<()> {
     })
 }
 
-pub fn run_edit(args: &EditArgs, socket: &Path) -> anyhow::Result<()> {
+pub fn run_edit(args: &EditArgs, fleet: &FleetArgs, socket: Option<&Path>) -> anyhow::Result<()> {
     args.mode.check()?;
     super::block_on(async {
-        let mut client = connect(socket).await?;
+        let mut client = one_node(fleet, socket).await?;
         let (config, version) = in_force(&mut client).await?;
         let dir = PrivateDir::new()?;
         let path = dir.0.join("config.yaml");
@@ -166,7 +181,7 @@ fn ask(question: &str, default: bool) -> anyhow::Result<bool> {
 /// Validates `new`, shows what changes, asks when on a terminal, and applies it made
 /// from version `base`.
 async fn change(
-    client: &mut Client,
+    client: &mut ApiClient,
     mode: &ModeArgs,
     old: &str,
     new: String,
@@ -187,7 +202,8 @@ async fn change(
         println!("nothing applied");
         return Ok(());
     }
-    send(client, mode.request(new, base)).await
+    println!("{}", send(client, mode.request(new, base)).await?);
+    Ok(())
 }
 
 /// Lines of context around a change.

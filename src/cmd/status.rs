@@ -10,7 +10,7 @@ use std::{collections::BTreeMap, fmt::Write as _, path::Path};
 use serde_json::Value;
 use tonic::Code;
 use wirespan_control::{
-    api::{client::connect, proto},
+    api::{client::ApiClient, proto},
     resources::{
         cluster::DiscoveryServiceStatus,
         config::MachineConfig,
@@ -21,6 +21,8 @@ use wirespan_control::{
     runtime::ResourceKind,
 };
 use wirespan_discovery::text::escape_terminal;
+
+use super::fleet::FleetArgs;
 
 /// The config's status kind; looked up by name, so that a node without it shows "n/a".
 const CONFIG_STATUS: &str = "ConfigStatus";
@@ -329,10 +331,7 @@ pub fn render_text(lines: &[(&str, String)]) -> String {
 }
 
 /// All resources of `ty` (default namespace), `None` when the node has no such kind.
-async fn fetch_kind(
-    client: &mut proto::resource_service_client::ResourceServiceClient<tonic::transport::Channel>,
-    ty: &str,
-) -> anyhow::Result<Kind> {
+async fn fetch_kind(client: &mut ApiClient, ty: &str) -> anyhow::Result<Kind> {
     let resp = match client
         .list(proto::ListRequest {
             r#type: ty.to_owned(),
@@ -363,12 +362,11 @@ async fn fetch_kind(
     Ok(Some(out))
 }
 
-/// Reads every kind the screen needs from the node at `socket`.
+/// Reads every kind the screen needs through `c`.
 ///
 /// # Errors
-/// The node is not reachable, or a list failed for another reason than an unknown kind.
-pub async fn fetch(socket: &Path) -> anyhow::Result<Facts> {
-    let mut c = connect(socket).await?;
+/// A list failed for another reason than an unknown kind.
+pub async fn fetch_from(mut c: ApiClient) -> anyhow::Result<Facts> {
     Ok(Facts {
         node_identity: fetch_kind(&mut c, NodeIdentity::TYPE).await?,
         kubespan_config: fetch_kind(&mut c, KubeSpanConfig::TYPE).await?,
@@ -383,21 +381,41 @@ pub async fn fetch(socket: &Path) -> anyhow::Result<Facts> {
     })
 }
 
-pub fn run(args: &Args, socket: &Path) -> anyhow::Result<()> {
-    let facts = super::block_on(fetch(socket))?;
-    let lines = lines(&facts);
-    match args.output {
-        Format::Text => print!("{}", render_text(&lines)),
-        Format::Json => {
-            let m: BTreeMap<&str, &String> = lines.iter().map(|(k, v)| (*k, v)).collect();
-            let json = serde_json::to_string_pretty(&m)?;
-            println!(
-                "{}",
-                super::get::escape_document(&json, super::get::Format::Json)
-            );
+pub fn run(args: &Args, fleet: &FleetArgs, socket: Option<&Path>) -> anyhow::Result<()> {
+    let (ok, failed) = super::block_on(async {
+        let targets = super::fleet::targets(fleet, socket).await?;
+        super::fleet::split(super::fleet::each(&targets, fetch_from).await)
+    })?;
+    let mut json = BTreeMap::new();
+    for (node, facts) in &ok {
+        let lines = lines(facts);
+        match args.output {
+            Format::Text => {
+                if let Some(n) = node {
+                    println!("NODE  {}", escape_terminal(n));
+                }
+                print!("{}", render_text(&lines));
+            }
+            Format::Json => {
+                let m: BTreeMap<&str, &String> = lines.iter().map(|(k, v)| (*k, v)).collect();
+                json.insert(node.clone().unwrap_or_default(), serde_json::to_value(m)?);
+            }
         }
     }
-    Ok(())
+    if args.output == Format::Json {
+        // One node asked: its object as before; several: node → object.
+        let doc = if ok.len() == 1 && failed.total() == 1 {
+            json.into_values().next().unwrap_or_default()
+        } else {
+            serde_json::to_value(json)?
+        };
+        let text = serde_json::to_string_pretty(&doc)?;
+        println!(
+            "{}",
+            super::get::escape_document(&text, super::get::Format::Json)
+        );
+    }
+    failed.into_result()
 }
 
 #[cfg(test)]

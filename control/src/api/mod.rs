@@ -2,6 +2,10 @@
 //! definitions, dependency graph) and its client.
 
 pub mod client;
+pub mod gate;
+pub mod pki;
+pub mod remote;
+pub mod remote_server;
 pub mod server;
 
 /// Generated protobuf types and service stubs.
@@ -16,12 +20,30 @@ use crate::runtime::Definition;
 /// authorization layer or a fan-out to many nodes must treat as writes.
 pub const MUTATING_METHODS: &[&str] = &["ApplyConfig", "ConfirmConfig"];
 
+/// The API methods that only read, but return secrets (the config in force holds the
+/// cluster secret, the node's private key and the API CA key): a reader may not call
+/// them either, or a reader certificate would be a way to an admin one.
+pub const SECRET_METHODS: &[&str] = &["GetConfig"];
+
+/// The service's path prefix of every method.
+const SERVICE_PATH: &str = "/wirespan.resource.v1.ResourceService/";
+
 /// Whether the gRPC request path (`/wirespan.resource.v1.ResourceService/ApplyConfig`)
 /// names a method of [`MUTATING_METHODS`].
 #[must_use]
 pub fn is_mutating(path: &str) -> bool {
-    path.rsplit_once('/')
-        .is_some_and(|(_, m)| MUTATING_METHODS.contains(&m))
+    path.strip_prefix(SERVICE_PATH)
+        .is_some_and(|m| MUTATING_METHODS.contains(&m))
+}
+
+/// Whether the method at `path` needs an admin: it changes the node
+/// ([`MUTATING_METHODS`]) or returns secrets ([`SECRET_METHODS`]).
+#[must_use]
+pub fn needs_admin(path: &str) -> bool {
+    is_mutating(path)
+        || path
+            .strip_prefix(SERVICE_PATH)
+            .is_some_and(|m| SECRET_METHODS.contains(&m))
 }
 
 /// Default path of the API socket.
@@ -153,5 +175,13 @@ mod tests {
             "/wirespan.resource.v1.ResourceService/GetConfig"
         ));
         assert!(!is_mutating("/wirespan.resource.v1.ResourceService/List"));
+        assert!(!is_mutating("/other.Service/ApplyConfig"));
+        assert!(needs_admin(
+            "/wirespan.resource.v1.ResourceService/GetConfig"
+        ));
+        assert!(needs_admin(
+            "/wirespan.resource.v1.ResourceService/ConfirmConfig"
+        ));
+        assert!(!needs_admin("/wirespan.resource.v1.ResourceService/List"));
     }
 }

@@ -39,6 +39,19 @@ pub struct ClusterConfig {
     /// Valid: standard base64 decoding to exactly 32 bytes.
     #[schemars(with = "super::schema::Secret")]
     pub secret: SecretString,
+    /// The cluster API CA's certificate (PEM). A node started with `--api-listen`
+    /// issues itself a server certificate from it and accepts clients whose
+    /// certificates it signed. `wirespan gen cluster` writes it.
+    ///
+    /// Valid: absent, or a PEM certificate given together with `apiCaKey`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_ca_cert: Option<String>,
+    /// The cluster API CA's private key (PEM). Shown as `<redacted>` everywhere.
+    ///
+    /// Valid: absent, or a PEM private key given together with `apiCaCert`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<super::schema::Secret>")]
+    pub api_ca_key: Option<SecretString>,
 }
 
 impl ClusterConfig {
@@ -75,6 +88,22 @@ impl ConfigDocument for ClusterConfig {
         }
         if let Err(e) = decode_secret(self.secret.expose()) {
             errs.push(FieldError::new("secret", e));
+        }
+        match (&self.api_ca_cert, &self.api_ca_key) {
+            (None, None) => {}
+            (Some(cert), Some(key)) => {
+                if rustls_pemfile::certs(&mut cert.as_bytes())
+                    .next()
+                    .is_none_or(|c| c.is_err())
+                {
+                    errs.push(FieldError::new("apiCaCert", "is not a PEM certificate"));
+                }
+                if !key.expose().contains("PRIVATE KEY-----") {
+                    errs.push(FieldError::new("apiCaKey", "is not a PEM private key"));
+                }
+            }
+            (Some(_), None) => errs.push(FieldError::new("apiCaKey", "is required with apiCaCert")),
+            (None, Some(_)) => errs.push(FieldError::new("apiCaCert", "is required with apiCaKey")),
         }
         errs
     }

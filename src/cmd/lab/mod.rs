@@ -217,6 +217,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 .arg("--")
                 .args(command)
                 .env("WIRESPAN_SOCKET", &n.socket)
+                // `wirespan -n node2,node3 get peers` from any node, as admin.
+                .env(
+                    "WIRESPANCONFIG",
+                    plan::client_config_path(&state.dir, wirespan_control::api::pki::Role::Admin),
+                )
                 .env("PATH", path_with_this_binary())
                 .stdin(Stdio::inherit())
                 .status()

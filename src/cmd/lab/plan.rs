@@ -150,12 +150,30 @@ pub fn node_metrics_address() -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), NODE_METRICS_PORT)
 }
 
+/// Where every lab node serves the remote API (`--api-listen`): all addresses.
+#[must_use]
+pub fn node_api_address() -> SocketAddr {
+    SocketAddr::new(
+        IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+        wirespan_control::api::client::DEFAULT_PORT,
+    )
+}
+
+/// A lab's client config for `role` (`admin.yaml`, `reader.yaml` in the lab dir).
+#[must_use]
+pub fn client_config_path(dir: &Path, role: wirespan_control::api::pki::Role) -> PathBuf {
+    dir.join(format!("{}.yaml", role.as_str()))
+}
+
 /// Generated cluster secrets; never printed.
 pub struct ClusterSecrets {
     /// Cluster id (base64 of 32 random bytes).
     pub id: String,
     /// Cluster secret (base64 of 32 random bytes).
     pub secret: String,
+    /// The cluster API CA (certificate and key, PEM): the nodes' `--api-listen`
+    /// certificates and the lab's client configs come from it.
+    pub api_ca: Option<(String, String)>,
 }
 
 /// The cluster config file shared by every node: ClusterConfig and one
@@ -170,6 +188,15 @@ pub fn cluster_config(secrets: &ClusterSecrets, discovery_endpoint: &str) -> Str
          apiVersion: {API_VERSION}\nkind: DiscoveryServiceConfig\nname: lab\nendpoint: {discovery_endpoint}\n",
         secrets.id, secrets.secret
     );
+    if let Some((cert, key)) = &secrets.api_ca {
+        // Inserted into the ClusterConfig document, before its `---`.
+        let block = |t: &str| t.lines().map(|l| format!("  {l}\n")).collect::<String>();
+        let at = s.find("---\n").unwrap_or(s.len());
+        s.insert_str(
+            at,
+            &format!("apiCaCert: |\n{}apiCaKey: |\n{}", block(cert), block(key)),
+        );
+    }
     s
 }
 
@@ -387,6 +414,7 @@ mod tests {
         let secrets = ClusterSecrets {
             id: "8XuV9TZHW08DOk3bVxQjH9ih+TBKjnh/j44tsCLSBzo=".into(),
             secret: "AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8=".into(),
+            api_ca: None,
         };
         let cluster = cluster_config(&secrets, "http://10.99.1.2:3000");
         let c = validate(&cluster).unwrap();

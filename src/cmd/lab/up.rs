@@ -328,15 +328,18 @@ fn build(name: &LabName, opts: &Options) -> anyhow::Result<LabState> {
     mkdir_private(&ns_dir)?;
 
     // Secrets: generated here, written 0600, never printed.
+    let ca = wirespan_control::api::pki::generate_ca(std::time::SystemTime::now())?;
     let secrets = plan::ClusterSecrets {
         id: PresharedKey::generate().to_base64(),
         secret: PresharedKey::generate().to_base64(),
+        api_ca: Some((ca.cert_pem, ca.key_pem.expose().to_owned())),
     };
     let discovery = plan::discovery_address();
     let endpoint = format!("http://{discovery}");
     let cluster_text = plan::cluster_config(&secrets, &endpoint);
     let cluster_config = dir.join("cluster.yaml");
     write_config(&cluster_config, &cluster_text)?;
+    write_client_configs(&dir, &cluster_config)?;
 
     let underlay = create_underlay(name, opts)?;
 
@@ -595,6 +598,10 @@ fn start_nodes(
             plan::node_metrics_address().to_string(),
             "--wireguard".into(),
             wireguard_name(opts.wireguard.for_node(&n.name)).into(),
+            // Every address of the node: loopback (the lab's client configs), the
+            // underlay and the mesh address (the proxy).
+            "--api-listen".into(),
+            plan::node_api_address().to_string(),
         ];
         if supports_config {
             args.extend(["--config".into(), path_str(&n.config)?.to_owned()]);
@@ -610,6 +617,24 @@ fn start_nodes(
         children.push(child);
     }
     Ok(children)
+}
+
+/// The lab's client configs for the remote API (`admin.yaml`, `reader.yaml`): endpoint
+/// the node's own API on loopback, so they work inside `lab exec` on any node.
+fn write_client_configs(dir: &Path, cluster_config: &Path) -> anyhow::Result<()> {
+    use wirespan_control::api::pki::Role;
+    let endpoint = format!("127.0.0.1:{}", plan::node_api_address().port());
+    for role in [Role::Admin, Role::Reader] {
+        let config = crate::cmd::gen::client_config(
+            cluster_config,
+            role,
+            std::slice::from_ref(&endpoint),
+            &[],
+            Some(&format!("lab-{}", role.as_str())),
+        )?;
+        config.save(&plan::client_config_path(dir, role))?;
+    }
+    Ok(())
 }
 
 fn path_str(p: &Path) -> anyhow::Result<&str> {
@@ -809,11 +834,17 @@ fn hints(state: &LabState) -> String {
         "Look around:\n  \
          {lab} status [-o json]                  # every node's peers and their state\n  \
          {lab} exec {node} -- wirespan get peers  # any command inside a node\n  \
+         {lab} exec {node} -- wirespan -n {others} get peers  # other nodes through {node} (remote API)\n  \
          {lab} exec {node} -- wg show kubespan    # the node's WireGuard device\n  \
          logs: {dir}/node*/node.log, {dir}/discovery.log\n{routers}\
          Tear down:\n  \
          {lab} down\n",
         node = n1.name,
+        others = if state.nodes.len() > 1 {
+            state.nodes[1..].iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(",")
+        } else {
+            n1.name.clone()
+        },
         dir = state.dir.display(),
         routers = state
             .nodes
