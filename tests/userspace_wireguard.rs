@@ -381,9 +381,11 @@ fn the_nodes_userspace_backend_drives_it_unchanged() {
     )
     .unwrap();
 
+    // Run as if it were wireguard-go (`BINARY -f IFNAME`), through the wrapper.
     let opts = UserspaceOptions {
         binary: wrapper,
         socket_dir: PathBuf::from(SOCKET_DIR),
+        ..UserspaceOptions::default()
     };
     let mut wg = UserspaceBackend::with_options(&ifname, ns.netns().clone(), opts);
     let peer = |ips: &[&str]| WgPeer {
