@@ -1636,6 +1636,17 @@ fn restart_with_kernel_state_kept(lab: &Lab) {
     let ula2 = n2["addresses"]["kubespan"].as_str().unwrap();
     let ula2 = ula2.split('/').next().unwrap().to_owned();
 
+    // The lab's daemon's metrics say which implementation runs.
+    let backend = lab.backend("node1");
+    assert_eq!(
+        metric(
+            lab,
+            "node1",
+            &format!("wirespan_kubespan_wireguard{{implementation=\"{backend}\"}}")
+        ),
+        1
+    );
+
     // node1 runs with `--on-stop keep`: the lab's daemon (default `teardown`) is
     // replaced, kill -9 leaving its kernel state and userspace device to the new one.
     let pid = common::lab::pid_of(&n1);
@@ -1663,17 +1674,7 @@ fn restart_with_kernel_state_kept(lab: &Lab) {
     });
     // A userspace device is one process to keep and adopt; kernel WireGuard is the
     // link alone.
-    let backend = lab.backend("node1");
     let kernel = backend == "kernel";
-    // The metrics say which implementation runs.
-    assert_eq!(
-        metric(
-            lab,
-            "node1",
-            &format!("wirespan_kubespan_wireguard{{implementation=\"{backend}\"}}")
-        ),
-        1
-    );
     let wg_go = userspace_wireguard_in(&ns1);
     assert_eq!(wg_go.len(), usize::from(!kernel), "{wg_go:?}");
     let (endpoint, _) = wg_endpoint(lab, "node1", &key2);
