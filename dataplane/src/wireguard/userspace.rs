@@ -556,7 +556,7 @@ fn supervise(
                     recreated.notify_one();
                 }
                 Err(e) => {
-                    tracing::error!(link = name, error = %e, "cannot restart the userspace WireGuard process")
+                    tracing::error!(link = name, error = %e, "cannot restart the userspace WireGuard process");
                 }
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));

@@ -685,6 +685,18 @@ impl Drop for ChaosLab {
     }
 }
 
+/// Whether process `pid` is a userspace WireGuard device: `wireguard-go`, or
+/// `wirespan wireguard` (any executable whose first argument is `wireguard`).
+fn is_userspace_wireguard(pid: i32) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let mut args = cmdline.split(|b| *b == 0);
+    let program = args.next().unwrap_or_default();
+    let base = program.rsplit(|b| *b == b'/').next().unwrap_or_default();
+    base == b"wireguard-go" || args.next() == Some(b"wireguard".as_slice())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -696,16 +708,4 @@ mod tests {
         assert_eq!(yaml_scalar(text, "mtu").as_deref(), Some("1420"));
         assert_eq!(yaml_scalar(text, "listenPort"), None);
     }
-}
-
-/// Whether process `pid` is a userspace WireGuard device: `wireguard-go`, or
-/// `wirespan wireguard` (any executable whose first argument is `wireguard`).
-fn is_userspace_wireguard(pid: i32) -> bool {
-    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let mut args = cmdline.split(|b| *b == 0);
-    let program = args.next().unwrap_or_default();
-    let base = program.rsplit(|b| *b == b'/').next().unwrap_or_default();
-    base == b"wireguard-go" || args.next() == Some(b"wireguard".as_slice())
 }
