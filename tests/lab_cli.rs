@@ -423,6 +423,14 @@ fn down_after_exit_removes_the_lab_when_its_owner_is_killed() {
 /// The userspace WireGuard processes in namespace `ns`: `wireguard-go`, or
 /// `wirespan wireguard` (named `wirespan-wireguard` here), one entry per process.
 fn userspace_wireguard_in(ns: &str) -> Vec<&'static str> {
+    userspace_wireguard_pids(ns)
+        .into_iter()
+        .map(|(_, name)| name)
+        .collect()
+}
+
+/// As [`userspace_wireguard_in`], with each process's pid.
+fn userspace_wireguard_pids(ns: &str) -> Vec<(i32, &'static str)> {
     let out = Command::new("ip")
         .args(["netns", "pids", ns])
         .output()
@@ -432,13 +440,14 @@ fn userspace_wireguard_in(ns: &str) -> Vec<&'static str> {
         .filter_map(|pid| {
             let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
             let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-            if args[0].ends_with(b"wireguard-go") {
-                Some("wireguard-go")
+            let name = if args[0].ends_with(b"wireguard-go") {
+                "wireguard-go"
             } else if args.get(1) == Some(&b"wireguard".as_slice()) {
-                Some("wirespan-wireguard")
+                "wirespan-wireguard"
             } else {
-                None
-            }
+                return None;
+            };
+            Some((pid.parse().ok()?, name))
         })
         .collect()
 }
@@ -499,7 +508,8 @@ fn up_with_wireguard_go_reports_it_for_every_node() {
 /// The default (`auto`) runs kernel WireGuard where the kernel has it, else `wirespan
 /// wireguard`; a node given `userspace-go` runs wireguard-go beside it, and the two
 /// userspace implementations (or wireguard-go and the kernel) mesh: pings through the
-/// tunnel both ways.
+/// tunnel both ways. Each userspace process killed (-9) is started again by its node's
+/// supervisor, which programs it again: the pings cross again.
 #[test]
 fn auto_runs_wirespan_wireguard_and_meshes_with_a_wireguard_go_node() {
     let lab = Lab::new();
@@ -536,20 +546,39 @@ fn auto_runs_wirespan_wireguard_and_meshes_with_a_wireguard_go_node() {
             "{n}"
         );
     }
-    for (from, to) in [("node1", "node2"), ("node2", "node1")] {
-        let n = st["nodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["name"] == to)
+    let ping_both_ways = || {
+        for (from, to) in [("node1", "node2"), ("node2", "node1")] {
+            let n = st["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["name"] == to)
+                .unwrap();
+            let ula = n["addresses"]["kubespan"].as_str().unwrap();
+            let ula = ula.split('/').next().unwrap();
+            lab.exec_ok(
+                from,
+                &["ping", "-n", "-q", "-c", "3", "-i", "0.2", "-w", "20", ula],
+            );
+        }
+    };
+    ping_both_ways();
+    for n in st["nodes"].as_array().unwrap() {
+        let ns = n["namespace"].as_str().unwrap();
+        for (pid, name) in userspace_wireguard_pids(ns) {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
             .unwrap();
-        let ula = n["addresses"]["kubespan"].as_str().unwrap();
-        let ula = ula.split('/').next().unwrap();
-        lab.exec_ok(
-            from,
-            &["ping", "-n", "-q", "-c", "3", "-i", "0.2", "-w", "20", ula],
-        );
+            wait_until(&format!("a new {name} in {ns}"), || {
+                userspace_wireguard_pids(ns)
+                    .iter()
+                    .any(|(p, m)| *p != pid && *m == name)
+            });
+        }
     }
+    ping_both_ways();
 }
 
 /// `--wireguard kernel`: on a kernel without WireGuard `up` fails at once, naming the
