@@ -77,7 +77,7 @@ fn setup_userspace(port: u16) -> (NetnsGuard, UserspaceBackend, WgDevice) {
     let ns = NetnsGuard::new("wswg").unwrap();
     let name = unique_name("wst");
     let wg = UserspaceBackend::new(&name, ns.netns().clone());
-    ran::record("wireguard", "userspace");
+    ran::record("wireguard", "userspace-go");
     let dev = device(name, port);
     (ns, wg, dev)
 }
