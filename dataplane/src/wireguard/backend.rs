@@ -134,8 +134,36 @@ fn wirespan_binary(name: &str, given: Option<&Path>) -> Result<PathBuf, WgError>
     if let Some(p) = given {
         return Ok(p.to_owned());
     }
-    std::env::current_exe().map_err(|e| WgError::Daemon {
+    let exe = std::env::current_exe().map_err(|e| WgError::Daemon {
         name: name.to_owned(),
         message: format!("cannot find this executable to run `wirespan wireguard`: {e}"),
-    })
+    })?;
+    Ok(undeleted(exe))
+}
+
+/// The path an executable replaced on disk since it started had (an upgrade installs
+/// a new file, and Linux then names the running one `PATH (deleted)`): the supervisor
+/// starts the device from the file now there.
+fn undeleted(exe: PathBuf) -> PathBuf {
+    match exe.to_str().and_then(|s| s.strip_suffix(" (deleted)")) {
+        Some(path) => PathBuf::from(path),
+        None => exe,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replaced_executable_is_started_from_its_path() {
+        assert_eq!(
+            undeleted("/usr/local/bin/wirespan (deleted)".into()),
+            PathBuf::from("/usr/local/bin/wirespan")
+        );
+        assert_eq!(
+            undeleted("/usr/local/bin/wirespan".into()),
+            PathBuf::from("/usr/local/bin/wirespan")
+        );
+    }
 }
