@@ -625,7 +625,7 @@ fn up_with_kernel_wireguard_fails_fast_without_the_module_or_runs_it() {
 /// tunnel). Where the kernel has no WireGuard, `up` refuses as for `--wireguard
 /// kernel`. A node not in the lab is refused by name, making nothing.
 #[test]
-fn a_mixed_lab_runs_kernel_wireguard_and_wireguard_go_side_by_side() {
+fn a_mixed_lab_runs_kernel_wireguard_and_wirespan_wireguard_side_by_side() {
     let lab = Lab::new();
     let bad = lab.run(&[
         "up",
