@@ -22,7 +22,9 @@ cargo nextest list --workspace --locked --list-type binaries-only --message-form
 # - the labs on kernel WireGuard: a mixed lab (kernel and wireguard-go side by side),
 #   and the end-to-end scenarios: killed peer and bypass, restart with kernel state
 #   kept, endpoint rotation, relay through a peer, the eBPF fast path, chaos (60 s
-#   and at least four faults).
+#   and at least four faults);
+# - `wirespan wireguard` paired with kernel WireGuard, configured by `wg` and `ip` only
+#   (ping and iperf3 both ways; skipped on the host, whose kernel has no WireGuard).
 filter='
   (binary_id(wirespan-dataplane::wireguard)
      & !test(supervisor_restarts) & !test(a_kept_wireguard_go) & !test(steady_state))
@@ -32,7 +34,8 @@ filter='
   | (binary_id(wirespan::e2e_mesh) & (test(a_killed_peer_leaves) | test(a_restart_with_kernel_state_kept)
        | test(first_endpoint_is_blackholed) | test(ebpf_fast_path_marks)))
   | (binary_id(wirespan::lab_nat) & test(a_blocked_pair_in_a_topology_file))
-  | binary_id(wirespan::lab_chaos)'
+  | binary_id(wirespan::lab_chaos)
+  | (binary_id(wirespan::userspace_wireguard) & test(pairs_with_kernel_wireguard))'
 # WIRESPAN_VM_TIER_ONLY narrows the run to the tests that also match this filter (to
 # try one test in the VM).
 if [ -n "${WIRESPAN_VM_TIER_ONLY:-}" ]; then
@@ -47,14 +50,14 @@ while IFS= read -r bin; do cache+=("$bin"); done < <(python3 -c '
 import json, sys
 wanted = {"wirespan-dataplane::wireguard", "wirespan-dataplane::fastpath_attach",
           "wirespan-dataplane::parity", "wirespan::lab_cli", "wirespan::e2e_mesh",
-          "wirespan::lab_nat", "wirespan::lab_chaos"}
+          "wirespan::lab_nat", "wirespan::lab_chaos", "wirespan::userspace_wireguard"}
 bins = json.load(open("target/vm/binaries.json"))["rust-binaries"].values()
 for b in bins:
     if b["binary-id"] in wanted:
         print(b["binary-path"])
 ')
 cache+=("$(rustup which cargo 2>/dev/null || command -v cargo)")
-tools=(cargo cargo-nextest bash ip nft wg ping nsenter unshare sysctl curl cat wireguard-go)
+tools=(cargo cargo-nextest bash ip nft wg ping nsenter unshare sysctl curl cat wireguard-go iperf3)
 for t in "${tools[@]}"; do
   p=$(command -v "$t") || continue
   cache+=("$p")

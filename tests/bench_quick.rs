@@ -76,7 +76,13 @@ fn bench_throughput_quick_measures_every_path() {
         "mesh, no marking",
         "mesh, nftables marking",
         "eBPF: mesh, fast-path marking",
-        "The mesh's own cost",
+        "Through the mesh (no marking, TCP, one stream):",
+        "userspace (wirespan wireguard) WireGuard",
+        "userspace-go (wireguard-go) WireGuard",
+        "TCP, 4 streams",
+        "device CPU s/GB",
+        "Implementations compared",
+        "Mixed pairs",
         "report:",
     ] {
         assert!(out.contains(needle), "missing {needle:?}:\n{out}");

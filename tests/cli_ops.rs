@@ -369,7 +369,8 @@ fn node_notifies_readiness_and_status_summarises_it() {
     ns.run("ip", &["link", "set", "eth9", "up"]).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("node.sock");
-    // wireguard-go's socket directory is the host's: a link name of this test only.
+    // The userspace device's socket directory is the host's: a link name of this test
+    // only.
     let link = format!("wso{}", std::process::id() % 100_000);
     let cfg = dir.path().join("config.yaml");
     std::fs::write(
@@ -419,7 +420,7 @@ fn node_notifies_readiness_and_status_summarises_it() {
     let wg = line("wireguard");
     assert!(
         wg == format!("kernel, {link} on UDP 51820")
-            || wg == format!("userspace (wireguard-go), {link} on UDP 51820"),
+            || wg == format!("userspace (wirespan wireguard), {link} on UDP 51820"),
         "{text}"
     );
     assert_eq!(line("peers"), "0", "{text}");

@@ -1,6 +1,7 @@
 //! End to end: the real binary as a mesh of nodes in `wirespan lab` (network, mount and
 //! UTS namespaces per node, a discovery server, WireGuard: kernel where the kernel has
-//! it, else wireguard-go; the harness prints which), real traffic.
+//! it, else `wirespan wireguard`, and wireguard-go where a test asks for it; the harness
+//! prints which), real traffic.
 //!
 //! Every lab has a unique name and is removed by its guard even when a test fails.
 //! Assertions read the kernel (`wg show … dump`, `nft -j`, `ip -j`) inside the nodes;
@@ -1121,7 +1122,7 @@ fn a_killed_peer_leaves_the_marking_set_only_with_allow_down_peer_bypass() {
         );
     }
 
-    // node2 really stops answering: its daemon and its wireguard-go, kill -9; a kernel
+    // node2 really stops answering: its daemon and its userspace WireGuard, kill -9; a kernel
     // link outlives its daemon and keeps answering, so it is deleted instead.
     let backend = lab.backend("node2");
     let ns2 = node2["namespace"].as_str().unwrap().to_owned();
@@ -1137,8 +1138,8 @@ fn a_killed_peer_leaves_the_marking_set_only_with_allow_down_peer_bypass() {
     .map(|p| p.parse().unwrap())
     .collect();
     assert!(
-        pids.len() >= if backend == "userspace" { 2 } else { 1 },
-        "daemon (and wireguard-go on {backend}) expected: {pids:?}"
+        pids.len() >= if backend == "kernel" { 1 } else { 2 },
+        "daemon (and the userspace device on {backend}) expected: {pids:?}"
     );
     for p in &pids {
         let _ = nix::sys::signal::kill(
@@ -1151,7 +1152,7 @@ fn a_killed_peer_leaves_the_marking_set_only_with_allow_down_peer_bypass() {
     });
     let killed = Instant::now();
     let killed_at = std::time::SystemTime::now();
-    // Its mesh link goes with wireguard-go; a kernel one is removed by hand.
+    // Its mesh link goes with the userspace device; a kernel one is removed by hand.
     if backend == "kernel" {
         let _ = Command::new("ip")
             .args(["-n", &ns2, "link", "del", "kubespan"])
@@ -1500,8 +1501,9 @@ fn daemon_pid(wrapper: &Daemon) -> i32 {
     })
 }
 
-/// wireguard-go processes in a network namespace.
-fn wireguard_go_in(netns: &str) -> Vec<i32> {
+/// Userspace WireGuard processes (`wirespan wireguard`, wireguard-go) in a network
+/// namespace.
+fn userspace_wireguard_in(netns: &str) -> Vec<i32> {
     let out = Command::new("ip")
         .args(["netns", "pids", netns])
         .output()
@@ -1510,9 +1512,10 @@ fn wireguard_go_in(netns: &str) -> Vec<i32> {
         .split_whitespace()
         .filter_map(|p| p.parse::<i32>().ok())
         .filter(|p| {
-            std::fs::read_to_string(format!("/proc/{p}/comm"))
-                .is_ok_and(|c| c.trim() == "wireguard-go")
-                && common::lab::alive(*p)
+            std::fs::read(format!("/proc/{p}/cmdline")).is_ok_and(|c| {
+                let args: Vec<&[u8]> = c.split(|b| *b == 0).collect();
+                args[0].ends_with(b"wireguard-go") || args.get(1) == Some(&b"wireguard".as_slice())
+            }) && common::lab::alive(*p)
         })
         .collect()
 }
@@ -1602,7 +1605,29 @@ impl Drop for Pinger {
 
 #[test]
 fn a_restart_with_kernel_state_kept_loses_no_ping_and_pushes_no_endpoint() {
-    let lab = mesh(2);
+    restart_with_kernel_state_kept(&mesh(2));
+}
+
+/// The same with wireguard-go on both nodes: the daemon adopts the wireguard-go it
+/// left running.
+#[test]
+fn a_restart_with_kernel_state_kept_adopts_wireguard_go() {
+    let lab = Lab::new();
+    lab.ok(&[
+        "up",
+        "--nodes",
+        "2",
+        "--wireguard",
+        "userspace-go",
+        "--timeout",
+        LAB_UP_TIMEOUT,
+        "--no-hints",
+    ]);
+    assert_eq!(lab.backend("node1"), "userspace-go");
+    restart_with_kernel_state_kept(&lab);
+}
+
+fn restart_with_kernel_state_kept(lab: &Lab) {
     let st = lab.status();
     let n1 = node(&st, "node1").clone();
     let n2 = node(&st, "node2");
@@ -1611,8 +1636,19 @@ fn a_restart_with_kernel_state_kept_loses_no_ping_and_pushes_no_endpoint() {
     let ula2 = n2["addresses"]["kubespan"].as_str().unwrap();
     let ula2 = ula2.split('/').next().unwrap().to_owned();
 
+    // The lab's daemon's metrics say which implementation runs.
+    let backend = lab.backend("node1");
+    assert_eq!(
+        metric(
+            lab,
+            "node1",
+            &format!("wirespan_kubespan_wireguard{{implementation=\"{backend}\"}}")
+        ),
+        1
+    );
+
     // node1 runs with `--on-stop keep`: the lab's daemon (default `teardown`) is
-    // replaced, kill -9 leaving its kernel state and wireguard-go to the new one.
+    // replaced, kill -9 leaving its kernel state and userspace device to the new one.
     let pid = common::lab::pid_of(&n1);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
@@ -1623,25 +1659,25 @@ fn a_restart_with_kernel_state_kept_loses_no_ping_and_pushes_no_endpoint() {
         (!common::lab::alive(pid)).then_some(())
     });
     let log1 = lab.dir().join("node1-keep-1.log");
-    let mut first = start_kept_daemon(&lab, &n1, &log1);
+    let mut first = start_kept_daemon(lab, &n1, &log1);
     // Seen once in the suite (not reproduced alone): say what the daemon saw.
     let diagnose = || {
         format!(
             "peers: {:?}\nwg: {}\ndaemon log:\n{}",
-            try_get(&lab, "node1", "peers"),
+            try_get(lab, "node1", "peers"),
             lab.exec_ok("node1", &["wg", "show", "kubespan"]),
             std::fs::read_to_string(&log1).unwrap_or_default()
         )
     };
     eventually_or("node1's peer up under the kept daemon", diagnose, || {
-        peers_up(&lab, "node1", 1).then_some(())
+        peers_up(lab, "node1", 1).then_some(())
     });
-    // wireguard-go (userspace) is one process to keep and adopt; kernel WireGuard is
-    // the link alone.
-    let kernel = lab.backend("node1") == "kernel";
-    let wg_go = wireguard_go_in(&ns1);
+    // A userspace device is one process to keep and adopt; kernel WireGuard is the
+    // link alone.
+    let kernel = backend == "kernel";
+    let wg_go = userspace_wireguard_in(&ns1);
     assert_eq!(wg_go.len(), usize::from(!kernel), "{wg_go:?}");
-    let (endpoint, _) = wg_endpoint(&lab, "node1", &key2);
+    let (endpoint, _) = wg_endpoint(lab, "node1", &key2);
 
     // Traffic across the mesh (node2's KubeSpan address: only the tunnel reaches it).
     let mut ping = Pinger::start(&ns1, &ula2);
@@ -1657,17 +1693,17 @@ fn a_restart_with_kernel_state_kept_loses_no_ping_and_pushes_no_endpoint() {
     eventually("the daemon to stop", || first.0.try_wait().unwrap());
     ping.wait_replies(10);
     assert_eq!(
-        wireguard_go_in(&ns1),
+        userspace_wireguard_in(&ns1),
         wg_go,
-        "wireguard-go did not outlive the daemon"
+        "the userspace device did not outlive the daemon"
     );
 
     // The same daemon again: same state dir and config.
     let log = lab.dir().join("node1-keep-2.log");
-    let _second = start_kept_daemon(&lab, &n1, &log);
+    let _second = start_kept_daemon(lab, &n1, &log);
     // Polled while the daemon starts: no API yet is not a failure.
     let peer = eventually("node1 ready with its peer up", || {
-        try_get(&lab, "node1", "peers")
+        try_get(lab, "node1", "peers")
             .ok()?
             .into_iter()
             .find(|p| p["spec"]["state"] == "up")
@@ -1679,13 +1715,13 @@ fn a_restart_with_kernel_state_kept_loses_no_ping_and_pushes_no_endpoint() {
         "echo requests lost across the restart"
     );
 
-    // Adopted, not rebuilt: the same wireguard-go, the same endpoint, no write to the
+    // Adopted, not rebuilt: the same device process, the same endpoint, no write to the
     // device, and the peer was up from its first status (seeded from the device, no
     // endpoint change of its own).
     assert_eq!(
-        wireguard_go_in(&ns1),
+        userspace_wireguard_in(&ns1),
         wg_go,
-        "a second wireguard-go, or a new one"
+        "a second userspace device, or a new one"
     );
     // No reverse-path filtering on the mesh link (a host prerequisite the daemon sets).
     let rp = lab.exec_ok(
@@ -1693,12 +1729,12 @@ fn a_restart_with_kernel_state_kept_loses_no_ping_and_pushes_no_endpoint() {
         &["cat", "/proc/sys/net/ipv4/conf/kubespan/rp_filter"],
     );
     assert_eq!(rp.trim(), "0");
-    assert_eq!(wg_endpoint(&lab, "node1", &key2).0, endpoint);
+    assert_eq!(wg_endpoint(lab, "node1", &key2).0, endpoint);
     assert_eq!(peer["spec"]["lastEndpointChange"], Value::Null, "{peer}");
     assert_eq!(peer["metadata"]["version"], 1, "the status changed: {peer}");
     let text = std::fs::read_to_string(&log).unwrap();
     assert_eq!(
-        text.contains("adopted the running wireguard-go"),
+        text.contains("adopted the running userspace WireGuard process"),
         !kernel,
         "{text}"
     );

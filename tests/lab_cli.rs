@@ -420,18 +420,36 @@ fn down_after_exit_removes_the_lab_when_its_owner_is_killed() {
     lab.assert_gone(&pids);
 }
 
-/// Whether a wireguard-go process runs in namespace `ns`.
-fn wireguard_go_in(ns: &str) -> bool {
+/// The userspace WireGuard processes in namespace `ns`: `wireguard-go`, or
+/// `wirespan wireguard` (named `wirespan-wireguard` here), one entry per process.
+fn userspace_wireguard_in(ns: &str) -> Vec<&'static str> {
+    userspace_wireguard_pids(ns)
+        .into_iter()
+        .map(|(_, name)| name)
+        .collect()
+}
+
+/// As [`userspace_wireguard_in`], with each process's pid.
+fn userspace_wireguard_pids(ns: &str) -> Vec<(i32, &'static str)> {
     let out = Command::new("ip")
         .args(["netns", "pids", ns])
         .output()
         .unwrap();
     String::from_utf8_lossy(&out.stdout)
         .split_whitespace()
-        .any(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/comm"))
-                .is_ok_and(|c| c.trim().starts_with("wireguard-go"))
+        .filter_map(|pid| {
+            let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let name = if args[0].ends_with(b"wireguard-go") {
+                "wireguard-go"
+            } else if args.get(1) == Some(&b"wireguard".as_slice()) {
+                "wirespan-wireguard"
+            } else {
+                return None;
+            };
+            Some((pid.parse().ok()?, name))
         })
+        .collect()
 }
 
 /// Whether this kernel can make a WireGuard link, asked with `ip` in a throwaway
@@ -453,39 +471,119 @@ fn kernel_has_wireguard() -> bool {
         .success()
 }
 
-/// `--wireguard userspace` runs wireguard-go on every node and `lab status` (JSON and
-/// table) says so per node.
+/// `--wireguard userspace-go` runs wireguard-go on every node and `lab status` (JSON
+/// and table) says so per node.
 #[test]
-fn up_with_userspace_wireguard_reports_it_for_every_node() {
+fn up_with_wireguard_go_reports_it_for_every_node() {
     let lab = Lab::new();
     let out = lab.ok(&[
         "up",
         "--nodes",
         "2",
         "--wireguard",
-        "userspace",
+        "userspace-go",
         "--timeout",
         "45s",
         "--no-hints",
     ]);
     let st = lab.status();
-    assert_eq!(st["wireguard"], "userspace");
+    assert_eq!(st["wireguard"], "userspace-go");
     for n in st["nodes"].as_array().unwrap() {
-        assert_eq!(n["wireguard"], "userspace", "{n}");
-        assert!(wireguard_go_in(n["namespace"].as_str().unwrap()), "{n}");
+        assert_eq!(n["wireguard"], "userspace-go", "{n}");
+        assert_eq!(
+            userspace_wireguard_in(n["namespace"].as_str().unwrap()),
+            ["wireguard-go"],
+            "{n}"
+        );
     }
     // The summary table has the column.
     let header = out.lines().next().unwrap();
     assert!(header.contains("WIREGUARD"), "{out}");
     let text = lab.ok(&["status"]);
     for row in text.lines().skip(1).take(2) {
-        assert!(row.contains("userspace"), "{text}");
+        assert!(row.contains("userspace-go"), "{text}");
     }
+}
+
+/// The default (`auto`) runs kernel WireGuard where the kernel has it, else `wirespan
+/// wireguard`; a node given `userspace-go` runs wireguard-go beside it, and the two
+/// userspace implementations (or wireguard-go and the kernel) mesh: pings through the
+/// tunnel both ways. Each userspace process killed (-9) is started again by its node's
+/// supervisor, which programs it again: the pings cross again.
+#[test]
+fn auto_runs_wirespan_wireguard_and_meshes_with_a_wireguard_go_node() {
+    let lab = Lab::new();
+    lab.ok(&[
+        "up",
+        "--nodes",
+        "2",
+        "--wireguard",
+        "node1=userspace-go",
+        "--timeout",
+        "90s",
+        "--no-hints",
+    ]);
+    let st = lab.status();
+    let node2 = if kernel_has_wireguard() {
+        ("kernel", Vec::<&str>::new())
+    } else {
+        ("userspace", vec!["wirespan-wireguard"])
+    };
+    for (node, (want, procs)) in [
+        ("node1", ("userspace-go", vec!["wireguard-go"])),
+        ("node2", node2),
+    ] {
+        assert_eq!(lab.backend(node), want);
+        let n = st["nodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|n| n["name"] == node)
+            .unwrap();
+        assert_eq!(
+            userspace_wireguard_in(n["namespace"].as_str().unwrap()),
+            procs,
+            "{n}"
+        );
+    }
+    let ping_both_ways = || {
+        for (from, to) in [("node1", "node2"), ("node2", "node1")] {
+            let n = st["nodes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|n| n["name"] == to)
+                .unwrap();
+            let ula = n["addresses"]["kubespan"].as_str().unwrap();
+            let ula = ula.split('/').next().unwrap();
+            lab.exec_ok(
+                from,
+                &["ping", "-n", "-q", "-c", "3", "-i", "0.2", "-w", "20", ula],
+            );
+        }
+    };
+    ping_both_ways();
+    for n in st["nodes"].as_array().unwrap() {
+        let ns = n["namespace"].as_str().unwrap();
+        for (pid, name) in userspace_wireguard_pids(ns) {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            )
+            .unwrap();
+            wait_until(&format!("a new {name} in {ns}"), || {
+                userspace_wireguard_pids(ns)
+                    .iter()
+                    .any(|(p, m)| *p != pid && *m == name)
+            });
+        }
+    }
+    ping_both_ways();
 }
 
 /// `--wireguard kernel`: on a kernel without WireGuard `up` fails at once, naming the
 /// missing module, and makes nothing; on one with it every node runs kernel WireGuard
-/// (no wireguard-go).
+/// (no userspace process).
 #[test]
 fn up_with_kernel_wireguard_fails_fast_without_the_module_or_runs_it() {
     let lab = Lab::new();
@@ -506,7 +604,7 @@ fn up_with_kernel_wireguard_fails_fast_without_the_module_or_runs_it() {
             err.contains("the `wireguard` kernel module is missing"),
             "{err}"
         );
-        assert!(err.contains("--wireguard userspace"), "{err}");
+        assert!(err.contains("userspace (wirespan wireguard)"), "{err}");
         assert!(lab.namespaces().is_empty(), "{:?}", lab.namespaces());
         assert!(!lab.dir().exists());
         return;
@@ -515,16 +613,19 @@ fn up_with_kernel_wireguard_fails_fast_without_the_module_or_runs_it() {
     let st = lab.status();
     for n in st["nodes"].as_array().unwrap() {
         assert_eq!(n["wireguard"], "kernel", "{n}");
-        assert!(!wireguard_go_in(n["namespace"].as_str().unwrap()), "{n}");
+        assert!(
+            userspace_wireguard_in(n["namespace"].as_str().unwrap()).is_empty(),
+            "{n}"
+        );
     }
 }
 
 /// A mixed lab: `--wireguard node1=kernel,node2=userspace` runs kernel WireGuard on
-/// node1 and wireguard-go on node2, and the two mesh (both peers up, pings through the
+/// node1 and `wirespan wireguard` on node2, and the two mesh (both peers up, pings through the
 /// tunnel). Where the kernel has no WireGuard, `up` refuses as for `--wireguard
 /// kernel`. A node not in the lab is refused by name, making nothing.
 #[test]
-fn a_mixed_lab_runs_kernel_wireguard_and_wireguard_go_side_by_side() {
+fn a_mixed_lab_runs_kernel_wireguard_and_wirespan_wireguard_side_by_side() {
     let lab = Lab::new();
     let bad = lab.run(&[
         "up",
@@ -565,7 +666,10 @@ fn a_mixed_lab_runs_kernel_wireguard_and_wireguard_go_side_by_side() {
     assert!(o.status.success(), "{err}");
     let st = lab.status();
     assert_eq!(st["wireguard"], "node1=kernel,node2=userspace");
-    for (node, want, wg_go) in [("node1", "kernel", false), ("node2", "userspace", true)] {
+    for (node, want, procs) in [
+        ("node1", "kernel", Vec::<&str>::new()),
+        ("node2", "userspace", vec!["wirespan-wireguard"]),
+    ] {
         assert_eq!(lab.backend(node), want);
         common::ran::record("wireguard", want);
         let n = st["nodes"]
@@ -575,8 +679,8 @@ fn a_mixed_lab_runs_kernel_wireguard_and_wireguard_go_side_by_side() {
             .find(|n| n["name"] == node)
             .unwrap();
         assert_eq!(
-            wireguard_go_in(n["namespace"].as_str().unwrap()),
-            wg_go,
+            userspace_wireguard_in(n["namespace"].as_str().unwrap()),
+            procs,
             "{n}"
         );
     }

@@ -70,9 +70,14 @@ pub struct MeshArgs {
     /// later start adopts or replaces what it finds).
     #[arg(long, value_enum, default_value_t = OnStopArg::Teardown)]
     pub on_stop: OnStopArg,
-    /// WireGuard implementation: kernel if available (auto), or forced.
+    /// WireGuard implementation: kernel if available, else `wirespan wireguard` (auto),
+    /// or forced (`userspace-go`: wireguard-go).
     #[arg(long, value_enum, default_value_t = WireGuardArg::Auto)]
     pub wireguard: WireGuardArg,
+    /// The `wirespan` executable run as `wirespan wireguard` for the userspace device
+    /// (default: this executable).
+    #[arg(long, value_name = "PATH")]
+    pub wireguard_binary: Option<PathBuf>,
 }
 
 /// `--on-stop`.
@@ -87,17 +92,34 @@ pub enum OnStopArg {
 /// Why `--wireguard kernel` cannot run here (the daemon and `lab up` say the same).
 pub const KERNEL_WIREGUARD_MISSING: &str = "--wireguard kernel: this kernel cannot create \
     WireGuard links (the `wireguard` kernel module is missing or cannot be loaded: \
-    `modprobe wireguard`); use --wireguard userspace (wireguard-go) or auto";
+    `modprobe wireguard`); use --wireguard auto, userspace (wirespan wireguard) or \
+    userspace-go (wireguard-go)";
 
 /// `--wireguard`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum WireGuardArg {
-    /// Kernel if supported, else wireguard-go.
+    /// Kernel if supported, else `wirespan wireguard`.
     Auto,
     /// Kernel WireGuard.
     Kernel,
-    /// wireguard-go.
+    /// `wirespan wireguard`: wirespan's own userspace device (this executable).
     Userspace,
+    /// wireguard-go (from PATH).
+    UserspaceGo,
+}
+
+impl WireGuardArg {
+    /// The dataplane's backend choice.
+    #[must_use]
+    pub fn choice(self) -> wirespan_dataplane::wireguard::BackendChoice {
+        use wirespan_dataplane::wireguard::BackendChoice;
+        match self {
+            Self::Auto => BackendChoice::Auto,
+            Self::Kernel => BackendChoice::Kernel,
+            Self::Userspace => BackendChoice::Userspace,
+            Self::UserspaceGo => BackendChoice::UserspaceGo,
+        }
+    }
 }
 
 /// Mirrors the ConfigStatus and DiscoveryServiceStatus resources into the metrics at
@@ -139,7 +161,6 @@ fn register_mesh(
     use std::sync::Arc;
     use wirespan_dataplane::{
         kernel_marking::KernelMarking, netns::Netns, routing::NetlinkRouting,
-        wireguard::BackendChoice,
     };
     let netns = Netns::current();
     let metrics = Arc::new(kubespan::metrics::MeshMetrics::new());
@@ -161,11 +182,8 @@ fn register_mesh(
             manager: kubespan::manager::ManagerDeps {
                 wireguard: Arc::new(kubespan::KernelWireGuard {
                     netns: netns.clone(),
-                    choice: match args.wireguard {
-                        WireGuardArg::Auto => BackendChoice::Auto,
-                        WireGuardArg::Kernel => BackendChoice::Kernel,
-                        WireGuardArg::Userspace => BackendChoice::Userspace,
-                    },
+                    choice: args.wireguard.choice(),
+                    wirespan_binary: args.wireguard_binary.clone(),
                 }),
                 marking: Arc::new(kubespan::KernelMarkingFactory {
                     marking: KernelMarking {

@@ -152,10 +152,21 @@ fn wireguard(f: &Facts, cfg: Option<&Value>) -> String {
         return format!("- (no link {link} yet)");
     };
     let port = cfg.get("listenPort").and_then(Value::as_u64);
-    let backend = match text(&l.spec, "kind") {
-        "wireguard" => "kernel".to_owned(),
-        "tun" => "userspace (wireguard-go)".to_owned(),
-        other => format!("unknown (link kind {other:?})"),
+    // The manager says which implementation it runs; the link's kind is the fallback
+    // (a daemon that has not written it yet, or an older one).
+    let reported = f
+        .manager
+        .iter()
+        .flatten()
+        .next()
+        .map_or("", |m| text(&m.spec, "wireguard"));
+    let backend = match (reported, text(&l.spec, "kind")) {
+        ("kernel", _) | ("", "wireguard") => "kernel".to_owned(),
+        ("userspace", _) => "userspace (wirespan wireguard)".to_owned(),
+        ("userspace-go", _) => "userspace-go (wireguard-go)".to_owned(),
+        ("", "tun") => "userspace".to_owned(),
+        ("", other) => format!("unknown (link kind {other:?})"),
+        (other, _) => other.to_owned(),
     };
     match port {
         Some(p) => format!("{backend}, {link} on UDP {p}"),

@@ -47,9 +47,10 @@ impl Lab {
     }
 
     /// `wirespan lab ARGS --name NAME`. An `up` that does not say which WireGuard runs
-    /// gets the one `WIRESPAN_TEST_WIREGUARD` names (the suite's VM tier sets
+    /// gets the one `WIRESPAN_TEST_WIREGUARD` names (`auto`, `kernel`, `userspace`,
+    /// `userspace-go`, or per node as `lab up` takes it; the suite's VM tier sets
     /// `kernel`; unset, the lab's own default `auto`), so the same scenarios run on
-    /// wireguard-go on the host and on kernel WireGuard in the VM.
+    /// `wirespan wireguard` on the host and on kernel WireGuard in the VM.
     pub fn cmd(&self, args: &[&str]) -> Command {
         let mut c = Command::new(BIN);
         c.arg("lab").args(args);
@@ -94,7 +95,8 @@ impl Lab {
     }
 
     /// Each node's WireGuard implementation as `lab status` reports it
-    /// (`node1=userspace`, …; `?` while the node has not programmed its link).
+    /// (`node1=userspace`, `node2=userspace-go`, …; `?` while the node has not
+    /// programmed its link).
     pub fn backends(&self) -> Vec<String> {
         let st = self.status();
         st["nodes"]
@@ -113,7 +115,8 @@ impl Lab {
             .unwrap_or_default()
     }
 
-    /// The WireGuard implementation `node` runs (`kernel`/`userspace`), once known.
+    /// The WireGuard implementation `node` runs (`kernel`, `userspace`,
+    /// `userspace-go`), once known.
     pub fn backend(&self, node: &str) -> String {
         let mut found = String::new();
         wait_until(&format!("{node} to report its WireGuard"), || {

@@ -134,7 +134,8 @@ pub(super) fn start(n: usize, fast_path: FastPath) -> anyhow::Result<Node> {
                 wireguard: Arc::new(TimedWgFactory {
                     inner: KernelWireGuard {
                         netns: ns.netns().clone(),
-                        choice: BackendChoice::Userspace,
+                        choice: BackendChoice::UserspaceGo,
+                        wirespan_binary: None,
                     },
                     tx: tx.clone(),
                     probe: Arc::clone(&probe),

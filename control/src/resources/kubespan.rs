@@ -319,7 +319,8 @@ impl ResourceKind for KubeSpanManagerStatus {
 pub struct KubeSpanManagerStatusSpec {
     /// The WireGuard link.
     pub link_name: String,
-    /// WireGuard implementation running the link (`kernel` or `userspace`); empty
+    /// WireGuard implementation running the link (`kernel`, `userspace` for `wirespan
+    /// wireguard`, `userspace-go` for wireguard-go); empty
     /// before the device is programmed, and in statuses written by older daemons.
     #[serde(default)]
     pub wireguard: String,

@@ -87,7 +87,8 @@ pub fn register_real(
             manager: ManagerDeps {
                 wireguard: Arc::new(KernelWireGuard {
                     netns: ns.netns().clone(),
-                    choice: BackendChoice::Userspace,
+                    choice: BackendChoice::UserspaceGo,
+                    wirespan_binary: None,
                 }),
                 marking,
                 routing_cleanup: None,

@@ -1,7 +1,13 @@
 //! The [`WireGuard`] backend trait and the choice between the kernel and the
-//! userspace backend ([`select`]).
+//! userspace backends ([`select`]).
 
-use super::{kernel, userspace, PeerChange, WgDevice, WgError, WgStatus};
+use std::path::{Path, PathBuf};
+
+use super::{
+    kernel,
+    userspace::{self, UserspaceOptions},
+    PeerChange, WgDevice, WgError, WgStatus,
+};
 use crate::netns::Netns;
 
 /// A WireGuard backend: one device.
@@ -39,7 +45,7 @@ pub trait WireGuard {
     /// Number of configuration writes so far.
     fn writes(&self) -> u64;
     /// Notified each time the device was recreated empty behind the caller's back (the
-    /// supervisor restarted a dead wireguard-go): the caller should apply the whole
+    /// supervisor restarted a dead userspace device process): the caller should apply the whole
     /// device again rather than wait for its next round. `None`: this backend never
     /// does that (a deleted kernel link is recreated by the next apply).
     fn recreated(&self) -> Option<std::sync::Arc<tokio::sync::Notify>> {
@@ -51,48 +57,113 @@ pub trait WireGuard {
         // Dropping could stop what the device needs (a userspace backend's process).
         std::mem::forget(self);
     }
-    /// Which implementation runs the device: `kernel` or `userspace` (reported in the
-    /// manager's status, so an operator sees what `auto` chose).
+    /// Which implementation runs the device: `kernel`, `userspace` (`wirespan
+    /// wireguard`) or `userspace-go` (`wireguard-go`), reported in the manager's status
+    /// so an operator sees what `auto` chose.
     fn backend(&self) -> &'static str;
 }
 
 /// Which backend to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum BackendChoice {
-    /// Kernel if the kernel supports WireGuard, else userspace.
+    /// Kernel if the kernel supports WireGuard, else `wirespan wireguard`.
     #[default]
     Auto,
     /// Kernel (netlink).
     Kernel,
-    /// Userspace (`wireguard-go`).
+    /// Userspace: `wirespan wireguard`, wirespan's own device.
     Userspace,
+    /// Userspace: `wireguard-go`.
+    UserspaceGo,
 }
 
-/// Builds the backend for device `name` in `netns`.
+/// Builds the backend for device `name` in `netns`; `wirespan wireguard` runs from
+/// this process's own executable.
 ///
 /// # Errors
-/// The kernel backend was forced but is unavailable, or the probe failed.
+/// The kernel backend was forced but is unavailable, the probe failed, or this
+/// executable cannot be found.
 pub fn select(
     choice: BackendChoice,
     name: &str,
     netns: &Netns,
 ) -> Result<Box<dyn WireGuard + Send>, WgError> {
-    let kernel = match choice {
-        BackendChoice::Userspace => false,
-        BackendChoice::Kernel => true,
-        BackendChoice::Auto => kernel::supported(netns),
+    select_with_binary(choice, name, netns, None)
+}
+
+/// As [`select`], with `wirespan wireguard` run from `wirespan` (`None`: this
+/// process's own executable, the node's case).
+///
+/// # Errors
+/// As [`select`].
+pub fn select_with_binary(
+    choice: BackendChoice,
+    name: &str,
+    netns: &Netns,
+    wirespan: Option<&Path>,
+) -> Result<Box<dyn WireGuard + Send>, WgError> {
+    let resolved = match choice {
+        BackendChoice::Auto if kernel::supported(netns) => BackendChoice::Kernel,
+        BackendChoice::Auto => BackendChoice::Userspace,
+        other => other,
+    };
+    let opts = match resolved {
+        BackendChoice::Kernel => {
+            tracing::info!(link = name, backend = "kernel", "WireGuard backend");
+            return Ok(Box::new(kernel::KernelBackend::new(name, netns)?));
+        }
+        BackendChoice::UserspaceGo => UserspaceOptions::default(),
+        BackendChoice::Userspace | BackendChoice::Auto => {
+            UserspaceOptions::wirespan(wirespan_binary(name, wirespan)?)
+        }
     };
     tracing::info!(
         link = name,
-        backend = if kernel { "kernel" } else { "userspace" },
+        backend = opts.implementation.backend_name(),
+        binary = %opts.binary.display(),
         "WireGuard backend"
     );
-    if kernel {
-        Ok(Box::new(kernel::KernelBackend::new(name, netns)?))
-    } else {
-        Ok(Box::new(userspace::UserspaceBackend::new(
-            name,
-            netns.clone(),
-        )))
+    Ok(Box::new(userspace::UserspaceBackend::with_options(
+        name,
+        netns.clone(),
+        opts,
+    )))
+}
+
+fn wirespan_binary(name: &str, given: Option<&Path>) -> Result<PathBuf, WgError> {
+    if let Some(p) = given {
+        return Ok(p.to_owned());
+    }
+    let exe = std::env::current_exe().map_err(|e| WgError::Daemon {
+        name: name.to_owned(),
+        message: format!("cannot find this executable to run `wirespan wireguard`: {e}"),
+    })?;
+    Ok(undeleted(exe))
+}
+
+/// The path an executable replaced on disk since it started had (an upgrade installs
+/// a new file, and Linux then names the running one `PATH (deleted)`): the supervisor
+/// starts the device from the file now there.
+fn undeleted(exe: PathBuf) -> PathBuf {
+    match exe.to_str().and_then(|s| s.strip_suffix(" (deleted)")) {
+        Some(path) => PathBuf::from(path),
+        None => exe,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replaced_executable_is_started_from_its_path() {
+        assert_eq!(
+            undeleted("/usr/local/bin/wirespan (deleted)".into()),
+            PathBuf::from("/usr/local/bin/wirespan")
+        );
+        assert_eq!(
+            undeleted("/usr/local/bin/wirespan".into()),
+            PathBuf::from("/usr/local/bin/wirespan")
+        );
     }
 }

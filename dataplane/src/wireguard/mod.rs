@@ -6,8 +6,9 @@
 //! keepalive) and its endpoint written only when the desired endpoint is set and
 //! differs, so a roamed endpoint survives. Peers are never replaced wholesale.
 //!
-//! Backends: [`userspace::UserspaceBackend`] supervises `wireguard-go -f IFNAME` and
-//! speaks the UAPI text protocol on its socket; [`kernel::KernelBackend`] uses
+//! Backends: [`userspace::UserspaceBackend`] supervises a userspace device process
+//! (`wirespan wireguard` or `wireguard-go`) and speaks the UAPI text protocol on its
+//! socket; [`kernel::KernelBackend`] uses
 //! `wireguard-control` over netlink where the kernel has WireGuard. [`select`] picks one.
 //!
 //! Layout: `keys` (key types), `config` (the desired device and its validation),
@@ -31,7 +32,7 @@ mod state;
 #[cfg(test)]
 mod tests;
 
-pub use backend::{select, BackendChoice, WireGuard};
+pub use backend::{select, select_with_binary, BackendChoice, WireGuard};
 pub use config::{WgDevice, WgPeer};
 pub use diff::{apply_update, diff, PeerUpdate, WgUpdate};
 pub use error::WgError;

@@ -1,13 +1,14 @@
-//! Userspace WireGuard: a supervised `wireguard-go -f IFNAME` (foreground) running
-//! inside the target namespace, configured over its UAPI socket
-//! `SOCKET_DIR/IFNAME.sock`.
+//! Userspace WireGuard: a supervised userspace device process running inside the
+//! target namespace, configured over its UAPI socket `SOCKET_DIR/IFNAME.sock`. Two
+//! implementations speak that contract ([`UserspaceImpl`]): `wirespan wireguard
+//! --foreground IFNAME` (our own device) and `wireguard-go -f IFNAME`.
 //!
 //! The supervisor thread polls the child; if it dies unexpectedly it is restarted
 //! (with a short backoff) and the next apply re-reads the now empty device and writes
 //! everything again. Teardown and drop stop the supervisor and kill the child by pid
 //! (through its `Child`, before it is reaped, so the pid cannot have been reused).
 //!
-//! A daemon that stops with its kernel state kept leaves its wireguard-go running
+//! A daemon that stops with its kernel state kept leaves its device process running
 //! (the backend is forgotten, not dropped). The next start finds the live socket and
 //! adopts that process instead of starting a second one (which could not open the
 //! existing TUN device anyway): same device, same sessions, no handshake lost. The
@@ -36,13 +37,13 @@ use super::{
 };
 use crate::netns::Netns;
 
-/// Where wireguard-go puts its sockets.
+/// Where wireguard-go (and `wirespan wireguard` by default) puts its sockets.
 pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
-/// How long to wait for a fresh wireguard-go to open its socket. Generous: one that
+/// How long to wait for a fresh device process to open its socket. Generous: one that
 /// exits is reported at once, and in an emulated VM on a busy machine (the suite's VM
 /// tier, QEMU without KVM) a start took longer than 5 s.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long an adopted wireguard-go gets to exit on SIGTERM before SIGKILL.
+/// How long an adopted device process gets to exit on SIGTERM before SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 /// How often the supervisor checks the child.
 const POLL: Duration = Duration::from_millis(100);
@@ -52,7 +53,7 @@ const IO_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Debug)]
 struct SupState {
     child: Option<Child>,
-    /// A wireguard-go found running at start (not our child).
+    /// A device process found running at start (not our child).
     adopted: Option<u32>,
     stop: bool,
     restarts: u64,
@@ -64,19 +65,65 @@ struct Supervisor {
     thread: Option<JoinHandle<()>>,
 }
 
+/// Which userspace WireGuard program runs the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UserspaceImpl {
+    /// `wirespan wireguard`: wirespan's own device (`BINARY wireguard --foreground
+    /// --socket-dir DIR IFNAME`).
+    Wirespan,
+    /// `wireguard-go -f IFNAME` (its socket directory is compiled in).
+    WireguardGo,
+}
+
+impl UserspaceImpl {
+    /// The name the node reports and `--wireguard` takes: `userspace` or `userspace-go`.
+    #[must_use]
+    pub fn backend_name(self) -> &'static str {
+        match self {
+            Self::Wirespan => "userspace",
+            Self::WireguardGo => "userspace-go",
+        }
+    }
+
+    /// The program, as logs and errors name it.
+    #[must_use]
+    pub fn program(self) -> &'static str {
+        match self {
+            Self::Wirespan => "wirespan wireguard",
+            Self::WireguardGo => "wireguard-go",
+        }
+    }
+}
+
 /// Options of the userspace backend.
 #[derive(Debug, Clone)]
 pub struct UserspaceOptions {
-    /// The wireguard-go binary.
+    /// Which program `binary` is (it decides the command line).
+    pub implementation: UserspaceImpl,
+    /// The binary: `wireguard-go`, or the `wirespan` executable.
     pub binary: PathBuf,
     /// UAPI socket directory (wireguard-go's compiled-in default).
     pub socket_dir: PathBuf,
 }
 
 impl Default for UserspaceOptions {
+    /// `wireguard-go` from `PATH`.
     fn default() -> Self {
         Self {
+            implementation: UserspaceImpl::WireguardGo,
             binary: PathBuf::from("wireguard-go"),
+            socket_dir: PathBuf::from(DEFAULT_SOCKET_DIR),
+        }
+    }
+}
+
+impl UserspaceOptions {
+    /// `wirespan wireguard`, run from the `wirespan` executable at `binary`.
+    #[must_use]
+    pub fn wirespan(binary: PathBuf) -> Self {
+        Self {
+            implementation: UserspaceImpl::Wirespan,
+            binary,
             socket_dir: PathBuf::from(DEFAULT_SOCKET_DIR),
         }
     }
@@ -92,9 +139,9 @@ pub struct UserspaceBackend {
     writes: u64,
     reads: std::sync::atomic::AtomicU64,
     known: KnownState,
-    /// Let go of with [`WireGuard::keep`]: dropping leaves wireguard-go running.
+    /// Let go of with [`WireGuard::keep`]: dropping leaves the device process running.
     kept: bool,
-    /// Notified by the supervisor after it restarted wireguard-go (an empty device).
+    /// Notified by the supervisor after it restarted the device process (an empty device).
     recreated: Arc<tokio::sync::Notify>,
 }
 
@@ -122,7 +169,7 @@ impl UserspaceBackend {
         }
     }
 
-    /// pid of the running wireguard-go, if any.
+    /// pid of the running device process, if any.
     #[must_use]
     pub fn pid(&self) -> Option<u32> {
         let sup = self.sup.as_ref()?;
@@ -137,7 +184,7 @@ impl UserspaceBackend {
         self.reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// How many times the supervisor restarted wireguard-go.
+    /// How many times the supervisor restarted the device process.
     #[must_use]
     pub fn restarts(&self) -> u64 {
         self.sup.as_ref().map_or(0, |s| {
@@ -155,12 +202,18 @@ impl UserspaceBackend {
 
     fn spawn_child(netns: &Netns, opts: &UserspaceOptions, name: &str) -> std::io::Result<Child> {
         let bin = opts.binary.to_string_lossy().into_owned();
-        netns
-            .command(&bin)
-            .arg("-f")
-            .arg(name)
-            .env("LOG_LEVEL", "error")
-            .stdin(Stdio::null())
+        let mut cmd = netns.command(&bin);
+        match opts.implementation {
+            UserspaceImpl::Wirespan => cmd
+                .arg("wireguard")
+                .arg("--foreground")
+                .arg("--socket-dir")
+                .arg(&opts.socket_dir)
+                .arg(name)
+                .env("WIRESPAN_LOG", "error"),
+            UserspaceImpl::WireguardGo => cmd.arg("-f").arg(name).env("LOG_LEVEL", "error"),
+        };
+        cmd.stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -177,7 +230,10 @@ impl UserspaceBackend {
                 if let Some(Ok(Some(status))) = st.child.as_mut().map(Child::try_wait) {
                     return Err(WgError::Daemon {
                         name: self.name.clone(),
-                        message: format!("wireguard-go exited at start: {status}"),
+                        message: format!(
+                            "{} exited at start: {status}",
+                            self.opts.implementation.program()
+                        ),
                     });
                 }
             }
@@ -202,7 +258,7 @@ impl UserspaceBackend {
         })?;
         let (child, adopted) = match self.running_elsewhere()? {
             Some(pid) => {
-                tracing::info!(link = %self.name, pid, netns = ?self.netns.name(), "adopted the running wireguard-go");
+                tracing::info!(link = %self.name, pid, netns = ?self.netns.name(), "adopted the running userspace WireGuard process");
                 (None, Some(pid))
             }
             None => {
@@ -213,7 +269,7 @@ impl UserspaceBackend {
                             message: format!("cannot start {}: {e}", self.opts.binary.display()),
                         }
                     })?;
-                tracing::info!(link = %self.name, pid = child.id(), netns = ?self.netns.name(), "started wireguard-go");
+                tracing::info!(link = %self.name, pid = child.id(), netns = ?self.netns.name(), program = self.opts.implementation.program(), "started the userspace WireGuard process");
                 (Some(child), None)
             }
         };
@@ -258,7 +314,7 @@ impl UserspaceBackend {
                     let pid = child.id();
                     let _ = child.kill();
                     let _ = child.wait();
-                    tracing::info!(link = %self.name, pid, "stopped wireguard-go");
+                    tracing::info!(link = %self.name, pid, "stopped the userspace WireGuard process");
                 }
                 if st.adopted.take().is_some() {
                     self.stop_adopted();
@@ -269,11 +325,11 @@ impl UserspaceBackend {
                 let _ = t.join();
             }
         }
-        // wireguard-go removes its socket on a clean exit only.
+        // The device process removes its socket on a clean exit only.
         let _ = std::fs::remove_file(self.socket_path());
     }
 
-    /// The pid of a wireguard-go already serving this interface's socket, if one
+    /// The pid of a device process already serving this interface's socket, if one
     /// answers; an error if it runs in another network namespace (a socket directory
     /// shared across namespaces: the interface name is taken).
     fn running_elsewhere(&self) -> Result<Option<u32>, WgError> {
@@ -285,20 +341,18 @@ impl UserspaceBackend {
             Ok(false) => Err(WgError::Daemon {
                 name: self.name.clone(),
                 message: format!(
-                    "{} belongs to wireguard-go pid {pid} in another network namespace",
+                    "{} belongs to pid {pid} in another network namespace",
                     self.socket_path().display()
                 ),
             }),
             Err(e) => Err(WgError::Daemon {
                 name: self.name.clone(),
-                message: format!(
-                    "cannot tell the network namespace of wireguard-go pid {pid}: {e}"
-                ),
+                message: format!("cannot tell the network namespace of pid {pid}: {e}"),
             }),
         }
     }
 
-    /// Stops an adopted wireguard-go: SIGTERM to the pid its socket reports now (a
+    /// Stops an adopted device process: SIGTERM to the pid its socket reports now (a
     /// clean exit removes the device and the socket), SIGKILL after [`STOP_GRACE`].
     fn stop_adopted(&self) {
         use nix::{sys::signal::Signal, unistd::Pid};
@@ -311,7 +365,7 @@ impl UserspaceBackend {
             last = Some(pid);
             let now = Instant::now();
             if now > give_up {
-                tracing::warn!(link = %self.name, pid, "the adopted wireguard-go does not exit");
+                tracing::warn!(link = %self.name, pid, "the adopted userspace WireGuard process does not exit");
                 return;
             }
             let sig = if now < term_until {
@@ -324,7 +378,7 @@ impl UserspaceBackend {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        tracing::info!(link = %self.name, "stopped the adopted wireguard-go");
+        tracing::info!(link = %self.name, "stopped the adopted userspace WireGuard process");
     }
 
     fn io_err(&self, op: &'static str) -> impl FnOnce(std::io::Error) -> WgError + '_ {
@@ -415,7 +469,7 @@ impl UserspaceBackend {
     }
 }
 
-/// Whether a wireguard-go in `netns` already serves interface `name` on the default
+/// Whether a userspace device process in `netns` already serves interface `name` on the default
 /// socket directory (a daemon stopped with its kernel state kept): the backend will
 /// adopt it, so its link is not stale.
 #[must_use]
@@ -479,7 +533,7 @@ fn supervise(
         if let Some(why) = exited {
             st.child = None;
             st.adopted = None;
-            tracing::warn!(link = name, status = %why, backoff = ?backoff, "wireguard-go died, restarting");
+            tracing::warn!(link = name, status = %why, backoff = ?backoff, "the userspace WireGuard process died, restarting");
             st = cv
                 .wait_timeout(st, backoff)
                 .unwrap_or_else(PoisonError::into_inner)
@@ -489,14 +543,21 @@ fn supervise(
             }
             match UserspaceBackend::spawn_child(netns, opts, name) {
                 Ok(child) => {
-                    tracing::info!(link = name, pid = child.id(), "restarted wireguard-go");
+                    tracing::info!(
+                        link = name,
+                        pid = child.id(),
+                        program = opts.implementation.program(),
+                        "restarted the userspace WireGuard process"
+                    );
                     st.child = Some(child);
                     st.restarts += 1;
                     // A stored permit: the owner's next wait sees it even if it was
                     // busy now.
                     recreated.notify_one();
                 }
-                Err(e) => tracing::error!(link = name, error = %e, "cannot restart wireguard-go"),
+                Err(e) => {
+                    tracing::error!(link = name, error = %e, "cannot restart the userspace WireGuard process");
+                }
             }
             backoff = (backoff * 2).min(Duration::from_secs(5));
             continue;
@@ -510,7 +571,7 @@ fn supervise(
 }
 
 impl UserspaceBackend {
-    /// Writes `up`; returns the errno wireguard-go answered (0: applied).
+    /// Writes `up`; returns the errno the device answered (0: applied).
     fn set(&mut self, up: &WgUpdate) -> Result<i32, WgError> {
         let answer = self.exchange(&uapi::format_set(up), "set")?;
         self.writes += 1;
@@ -669,7 +730,7 @@ impl WireGuard for UserspaceBackend {
     }
 
     fn backend(&self) -> &'static str {
-        "userspace"
+        self.opts.implementation.backend_name()
     }
 }
 

@@ -83,7 +83,10 @@ pub enum WireGuardChoice {
     #[default]
     Auto,
     Kernel,
+    /// `wirespan wireguard`.
     Userspace,
+    /// wireguard-go.
+    UserspaceGo,
 }
 
 /// What the node will need, from its config and flags.
@@ -122,7 +125,7 @@ pub struct Facts {
     pub kernel_wireguard: bool,
     /// `wireguard-go` on `PATH`.
     pub wireguard_go: Option<PathBuf>,
-    /// `/dev/net/tun` exists (wireguard-go needs it).
+    /// `/dev/net/tun` exists (both userspace devices need it).
     pub tun: bool,
     /// `nft` on `PATH`.
     pub nft: Option<PathBuf>,
@@ -175,25 +178,32 @@ fn privileges(f: &Facts) -> Finding {
 
 fn wireguard(f: &Facts, w: &Want) -> Finding {
     const C: &str = "wireguard";
-    let userspace = match (&f.wireguard_go, f.tun) {
+    const TUN_FIX: &str = "load the tun module (`modprobe tun`) or create /dev/net/tun";
+    // `wirespan wireguard` is this executable: it needs only the TUN device.
+    let ours = if f.tun {
+        Ok("`wirespan wireguard` (this executable)".to_owned())
+    } else {
+        Err(("/dev/net/tun is missing".to_owned(), TUN_FIX))
+    };
+    let go = match (&f.wireguard_go, f.tun) {
         (Some(p), true) => Ok(format!("wireguard-go at {}", p.display())),
         (Some(_), false) => Err((
             "wireguard-go is installed but /dev/net/tun is missing".to_owned(),
-            "load the tun module (`modprobe tun`) or create /dev/net/tun",
+            TUN_FIX,
         )),
         (None, _) => Err((
             "wireguard-go is not on PATH".to_owned(),
-            "install wireguard-go (Debian: `apt-get install wireguard-go`)",
+            "install wireguard-go (Debian: `apt-get install wireguard-go`), or use --wireguard userspace",
         )),
     };
     let kernel_fix = "load the module (`modprobe wireguard`) or use a kernel with CONFIG_WIREGUARD (Linux >= 5.6)";
-    match (w.wireguard, f.kernel_wireguard, userspace) {
-        (WireGuardChoice::Auto | WireGuardChoice::Kernel, true, _) => finding(
+    match (w.wireguard, f.kernel_wireguard) {
+        (WireGuardChoice::Auto | WireGuardChoice::Kernel, true) => finding(
             C,
             Level::Ok,
             format!("kernel WireGuard available (tested on {TESTED_KERNEL_WIREGUARD})"),
         ),
-        (WireGuardChoice::Kernel, false, _) => with_fix(
+        (WireGuardChoice::Kernel, false) => with_fix(
             finding(
                 C,
                 Level::Fail,
@@ -201,22 +211,29 @@ fn wireguard(f: &Facts, w: &Want) -> Finding {
             ),
             kernel_fix,
         ),
-        (WireGuardChoice::Auto, false, Ok(go)) => with_fix(
-            finding(
-                C,
-                Level::Warn,
-                format!("no kernel WireGuard: the node will run {go} (userspace, slower)"),
+        (WireGuardChoice::Auto, false) => match ours {
+            Ok(what) => with_fix(
+                finding(
+                    C,
+                    Level::Warn,
+                    format!("no kernel WireGuard: the node will run {what} (userspace)"),
+                ),
+                kernel_fix,
             ),
-            kernel_fix,
-        ),
-        (WireGuardChoice::Userspace, _, Ok(go)) => finding(C, Level::Ok, go),
-        (WireGuardChoice::Userspace, _, Err((why, fix))) => {
-            with_fix(finding(C, Level::Fail, why), fix)
-        }
-        (WireGuardChoice::Auto, false, Err((why, fix))) => with_fix(
-            finding(C, Level::Fail, format!("no kernel WireGuard, and {why}")),
-            format!("{kernel_fix}; or {fix}"),
-        ),
+            Err((why, fix)) => with_fix(
+                finding(C, Level::Fail, format!("no kernel WireGuard, and {why}")),
+                format!("{kernel_fix}; or {fix}"),
+            ),
+        },
+        (WireGuardChoice::Userspace, _) => userspace_finding(C, ours),
+        (WireGuardChoice::UserspaceGo, _) => userspace_finding(C, go),
+    }
+}
+
+fn userspace_finding(check: &'static str, found: Result<String, (String, &str)>) -> Finding {
+    match found {
+        Ok(what) => finding(check, Level::Ok, what),
+        Err((why, fix)) => with_fix(finding(check, Level::Fail, why), fix),
     }
 }
 

@@ -1,5 +1,5 @@
 //! `wirespan doctor`: checks this host's prerequisites for `wirespan node` — WireGuard
-//! (kernel or wireguard-go), nftables, BPF and tc for the eBPF fast path, the sysctls
+//! (kernel, `wirespan wireguard` or wireguard-go), nftables, BPF and tc for the eBPF fast path, the sysctls
 //! that matter and the WireGuard port — and prints each as ok/warn/fail with what to
 //! fix. Exit status 1 when any check fails.
 //!
@@ -65,6 +65,7 @@ fn want(args: &Args) -> anyhow::Result<Want> {
             WireGuardArg::Auto => WireGuardChoice::Auto,
             WireGuardArg::Kernel => WireGuardChoice::Kernel,
             WireGuardArg::Userspace => WireGuardChoice::Userspace,
+            WireGuardArg::UserspaceGo => WireGuardChoice::UserspaceGo,
         },
         ebpf: mesh.fast_path == FastPath::Ebpf,
         forward_v4: args.forwarding || advertised.iter().any(|n| n.addr().is_ipv4()),

@@ -1,7 +1,8 @@
 //! `lab up --wireguard`: one WireGuard implementation for every node (`auto`, `kernel`,
-//! `userspace`), or one per node (`node1=kernel,node2=userspace`), so a lab can mix
-//! kernel WireGuard and wireguard-go. Nodes not named run the bare value given in the
-//! list, else `auto`.
+//! `userspace` for `wirespan wireguard`, `userspace-go` for wireguard-go), or one per
+//! node (`node1=kernel,node2=userspace-go`), so a lab can mix kernel WireGuard and both
+//! userspace devices. Nodes not named run the bare value given in the list, else
+//! `auto`.
 
 use std::{collections::BTreeMap, fmt, str::FromStr};
 
@@ -32,6 +33,7 @@ pub fn wireguard_name(w: WireGuardArg) -> &'static str {
         WireGuardArg::Auto => "auto",
         WireGuardArg::Kernel => "kernel",
         WireGuardArg::Userspace => "userspace",
+        WireGuardArg::UserspaceGo => "userspace-go",
     }
 }
 
@@ -40,8 +42,9 @@ fn parse_one(s: &str) -> Result<WireGuardArg, String> {
         "auto" => Ok(WireGuardArg::Auto),
         "kernel" => Ok(WireGuardArg::Kernel),
         "userspace" => Ok(WireGuardArg::Userspace),
+        "userspace-go" => Ok(WireGuardArg::UserspaceGo),
         other => Err(format!(
-            "{other:?} is not a WireGuard implementation (auto, kernel, userspace)"
+            "{other:?} is not a WireGuard implementation (auto, kernel, userspace, userspace-go)"
         )),
     }
 }
@@ -144,12 +147,12 @@ mod tests {
         assert!(all.any_kernel());
         assert_eq!(all.to_string(), "kernel");
 
-        let mixed: WireGuardPlan = "node1=kernel,node3=userspace".parse().unwrap();
+        let mixed: WireGuardPlan = "node1=kernel,node3=userspace-go".parse().unwrap();
         assert_eq!(
             names(&mixed, &["node1", "node2", "node3"]),
-            ["kernel", "auto", "userspace"]
+            ["kernel", "auto", "userspace-go"]
         );
-        assert_eq!(mixed.to_string(), "node1=kernel,node3=userspace");
+        assert_eq!(mixed.to_string(), "node1=kernel,node3=userspace-go");
         assert_eq!(mixed.to_string().parse::<WireGuardPlan>().unwrap(), mixed);
 
         let with_default: WireGuardPlan = "userspace,node2=kernel".parse().unwrap();

@@ -72,8 +72,9 @@ enum Lab {
         #[arg(long, value_enum, default_value_t = FastPathArg::Nftables)]
         fast_path: FastPathArg,
         /// WireGuard implementation of every node (`auto`: kernel where the kernel has
-        /// WireGuard, else wireguard-go; `kernel`; `userspace`), or one per node:
-        /// `node1=kernel,node2=userspace` (nodes not named run `auto`, or the bare
+        /// WireGuard, else `wirespan wireguard`; `kernel`; `userspace`: `wirespan
+        /// wireguard`; `userspace-go`: wireguard-go), or one per node:
+        /// `node1=kernel,node2=userspace-go` (nodes not named run `auto`, or the bare
         /// value in the list). `lab status` shows which one runs.
         #[arg(long, value_name = "WHICH|NODE=WHICH,...", default_value = "auto")]
         wireguard: backends::WireGuardPlan,

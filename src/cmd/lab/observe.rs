@@ -48,7 +48,8 @@ pub struct NodeView {
     pub public_key: String,
     /// KubeSpan address (the ULA), once known.
     pub kubespan_address: Option<IpAddr>,
-    /// WireGuard implementation the node's mesh link runs on (`kernel`/`userspace`),
+    /// WireGuard implementation the node's mesh link runs on (`kernel`, `userspace`,
+    /// `userspace-go`),
     /// as its mesh manager reports it; empty until the device is programmed.
     pub wireguard: String,
     /// The node's address as the discovery server observed it (its client's public

@@ -243,7 +243,8 @@ pub struct LabState {
     pub cluster_config: PathBuf,
     /// Marking implementation of the nodes.
     pub fast_path: String,
-    /// WireGuard implementation asked of the nodes (`auto`, `kernel`, `userspace`;
+    /// WireGuard implementation asked of the nodes (`auto`, `kernel`, `userspace`,
+    /// `userspace-go`;
     /// empty in labs made before the option: their daemons run `auto`).
     #[serde(default)]
     pub wireguard: String,

@@ -89,14 +89,25 @@ fn fallback_userspace_backend_and_fast_path_say_so() {
         "kubespan",
         json!({"fastPath": "nftables", "note": "eBPF fast path unsupported"}),
     )]);
-    assert_eq!(
-        line(&f, "wireguard"),
-        "userspace (wireguard-go), kubespan on UDP 51820"
-    );
+    // An older daemon does not say which userspace device: the link's kind only.
+    assert_eq!(line(&f, "wireguard"), "userspace, kubespan on UDP 51820");
     assert_eq!(
         line(&f, "fast path"),
         "nftables (configured ebpf: eBPF fast path unsupported)"
     );
+    for (reported, shown) in [
+        ("userspace", "userspace (wirespan wireguard)"),
+        ("userspace-go", "userspace-go (wireguard-go)"),
+    ] {
+        f.manager = Some(vec![res(
+            "kubespan",
+            json!({"fastPath": "nftables", "wireguard": reported}),
+        )]);
+        assert_eq!(
+            line(&f, "wireguard"),
+            format!("{shown}, kubespan on UDP 51820")
+        );
+    }
 }
 
 #[test]

@@ -60,6 +60,7 @@ pub struct MeshMetrics {
     peer_path: Family<Labels, Gauge>,
     peer_path_changes: Family<Labels, Counter>,
     fast_path: Family<Labels, Gauge>,
+    wireguard: Family<Labels, Gauge>,
     fast_path_fallback: Gauge,
     fast_path_packets: Family<Labels, Counter>,
     packet_source: std::sync::Mutex<Option<PacketSource>>,
@@ -120,6 +121,7 @@ impl MeshMetrics {
             peer_path: Family::default(),
             peer_path_changes: Family::default(),
             fast_path: Family::default(),
+            wireguard: Family::default(),
             fast_path_fallback: Gauge::default(),
             fast_path_packets: Family::default(),
             packet_source: std::sync::Mutex::new(None),
@@ -156,6 +158,11 @@ impl MeshMetrics {
             "wirespan_kubespan_peer_path_changes",
             "Times the path to the peer changed (direct, relay, server, none)",
             m.peer_path_changes.clone(),
+        );
+        registry.register(
+            "wirespan_kubespan_wireguard",
+            "WireGuard implementation running the mesh link (1): kernel, userspace (wirespan wireguard) or userspace-go (wireguard-go)",
+            m.wireguard.clone(),
         );
         registry.register(
             "wirespan_kubespan_fast_path",
@@ -319,6 +326,16 @@ impl MeshMetrics {
             self.marked_prefixes
                 .get_or_create(&labels(&[("family", family)]))
                 .set(i64::try_from(n).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Sets the WireGuard implementation running the link (`kernel`, `userspace`,
+    /// `userspace-go`): one series at 1, the others at 0.
+    pub fn set_wireguard(&self, implementation: &str) {
+        for w in ["kernel", "userspace", "userspace-go"] {
+            self.wireguard
+                .get_or_create(&labels(&[("implementation", w)]))
+                .set(i64::from(w == implementation));
         }
     }
 
@@ -566,6 +583,8 @@ mod tests {
     fn renders_marking_and_the_config_from_the_collector() {
         let m = MeshMetrics::new();
         m.set_marking("nftables", true, 3, 2);
+        m.set_wireguard("userspace-go");
+        m.set_wireguard("userspace");
         let calls = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let c = std::sync::Arc::clone(&calls);
         m.set_collector(Box::new(move |m| {
@@ -582,6 +601,9 @@ mod tests {
             "wirespan_kubespan_fast_path{fast_path=\"nftables\"} 1",
             "wirespan_kubespan_fast_path{fast_path=\"ebpf\"} 0",
             "wirespan_kubespan_fast_path_fallback 1",
+            "wirespan_kubespan_wireguard{implementation=\"userspace\"} 1",
+            "wirespan_kubespan_wireguard{implementation=\"userspace-go\"} 0",
+            "wirespan_kubespan_wireguard{implementation=\"kernel\"} 0",
             "wirespan_kubespan_marked_prefixes{family=\"ipv4\"} 3",
             "wirespan_kubespan_marked_prefixes{family=\"ipv6\"} 2",
             "wirespan_config_last_attempt_accepted 1",

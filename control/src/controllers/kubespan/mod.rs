@@ -58,22 +58,28 @@ pub fn register(runtime: &mut Runtime, deps: Deps) -> Result<(), RegistrationErr
 }
 
 /// Real WireGuard backends in a namespace (`wireguard::select`: kernel if available,
-/// else wireguard-go).
+/// else `wirespan wireguard`; wireguard-go when chosen).
 #[derive(Debug, Clone)]
 pub struct KernelWireGuard {
     /// The namespace.
     pub netns: Netns,
     /// Backend choice.
     pub choice: BackendChoice,
+    /// The `wirespan` executable run as `wirespan wireguard` (`None`: this process's
+    /// own executable).
+    pub wirespan_binary: Option<PathBuf>,
 }
 
 impl WireGuardFactory for KernelWireGuard {
     fn create(&self, link: &str) -> Result<Box<dyn WireGuard + Send>, WgError> {
-        let backend = wireguard::select(self.choice, link, &self.netns)?;
-        let userspace = matches!(self.choice, BackendChoice::Userspace)
-            || (matches!(self.choice, BackendChoice::Auto)
-                && !wireguard::kernel::supported(&self.netns));
-        // A running wireguard-go kept by an earlier run is adopted by the backend;
+        let backend = wireguard::select_with_binary(
+            self.choice,
+            link,
+            &self.netns,
+            self.wirespan_binary.as_deref(),
+        )?;
+        let userspace = backend.backend() != "kernel";
+        // A running device process kept by an earlier run is adopted by the backend;
         // only a link nobody serves is stale.
         if userspace && !wireguard::userspace::adoptable(link, &self.netns) {
             remove_stale_link(&self.netns, link);
@@ -82,8 +88,8 @@ impl WireGuardFactory for KernelWireGuard {
     }
 }
 
-/// A link of this name that no wireguard-go serves (a kernel WireGuard link, a leftover
-/// of something else) would keep a new wireguard-go from creating the device: remove
+/// A link of this name that no userspace device process serves (a kernel WireGuard
+/// link, a leftover of something else) would keep a new one from creating the device: remove
 /// it.
 fn remove_stale_link(netns: &Netns, link: &str) {
     let exists = netns

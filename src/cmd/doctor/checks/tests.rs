@@ -84,6 +84,16 @@ fn wireguard_kernel_or_userspace_fallback() {
     let got = get(&evaluate(&f, &w), "wireguard");
     assert_eq!(got.level, Level::Warn);
     assert!(
+        got.message.contains("will run `wirespan wireguard`"),
+        "{got:?}"
+    );
+    let go = Want {
+        wireguard: WireGuardChoice::UserspaceGo,
+        ..Want::default()
+    };
+    let got = get(&evaluate(&f, &go), "wireguard");
+    assert_eq!(got.level, Level::Ok);
+    assert!(
         got.message
             .contains("wireguard-go at /usr/bin/wireguard-go"),
         "{got:?}"
@@ -99,13 +109,17 @@ fn wireguard_kernel_or_userspace_fallback() {
         ..Want::default()
     };
     assert_eq!(level(&f, &user, "wireguard"), Level::Ok);
-    // wireguard-go without a TUN device, or not at all.
+    // No TUN device: no userspace device at all.
     f.tun = false;
     assert_eq!(level(&f, &w, "wireguard"), Level::Fail);
     assert_eq!(level(&f, &user, "wireguard"), Level::Fail);
+    assert_eq!(level(&f, &go, "wireguard"), Level::Fail);
+    // No wireguard-go: only `userspace-go` needs it.
     f.tun = true;
     f.wireguard_go = None;
-    let got = get(&evaluate(&f, &w), "wireguard");
+    assert_eq!(level(&f, &w, "wireguard"), Level::Warn);
+    assert_eq!(level(&f, &user, "wireguard"), Level::Ok);
+    let got = get(&evaluate(&f, &go), "wireguard");
     assert_eq!(got.level, Level::Fail);
     assert!(got.fix.unwrap().contains("apt-get install wireguard-go"));
 }

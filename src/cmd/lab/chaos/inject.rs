@@ -248,7 +248,7 @@ impl ChaosLab {
     }
 
     /// Does `fault` and undoes it after its hold. `Ok(Some(reason))` when it could not
-    /// apply to this lab (no wireguard-go with the kernel backend).
+    /// apply to this lab (no userspace WireGuard process with the kernel backend).
     pub fn inject(&mut self, fault: &Fault) -> anyhow::Result<Option<String>> {
         let i = fault.node;
         let node = self.state.nodes[i].clone();
@@ -278,20 +278,17 @@ impl ChaosLab {
             FaultKind::KillWireguard => {
                 let wg: Vec<i32> = host::netns_pids(&node.namespace)
                     .into_iter()
-                    .filter(|p| {
-                        std::fs::read_to_string(format!("/proc/{p}/comm"))
-                            .is_ok_and(|c| c.trim() == "wireguard-go")
-                    })
+                    .filter(|p| is_userspace_wireguard(*p))
                     .collect();
                 let Some(&pid) = wg.first() else {
                     return Ok(Some(format!(
-                        "no wireguard-go in {} (kernel WireGuard)",
+                        "no userspace WireGuard process in {} (kernel WireGuard)",
                         node.name
                     )));
                 };
                 let pid = u32::try_from(pid).context("pid out of range")?;
                 signal(pid, Signal::SIGKILL)?;
-                self.wait_dead(pid, &format!("wireguard-go of {}", node.name))?;
+                self.wait_dead(pid, &format!("the WireGuard process of {}", node.name))?;
             }
             FaultKind::RestartDiscovery => {
                 let d = self.state.discovery.clone();
@@ -686,6 +683,18 @@ impl Drop for ChaosLab {
             .stderr(Stdio::null())
             .status();
     }
+}
+
+/// Whether process `pid` is a userspace WireGuard device: `wireguard-go`, or
+/// `wirespan wireguard` (any executable whose first argument is `wireguard`).
+fn is_userspace_wireguard(pid: i32) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let mut args = cmdline.split(|b| *b == 0);
+    let program = args.next().unwrap_or_default();
+    let base = program.rsplit(|b| *b == b'/').next().unwrap_or_default();
+    base == b"wireguard-go" || args.next() == Some(b"wireguard".as_slice())
 }
 
 #[cfg(test)]

@@ -52,7 +52,8 @@ impl Rng {
 pub enum FaultKind {
     /// kill -9 of a node daemon, then started again as `lab up` started it.
     KillDaemon,
-    /// kill -9 of a node's wireguard-go; the daemon must bring the device back.
+    /// kill -9 of a node's userspace WireGuard process (`wirespan wireguard` or
+    /// wireguard-go); the daemon must bring the device back.
     KillWireguard,
     /// kill -9 of the discovery server, then started again.
     RestartDiscovery,

@@ -223,14 +223,13 @@ impl KubeSpanManagerController {
             .map_or((s.fast_path, ""), |m| (m.in_use, m.note.as_str()));
         let (relay_offered, relay_note) = self.relay_offer(s);
         let direct_down = self.mesh.direct_down().unwrap_or_default().to_vec();
+        let wireguard = self.kernel.wg.as_ref().map_or("", |w| w.backend());
+        if let Some(metrics) = self.deps.metrics.as_ref().filter(|_| !wireguard.is_empty()) {
+            metrics.set_wireguard(wireguard);
+        }
         rt.modify::<KubeSpanManagerStatus>(NS, KUBESPAN, |r| {
             r.spec.link_name.clone_from(&s.link_name);
-            r.spec.wireguard = self
-                .kernel
-                .wg
-                .as_ref()
-                .map_or("", |w| w.backend())
-                .to_owned();
+            wireguard.clone_into(&mut r.spec.wireguard);
             r.spec.fast_path = match in_use {
                 FastPath::Nftables => "nftables".to_owned(),
                 FastPath::Ebpf => "ebpf".to_owned(),
