@@ -364,6 +364,7 @@ async fn attacks(admin: (String, String, SecretString), ca_cert: String, pid: u3
             .apply_config(proto::ApplyConfigRequest {
                 config: "#".repeat(wirespan_control::api::MAX_MESSAGE_BYTES + 1024),
                 dry_run: true,
+                ..Default::default()
             })
             .await
             .err()

@@ -199,6 +199,9 @@ pub async fn send(
             resp.accepted_version, resp.documents
         )
     } else {
-        format!("config unchanged: version {} in force", resp.accepted_version)
+        format!(
+            "config unchanged: version {} in force",
+            resp.accepted_version
+        )
     })
 }
