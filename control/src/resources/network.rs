@@ -128,6 +128,18 @@ network_kind!(HostnameStatus, HostnameStatusSpec, "HostnameStatuses.net.wirespan
 network_kind!(ResolverStatus, ResolverStatusSpec, "ResolverStatuses.net.wirespan.dev", "ResolverStatus", NS,
     ["Servers" => ".dnsServers", "Search" => ".searchDomains"],
     aliases ["resolvers"]);
+network_kind!(HostnameSpec, HostnameSpecSpec, "HostnameSpecs.net.wirespan.dev", "HostnameSpec", NS,
+    ["Hostname" => ".hostname", "Domainname" => ".domainname", "EtcHostname" => ".writeEtcHostname", "Layer" => ".layer", "Error" => ".metadata.annotations.error"],
+    aliases ["hostnamespecs"]);
+network_kind!(ResolverSpec, ResolverSpecSpec, "ResolverSpecs.net.wirespan.dev", "ResolverSpec", NS,
+    ["Servers" => ".dnsServers", "Search" => ".searchDomains", "Layer" => ".layer", "Error" => ".metadata.annotations.error"],
+    aliases ["resolverspecs"]);
+network_kind!(TimeServerSpec, TimeServerSpecSpec, "TimeServerSpecs.net.wirespan.dev", "TimeServerSpec", NS,
+    ["Servers" => ".ntpServers", "Layer" => ".layer", "Error" => ".metadata.annotations.error"],
+    aliases ["timeserverspecs"]);
+network_kind!(TimeServerStatus, TimeServerStatusSpec, "TimeServerStatuses.net.wirespan.dev", "TimeServerStatus", NS,
+    ["Servers" => ".ntpServers", "Service" => ".service"],
+    aliases ["timeservers", "timeserverstatuses"]);
 network_kind!(NodeAddress, NodeAddressSpec, "NodeAddresses.net.wirespan.dev", "NodeAddress", NS,
     ["Addresses" => ".addresses"],
     aliases ["nodeaddresses"]);
@@ -319,6 +331,83 @@ impl HostnameStatusSpec {
             format!("{}.{}", self.hostname, self.domainname)
         }
     }
+}
+
+/// Id of the one hostname spec.
+pub const HOSTNAME_SPEC: &str = HOSTNAME;
+
+/// The host name a document asks for (`network/HostnameSpec hostname`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostnameSpecSpec {
+    /// Short host name, set with `sethostname` in the node's UTS namespace.
+    pub hostname: String,
+    /// Domain name, set with `setdomainname` (may be empty).
+    pub domainname: String,
+    /// Also write `/etc/hostname` (the node manages the host).
+    pub write_etc_hostname: bool,
+    /// Source layer.
+    pub layer: ConfigLayer,
+}
+
+impl HostnameSpecSpec {
+    /// Merge key: there is one host name.
+    #[must_use]
+    pub fn key(&self) -> String {
+        HOSTNAME.into()
+    }
+}
+
+/// The resolvers a document asks for (`network/ResolverSpec resolvers`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolverSpecSpec {
+    /// Name servers in order.
+    pub dns_servers: Vec<IpAddr>,
+    /// Search domains in order.
+    pub search_domains: Vec<String>,
+    /// Source layer.
+    pub layer: ConfigLayer,
+}
+
+impl ResolverSpecSpec {
+    /// Merge key: there is one resolver list.
+    #[must_use]
+    pub fn key(&self) -> String {
+        RESOLVERS.into()
+    }
+}
+
+/// Id of the one time server spec and status.
+pub const TIME_SERVERS: &str = "timeservers";
+
+/// The time servers a document asks for (`network/TimeServerSpec timeservers`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TimeServerSpecSpec {
+    /// NTP servers (names or addresses) in order.
+    pub ntp_servers: Vec<String>,
+    /// Source layer.
+    pub layer: ConfigLayer,
+}
+
+impl TimeServerSpecSpec {
+    /// Merge key: there is one time server list.
+    #[must_use]
+    pub fn key(&self) -> String {
+        TIME_SERVERS.into()
+    }
+}
+
+/// The time servers the host's time service is configured with, read back from its
+/// configuration files (`network/TimeServerStatus timeservers`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TimeServerStatusSpec {
+    /// Servers in force, in order.
+    pub ntp_servers: Vec<String>,
+    /// The time service they were read from (`chrony` or `systemd-timesyncd`).
+    pub service: String,
 }
 
 /// Well-known `NodeAddress` ids.

@@ -7,8 +7,9 @@ use futures::future::BoxFuture;
 
 use crate::{
     resources::network::{
-        AddressSpec, AddressSpecSpec, LinkSpec, LinkSpecSpec, ProbeSpec, ProbeSpecSpec, RouteSpec,
-        RouteSpecSpec, RoutingRuleSpec, RoutingRuleSpecSpec, NS, NS_CONFIG,
+        AddressSpec, AddressSpecSpec, HostnameSpec, HostnameSpecSpec, LinkSpec, LinkSpecSpec,
+        ProbeSpec, ProbeSpecSpec, ResolverSpec, ResolverSpecSpec, RouteSpec, RouteSpecSpec,
+        RoutingRuleSpec, RoutingRuleSpecSpec, TimeServerSpec, TimeServerSpecSpec, NS, NS_CONFIG,
     },
     runtime::{
         Action, Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output, Phase,
@@ -77,6 +78,27 @@ impl MergeRule for ProbeSpec {
     const CONTROLLER: &'static str = "ProbeMergeController";
     fn merge(raw: Vec<(String, ProbeSpecSpec)>) -> BTreeMap<String, ProbeSpecSpec> {
         keyed(raw, |s| s.layer, ProbeSpecSpec::key)
+    }
+}
+
+impl MergeRule for HostnameSpec {
+    const CONTROLLER: &'static str = "HostnameMergeController";
+    fn merge(raw: Vec<(String, HostnameSpecSpec)>) -> BTreeMap<String, HostnameSpecSpec> {
+        keyed(raw, |s| s.layer, HostnameSpecSpec::key)
+    }
+}
+
+impl MergeRule for ResolverSpec {
+    const CONTROLLER: &'static str = "ResolverMergeController";
+    fn merge(raw: Vec<(String, ResolverSpecSpec)>) -> BTreeMap<String, ResolverSpecSpec> {
+        keyed(raw, |s| s.layer, ResolverSpecSpec::key)
+    }
+}
+
+impl MergeRule for TimeServerSpec {
+    const CONTROLLER: &'static str = "TimeServerMergeController";
+    fn merge(raw: Vec<(String, TimeServerSpecSpec)>) -> BTreeMap<String, TimeServerSpecSpec> {
+        keyed(raw, |s| s.layer, TimeServerSpecSpec::key)
     }
 }
 
