@@ -55,8 +55,8 @@ async fn merged_spec_waits_for_foreign_finalizer_then_recreates() {
     store
         .create(
             raw(
-                "default/eth0/10.0.0.1/24",
-                addr_spec("10.0.0.1/24", ConfigLayer::Default),
+                "operator/eth0/10.0.0.1/24",
+                addr_spec("10.0.0.1/24", ConfigLayer::Operator),
             ),
             "src",
         )
@@ -64,16 +64,16 @@ async fn merged_spec_waits_for_foreign_finalizer_then_recreates() {
     store
         .create(
             raw(
-                "operator/eth0/10.0.0.1/24",
-                addr_spec("10.0.0.1/24", ConfigLayer::Operator),
+                "configuration/eth0/10.0.0.1/24",
+                addr_spec("10.0.0.1/24", ConfigLayer::Configuration),
             ),
             "src",
         )
         .unwrap();
     let merged = assert_resource::<AddressSpec>(&store, NS, "eth0/10.0.0.1/24", |r| {
-        (r.spec.layer == ConfigLayer::Operator)
+        (r.spec.layer == ConfigLayer::Configuration)
             .then_some(())
-            .ok_or("not operator".into())
+            .ok_or("not configuration".into())
     })
     .await;
     store
@@ -83,21 +83,21 @@ async fn merged_spec_waits_for_foreign_finalizer_then_recreates() {
     // Higher layer goes: the lower one wins again (no teardown needed).
     store
         .destroy(
-            &Pointer::new(NS_CONFIG, AddressSpec::TYPE, "operator/eth0/10.0.0.1/24"),
+            &Pointer::new(NS_CONFIG, AddressSpec::TYPE, "configuration/eth0/10.0.0.1/24"),
             "src",
         )
         .unwrap();
     assert_resource::<AddressSpec>(&store, NS, "eth0/10.0.0.1/24", |r| {
-        (r.spec.layer == ConfigLayer::Default)
+        (r.spec.layer == ConfigLayer::Operator)
             .then_some(())
-            .ok_or("not default".into())
+            .ok_or("not operator".into())
     })
     .await;
 
     // Last source goes: tearing down, held by the finalizer.
     store
         .destroy(
-            &Pointer::new(NS_CONFIG, AddressSpec::TYPE, "default/eth0/10.0.0.1/24"),
+            &Pointer::new(NS_CONFIG, AddressSpec::TYPE, "operator/eth0/10.0.0.1/24"),
             "src",
         )
         .unwrap();
@@ -458,11 +458,7 @@ async fn merge_survives_flapping_raw_specs_under_a_foreign_finalizer() {
     rt.register(MergeController::<AddressSpec>::new()).unwrap();
     let h = Harness::start(rt);
     let raw_id = |layer: ConfigLayer| format!("{}/eth0/10.0.0.1/24", layer.prefix());
-    let layers = [
-        ConfigLayer::Default,
-        ConfigLayer::Operator,
-        ConfigLayer::Configuration,
-    ];
+    let layers = [ConfigLayer::Operator, ConfigLayer::Configuration];
     store
         .create(
             Resource::<AddressSpec>::new(
@@ -478,9 +474,9 @@ async fn merge_survives_flapping_raw_specs_under_a_foreign_finalizer() {
         .add_finalizer(&merged.pointer(), &["foreign"])
         .unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let mut present = [true, false, false];
+    let mut present = [true, false];
     for _ in 0..300 {
-        let i = rng.gen_range(0..3);
+        let i = rng.gen_range(0..layers.len());
         let ptr = Pointer::new(NS_CONFIG, AddressSpec::TYPE, raw_id(layers[i]));
         if present[i] {
             store.destroy(&ptr, "src").unwrap();

@@ -18,22 +18,19 @@ pub const NS_CONFIG: &str = "network-config";
 /// Namespace of merged specs, statuses, node addresses and probes.
 pub const NS: &str = "network";
 
-/// Where a spec came from; higher layers win merges.
+/// Where a spec came from; higher layers win merges. Only the layers something
+/// produces exist (`docs/runtime.md` §4.2 says why there is no `default`, `cmdline` or
+/// `platform` layer).
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum ConfigLayer {
-    /// Built-in defaults.
-    #[default]
-    Default,
-    /// Kernel command line.
-    Cmdline,
-    /// Platform (cloud metadata).
-    Platform,
-    /// Operators (DHCP, VIP, the mesh manager).
+    /// Operators: the mesh manager.
     Operator,
-    /// The machine config.
+    /// The machine config (the default: a spec built without a layer is the user's,
+    /// and its kernel objects carry the config's marker).
+    #[default]
     Configuration,
 }
 
@@ -42,9 +39,6 @@ impl ConfigLayer {
     #[must_use]
     pub fn prefix(self) -> &'static str {
         match self {
-            Self::Default => "default",
-            Self::Cmdline => "cmdline",
-            Self::Platform => "platform",
             Self::Operator => "operator",
             Self::Configuration => "configuration",
         }

@@ -232,7 +232,7 @@ mod tests {
         let cases: Vec<(Vec<LinkSpecSpec>, LinkSpecSpec)> = vec![
             (
                 vec![
-                    link("a", Default, false, 1500, ""),
+                    link("a", Operator, false, 1500, ""),
                     link("a", Configuration, true, 0, ""),
                 ],
                 link("a", Configuration, true, 1500, ""),
@@ -283,10 +283,10 @@ mod tests {
                 ),
             ),
             (
-                "default/x".into(),
+                "operator/x".into(),
                 a(
                     "10.0.0.1/24",
-                    Default,
+                    Operator,
                     crate::resources::network::Scope::Global,
                 ),
             ),
