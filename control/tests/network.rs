@@ -83,7 +83,11 @@ async fn merged_spec_waits_for_foreign_finalizer_then_recreates() {
     // Higher layer goes: the lower one wins again (no teardown needed).
     store
         .destroy(
-            &Pointer::new(NS_CONFIG, AddressSpec::TYPE, "configuration/eth0/10.0.0.1/24"),
+            &Pointer::new(
+                NS_CONFIG,
+                AddressSpec::TYPE,
+                "configuration/eth0/10.0.0.1/24",
+            ),
             "src",
         )
         .unwrap();

@@ -12,16 +12,23 @@ pub enum Inspect {
         /// Also draw DestroyReady inputs.
         #[arg(long)]
         with_destroy_ready: bool,
+        /// Also draw every resource of each type, linked to its type.
+        #[arg(long)]
+        with_resources: bool,
     },
 }
 
 pub fn run(cmd: &Inspect, socket: &Path) -> anyhow::Result<()> {
-    let Inspect::Dependencies { with_destroy_ready } = cmd;
+    let Inspect::Dependencies {
+        with_destroy_ready,
+        with_resources,
+    } = cmd;
     super::block_on(async {
         let mut client = connect(socket).await?;
         let resp = client
             .dependency_graph(proto::DependencyGraphRequest {
                 with_destroy_ready: *with_destroy_ready,
+                with_resources: *with_resources,
             })
             .await
             .map_err(|s| anyhow::anyhow!("{}", s.message()))?

@@ -69,7 +69,8 @@ pub fn dns_name_problem(name: &str) -> Option<String> {
     None
 }
 
-/// The node's host name.
+/// The node's host name. How it is applied, and what comes back when the document is
+/// removed: `docs/runtime.md` §4.7.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct HostnameConfig {
@@ -122,7 +123,8 @@ impl ConfigDocument for HostnameConfig {
     }
 }
 
-/// The DNS resolvers the node uses.
+/// The DNS resolvers the node uses: through systemd-resolved when it runs, else in an
+/// `/etc/resolv.conf` wirespan owns (`docs/runtime.md` §4.7).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ResolverConfig {
@@ -183,7 +185,8 @@ impl ConfigDocument for ResolverConfig {
     }
 }
 
-/// The NTP servers the node's time service uses.
+/// The NTP servers of the host's time service: a drop-in for chrony or
+/// systemd-timesyncd, whichever is installed (`docs/runtime.md` §4.7).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct TimeServerConfig {
