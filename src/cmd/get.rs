@@ -12,6 +12,9 @@ use wirespan_discovery::text::{escape_terminal, is_unsafe_char};
 pub enum Format {
     /// Aligned columns: NAMESPACE TYPE ID VERSION and the type's print columns.
     Table,
+    /// The table plus a column for every other top-level spec field (of the listed
+    /// resources; a watch shows the table's columns).
+    Wide,
     /// One YAML document per resource.
     Yaml,
     /// One JSON object per resource.
@@ -67,7 +70,7 @@ pub fn run(args: &Args, socket: &Path, force_watch: bool) -> anyhow::Result<()> 
             while let Some(msg) = stream.message().await.map_err(status)? {
                 if let Some(def) = &msg.definition {
                     let p = Printer::new(def, args.output, true);
-                    if args.output == Format::Table {
+                    if matches!(args.output, Format::Table | Format::Wide) {
                         println!("{}", p.header());
                     }
                     printer = Some(p);
@@ -308,7 +311,7 @@ impl Printer {
 
     fn render(&mut self, r: &proto::Resource, mark: Option<&str>) -> anyhow::Result<String> {
         match self.format {
-            Format::Table => Ok(self.line(&self.cells(r, mark)?)),
+            Format::Table | Format::Wide => Ok(self.line(&self.cells(r, mark)?)),
             Format::Json => {
                 let j = serde_json::to_string_pretty(&self.document(r, mark)?)?;
                 Ok(escape_document(&j, Format::Json))
@@ -325,9 +328,37 @@ impl Printer {
         }
     }
 
+    /// Adds a column per top-level spec field no print column shows, in name order.
+    fn widen(&mut self, resources: &[proto::Resource]) -> anyhow::Result<()> {
+        let mut extra: Vec<String> = Vec::new();
+        for r in resources.iter().filter(|r| !r.spec_redacted) {
+            if let Value::Object(m) = spec_value(r, Format::Json)? {
+                for k in m.keys() {
+                    let path = format!(".{k}");
+                    let shown = self.def.print_columns.iter().any(|c| c.json_path == path);
+                    if !shown && !extra.contains(&path) {
+                        extra.push(path);
+                    }
+                }
+            }
+        }
+        extra.sort();
+        for path in extra {
+            self.def.print_columns.push(proto::PrintColumn {
+                name: path[1..].to_owned(),
+                json_path: path,
+            });
+        }
+        self.widths = self.header_cells().iter().map(String::len).collect();
+        Ok(())
+    }
+
     fn render_all(&mut self, resources: &[proto::Resource]) -> anyhow::Result<String> {
         let mut out = String::new();
-        if self.format == Format::Table {
+        if self.format == Format::Wide {
+            self.widen(resources)?;
+        }
+        if matches!(self.format, Format::Table | Format::Wide) {
             let rows = resources
                 .iter()
                 .map(|r| self.cells(r, None))

@@ -482,6 +482,14 @@ pub struct LinkStatusSpec {
     pub mtu: u32,
     /// Hardware address (`aa:bb:…`), empty when none.
     pub hardware_addr: String,
+    /// Permanent hardware address, empty when the driver reports none.
+    pub perm_hardware_addr: String,
+    /// Interface flags as `ip link` names them (`UP`, `BROADCAST`, `LOWER_UP`, …).
+    pub flags: Vec<String>,
+    /// ifindex of the master (bridge, bond, VRF); 0 when none.
+    pub master_index: u32,
+    /// Queueing discipline (`noqueue`, `fq_codel`, …), empty when none.
+    pub qdisc: String,
     /// Physical (no link kind and not loopback).
     pub physical: bool,
 }
@@ -508,6 +516,15 @@ pub struct AddressStatusSpec {
     pub family: Family,
     /// Scope.
     pub scope: Scope,
+    /// The local address as `ip addr` shows it (`IFA_LOCAL`, or `IFA_ADDRESS` for
+    /// IPv6). `address` is the same address with its prefix length (the key of the
+    /// whole model); a point-to-point peer is not kept.
+    pub local: Option<IpAddr>,
+    /// Broadcast address (IPv4).
+    pub broadcast: Option<IpAddr>,
+    /// Address flags as `ip addr` names them (`permanent`, `noprefixroute`,
+    /// `secondary`/`temporary`, …).
+    pub flags: Vec<String>,
 }
 
 /// A route as the kernel has it (`network/RouteStatus <route key>`).
