@@ -228,17 +228,17 @@ impl Controller for NetworkConfigController {
             }
             if let Some(spec) = s.hostname {
                 rt.modify::<HostnameSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
-                    r.spec = spec.clone()
+                    r.spec = spec.clone();
                 })?;
             }
             if let Some(spec) = s.resolvers {
                 rt.modify::<ResolverSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
-                    r.spec = spec.clone()
+                    r.spec = spec.clone();
                 })?;
             }
             if let Some(spec) = s.time_servers {
                 rt.modify::<TimeServerSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
-                    r.spec = spec.clone()
+                    r.spec = spec.clone();
                 })?;
             }
             rt.cleanup_outputs(&[
