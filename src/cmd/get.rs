@@ -435,4 +435,32 @@ mod tests {
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["spec"]["label"], "a\u{9b}\u{202e}", "the same string");
     }
+
+    /// `-o wide`: every spec field no print column shows gets a column, once.
+    #[test]
+    fn wide_adds_a_column_per_other_spec_field() {
+        let def = proto::Definition {
+            display_type: "LinkStatus".into(),
+            print_columns: vec![proto::PrintColumn {
+                name: "Label".into(),
+                json_path: ".label".into(),
+            }],
+            ..Default::default()
+        };
+        let mut r = resource("x", Format::Json);
+        r.spec =
+            json!({ "label": "x", "qdisc": "noqueue", "flags": ["UP", "LOWER_UP"] }).to_string();
+        let out = Printer::new(&def, Format::Wide, false)
+            .render_all(&[r.clone(), r])
+            .unwrap();
+        let mut lines = out.lines();
+        let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+        assert_eq!(header[4..], ["LABEL", "FLAGS", "QDISC"], "{out}");
+        let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+        assert_eq!(row[4..], ["x", "UP,LOWER_UP", "noqueue"], "{out}");
+        let table = Printer::new(&def, Format::Table, false)
+            .render_all(&[resource("x", Format::Json)])
+            .unwrap();
+        assert!(!table.contains("QDISC"), "{table}");
+    }
 }
