@@ -982,6 +982,13 @@ fn link_and_address_statuses_match_ip_json() {
             let br0 = &st.links.iter().find(|(n, _)| n == "br0").unwrap().1;
             let d0 = &st.links.iter().find(|(n, _)| n == "d0").unwrap().1;
             assert_eq!(d0.master_index, br0.index);
+            // ethtool, from a socket in the namespace.
+            assert_eq!(
+                (d0.driver.as_str(), d0.speed_mbps, d0.duplex.as_str()),
+                ("veth", 10_000, "full"),
+                "{d0:?}"
+            );
+            assert_eq!(br0.driver, "bridge", "{br0:?}");
             if let Some(why) = status_mismatch(&st, &before.0, &before.1) {
                 panic!("{why}");
             }

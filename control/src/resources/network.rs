@@ -490,6 +490,13 @@ pub struct LinkStatusSpec {
     pub master_index: u32,
     /// Queueing discipline (`noqueue`, `fq_codel`, …), empty when none.
     pub qdisc: String,
+    /// Driver as ethtool reports it (`veth`, `bridge`, `e1000e`, …), empty when not
+    /// reported.
+    pub driver: String,
+    /// Link speed in Mb/s (ethtool); 0 when unknown.
+    pub speed_mbps: u32,
+    /// Duplex (ethtool): `full`, `half`, or empty when unknown.
+    pub duplex: String,
     /// Physical (no link kind and not loopback).
     pub physical: bool,
 }

@@ -137,6 +137,12 @@ pub struct ObservedLink {
     pub master_index: u32,
     /// Queueing discipline (`IFLA_QDISC`), empty when none.
     pub qdisc: String,
+    /// Driver (ethtool), empty when not reported.
+    pub driver: String,
+    /// Speed in Mb/s (ethtool), 0 when unknown.
+    pub speed_mbps: u32,
+    /// Duplex (ethtool): `full`, `half`, or empty when unknown.
+    pub duplex: String,
     /// Created by wirespan.
     pub ours: bool,
 }

@@ -123,6 +123,9 @@ pub fn statuses(st: &NetworkState) -> Statuses {
                 flags: link_flag_names(l.flags),
                 master_index: l.master_index,
                 qdisc: l.qdisc.clone(),
+                driver: l.driver.clone(),
+                speed_mbps: l.speed_mbps,
+                duplex: l.duplex.clone(),
                 physical: l.kind.is_empty() && l.link_type != "loopback",
             },
         ));
