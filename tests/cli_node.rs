@@ -107,6 +107,26 @@ fn node_serves_identity_and_graph_and_stops_cleanly() {
         ),
         "{dot}"
     );
+    let dot = stdout(&cli(
+        &socket,
+        &["inspect", "dependencies", "--with-resources"],
+    ));
+    assert!(
+        dot.contains(
+            "\"NodeIdentities.cluster.wirespan.dev\" -> \"NodeIdentities.cluster.wirespan.dev:cluster/local\""
+        ),
+        "{dot}"
+    );
+    // The Talos names resolve (their content is the host's: observed, not asserted).
+    for alias in [
+        "resolvers",
+        "timeservers",
+        "hostnamespecs",
+        "resolverspecs",
+        "timeserverspecs",
+    ] {
+        stdout(&cli(&socket, &["get", alias]));
+    }
 
     assert!(sigterm_and_wait(node).success());
     assert!(!socket.exists(), "socket left behind");

@@ -55,8 +55,8 @@ async fn merged_spec_waits_for_foreign_finalizer_then_recreates() {
     store
         .create(
             raw(
-                "default/eth0/10.0.0.1/24",
-                addr_spec("10.0.0.1/24", ConfigLayer::Default),
+                "operator/eth0/10.0.0.1/24",
+                addr_spec("10.0.0.1/24", ConfigLayer::Operator),
             ),
             "src",
         )
@@ -64,16 +64,16 @@ async fn merged_spec_waits_for_foreign_finalizer_then_recreates() {
     store
         .create(
             raw(
-                "operator/eth0/10.0.0.1/24",
-                addr_spec("10.0.0.1/24", ConfigLayer::Operator),
+                "configuration/eth0/10.0.0.1/24",
+                addr_spec("10.0.0.1/24", ConfigLayer::Configuration),
             ),
             "src",
         )
         .unwrap();
     let merged = assert_resource::<AddressSpec>(&store, NS, "eth0/10.0.0.1/24", |r| {
-        (r.spec.layer == ConfigLayer::Operator)
+        (r.spec.layer == ConfigLayer::Configuration)
             .then_some(())
-            .ok_or("not operator".into())
+            .ok_or("not configuration".into())
     })
     .await;
     store
@@ -83,21 +83,25 @@ async fn merged_spec_waits_for_foreign_finalizer_then_recreates() {
     // Higher layer goes: the lower one wins again (no teardown needed).
     store
         .destroy(
-            &Pointer::new(NS_CONFIG, AddressSpec::TYPE, "operator/eth0/10.0.0.1/24"),
+            &Pointer::new(
+                NS_CONFIG,
+                AddressSpec::TYPE,
+                "configuration/eth0/10.0.0.1/24",
+            ),
             "src",
         )
         .unwrap();
     assert_resource::<AddressSpec>(&store, NS, "eth0/10.0.0.1/24", |r| {
-        (r.spec.layer == ConfigLayer::Default)
+        (r.spec.layer == ConfigLayer::Operator)
             .then_some(())
-            .ok_or("not default".into())
+            .ok_or("not operator".into())
     })
     .await;
 
     // Last source goes: tearing down, held by the finalizer.
     store
         .destroy(
-            &Pointer::new(NS_CONFIG, AddressSpec::TYPE, "default/eth0/10.0.0.1/24"),
+            &Pointer::new(NS_CONFIG, AddressSpec::TYPE, "operator/eth0/10.0.0.1/24"),
             "src",
         )
         .unwrap();
@@ -458,11 +462,7 @@ async fn merge_survives_flapping_raw_specs_under_a_foreign_finalizer() {
     rt.register(MergeController::<AddressSpec>::new()).unwrap();
     let h = Harness::start(rt);
     let raw_id = |layer: ConfigLayer| format!("{}/eth0/10.0.0.1/24", layer.prefix());
-    let layers = [
-        ConfigLayer::Default,
-        ConfigLayer::Operator,
-        ConfigLayer::Configuration,
-    ];
+    let layers = [ConfigLayer::Operator, ConfigLayer::Configuration];
     store
         .create(
             Resource::<AddressSpec>::new(
@@ -478,9 +478,9 @@ async fn merge_survives_flapping_raw_specs_under_a_foreign_finalizer() {
         .add_finalizer(&merged.pointer(), &["foreign"])
         .unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
-    let mut present = [true, false, false];
+    let mut present = [true, false];
     for _ in 0..300 {
-        let i = rng.gen_range(0..3);
+        let i = rng.gen_range(0..layers.len());
         let ptr = Pointer::new(NS_CONFIG, AddressSpec::TYPE, raw_id(layers[i]));
         if present[i] {
             store.destroy(&ptr, "src").unwrap();
@@ -848,4 +848,156 @@ async fn status_controller_resyncs_after_its_event_stream_ended() {
         "the resync after the stream's end read the kernel"
     );
     h.stop().await.unwrap();
+}
+
+/// `ip -j link` and `ip -j addr` of a namespace, for comparing with the statuses.
+fn ip_link_and_addr(ns: &NetnsGuard) -> (serde_json::Value, serde_json::Value) {
+    (ip_json(ns, &["-j", "link"]), ip_json(ns, &["-j", "addr"]))
+}
+
+/// Why the statuses disagree with `ip -j`, if they do.
+fn status_mismatch(
+    st: &network::status::Statuses,
+    links: &serde_json::Value,
+    addrs: &serde_json::Value,
+) -> Option<String> {
+    use std::collections::BTreeSet;
+    let index_of = |name: &str| {
+        st.links
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, l)| l.index)
+    };
+    for l in links.as_array().unwrap() {
+        let name = l["ifname"].as_str().unwrap();
+        let Some((_, ours)) = st.links.iter().find(|(n, _)| n == name) else {
+            return Some(format!("no LinkStatus {name}"));
+        };
+        // `ip` leaves RUNNING out and adds NO-CARRIER / M-DOWN of its own.
+        let ip_flags: BTreeSet<&str> = l["flags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|f| f.as_str())
+            .filter(|f| !["NO-CARRIER", "M-DOWN"].contains(f))
+            .collect();
+        let our_flags: BTreeSet<&str> = ours
+            .flags
+            .iter()
+            .map(String::as_str)
+            .filter(|f| *f != "RUNNING")
+            .collect();
+        let master = l["master"].as_str().map_or(Some(0), index_of);
+        let perm_ok = match l["permaddr"].as_str() {
+            Some(p) => ours.perm_hardware_addr == p,
+            None => {
+                ours.perm_hardware_addr.is_empty() || ours.perm_hardware_addr == ours.hardware_addr
+            }
+        };
+        if ip_flags != our_flags
+            || master != Some(ours.master_index)
+            || l["qdisc"].as_str().unwrap_or("") != ours.qdisc
+            || l["address"].as_str().unwrap_or("") != ours.hardware_addr
+            || !perm_ok
+        {
+            return Some(format!("link {name}: ip {l} vs ours {ours:?}"));
+        }
+    }
+    const ADDRESS_FLAGS: [&str; 11] = [
+        "secondary",
+        "temporary",
+        "nodad",
+        "optimistic",
+        "dadfailed",
+        "home",
+        "deprecated",
+        "tentative",
+        "mngtmpaddr",
+        "noprefixroute",
+        "stable-privacy",
+    ];
+    for link in addrs.as_array().unwrap() {
+        let name = link["ifname"].as_str().unwrap();
+        for a in link["addr_info"].as_array().unwrap() {
+            let local: std::net::IpAddr = a["local"].as_str().unwrap().parse().unwrap();
+            // Only the test's own addresses: the kernel's link-local ones change
+            // flags (DAD) on their own.
+            if !["10.70.0.1", "fd70::1", "10.71.0.1", "127.0.0.1"]
+                .contains(&local.to_string().as_str())
+            {
+                continue;
+            }
+            let Some((_, ours)) = st
+                .addresses
+                .iter()
+                .find(|(_, s)| s.link_name == name && s.local == Some(local))
+            else {
+                return Some(format!("no AddressStatus for {name} {local}"));
+            };
+            let scope = serde_json::to_value(ours.scope).unwrap();
+            let broadcast = a["broadcast"].as_str().map(|b| b.parse().unwrap());
+            let flags_ok = ADDRESS_FLAGS
+                .iter()
+                .all(|f| a[*f].as_bool().unwrap_or(false) == ours.flags.iter().any(|o| o == f))
+                && a["dynamic"].as_bool().unwrap_or(false)
+                    != ours.flags.iter().any(|o| o == "permanent");
+            if scope != a["scope"] || broadcast != ours.broadcast || !flags_ok {
+                return Some(format!("address {name} {local}: ip {a} vs ours {ours:?}"));
+            }
+        }
+    }
+    None
+}
+
+/// Issue 33 item 4: LinkStatus (flags, master, qdisc, hardware and permanent address)
+/// and AddressStatus (local, peer, broadcast, flags, scope) say what `ip -j link` and
+/// `ip -j addr` say, in a throwaway namespace with a bridge, a port, a point-to-point
+/// address and IPv6 flags.
+#[test]
+fn link_and_address_statuses_match_ip_json() {
+    use wirespan_dataplane::routing::NetworkConfig as _;
+    let ns = NetnsGuard::new("wsstat").unwrap();
+    for cmd in [
+        "link add br0 type bridge",
+        "link add d0 type veth peer name d0p",
+        "link set d0 master br0",
+        "link set d0p up",
+        "link set d0 up",
+        "link set br0 up",
+        "link set lo up",
+        "addr add 10.70.0.1/24 broadcast 10.70.0.255 dev br0",
+        "addr add fd70::1/64 dev br0 nodad noprefixroute",
+        "addr add 10.71.0.1 peer 10.71.0.2/32 dev d0",
+    ] {
+        ns.run("ip", &cmd.split(' ').collect::<Vec<_>>()).unwrap();
+    }
+    let mut net = NetlinkRouting::new(ns.netns()).unwrap();
+    // The kernel may still be settling (bridge carrier); compare only when `ip` saw
+    // the same thing before and after the read.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let before = ip_link_and_addr(&ns);
+        let st = network::status::statuses(&net.state().unwrap());
+        if ip_link_and_addr(&ns) == before {
+            let br0 = &st.links.iter().find(|(n, _)| n == "br0").unwrap().1;
+            let d0 = &st.links.iter().find(|(n, _)| n == "d0").unwrap().1;
+            assert_eq!(d0.master_index, br0.index);
+            // ethtool, from a socket in the namespace.
+            assert_eq!(
+                (d0.driver.as_str(), d0.speed_mbps, d0.duplex.as_str()),
+                ("veth", 10_000, "full"),
+                "{d0:?}"
+            );
+            assert_eq!(br0.driver, "bridge", "{br0:?}");
+            if let Some(why) = status_mismatch(&st, &before.0, &before.1) {
+                panic!("{why}");
+            }
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "ip output never settled"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
 }

@@ -557,6 +557,9 @@ impl FakeNetwork {
                 link_index: idx,
                 address,
                 scope,
+                local: Some(address.addr()),
+                broadcast: None,
+                flags: 0x80,
                 ours: false,
             });
         }
@@ -718,6 +721,9 @@ impl NetworkConfig for FakeNetwork {
                 link_index: idx,
                 address: p.address,
                 scope: p.scope,
+                local: Some(p.address.addr()),
+                broadcast: None,
+                flags: 0x80,
                 ours: true,
             });
             Ok(true)

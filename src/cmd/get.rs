@@ -14,6 +14,9 @@ use wirespan_discovery::text::{escape_terminal, is_unsafe_char};
 pub enum Format {
     /// Aligned columns: NAMESPACE TYPE ID VERSION and the type's print columns.
     Table,
+    /// The table plus a column for every other top-level spec field (of the listed
+    /// resources; a watch shows the table's columns).
+    Wide,
     /// One YAML document per resource.
     Yaml,
     /// One JSON object per resource.
@@ -183,7 +186,7 @@ async fn watch(args: &Args, targets: &[Target], node_column: bool) -> anyhow::Re
         };
         if let (Some(def), None) = (&msg.definition, &printer) {
             let p = Printer::new(def, args.output, true, node_column);
-            if args.output == Format::Table {
+            if matches!(args.output, Format::Table | Format::Wide) {
                 println!("{}", p.header());
             }
             printer = Some(p);
@@ -431,7 +434,7 @@ impl Printer {
         node: Option<&str>,
     ) -> anyhow::Result<String> {
         match self.format {
-            Format::Table => Ok(self.line(&self.cells(r, mark, node)?)),
+            Format::Table | Format::Wide => Ok(self.line(&self.cells(r, mark, node)?)),
             Format::Json => {
                 let j = serde_json::to_string_pretty(&self.document(r, mark, node)?)?;
                 Ok(escape_document(&j, Format::Json))
@@ -448,12 +451,40 @@ impl Printer {
         }
     }
 
+    /// Adds a column per top-level spec field no print column shows, in name order.
+    fn widen(&mut self, resources: &[(Option<String>, proto::Resource)]) -> anyhow::Result<()> {
+        let mut extra: Vec<String> = Vec::new();
+        for (_, r) in resources.iter().filter(|(_, r)| !r.spec_redacted) {
+            if let Value::Object(m) = spec_value(r, Format::Json)? {
+                for k in m.keys() {
+                    let path = format!(".{k}");
+                    let shown = self.def.print_columns.iter().any(|c| c.json_path == path);
+                    if !shown && !extra.contains(&path) {
+                        extra.push(path);
+                    }
+                }
+            }
+        }
+        extra.sort();
+        for path in extra {
+            self.def.print_columns.push(proto::PrintColumn {
+                name: path[1..].to_owned(),
+                json_path: path,
+            });
+        }
+        self.widths = self.header_cells().iter().map(String::len).collect();
+        Ok(())
+    }
+
     fn render_all(
         &mut self,
         resources: &[(Option<String>, proto::Resource)],
     ) -> anyhow::Result<String> {
         let mut out = String::new();
-        if self.format == Format::Table {
+        if self.format == Format::Wide {
+            self.widen(resources)?;
+        }
+        if matches!(self.format, Format::Table | Format::Wide) {
             let rows = resources
                 .iter()
                 .map(|(node, r)| self.cells(r, None, node.as_deref()))
@@ -556,5 +587,33 @@ mod tests {
             .unwrap();
         let v: Value = serde_json::from_str(&out).unwrap();
         assert_eq!(v["node"], "node2");
+    }
+
+    /// `-o wide`: every spec field no print column shows gets a column, once.
+    #[test]
+    fn wide_adds_a_column_per_other_spec_field() {
+        let def = proto::Definition {
+            display_type: "LinkStatus".into(),
+            print_columns: vec![proto::PrintColumn {
+                name: "Label".into(),
+                json_path: ".label".into(),
+            }],
+            ..Default::default()
+        };
+        let mut r = resource("x", Format::Json);
+        r.spec =
+            json!({ "label": "x", "qdisc": "noqueue", "flags": ["UP", "LOWER_UP"] }).to_string();
+        let out = Printer::new(&def, Format::Wide, false, false)
+            .render_all(&[(None, r.clone()), (None, r)])
+            .unwrap();
+        let mut lines = out.lines();
+        let header: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+        assert_eq!(header[4..], ["LABEL", "FLAGS", "QDISC"], "{out}");
+        let row: Vec<&str> = lines.next().unwrap().split_whitespace().collect();
+        assert_eq!(row[4..], ["x", "UP,LOWER_UP", "noqueue"], "{out}");
+        let table = Printer::new(&def, Format::Table, false, false)
+            .render_all(&[(None, resource("x", Format::Json))])
+            .unwrap();
+        assert!(!table.contains("QDISC"), "{table}");
     }
 }

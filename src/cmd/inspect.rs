@@ -14,17 +14,26 @@ pub enum Inspect {
         /// Also draw DestroyReady inputs.
         #[arg(long)]
         with_destroy_ready: bool,
+        /// Also draw every resource of each type, linked to its type.
+        #[arg(long)]
+        with_resources: bool,
     },
 }
 
 pub fn run(cmd: &Inspect, fleet: &FleetArgs, socket: Option<&Path>) -> anyhow::Result<()> {
-    let Inspect::Dependencies { with_destroy_ready } = cmd;
-    let with_destroy_ready = *with_destroy_ready;
+    let Inspect::Dependencies {
+        with_destroy_ready,
+        with_resources,
+    } = cmd;
+    let (with_destroy_ready, with_resources) = (*with_destroy_ready, *with_resources);
     super::block_on(async {
         let targets = super::fleet::targets(fleet, socket).await?;
         let results = super::fleet::each(&targets, |mut client: ApiClient| async move {
             Ok(client
-                .dependency_graph(proto::DependencyGraphRequest { with_destroy_ready })
+                .dependency_graph(proto::DependencyGraphRequest {
+                    with_destroy_ready,
+                    with_resources,
+                })
                 .await
                 .map_err(|s| anyhow::anyhow!("{}", s.message()))?
                 .into_inner()

@@ -17,7 +17,7 @@ use crate::{
     config_loader::{self as loader, ConfigLoader},
     resources::meta,
     runtime::{
-        graph::{to_dot, EdgeKind},
+        graph::{to_dot, to_dot_with_resources, EdgeKind},
         AnyResource, Definition, Event, Filter, GraphSource, Kind, Pointer, Store, WatchOptions,
     },
 };
@@ -171,6 +171,39 @@ impl ResourceApi {
         resolve(&defs, name)
             .cloned()
             .map_err(|e| Status::not_found(e.to_string()))
+    }
+}
+
+impl ResourceApi {
+    /// `(type, namespace, id)` of every stored resource of the graph's types, in the
+    /// namespaces its input edges name and the type's default one.
+    fn graph_resources(
+        &self,
+        edges: &[crate::runtime::graph::Edge],
+    ) -> Vec<(String, String, String)> {
+        let mut kinds: Vec<(String, String)> = edges
+            .iter()
+            .filter(|e| !e.namespace.is_empty())
+            .map(|e| (e.r#type.clone(), e.namespace.clone()))
+            .collect();
+        let defs = meta::list(&self.store);
+        for e in edges {
+            if let Ok(def) = resolve(&defs, &e.r#type) {
+                kinds.push((e.r#type.clone(), def.default_namespace.clone()));
+            }
+        }
+        kinds.sort();
+        kinds.dedup();
+        let mut out = Vec::new();
+        for (ty, ns) in kinds {
+            for r in self
+                .store
+                .list_dyn(&Kind::new(ns.clone(), ty.clone()), &Filter::all())
+            {
+                out.push((ty.clone(), ns.clone(), r.metadata().id.clone()));
+            }
+        }
+        out
     }
 }
 
@@ -384,8 +417,17 @@ impl proto::resource_service_server::ResourceService for ResourceApi {
         let Some(graph) = &self.graph else {
             return Err(Status::unavailable("this server runs no controllers"));
         };
+        let req = request.into_inner();
         let edges = graph.edges();
-        let dot = to_dot(&edges, request.into_inner().with_destroy_ready);
+        let dot = if req.with_resources {
+            to_dot_with_resources(
+                &edges,
+                req.with_destroy_ready,
+                &self.graph_resources(&edges),
+            )
+        } else {
+            to_dot(&edges, req.with_destroy_ready)
+        };
         Ok(Response::new(proto::DependencyGraphResponse {
             dot,
             edges: edges

@@ -24,6 +24,7 @@ use serde_yaml_ng::Value;
 pub mod cluster;
 pub mod depth;
 pub mod duration;
+pub mod host;
 pub mod kubespan;
 pub mod network;
 pub mod patch;
@@ -300,6 +301,9 @@ documents! {
     AddressConfig => network::AddressConfig,
     RouteConfig => network::RouteConfig,
     RoutingRuleConfig => network::RoutingRuleConfig,
+    HostnameConfig => host::HostnameConfig,
+    ResolverConfig => host::ResolverConfig,
+    TimeServerConfig => host::TimeServerConfig,
     TcpProbeConfig => probe::TcpProbeConfig,
     HttpProbeConfig => probe::HttpProbeConfig,
 }

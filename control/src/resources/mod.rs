@@ -26,6 +26,10 @@ pub fn definitions() -> Vec<Definition> {
         network::NodeAddressFilter::definition(),
         network::HostnameStatus::definition(),
         network::ResolverStatus::definition(),
+        network::HostnameSpec::definition(),
+        network::ResolverSpec::definition(),
+        network::TimeServerSpec::definition(),
+        network::TimeServerStatus::definition(),
         network::LinkStatus::definition(),
         network::AddressStatus::definition(),
         network::RouteStatus::definition(),
@@ -91,6 +95,11 @@ mod tests {
             ("networkstatus", "NetworkStatuses.net.wirespan.dev"),
             ("networkstatuses", "NetworkStatuses.net.wirespan.dev"),
             ("netstatus", "NetworkStatuses.net.wirespan.dev"),
+            ("resolvers", "ResolverStatuses.net.wirespan.dev"),
+            ("timeservers", "TimeServerStatuses.net.wirespan.dev"),
+            ("hostnamespecs", "HostnameSpecs.net.wirespan.dev"),
+            ("resolverspecs", "ResolverSpecs.net.wirespan.dev"),
+            ("timeserverspecs", "TimeServerSpecs.net.wirespan.dev"),
         ] {
             assert_eq!(resolve(&defs, alias).unwrap().r#type, want, "{alias}");
             let claimants: Vec<&str> = defs

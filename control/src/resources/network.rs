@@ -18,22 +18,19 @@ pub const NS_CONFIG: &str = "network-config";
 /// Namespace of merged specs, statuses, node addresses and probes.
 pub const NS: &str = "network";
 
-/// Where a spec came from; higher layers win merges.
+/// Where a spec came from; higher layers win merges. Only the layers something
+/// produces exist (`docs/runtime.md` §4.2 says why there is no `default`, `cmdline` or
+/// `platform` layer).
 #[derive(
     Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
 )]
 #[serde(rename_all = "lowercase")]
 pub enum ConfigLayer {
-    /// Built-in defaults.
-    #[default]
-    Default,
-    /// Kernel command line.
-    Cmdline,
-    /// Platform (cloud metadata).
-    Platform,
-    /// Operators (DHCP, VIP, the mesh manager).
+    /// Operators: the mesh manager.
     Operator,
-    /// The machine config.
+    /// The machine config (the default: a spec built without a layer is the user's,
+    /// and its kernel objects carry the config's marker).
+    #[default]
     Configuration,
 }
 
@@ -42,9 +39,6 @@ impl ConfigLayer {
     #[must_use]
     pub fn prefix(self) -> &'static str {
         match self {
-            Self::Default => "default",
-            Self::Cmdline => "cmdline",
-            Self::Platform => "platform",
             Self::Operator => "operator",
             Self::Configuration => "configuration",
         }
@@ -128,6 +122,18 @@ network_kind!(HostnameStatus, HostnameStatusSpec, "HostnameStatuses.net.wirespan
 network_kind!(ResolverStatus, ResolverStatusSpec, "ResolverStatuses.net.wirespan.dev", "ResolverStatus", NS,
     ["Servers" => ".dnsServers", "Search" => ".searchDomains"],
     aliases ["resolvers"]);
+network_kind!(HostnameSpec, HostnameSpecSpec, "HostnameSpecs.net.wirespan.dev", "HostnameSpec", NS,
+    ["Hostname" => ".hostname", "Domainname" => ".domainname", "EtcHostname" => ".writeEtcHostname", "Layer" => ".layer", "Error" => ".metadata.annotations.error"],
+    aliases ["hostnamespecs"]);
+network_kind!(ResolverSpec, ResolverSpecSpec, "ResolverSpecs.net.wirespan.dev", "ResolverSpec", NS,
+    ["Servers" => ".dnsServers", "Search" => ".searchDomains", "Layer" => ".layer", "Error" => ".metadata.annotations.error"],
+    aliases ["resolverspecs"]);
+network_kind!(TimeServerSpec, TimeServerSpecSpec, "TimeServerSpecs.net.wirespan.dev", "TimeServerSpec", NS,
+    ["Servers" => ".ntpServers", "Layer" => ".layer", "Error" => ".metadata.annotations.error"],
+    aliases ["timeserverspecs"]);
+network_kind!(TimeServerStatus, TimeServerStatusSpec, "TimeServerStatuses.net.wirespan.dev", "TimeServerStatus", NS,
+    ["Servers" => ".ntpServers", "Service" => ".service"],
+    aliases ["timeservers", "timeserverstatuses"]);
 network_kind!(NodeAddress, NodeAddressSpec, "NodeAddresses.net.wirespan.dev", "NodeAddress", NS,
     ["Addresses" => ".addresses"],
     aliases ["nodeaddresses"]);
@@ -321,6 +327,83 @@ impl HostnameStatusSpec {
     }
 }
 
+/// Id of the one hostname spec.
+pub const HOSTNAME_SPEC: &str = HOSTNAME;
+
+/// The host name a document asks for (`network/HostnameSpec hostname`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HostnameSpecSpec {
+    /// Short host name, set with `sethostname` in the node's UTS namespace.
+    pub hostname: String,
+    /// Domain name, set with `setdomainname` (may be empty).
+    pub domainname: String,
+    /// Also write `/etc/hostname` (the node manages the host).
+    pub write_etc_hostname: bool,
+    /// Source layer.
+    pub layer: ConfigLayer,
+}
+
+impl HostnameSpecSpec {
+    /// Merge key: there is one host name.
+    #[must_use]
+    pub fn key(&self) -> String {
+        HOSTNAME.into()
+    }
+}
+
+/// The resolvers a document asks for (`network/ResolverSpec resolvers`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ResolverSpecSpec {
+    /// Name servers in order.
+    pub dns_servers: Vec<IpAddr>,
+    /// Search domains in order.
+    pub search_domains: Vec<String>,
+    /// Source layer.
+    pub layer: ConfigLayer,
+}
+
+impl ResolverSpecSpec {
+    /// Merge key: there is one resolver list.
+    #[must_use]
+    pub fn key(&self) -> String {
+        RESOLVERS.into()
+    }
+}
+
+/// Id of the one time server spec and status.
+pub const TIME_SERVERS: &str = "timeservers";
+
+/// The time servers a document asks for (`network/TimeServerSpec timeservers`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TimeServerSpecSpec {
+    /// NTP servers (names or addresses) in order.
+    pub ntp_servers: Vec<String>,
+    /// Source layer.
+    pub layer: ConfigLayer,
+}
+
+impl TimeServerSpecSpec {
+    /// Merge key: there is one time server list.
+    #[must_use]
+    pub fn key(&self) -> String {
+        TIME_SERVERS.into()
+    }
+}
+
+/// The time servers the host's time service is configured with, read back from its
+/// configuration files (`network/TimeServerStatus timeservers`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TimeServerStatusSpec {
+    /// Servers in force, in order.
+    pub ntp_servers: Vec<String>,
+    /// The time service they were read from (`chrony` or `systemd-timesyncd`).
+    pub service: String,
+}
+
 /// Well-known `NodeAddress` ids.
 pub mod node_address {
     /// The first kernel address (sticky).
@@ -399,6 +482,21 @@ pub struct LinkStatusSpec {
     pub mtu: u32,
     /// Hardware address (`aa:bb:…`), empty when none.
     pub hardware_addr: String,
+    /// Permanent hardware address, empty when the driver reports none.
+    pub perm_hardware_addr: String,
+    /// Interface flags as `ip link` names them (`UP`, `BROADCAST`, `LOWER_UP`, …).
+    pub flags: Vec<String>,
+    /// ifindex of the master (bridge, bond, VRF); 0 when none.
+    pub master_index: u32,
+    /// Queueing discipline (`noqueue`, `fq_codel`, …), empty when none.
+    pub qdisc: String,
+    /// Driver as ethtool reports it (`veth`, `bridge`, `e1000e`, …), empty when not
+    /// reported.
+    pub driver: String,
+    /// Link speed in Mb/s (ethtool); 0 when unknown.
+    pub speed_mbps: u32,
+    /// Duplex (ethtool): `full`, `half`, or empty when unknown.
+    pub duplex: String,
     /// Physical (no link kind and not loopback).
     pub physical: bool,
 }
@@ -425,6 +523,15 @@ pub struct AddressStatusSpec {
     pub family: Family,
     /// Scope.
     pub scope: Scope,
+    /// The local address as `ip addr` shows it (`IFA_LOCAL`, or `IFA_ADDRESS` for
+    /// IPv6). `address` is the same address with its prefix length (the key of the
+    /// whole model); a point-to-point peer is not kept.
+    pub local: Option<IpAddr>,
+    /// Broadcast address (IPv4).
+    pub broadcast: Option<IpAddr>,
+    /// Address flags as `ip addr` names them (`permanent`, `noprefixroute`,
+    /// `secondary`/`temporary`, …).
+    pub flags: Vec<String>,
 }
 
 /// A route as the kernel has it (`network/RouteStatus <route key>`).

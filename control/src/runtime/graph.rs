@@ -117,6 +117,39 @@ pub fn to_dot(edges: &[Edge], with_destroy_ready: bool) -> String {
     out
 }
 
+/// [`to_dot`] plus one node per resource, `(type, namespace, id)`, linked from its
+/// type's node (`inspect dependencies --with-resources`). Types without an edge are
+/// not drawn, so neither are their resources.
+#[must_use]
+pub fn to_dot_with_resources(
+    edges: &[Edge],
+    with_destroy_ready: bool,
+    resources: &[(String, String, String)],
+) -> String {
+    let mut out = to_dot(edges, with_destroy_ready);
+    out.truncate(out.len() - "}\n".len());
+    for (ty, ns, id) in resources {
+        if !edges.iter().any(|e| &e.r#type == ty) {
+            continue;
+        }
+        let name = format!("{ty}:{ns}/{id}");
+        let _ = writeln!(
+            out,
+            "  {} [shape=ellipse, label={}];",
+            quote(&name),
+            quote(&format!("{ns}/{id}"))
+        );
+        let _ = writeln!(
+            out,
+            "  {} -> {} [style=dotted, arrowhead=none];",
+            quote(ty),
+            quote(&name)
+        );
+    }
+    out.push_str("}\n");
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -155,5 +188,31 @@ mod tests {
             "{dot}"
         );
         assert!(!dot.contains("\"U\""), "{dot}");
+    }
+
+    #[test]
+    fn resources_hang_off_their_type() {
+        let edges = vec![Edge {
+            controller: "C".into(),
+            namespace: String::new(),
+            r#type: "T".into(),
+            id: None,
+            kind: EdgeKind::OutputExclusive,
+        }];
+        let dot = to_dot_with_resources(
+            &edges,
+            false,
+            &[
+                ("T".into(), "ns".into(), "a".into()),
+                ("Other".into(), "ns".into(), "b".into()),
+            ],
+        );
+        assert!(
+            dot.contains("\"T:ns/a\" [shape=ellipse, label=\"ns/a\"];"),
+            "{dot}"
+        );
+        assert!(dot.contains("\"T\" -> \"T:ns/a\" [style=dotted"), "{dot}");
+        assert!(!dot.contains("ns/b"), "{dot}");
+        assert!(dot.ends_with("}\n"));
     }
 }

@@ -29,10 +29,24 @@ pub(super) fn addr_of(msg: &AddressMessage) -> Option<IpNet> {
 }
 
 pub(super) fn observed_address(m: &AddressMessage) -> Option<ObservedAddress> {
+    let mut flags = u32::from(m.header.flags.bits());
+    let (mut local, mut broadcast) = (None, None);
+    for a in &m.attributes {
+        match a {
+            AddressAttribute::Local(ip) => local = Some(*ip),
+            AddressAttribute::Broadcast(ip) => broadcast = Some(std::net::IpAddr::V4(*ip)),
+            AddressAttribute::Flags(f) => flags = f.bits(),
+            _ => {}
+        }
+    }
     addr_of(m).map(|address| ObservedAddress {
         link_index: m.header.index,
         address,
         scope: u8::from(m.header.scope),
+        // IPv6 addresses come with IFA_ADDRESS only, which is then the local one.
+        local: local.or(Some(address.addr())),
+        broadcast,
+        flags,
         ours: addr_ours(m),
     })
 }

@@ -54,11 +54,20 @@ pub(super) async fn link_index(h: &Handle, name: &str) -> Result<u32, RoutingErr
         .index)
 }
 
+fn hex_colons(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
 pub(super) fn observed_link(msg: &LinkMessage) -> ObservedLink {
     use rtnetlink::packet_route::link::{LinkInfo, LinkLayerType};
     let mut l = ObservedLink {
         index: msg.header.index,
         up: msg.header.flags.contains(LinkFlags::Up),
+        flags: msg.header.flags.bits(),
         ours: link_alias(msg) == Some(LINK_ALIAS),
         link_type: match msg.header.link_layer_type {
             LinkLayerType::Ether => "ether".to_owned(),
@@ -74,13 +83,10 @@ pub(super) fn observed_link(msg: &LinkMessage) -> ObservedLink {
             LinkAttribute::Mtu(m) => l.mtu = *m,
             LinkAttribute::Carrier(c) => l.carrier = *c != 0,
             LinkAttribute::OperState(s) => l.oper_state = s.to_string().to_lowercase(),
-            LinkAttribute::Address(hw) => {
-                l.hardware_addr = hw
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<Vec<_>>()
-                    .join(":");
-            }
+            LinkAttribute::Address(hw) => l.hardware_addr = hex_colons(hw),
+            LinkAttribute::PermAddress(hw) => l.perm_hardware_addr = hex_colons(hw),
+            LinkAttribute::Controller(i) => l.master_index = *i,
+            LinkAttribute::Qdisc(q) => l.qdisc.clone_from(q),
             LinkAttribute::LinkInfo(infos) => {
                 for i in infos {
                     if let LinkInfo::Kind(k) = i {

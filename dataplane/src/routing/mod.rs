@@ -35,6 +35,7 @@
 
 mod address;
 mod error;
+mod ethtool;
 mod link;
 mod mesh;
 mod netlink;

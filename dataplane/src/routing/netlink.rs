@@ -79,8 +79,22 @@ async fn state_in_ns(h: Handle) -> Result<NetworkState, RoutingError> {
         .try_collect()
         .await
         .map_err(nl("get addresses"))?;
+    // This runs on the namespace's thread: the socket, and so ethtool's answers,
+    // are of the same namespace as the dump.
+    let sock = std::net::UdpSocket::bind("0.0.0.0:0").ok();
+    let links = links
+        .iter()
+        .map(|m| {
+            let mut l = observed_link(m);
+            if let Some(sock) = &sock {
+                let e = super::ethtool::info(sock, &l.name);
+                (l.driver, l.speed_mbps, l.duplex) = (e.driver, e.speed_mbps, e.duplex);
+            }
+            l
+        })
+        .collect();
     Ok(NetworkState {
-        links: links.iter().map(observed_link).collect(),
+        links,
         addresses: addrs.iter().filter_map(observed_address).collect(),
         routes: all_routes(&h)
             .await?

@@ -129,6 +129,20 @@ pub struct ObservedLink {
     pub mtu: u32,
     /// Hardware address `aa:bb:…`.
     pub hardware_addr: String,
+    /// Permanent hardware address (`IFLA_PERM_ADDRESS`), empty when not reported.
+    pub perm_hardware_addr: String,
+    /// `IFF_*` flags (`ifi_flags`).
+    pub flags: u32,
+    /// ifindex of the link's master (bridge, bond, VRF), 0 when none.
+    pub master_index: u32,
+    /// Queueing discipline (`IFLA_QDISC`), empty when none.
+    pub qdisc: String,
+    /// Driver (ethtool), empty when not reported.
+    pub driver: String,
+    /// Speed in Mb/s (ethtool), 0 when unknown.
+    pub speed_mbps: u32,
+    /// Duplex (ethtool): `full`, `half`, or empty when unknown.
+    pub duplex: String,
     /// Created by wirespan.
     pub ours: bool,
 }
@@ -142,6 +156,13 @@ pub struct ObservedAddress {
     pub address: IpNet,
     /// Scope.
     pub scope: u8,
+    /// The local address: `IFA_LOCAL`, or `IFA_ADDRESS` when the kernel sends no
+    /// `IFA_LOCAL` (IPv6), as `ip addr` shows it.
+    pub local: Option<IpAddr>,
+    /// `IFA_BROADCAST` (IPv4).
+    pub broadcast: Option<IpAddr>,
+    /// `IFA_F_*` flags (`IFA_FLAGS` when present, else the header's).
+    pub flags: u32,
     /// Added by wirespan.
     pub ours: bool,
 }

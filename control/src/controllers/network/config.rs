@@ -1,17 +1,23 @@
-//! The network config controller: `LinkConfig`, `AddressConfig`, `RouteConfig` and
-//! `RoutingRuleConfig` documents of `config/MachineConfig active` become
+//! The network config controller: `LinkConfig`, `AddressConfig`, `RouteConfig`,
+//! `RoutingRuleConfig`, `HostnameConfig`, `ResolverConfig` and `TimeServerConfig`
+//! documents of `config/MachineConfig active` become
 //! `network-config/*Spec configuration/<key>` (tracked: a removed document removes its
 //! spec).
 
 use futures::future::BoxFuture;
 
 use crate::{
-    config::network::{AddressConfig, LinkConfig, RouteConfig, RoutingRuleConfig},
+    config::{
+        host::{HostnameConfig, ResolverConfig, TimeServerConfig},
+        network::{AddressConfig, LinkConfig, RouteConfig, RoutingRuleConfig},
+    },
     resources::{
         config::MachineConfig,
         network::{
-            AddressSpec, AddressSpecSpec, ConfigLayer, Family, LinkSpec, LinkSpecSpec, RouteSpec,
-            RouteSpecSpec, RouteType, RoutingRuleSpec, RoutingRuleSpecSpec, Scope, NS_CONFIG,
+            AddressSpec, AddressSpecSpec, ConfigLayer, Family, HostnameSpec, HostnameSpecSpec,
+            LinkSpec, LinkSpecSpec, ResolverSpec, ResolverSpecSpec, RouteSpec, RouteSpecSpec,
+            RouteType, RoutingRuleSpec, RoutingRuleSpecSpec, Scope, TimeServerSpec,
+            TimeServerSpecSpec, NS_CONFIG,
         },
     },
     runtime::{
@@ -36,6 +42,43 @@ pub struct NetworkSpecs {
     pub routes: Vec<RouteSpecSpec>,
     /// Rules.
     pub rules: Vec<RoutingRuleSpecSpec>,
+    /// The host name, when a `HostnameConfig` asks for one.
+    pub hostname: Option<HostnameSpecSpec>,
+    /// The resolvers, when a `ResolverConfig` asks for them.
+    pub resolvers: Option<ResolverSpecSpec>,
+    /// The time servers, when a `TimeServerConfig` asks for them.
+    pub time_servers: Option<TimeServerSpecSpec>,
+}
+
+/// The spec of a `HostnameConfig` document.
+#[must_use]
+pub fn hostname_spec(h: &HostnameConfig) -> HostnameSpecSpec {
+    let (hostname, domainname) = h.split();
+    HostnameSpecSpec {
+        hostname,
+        domainname,
+        write_etc_hostname: h.write_etc_hostname,
+        layer: LAYER,
+    }
+}
+
+/// The spec of a `ResolverConfig` document.
+#[must_use]
+pub fn resolver_spec(r: &ResolverConfig) -> ResolverSpecSpec {
+    ResolverSpecSpec {
+        dns_servers: r.nameservers.clone(),
+        search_domains: r.search_domains.clone(),
+        layer: LAYER,
+    }
+}
+
+/// The spec of a `TimeServerConfig` document.
+#[must_use]
+pub fn time_server_spec(t: &TimeServerConfig) -> TimeServerSpecSpec {
+    TimeServerSpecSpec {
+        ntp_servers: t.servers.clone(),
+        layer: LAYER,
+    }
 }
 
 /// The spec of a `LinkConfig` document.
@@ -121,6 +164,9 @@ pub fn specs(cfg: &crate::config::ConfigDocuments) -> NetworkSpecs {
             .documents_of::<RoutingRuleConfig>()
             .map(rule_spec)
             .collect(),
+        hostname: cfg.singleton::<HostnameConfig>().map(hostname_spec),
+        resolvers: cfg.singleton::<ResolverConfig>().map(resolver_spec),
+        time_servers: cfg.singleton::<TimeServerConfig>().map(time_server_spec),
     }
 }
 
@@ -145,6 +191,9 @@ impl Controller for NetworkConfigController {
             Output::shared::<AddressSpec>(),
             Output::shared::<RouteSpec>(),
             Output::shared::<RoutingRuleSpec>(),
+            Output::shared::<HostnameSpec>(),
+            Output::shared::<ResolverSpec>(),
+            Output::shared::<TimeServerSpec>(),
         ]
     }
 
@@ -177,7 +226,25 @@ impl Controller for NetworkConfigController {
                     r.spec = spec.clone();
                 })?;
             }
+            if let Some(spec) = s.hostname {
+                rt.modify::<HostnameSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
+                    r.spec = spec.clone();
+                })?;
+            }
+            if let Some(spec) = s.resolvers {
+                rt.modify::<ResolverSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
+                    r.spec = spec.clone();
+                })?;
+            }
+            if let Some(spec) = s.time_servers {
+                rt.modify::<TimeServerSpec>(NS_CONFIG, &raw_id(&spec.key()), |r| {
+                    r.spec = spec.clone();
+                })?;
+            }
             rt.cleanup_outputs(&[
+                Kind::new(NS_CONFIG, HostnameSpec::TYPE),
+                Kind::new(NS_CONFIG, ResolverSpec::TYPE),
+                Kind::new(NS_CONFIG, TimeServerSpec::TYPE),
                 Kind::new(NS_CONFIG, LinkSpec::TYPE),
                 Kind::new(NS_CONFIG, AddressSpec::TYPE),
                 Kind::new(NS_CONFIG, RouteSpec::TYPE),

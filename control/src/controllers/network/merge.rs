@@ -7,8 +7,9 @@ use futures::future::BoxFuture;
 
 use crate::{
     resources::network::{
-        AddressSpec, AddressSpecSpec, LinkSpec, LinkSpecSpec, ProbeSpec, ProbeSpecSpec, RouteSpec,
-        RouteSpecSpec, RoutingRuleSpec, RoutingRuleSpecSpec, NS, NS_CONFIG,
+        AddressSpec, AddressSpecSpec, HostnameSpec, HostnameSpecSpec, LinkSpec, LinkSpecSpec,
+        ProbeSpec, ProbeSpecSpec, ResolverSpec, ResolverSpecSpec, RouteSpec, RouteSpecSpec,
+        RoutingRuleSpec, RoutingRuleSpecSpec, TimeServerSpec, TimeServerSpecSpec, NS, NS_CONFIG,
     },
     runtime::{
         Action, Controller, ControllerResult, ControllerRuntime, Input, InputKind, Output, Phase,
@@ -77,6 +78,27 @@ impl MergeRule for ProbeSpec {
     const CONTROLLER: &'static str = "ProbeMergeController";
     fn merge(raw: Vec<(String, ProbeSpecSpec)>) -> BTreeMap<String, ProbeSpecSpec> {
         keyed(raw, |s| s.layer, ProbeSpecSpec::key)
+    }
+}
+
+impl MergeRule for HostnameSpec {
+    const CONTROLLER: &'static str = "HostnameMergeController";
+    fn merge(raw: Vec<(String, HostnameSpecSpec)>) -> BTreeMap<String, HostnameSpecSpec> {
+        keyed(raw, |s| s.layer, HostnameSpecSpec::key)
+    }
+}
+
+impl MergeRule for ResolverSpec {
+    const CONTROLLER: &'static str = "ResolverMergeController";
+    fn merge(raw: Vec<(String, ResolverSpecSpec)>) -> BTreeMap<String, ResolverSpecSpec> {
+        keyed(raw, |s| s.layer, ResolverSpecSpec::key)
+    }
+}
+
+impl MergeRule for TimeServerSpec {
+    const CONTROLLER: &'static str = "TimeServerMergeController";
+    fn merge(raw: Vec<(String, TimeServerSpecSpec)>) -> BTreeMap<String, TimeServerSpecSpec> {
+        keyed(raw, |s| s.layer, TimeServerSpecSpec::key)
     }
 }
 
@@ -210,7 +232,7 @@ mod tests {
         let cases: Vec<(Vec<LinkSpecSpec>, LinkSpecSpec)> = vec![
             (
                 vec![
-                    link("a", Default, false, 1500, ""),
+                    link("a", Operator, false, 1500, ""),
                     link("a", Configuration, true, 0, ""),
                 ],
                 link("a", Configuration, true, 1500, ""),
@@ -261,10 +283,10 @@ mod tests {
                 ),
             ),
             (
-                "default/x".into(),
+                "operator/x".into(),
                 a(
                     "10.0.0.1/24",
-                    Default,
+                    Operator,
                     crate::resources::network::Scope::Global,
                 ),
             ),

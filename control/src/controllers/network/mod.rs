@@ -9,12 +9,13 @@
 //!   XSpecController (Strong, finalizer) ─▶ kernel (NetworkConfig adapter)
 //!   kernel ─(netlink)─▶ NetworkStatusController ─▶ Link/Address/Route/RoutingRuleStatus
 //!   NodeAddressController ─▶ NodeAddress default/current/routed/accumulative[-<filter>]
-//!   HostnameStatusController ─▶ HostnameStatus hostname, ResolverStatus resolvers
+//!   Hostname/Resolver/TimeServer: merge ─▶ HostSpecController ─▶ host files, UTS name
+//!   HostStatusController ─▶ HostnameStatus, ResolverStatus, TimeServerStatus
 //!   NetworkReadinessController ─▶ NetworkStatus status (address, connectivity, hostname, mesh)
 //! ```
 
 pub mod config;
-pub mod hostname;
+pub mod host;
 pub mod merge;
 pub mod node_address;
 pub mod readiness;
@@ -128,7 +129,8 @@ impl std::fmt::Debug for Deps {
 }
 
 /// Registers every network controller: config → merge → spec → kernel, statuses,
-/// node addresses and hostname.
+/// node addresses, and the host family (host name, resolvers, time servers) on the
+/// process's own host.
 ///
 /// # Errors
 /// Registration conflicts.
@@ -168,7 +170,7 @@ pub fn register_with_resync(
     ))?;
     runtime.register(status::NetworkStatusController::new(deps.clone()))?;
     runtime.register(node_address::NodeAddressController::default())?;
-    runtime.register(hostname::HostnameStatusController::default())?;
+    host::register(runtime, &host::HostDeps::real())?;
     runtime.register(readiness::NetworkReadinessController)?;
     Ok(())
 }

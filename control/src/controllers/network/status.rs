@@ -38,6 +38,65 @@ pub struct Statuses {
     pub rules: Vec<(String, RoutingRuleStatusSpec)>,
 }
 
+/// `IFF_*` bits by the names `ip link` prints (`IFF_RUNNING` included, which `ip`
+/// leaves out).
+const LINK_FLAGS: [(u32, &str); 19] = [
+    (1 << 0, "UP"),
+    (1 << 1, "BROADCAST"),
+    (1 << 2, "DEBUG"),
+    (1 << 3, "LOOPBACK"),
+    (1 << 4, "POINTOPOINT"),
+    (1 << 5, "NOTRAILERS"),
+    (1 << 6, "RUNNING"),
+    (1 << 7, "NOARP"),
+    (1 << 8, "PROMISC"),
+    (1 << 9, "ALLMULTI"),
+    (1 << 10, "MASTER"),
+    (1 << 11, "SLAVE"),
+    (1 << 12, "MULTICAST"),
+    (1 << 13, "PORTSEL"),
+    (1 << 14, "AUTOMEDIA"),
+    (1 << 15, "DYNAMIC"),
+    (1 << 16, "LOWER_UP"),
+    (1 << 17, "DORMANT"),
+    (1 << 18, "ECHO"),
+];
+
+/// The names of the set `IFF_*` bits, in bit order.
+#[must_use]
+pub fn link_flag_names(flags: u32) -> Vec<String> {
+    LINK_FLAGS
+        .iter()
+        .filter(|(bit, _)| flags & bit != 0)
+        .map(|(_, n)| (*n).to_owned())
+        .collect()
+}
+
+/// The names of the set `IFA_F_*` bits, in bit order, as `ip addr` prints them (bit
+/// 0 is `temporary` on IPv6 and `secondary` on IPv4).
+#[must_use]
+pub fn address_flag_names(flags: u32, ipv6: bool) -> Vec<String> {
+    let names: [(u32, &str); 12] = [
+        (0x01, if ipv6 { "temporary" } else { "secondary" }),
+        (0x02, "nodad"),
+        (0x04, "optimistic"),
+        (0x08, "dadfailed"),
+        (0x10, "home"),
+        (0x20, "deprecated"),
+        (0x40, "tentative"),
+        (0x80, "permanent"),
+        (0x100, "mngtmpaddr"),
+        (0x200, "noprefixroute"),
+        (0x400, "autojoin"),
+        (0x800, "stable-privacy"),
+    ];
+    names
+        .iter()
+        .filter(|(bit, _)| flags & bit != 0)
+        .map(|(_, n)| (*n).to_owned())
+        .collect()
+}
+
 /// Pure mapping of a kernel snapshot to statuses.
 #[must_use]
 pub fn statuses(st: &NetworkState) -> Statuses {
@@ -60,6 +119,13 @@ pub fn statuses(st: &NetworkState) -> Statuses {
                 carrier: l.carrier,
                 mtu: l.mtu,
                 hardware_addr: l.hardware_addr.clone(),
+                perm_hardware_addr: l.perm_hardware_addr.clone(),
+                flags: link_flag_names(l.flags),
+                master_index: l.master_index,
+                qdisc: l.qdisc.clone(),
+                driver: l.driver.clone(),
+                speed_mbps: l.speed_mbps,
+                duplex: l.duplex.clone(),
                 physical: l.kind.is_empty() && l.link_type != "loopback",
             },
         ));
@@ -76,6 +142,9 @@ pub fn statuses(st: &NetworkState) -> Statuses {
                 link_index: a.link_index,
                 family: Family::of(a.address.addr()),
                 scope: scope_of(a.scope),
+                local: a.local,
+                broadcast: a.broadcast,
+                flags: address_flag_names(a.flags, a.address.addr().is_ipv6()),
             },
         ));
     }
@@ -214,5 +283,24 @@ impl NetworkStatusController {
             Kind::new(NS, RoutingRuleStatus::TYPE),
         ])?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_are_named_as_ip_names_them() {
+        assert_eq!(
+            link_flag_names(0x1_1043),
+            ["UP", "BROADCAST", "RUNNING", "MULTICAST", "LOWER_UP"]
+        );
+        assert_eq!(
+            address_flag_names(0x280, false),
+            ["permanent", "noprefixroute"]
+        );
+        assert_eq!(address_flag_names(0x01, true), ["temporary"]);
+        assert_eq!(address_flag_names(0x01, false), ["secondary"]);
     }
 }
