@@ -55,6 +55,12 @@ pub struct Args {
     /// the other node's mesh address.
     #[arg(long, value_name = "ADDR:PORT")]
     pub api_listen: Option<std::net::SocketAddr>,
+    /// The root under which `HostnameConfig`, `ResolverConfig` and `TimeServerConfig`
+    /// manage the host's files (`/etc/hostname`, `/etc/resolv.conf`, the resolved,
+    /// timesyncd and chrony drop-ins). `/` on a host; the lab gives each node a
+    /// directory of its own, so a lab node never writes the machine's files.
+    #[arg(long, value_name = "DIR", default_value = "/")]
+    pub host_root: PathBuf,
     #[command(flatten)]
     pub mesh: MeshArgs,
 }
@@ -301,7 +307,8 @@ async fn run_async(args: &Args, socket: &Path) -> anyhow::Result<()> {
         )),
         feed: Arc::new(network::NetlinkFeed(netns)),
     };
-    network::register(&mut runtime, &net_deps)?;
+    let host = network::host::HostDeps::under(network::host::HostPaths::under(&args.host_root));
+    network::register_on_host(&mut runtime, &net_deps, &host)?;
     probe::register(&mut runtime)?;
     wirespan_control::controllers::cluster::register(&mut runtime, Default::default())?;
     let metrics = register_mesh(&mut runtime, &args.state_dir, &args.mesh)?;

@@ -587,6 +587,9 @@ fn start_nodes(
 ) -> anyhow::Result<Vec<Child>> {
     let mut children: Vec<Child> = Vec::new();
     for n in nodes.iter_mut() {
+        let host_root = n.state_dir.with_file_name("host");
+        fs::create_dir_all(&host_root)
+            .with_context(|| format!("creating {}", host_root.display()))?;
         let mut args = vec![
             exe.to_owned(),
             "--socket".into(),
@@ -602,6 +605,10 @@ fn start_nodes(
             // underlay and the mesh address (the proxy).
             "--api-listen".into(),
             plan::node_api_address().to_string(),
+            // Host documents (HostnameConfig, ResolverConfig, TimeServerConfig) act on
+            // the node's own directory, never on the machine's /etc.
+            "--host-root".into(),
+            path_str(&host_root)?.to_owned(),
         ];
         if supports_config {
             args.extend(["--config".into(), path_str(&n.config)?.to_owned()]);

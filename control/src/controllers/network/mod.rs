@@ -138,6 +138,19 @@ pub fn register(runtime: &mut Runtime, deps: &Deps) -> Result<(), RegistrationEr
     register_with_resync(runtime, deps, spec::RESYNC)
 }
 
+/// [`register`] with the host family acting on `host` (its files under another root:
+/// `wirespan node --host-root`).
+///
+/// # Errors
+/// Registration conflicts.
+pub fn register_on_host(
+    runtime: &mut Runtime,
+    deps: &Deps,
+    host: &host::HostDeps,
+) -> Result<(), RegistrationError> {
+    register_all(runtime, deps, spec::RESYNC, host)
+}
+
 /// [`register`] with another resync period of the spec controllers (tests).
 ///
 /// # Errors
@@ -146,6 +159,15 @@ pub fn register_with_resync(
     runtime: &mut Runtime,
     deps: &Deps,
     resync: std::time::Duration,
+) -> Result<(), RegistrationError> {
+    register_all(runtime, deps, resync, &host::HostDeps::real())
+}
+
+fn register_all(
+    runtime: &mut Runtime,
+    deps: &Deps,
+    resync: std::time::Duration,
+    host: &host::HostDeps,
 ) -> Result<(), RegistrationError> {
     runtime.register(config::NetworkConfigController)?;
     runtime.register(merge::MergeController::<LinkSpec>::new())?;
@@ -170,7 +192,7 @@ pub fn register_with_resync(
     ))?;
     runtime.register(status::NetworkStatusController::new(deps.clone()))?;
     runtime.register(node_address::NodeAddressController::default())?;
-    host::register(runtime, &host::HostDeps::real())?;
+    host::register(runtime, host)?;
     runtime.register(readiness::NetworkReadinessController)?;
     Ok(())
 }
