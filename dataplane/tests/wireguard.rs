@@ -9,6 +9,7 @@ mod ran;
 
 use std::{
     net::UdpSocket,
+    path::Path,
     time::{Duration, SystemTime},
 };
 
@@ -442,16 +443,27 @@ fn kernel_has_wireguard(ns: &NetnsGuard) -> bool {
     ok
 }
 
-/// Auto selection takes the kernel when it has WireGuard and wireguard-go otherwise:
-/// either way the device works, and a wireguard-go process runs in the namespace
-/// exactly when the kernel lacks WireGuard.
+/// Auto selection takes the kernel when it has WireGuard and `wirespan wireguard`
+/// otherwise: either way the device works, and a `wirespan wireguard` process runs in
+/// the namespace exactly when the kernel lacks WireGuard. (The node runs its own
+/// executable; a test binary is not one, so the test names the workspace's `wirespan`,
+/// which sits beside the test binaries' `deps/` folder.)
 #[test]
 fn auto_selection_follows_kernel_support() {
     let ns = NetnsGuard::new("wswg").unwrap();
     let kernel = kernel_has_wireguard(&ns);
     assert_eq!(kernel::supported(ns.netns()), kernel);
     let name = unique_name("wsa");
-    let mut wg = wireguard::select(BackendChoice::Auto, &name, ns.netns()).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let wirespan = exe.parent().and_then(Path::parent).unwrap().join("wirespan");
+    assert!(
+        kernel || wirespan.exists(),
+        "{} is not built (cargo build -p wirespan)",
+        wirespan.display()
+    );
+    let mut wg =
+        wireguard::select_with_binary(BackendChoice::Auto, &name, ns.netns(), Some(&wirespan))
+            .unwrap();
     let dev = WgDevice {
         name: name.clone(),
         private_key: PrivateKey::generate(),
@@ -465,11 +477,11 @@ fn auto_selection_follows_kernel_support() {
     assert_eq!(iface[1], dev.private_key.public_key().to_base64());
     assert_eq!(peers.len(), 1);
     let pids = ns.run_stdout("ip", &["netns", "pids", ns.name()]).unwrap();
-    let wireguard_go = pids.split_whitespace().any(|pid| {
-        std::fs::read_to_string(format!("/proc/{pid}/comm"))
-            .is_ok_and(|c| c.trim().starts_with("wireguard-go"))
+    let userspace = pids.split_whitespace().any(|pid| {
+        std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+            .is_ok_and(|c| c.split('\0').nth(1) == Some("wireguard"))
     });
-    assert_eq!(wireguard_go, !kernel, "kernel WireGuard: {kernel}");
+    assert_eq!(userspace, !kernel, "kernel WireGuard: {kernel}");
     wg.teardown().unwrap();
     assert!(ns.run("ip", &["link", "show", &name]).is_err());
 }
