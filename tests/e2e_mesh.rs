@@ -1469,13 +1469,17 @@ fn mesh_teardown_leaves_configured_and_foreign_routes_and_rules() {
 
 /// `wirespan node --on-stop keep` in a lab node (as the lab started it, plus the flag),
 /// logging at debug level to `log`.
-fn start_kept_daemon(lab: &Lab, n: &Value, log: &std::path::Path) -> Daemon {
+/// node `n`'s daemon started again by hand, with the WireGuard the lab ran it with (a
+/// restart keeps its flags; `auto` on a kernel with WireGuard would pick the kernel
+/// and not adopt a kept userspace device).
+fn start_kept_daemon(lab: &Lab, n: &Value, wireguard: &str, log: &std::path::Path) -> Daemon {
+    let name = n["name"].as_str().unwrap();
     let log = std::fs::File::create(log).unwrap();
     Daemon(
         Command::new(BIN)
-            .args(["lab", "exec", "--name", &lab.name])
-            .arg(n["name"].as_str().unwrap())
+            .args(["lab", "exec", "--name", &lab.name, name])
             .args(["--", "wirespan", "node", "--on-stop", "keep"])
+            .args(["--wireguard", wireguard])
             .args(["--config", n["config"].as_str().unwrap()])
             .args(["--state-dir", n["stateDir"].as_str().unwrap()])
             .args(["--socket", n["socket"].as_str().unwrap()])
@@ -1659,7 +1663,7 @@ fn restart_with_kernel_state_kept(lab: &Lab) {
         (!common::lab::alive(pid)).then_some(())
     });
     let log1 = lab.dir().join("node1-keep-1.log");
-    let mut first = start_kept_daemon(lab, &n1, &log1);
+    let mut first = start_kept_daemon(lab, &n1, &backend, &log1);
     // Seen once in the suite (not reproduced alone): say what the daemon saw.
     let diagnose = || {
         format!(
@@ -1700,7 +1704,7 @@ fn restart_with_kernel_state_kept(lab: &Lab) {
 
     // The same daemon again: same state dir and config.
     let log = lab.dir().join("node1-keep-2.log");
-    let _second = start_kept_daemon(lab, &n1, &log);
+    let _second = start_kept_daemon(lab, &n1, &backend, &log);
     // Polled while the daemon starts: no API yet is not a failure.
     let peer = eventually("node1 ready with its peer up", || {
         try_get(lab, "node1", "peers")

@@ -422,6 +422,30 @@ fn down_after_exit_removes_the_lab_when_its_owner_is_killed() {
 
 /// The userspace WireGuard processes in namespace `ns`: `wireguard-go`, or
 /// `wirespan wireguard` (named `wirespan-wireguard` here), one entry per process.
+/// The `lab status` entry of `node`.
+fn node_status<'a>(st: &'a Value, node: &str) -> &'a Value {
+    st["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["name"] == node)
+        .unwrap_or_else(|| panic!("no {node} in {st}"))
+}
+
+/// Pings node1 ↔ node2 over their mesh addresses (`lab status` JSON `st`).
+fn ping_mesh_both_ways(lab: &Lab, st: &Value) {
+    for (from, to) in [("node1", "node2"), ("node2", "node1")] {
+        let ula = node_status(st, to)["addresses"]["kubespan"]
+            .as_str()
+            .unwrap();
+        let ula = ula.split('/').next().unwrap();
+        lab.exec_ok(
+            from,
+            &["ping", "-n", "-q", "-c", "3", "-i", "0.2", "-w", "20", ula],
+        );
+    }
+}
+
 fn userspace_wireguard_in(ns: &str) -> Vec<&'static str> {
     userspace_wireguard_pids(ns)
         .into_iter()
@@ -534,35 +558,14 @@ fn auto_runs_wirespan_wireguard_and_meshes_with_a_wireguard_go_node() {
         ("node2", node2),
     ] {
         assert_eq!(lab.backend(node), want);
-        let n = st["nodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["name"] == node)
-            .unwrap();
+        let n = node_status(&st, node);
         assert_eq!(
             userspace_wireguard_in(n["namespace"].as_str().unwrap()),
             procs,
             "{n}"
         );
     }
-    let ping_both_ways = || {
-        for (from, to) in [("node1", "node2"), ("node2", "node1")] {
-            let n = st["nodes"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .find(|n| n["name"] == to)
-                .unwrap();
-            let ula = n["addresses"]["kubespan"].as_str().unwrap();
-            let ula = ula.split('/').next().unwrap();
-            lab.exec_ok(
-                from,
-                &["ping", "-n", "-q", "-c", "3", "-i", "0.2", "-w", "20", ula],
-            );
-        }
-    };
-    ping_both_ways();
+    ping_mesh_both_ways(&lab, &st);
     for n in st["nodes"].as_array().unwrap() {
         let ns = n["namespace"].as_str().unwrap();
         for (pid, name) in userspace_wireguard_pids(ns) {
@@ -578,7 +581,7 @@ fn auto_runs_wirespan_wireguard_and_meshes_with_a_wireguard_go_node() {
             });
         }
     }
-    ping_both_ways();
+    ping_mesh_both_ways(&lab, &st);
 }
 
 /// `--wireguard kernel`: on a kernel without WireGuard `up` fails at once, naming the
@@ -672,12 +675,7 @@ fn a_mixed_lab_runs_kernel_wireguard_and_wirespan_wireguard_side_by_side() {
     ] {
         assert_eq!(lab.backend(node), want);
         common::ran::record("wireguard", want);
-        let n = st["nodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["name"] == node)
-            .unwrap();
+        let n = node_status(&st, node);
         assert_eq!(
             userspace_wireguard_in(n["namespace"].as_str().unwrap()),
             procs,
@@ -686,18 +684,5 @@ fn a_mixed_lab_runs_kernel_wireguard_and_wirespan_wireguard_side_by_side() {
     }
     // `up` waited for both peers; the tunnel (each node's mesh address) carries
     // traffic both ways.
-    for (from, to) in [("node1", "node2"), ("node2", "node1")] {
-        let n = st["nodes"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|n| n["name"] == to)
-            .unwrap();
-        let ula = n["addresses"]["kubespan"].as_str().unwrap();
-        let ula = ula.split('/').next().unwrap();
-        lab.exec_ok(
-            from,
-            &["ping", "-n", "-q", "-c", "3", "-i", "0.2", "-w", "20", ula],
-        );
-    }
+    ping_mesh_both_ways(&lab, &st);
 }

@@ -455,7 +455,11 @@ fn auto_selection_follows_kernel_support() {
     assert_eq!(kernel::supported(ns.netns()), kernel);
     let name = unique_name("wsa");
     let exe = std::env::current_exe().unwrap();
-    let wirespan = exe.parent().and_then(Path::parent).unwrap().join("wirespan");
+    let wirespan = exe
+        .parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("wirespan");
     assert!(
         kernel || wirespan.exists(),
         "{} is not built (cargo build -p wirespan)",
