@@ -1001,3 +1001,118 @@ fn link_and_address_statuses_match_ip_json() {
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 }
+
+fn has_rule(ns: &NetnsGuard, priority: u32) -> bool {
+    ip_json(ns, &["-j", "rule", "show"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["priority"] == priority)
+}
+
+/// The start-up sweep (`docs/runtime.md` §4.5): kernel objects an earlier run made
+/// from network documents (marker 212, the link alias) that the config in force no
+/// longer names go after the settle time; the mesh's (211), foreign ones and those
+/// the config names stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_sweep_removes_leftover_config_objects_only() {
+    use wirespan_dataplane::routing::{AddressParams, LinkParams, NetworkConfig, Owner};
+    const SETTLE: std::time::Duration = std::time::Duration::from_secs(2);
+    let ns = NetnsGuard::new("wssweep").unwrap();
+    let ip = |args: &str| {
+        ns.run("ip", &args.split(' ').collect::<Vec<_>>()).unwrap();
+    };
+    ip("link add dum0 type veth peer name dum0p");
+    ip("link set dum0p up");
+    ip("link set dum0 up");
+    ip("addr add 10.50.0.9/24 dev dum0");
+    // "A previous run": a stale route and rule from documents, one the config still
+    // names, the mesh's, and the operator's own.
+    ip("route add 10.61.0.0/16 via 10.50.0.1 dev dum0 proto 212");
+    ip("route add 10.62.0.0/16 via 10.50.0.1 dev dum0 proto 212");
+    ip("route add 10.63.0.0/16 via 10.50.0.1 dev dum0");
+    ip("route add 10.64.0.0/16 via 10.50.0.1 dev dum0 proto 211");
+    ip("rule add priority 1300 from 10.50.0.0/24 table 100 proto 212");
+    ip("rule add priority 1301 from 10.50.0.0/24 table 100 proto 211");
+    ip("rule add priority 1302 from 10.50.0.0/24 table 100");
+    // iproute2 6.1 cannot mark addresses: the adapter writes them as a run would.
+    let mut net = NetlinkRouting::new(ns.netns()).unwrap();
+    net.apply_link(&LinkParams {
+        name: "br-old".into(),
+        logical: true,
+        kind: "bridge".into(),
+        up: true,
+        mtu: 0,
+    })
+    .unwrap();
+    net.apply_address(&AddressParams {
+        link: "dum0".into(),
+        address: "10.50.0.77/24".parse().unwrap(),
+        scope: scope::UNIVERSE,
+        owner: Owner::Config,
+    })
+    .unwrap();
+    drop(net);
+
+    let deps = Deps {
+        net: Arc::new(Mutex::new(NetlinkRouting::new(ns.netns()).unwrap())),
+        feed: Arc::new(NetlinkFeed(ns.netns().clone())),
+    };
+    let store = Store::new(StoreOptions::default());
+    let mut rt = Runtime::new(store.clone());
+    network::register_with_sweep_settle(&mut rt, &deps, SETTLE).unwrap();
+    let h = Harness::start(rt);
+    let loaded = tokio::time::Instant::now();
+    set_config(
+        &store,
+        "apiVersion: v1alpha1\nkind: RouteConfig\ndestination: 10.62.0.0/16\ngateway: 10.50.0.1\nlink: dum0\n",
+    );
+    until("the named route's spec", || route_specs(&store).len() == 1).await;
+    // Within the settle time the leftovers are still there.
+    assert!(
+        has_route(&ns, "10.61.0.0/16"),
+        "swept before the settle time"
+    );
+    assert!(has_rule(&ns, 1300), "swept before the settle time");
+
+    let deadline = std::time::Duration::from_secs(10);
+    until_within("stale route gone", deadline, || {
+        !has_route(&ns, "10.61.0.0/16")
+    })
+    .await;
+    assert!(
+        loaded.elapsed() >= SETTLE,
+        "swept after {:?}",
+        loaded.elapsed()
+    );
+    until_within("stale rule gone", deadline, || !has_rule(&ns, 1300)).await;
+    until_within("stale address gone", deadline, || {
+        !has_addr(&ns, "dum0", "10.50.0.77")
+    })
+    .await;
+    until_within("stale bridge gone", deadline, || {
+        ns.run("ip", &["link", "show", "br-old"]).is_err()
+    })
+    .await;
+    for dst in ["10.62.0.0/16", "10.63.0.0/16", "10.64.0.0/16"] {
+        assert!(has_route(&ns, dst), "{dst} removed");
+    }
+    assert!(has_rule(&ns, 1301), "the mesh's rule removed");
+    assert!(has_rule(&ns, 1302), "a foreign rule removed");
+    assert!(
+        has_addr(&ns, "dum0", "10.50.0.9"),
+        "foreign address removed"
+    );
+    h.stop().await.unwrap();
+}
+
+async fn until_within(what: &str, limit: std::time::Duration, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + limit;
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}

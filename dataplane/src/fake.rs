@@ -17,9 +17,9 @@ use futures::channel::mpsc;
 use crate::{
     marking::{render, Marking, MarkingError, MarkingSpec, MarkingStatus, PrefixDelta, Ruleset},
     routing::{
-        AddressParams, LinkParams, NetworkConfig, NetworkState, ObservedAddress, ObservedLink,
-        ObservedRoute, ObservedRule, RouteParams, Routing, RoutingChanges, RoutingError,
-        RoutingSpec, RoutingStatus, RuleParams, RTPROT_WIRESPAN,
+        AddressParams, LinkParams, MarkedObject, NetworkConfig, NetworkState, ObservedAddress,
+        ObservedLink, ObservedRoute, ObservedRule, RouteParams, Routing, RoutingChanges,
+        RoutingError, RoutingSpec, RoutingStatus, RuleParams, RTPROT_WIRESPAN,
     },
     watch::NetEvent,
     wireguard::{
@@ -561,6 +561,7 @@ impl FakeNetwork {
                 broadcast: None,
                 flags: 0x80,
                 ours: false,
+                protocol: 0,
             });
         }
         self.changed();
@@ -725,6 +726,7 @@ impl NetworkConfig for FakeNetwork {
                 broadcast: None,
                 flags: 0x80,
                 ours: true,
+                protocol: p.owner.protocol(),
             });
             Ok(true)
         })
@@ -823,6 +825,37 @@ impl NetworkConfig for FakeNetwork {
                 !(r.v6 == p.v6 && r.priority == p.priority && r.protocol == RTPROT_WIRESPAN)
             });
             Ok(g.state.rules.len() != before)
+        })
+    }
+
+    fn remove_marked(&mut self, o: &MarkedObject) -> Result<bool, RoutingError> {
+        if let MarkedObject::Link(name) = o {
+            return self.remove_link(name);
+        }
+        self.write(|g| {
+            let ours =
+                |p: u8| matches!(p, RTPROT_WIRESPAN | crate::routing::RTPROT_WIRESPAN_CONFIG);
+            let before = (
+                g.state.routes.len(),
+                g.state.rules.len(),
+                g.state.addresses.len(),
+            );
+            match o {
+                MarkedObject::Route(r) if ours(r.protocol) => g.state.routes.retain(|x| x != r),
+                MarkedObject::Rule(r) if ours(r.protocol) => g.state.rules.retain(|x| x != r),
+                MarkedObject::Address(a) if ours(a.protocol) => g.state.addresses.retain(|x| {
+                    !(x.link_index == a.link_index
+                        && x.address == a.address
+                        && x.protocol == a.protocol)
+                }),
+                _ => {}
+            }
+            Ok(before
+                != (
+                    g.state.routes.len(),
+                    g.state.rules.len(),
+                    g.state.addresses.len(),
+                ))
         })
     }
 

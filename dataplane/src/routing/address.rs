@@ -10,7 +10,7 @@ use rtnetlink::{
 use super::{
     error::nl,
     link::{find_link, link_index},
-    owner::{addr_ours, addr_proto},
+    owner::{addr_ours, addr_proto, RTPROT_WIRESPAN, RTPROT_WIRESPAN_CONFIG},
     AddressParams, ObservedAddress, RoutingError,
 };
 
@@ -48,6 +48,7 @@ pub(super) fn observed_address(m: &AddressMessage) -> Option<ObservedAddress> {
         broadcast,
         flags,
         ours: addr_ours(m),
+        protocol: addr_proto(m).unwrap_or_default(),
     })
 }
 
@@ -112,6 +113,28 @@ pub(super) async fn remove_address_in_ns(
     let mut removed = false;
     for (a, msg) in link_addresses(&h, link.index).await? {
         if a == p.address && addr_ours(&msg) {
+            h.address()
+                .del(msg)
+                .execute()
+                .await
+                .map_err(nl("delete address"))?;
+            removed = true;
+        }
+    }
+    Ok(removed)
+}
+
+/// Deletes the address `o` if it is still on its link with the same wirespan marker.
+pub(super) async fn remove_marked_address_in_ns(
+    h: Handle,
+    o: ObservedAddress,
+) -> Result<bool, RoutingError> {
+    if !matches!(o.protocol, RTPROT_WIRESPAN | RTPROT_WIRESPAN_CONFIG) {
+        return Ok(false);
+    }
+    let mut removed = false;
+    for (a, msg) in link_addresses(&h, o.link_index).await? {
+        if a == o.address && addr_proto(&msg) == Some(o.protocol) {
             h.address()
                 .del(msg)
                 .execute()

@@ -48,8 +48,8 @@ mod spec;
 pub use error::RoutingError;
 pub use netlink::NetlinkRouting;
 pub use network::{
-    scope, AddressParams, LinkParams, NetworkConfig, NetworkState, ObservedAddress, ObservedLink,
-    ObservedRoute, ObservedRule, RouteKind, RouteParams, RuleParams,
+    scope, AddressParams, LinkParams, MarkedObject, NetworkConfig, NetworkState, ObservedAddress,
+    ObservedLink, ObservedRoute, ObservedRule, RouteKind, RouteParams, RuleParams,
 };
 pub use owner::{Owner, LINK_ALIAS, RTPROT_WIRESPAN, RTPROT_WIRESPAN_CONFIG};
 pub use spec::{Routing, RoutingChanges, RoutingSpec, RoutingStatus};

@@ -5,12 +5,20 @@ use futures::TryStreamExt;
 use rtnetlink::{packet_route::address::AddressMessage, Handle};
 
 use super::{
-    address::{apply_address_in_ns, observed_address, remove_address_in_ns},
+    address::{
+        apply_address_in_ns, observed_address, remove_address_in_ns, remove_marked_address_in_ns,
+    },
     error::nl,
     link::{apply_link_in_ns, observed_link, remove_link_in_ns},
-    route::{all_routes, apply_route_in_ns, observed_route, remove_route_in_ns},
-    rule::{all_rules, apply_rule_in_ns, observed_rule, remove_rule_in_ns},
-    AddressParams, LinkParams, NetworkConfig, NetworkState, RouteParams, RoutingError, RuleParams,
+    route::{
+        all_routes, apply_route_in_ns, observed_route, remove_marked_route_in_ns,
+        remove_route_in_ns,
+    },
+    rule::{
+        all_rules, apply_rule_in_ns, observed_rule, remove_marked_rule_in_ns, remove_rule_in_ns,
+    },
+    AddressParams, LinkParams, MarkedObject, NetworkConfig, NetworkState, RouteParams,
+    RoutingError, RuleParams,
 };
 use crate::{
     error::check_ifname,
@@ -152,6 +160,17 @@ impl NetworkConfig for NetlinkRouting {
     fn remove_rule(&mut self, p: &RuleParams) -> Result<bool, RoutingError> {
         let p = p.clone();
         let w = self.run_op(move |h| remove_rule_in_ns(h, p))?;
+        Ok(self.count(w))
+    }
+
+    fn remove_marked(&mut self, o: &MarkedObject) -> Result<bool, RoutingError> {
+        let w = match o.clone() {
+            MarkedObject::Route(r) => self.run_op(move |h| remove_marked_route_in_ns(h, r))?,
+            MarkedObject::Rule(r) => self.run_op(move |h| remove_marked_rule_in_ns(h, r))?,
+            MarkedObject::Address(a) => self.run_op(move |h| remove_marked_address_in_ns(h, a))?,
+            // Only a link with wirespan's alias is deleted (`remove_link_in_ns`).
+            MarkedObject::Link(n) => self.run_op(move |h| remove_link_in_ns(h, n))?,
+        };
         Ok(self.count(w))
     }
 

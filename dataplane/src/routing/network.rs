@@ -165,6 +165,8 @@ pub struct ObservedAddress {
     pub flags: u32,
     /// Added by wirespan.
     pub ours: bool,
+    /// `IFA_PROTO` (211 = the mesh's, 212 = from network documents, 0 = unset).
+    pub protocol: u8,
 }
 
 /// A route in the kernel.
@@ -209,6 +211,21 @@ pub struct ObservedRule {
     pub fw_mask: u32,
     /// Protocol (211 = the mesh's, 212 = from network documents).
     pub protocol: u8,
+}
+
+/// A kernel object as observed, for the spec controllers' start-up sweep of objects
+/// the network documents made that no spec names any more
+/// ([`NetworkConfig::remove_marked`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MarkedObject {
+    /// A route, removed only while it is exactly as observed (marker included).
+    Route(ObservedRoute),
+    /// A rule, removed only while it is exactly as observed (marker included).
+    Rule(ObservedRule),
+    /// An address, removed only while it is on the same link with the same marker.
+    Address(ObservedAddress),
+    /// A logical link wirespan created (alias [`super::LINK_ALIAS`]), by name.
+    Link(String),
 }
 
 /// Everything the status controllers publish.
@@ -268,6 +285,13 @@ pub trait NetworkConfig: Send {
     /// # Errors
     /// Netlink failure.
     fn remove_rule(&mut self, p: &RuleParams) -> Result<bool, RoutingError>;
+    /// Removes one object as observed by [`Self::state`], only if it still carries a
+    /// wirespan marker (211 or 212, or the link alias) and still matches what was
+    /// observed; anything else (changed meanwhile, foreign) stays.
+    ///
+    /// # Errors
+    /// Netlink failure.
+    fn remove_marked(&mut self, o: &MarkedObject) -> Result<bool, RoutingError>;
     /// Reads links, addresses, routes and rules.
     ///
     /// # Errors

@@ -295,3 +295,25 @@ pub(super) async fn remove_route_in_ns(h: Handle, p: RouteParams) -> Result<bool
     }
     Ok(removed)
 }
+
+/// Deletes the routes exactly as `o` (marker included) if `o` carries a wirespan marker.
+pub(super) async fn remove_marked_route_in_ns(
+    h: Handle,
+    o: ObservedRoute,
+) -> Result<bool, RoutingError> {
+    if !is_ours_proto(o.protocol.into()) {
+        return Ok(false);
+    }
+    let mut removed = false;
+    for r in all_routes(&h).await? {
+        if observed_route(&r).as_ref() == Some(&o) {
+            h.route()
+                .del(r)
+                .execute()
+                .await
+                .map_err(nl("delete route"))?;
+            removed = true;
+        }
+    }
+    Ok(removed)
+}

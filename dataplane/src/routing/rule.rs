@@ -243,3 +243,21 @@ pub(super) async fn remove_rule_in_ns(h: Handle, p: RuleParams) -> Result<bool, 
     }
     Ok(removed)
 }
+
+/// Deletes the rules exactly as `o` (marker included) if `o` carries a wirespan marker.
+pub(super) async fn remove_marked_rule_in_ns(
+    h: Handle,
+    o: ObservedRule,
+) -> Result<bool, RoutingError> {
+    if !is_ours_proto(o.protocol.into()) {
+        return Ok(false);
+    }
+    let mut removed = false;
+    for r in all_rules(&h).await? {
+        if observed_rule(&r) == o {
+            h.rule().del(r).execute().await.map_err(nl("delete rule"))?;
+            removed = true;
+        }
+    }
+    Ok(removed)
+}

@@ -21,6 +21,7 @@ pub mod node_address;
 pub mod readiness;
 pub mod spec;
 pub mod status;
+pub mod sweep;
 
 use std::sync::{Arc, Mutex};
 
@@ -148,7 +149,7 @@ pub fn register_on_host(
     deps: &Deps,
     host: &host::HostDeps,
 ) -> Result<(), RegistrationError> {
-    register_all(runtime, deps, spec::RESYNC, host)
+    register_all(runtime, deps, (spec::RESYNC, sweep::SWEEP_SETTLE), host)
 }
 
 /// [`register`] with another resync period of the spec controllers (tests).
@@ -160,35 +161,64 @@ pub fn register_with_resync(
     deps: &Deps,
     resync: std::time::Duration,
 ) -> Result<(), RegistrationError> {
-    register_all(runtime, deps, resync, &host::HostDeps::real())
+    register_all(
+        runtime,
+        deps,
+        (resync, sweep::SWEEP_SETTLE),
+        &host::HostDeps::real(),
+    )
 }
 
+/// [`register`] with another settle time of the spec controllers' start-up sweep
+/// (tests).
+///
+/// # Errors
+/// Registration conflicts.
+pub fn register_with_sweep_settle(
+    runtime: &mut Runtime,
+    deps: &Deps,
+    settle: std::time::Duration,
+) -> Result<(), RegistrationError> {
+    register_all(
+        runtime,
+        deps,
+        (spec::RESYNC, settle),
+        &host::HostDeps::real(),
+    )
+}
+
+/// `timing`: the spec controllers' resync period and sweep settle time.
 fn register_all(
     runtime: &mut Runtime,
     deps: &Deps,
-    resync: std::time::Duration,
+    timing: (std::time::Duration, std::time::Duration),
     host: &host::HostDeps,
 ) -> Result<(), RegistrationError> {
+    let (resync, settle) = timing;
     runtime.register(config::NetworkConfigController)?;
     runtime.register(merge::MergeController::<LinkSpec>::new())?;
     runtime.register(merge::MergeController::<AddressSpec>::new())?;
     runtime.register(merge::MergeController::<RouteSpec>::new())?;
     runtime.register(merge::MergeController::<RoutingRuleSpec>::new())?;
-    runtime.register(spec::SpecController::<LinkSpec>::with_resync(
+    runtime.register(spec::SpecController::<LinkSpec>::with_timing(
         deps.clone(),
         resync,
+        settle,
     ))?;
-    runtime.register(spec::SpecController::<AddressSpec>::with_resync(
+    runtime.register(spec::SpecController::<AddressSpec>::with_timing(
         deps.clone(),
         resync,
+        settle,
     ))?;
-    runtime.register(spec::SpecController::<RouteSpec>::with_resync(
+    runtime.register(spec::SpecController::<RouteSpec>::with_timing(
         deps.clone(),
         resync,
+        settle,
     ))?;
-    runtime.register(spec::SpecController::<RoutingRuleSpec>::with_resync(
+    runtime.register(spec::SpecController::<RoutingRuleSpec>::with_timing(
         deps.clone(),
         resync,
+        settle,
     ))?;
     runtime.register(status::NetworkStatusController::new(deps.clone()))?;
     runtime.register(node_address::NodeAddressController::default())?;

@@ -2,18 +2,32 @@
 //! finalizer on each spec so a spec that goes away takes its kernel object with it.
 //! The adapter only ever removes objects wirespan made.
 
-use std::{marker::PhantomData, net::IpAddr, time::Duration};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    marker::PhantomData,
+    net::IpAddr,
+    time::Duration,
+};
 
 use futures::future::BoxFuture;
 use ipnet::IpNet;
+use tokio::time::Instant;
 use wirespan_dataplane::routing::{
-    AddressParams, LinkParams, NetworkConfig, Owner, RouteParams, RoutingError, RuleParams,
+    AddressParams, LinkParams, MarkedObject, NetworkConfig, NetworkState, Owner, RouteParams,
+    RoutingError, RuleParams, RTPROT_WIRESPAN_CONFIG,
 };
 
-use super::{route_kind, scope_number, Deps};
+use super::{
+    route_kind, scope_number,
+    sweep::{Sweep, SWEEP_SETTLE},
+    Deps,
+};
 use crate::{
-    resources::network::{
-        AddressSpec, ConfigLayer, Family, LinkSpec, RouteSpec, RoutingRuleSpec, NS, TABLE_MAIN,
+    resources::{
+        config::MachineConfig,
+        network::{
+            AddressSpec, ConfigLayer, Family, LinkSpec, RouteSpec, RoutingRuleSpec, NS, TABLE_MAIN,
+        },
     },
     runtime::{
         Action, Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind,
@@ -35,6 +49,28 @@ pub trait KernelObject: ResourceKind {
     /// # Errors
     /// Those of the adapter.
     fn remove(net: &mut dyn NetworkConfig, spec: &Self::Spec) -> Result<bool, RoutingError>;
+    /// What identifies the kernel object of a spec (what the adapter matches on),
+    /// for the start-up sweep ([`super::sweep`]).
+    type Key: Ord + Clone + std::fmt::Debug + Send;
+    /// The key of a spec's kernel object (`None`: it makes none).
+    fn key(spec: &Self::Spec) -> Option<Self::Key>;
+    /// The kernel objects of this kind that carry the network documents' marker
+    /// (212, or the link alias), by key: the sweep's candidates. Never the mesh's
+    /// (211) nor foreign ones.
+    fn config_marked(state: &NetworkState) -> Vec<(Self::Key, MarkedObject)>;
+}
+
+/// A route's identity in the adapter: destination, gateway, table and priority (IPv6
+/// priority 0 is the kernel's 1024).
+type RouteKey = (IpNet, Option<IpAddr>, u32, u32);
+
+fn route_key(destination: IpNet, gateway: Option<IpAddr>, table: u32, priority: u32) -> RouteKey {
+    let priority = if destination.addr().is_ipv6() && priority == 0 {
+        1024
+    } else {
+        priority
+    };
+    (destination, gateway, table, priority)
 }
 
 /// Whose marker a merged spec's kernel object carries: the operator layer is the
@@ -71,6 +107,20 @@ impl KernelObject for LinkSpec {
             Ok(false)
         }
     }
+    type Key = String;
+    fn key(s: &Self::Spec) -> Option<String> {
+        Some(s.name.clone())
+    }
+    fn config_marked(state: &NetworkState) -> Vec<(String, MarkedObject)> {
+        // Only logical links from LinkConfig carry the alias (the WireGuard link is
+        // the backend's and has none).
+        state
+            .links
+            .iter()
+            .filter(|l| l.ours && !l.kind.is_empty())
+            .map(|l| (l.name.clone(), MarkedObject::Link(l.name.clone())))
+            .collect()
+    }
 }
 
 fn address_params(s: &crate::resources::network::AddressSpecSpec) -> Option<AddressParams> {
@@ -89,6 +139,26 @@ impl KernelObject for AddressSpec {
     }
     fn remove(net: &mut dyn NetworkConfig, s: &Self::Spec) -> Result<bool, RoutingError> {
         address_params(s).map_or(Ok(false), |p| net.remove_address(&p))
+    }
+    /// Link name and address.
+    type Key = (String, IpNet);
+    fn key(s: &Self::Spec) -> Option<Self::Key> {
+        Some((s.link_name.clone(), s.address?))
+    }
+    fn config_marked(state: &NetworkState) -> Vec<(Self::Key, MarkedObject)> {
+        let name_of = |index: u32| state.links.iter().find(|l| l.index == index);
+        state
+            .addresses
+            .iter()
+            .filter(|a| a.protocol == RTPROT_WIRESPAN_CONFIG)
+            .filter_map(|a| {
+                let link = name_of(a.link_index)?;
+                Some((
+                    (link.name.clone(), a.address),
+                    MarkedObject::Address(a.clone()),
+                ))
+            })
+            .collect()
     }
 }
 
@@ -121,6 +191,22 @@ impl KernelObject for RouteSpec {
     fn remove(net: &mut dyn NetworkConfig, s: &Self::Spec) -> Result<bool, RoutingError> {
         net.remove_route(&route_params(s))
     }
+    type Key = RouteKey;
+    fn key(s: &Self::Spec) -> Option<RouteKey> {
+        let p = route_params(s);
+        Some(route_key(p.destination, p.gateway, p.table, p.priority))
+    }
+    fn config_marked(state: &NetworkState) -> Vec<(RouteKey, MarkedObject)> {
+        state
+            .routes
+            .iter()
+            .filter(|r| r.protocol == RTPROT_WIRESPAN_CONFIG)
+            .map(|r| {
+                let k = route_key(r.destination, r.gateway, r.table, r.priority);
+                (k, MarkedObject::Route(r.clone()))
+            })
+            .collect()
+    }
 }
 
 fn rule_params(s: &crate::resources::network::RoutingRuleSpecSpec) -> RuleParams {
@@ -144,6 +230,19 @@ impl KernelObject for RoutingRuleSpec {
     fn remove(net: &mut dyn NetworkConfig, s: &Self::Spec) -> Result<bool, RoutingError> {
         net.remove_rule(&rule_params(s))
     }
+    /// Family (IPv6) and priority: one rule of ours per priority.
+    type Key = (bool, u32);
+    fn key(s: &Self::Spec) -> Option<(bool, u32)> {
+        Some((s.family == Family::Inet6, s.priority))
+    }
+    fn config_marked(state: &NetworkState) -> Vec<((bool, u32), MarkedObject)> {
+        state
+            .rules
+            .iter()
+            .filter(|r| r.protocol == RTPROT_WIRESPAN_CONFIG)
+            .map(|r| ((r.v6, r.priority), MarkedObject::Rule(r.clone())))
+            .collect()
+    }
 }
 
 /// How often every spec controller re-applies every spec although nothing woke it:
@@ -162,13 +261,15 @@ pub const ERROR_ANNOTATION: &str = "error";
 /// is recorded on that spec ([`ERROR_ANNOTATION`]) and logged once per change, and
 /// the others still go in; it is retried on the next kernel event or resync.
 #[derive(Debug)]
-pub struct SpecController<K> {
+pub struct SpecController<K: KernelObject> {
     deps: Deps,
     resync: Duration,
+    settle: Duration,
+    sweep: Sweep<K::Key>,
     _kind: PhantomData<fn() -> K>,
 }
 
-impl<K> SpecController<K> {
+impl<K: KernelObject> SpecController<K> {
     /// A controller using `deps.net`, woken by `deps.feed` and a [`RESYNC`] after its
     /// last round.
     #[must_use]
@@ -179,9 +280,17 @@ impl<K> SpecController<K> {
     /// Same, with another resync period (tests).
     #[must_use]
     pub fn with_resync(deps: Deps, resync: Duration) -> Self {
+        Self::with_timing(deps, resync, SWEEP_SETTLE)
+    }
+
+    /// Same, with another resync period and sweep settle time (tests).
+    #[must_use]
+    pub fn with_timing(deps: Deps, resync: Duration, settle: Duration) -> Self {
         Self {
             deps,
             resync,
+            settle,
+            sweep: Sweep::new(settle),
             _kind: PhantomData,
         }
     }
@@ -204,7 +313,11 @@ where
     }
 
     fn inputs(&self) -> Vec<Input> {
-        vec![Input::of::<K>(NS, InputKind::Strong)]
+        // The active config only tells the sweep that a config is in force.
+        vec![
+            Input::of::<K>(NS, InputKind::Strong),
+            MachineConfig::input(),
+        ]
     }
 
     fn outputs(&self) -> Vec<Output> {
@@ -214,6 +327,7 @@ where
     fn start(&mut self, _rt: &mut ControllerRuntime) -> Result<Triggers<()>, ControllerError> {
         // Kernel events (a link appearing, an object deleted from outside) and the
         // resync start a round.
+        self.sweep = Sweep::new(self.settle);
         let events = self.deps.feed.subscribe().map_err(ControllerError::other)?;
         Ok(Triggers::inputs_only()
             .with_events(events)
@@ -227,7 +341,10 @@ where
     ) -> BoxFuture<'a, ControllerResult> {
         Box::pin(async move {
             self.round(rt).await?;
-            Ok(Action::await_change())
+            Ok(match self.sweep_round(rt).await? {
+                Some(at) => Action::requeue_at(at),
+                None => Action::await_change(),
+            })
         })
     }
 }
@@ -237,6 +354,66 @@ where
     K: KernelObject,
     K::Spec: Clone + Send,
 {
+    /// The start-up sweep ([`super::sweep`]): removes marked kernel objects no spec
+    /// names once they stayed so for the settle time with a config in force. Returns
+    /// when to look again.
+    async fn sweep_round(
+        &mut self,
+        rt: &mut ControllerRuntime,
+    ) -> Result<Option<Instant>, ControllerError> {
+        if !self.sweep.active() {
+            return Ok(None);
+        }
+        let loaded = MachineConfig::active(rt)?.is_some();
+        let (mut marked, mut wanted) = (BTreeMap::new(), BTreeSet::new());
+        if loaded {
+            let net = self.deps.net.clone();
+            let state = tokio::task::spawn_blocking(move || {
+                net.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .state()
+            })
+            .await
+            .map_err(ControllerError::other)?
+            .map_err(ControllerError::other)?;
+            marked = K::config_marked(&state).into_iter().collect();
+            // Every phase: a tearing-down spec's object is its finalizer's to remove.
+            wanted = rt
+                .list::<K>(NS)?
+                .iter()
+                .filter_map(|r| K::key(&r.spec))
+                .collect();
+        }
+        let keys: BTreeSet<K::Key> = marked.keys().cloned().collect();
+        let now = Instant::now();
+        let plan = self.sweep.plan(loaded, &keys, &wanted, now);
+        let mut recheck_at = plan.recheck_at;
+        for key in plan.remove {
+            let Some(object) = marked.remove(&key) else {
+                continue;
+            };
+            let net = self.deps.net.clone();
+            let res = tokio::task::spawn_blocking(move || {
+                net.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .remove_marked(&object)
+            })
+            .await
+            .map_err(ControllerError::other)?;
+            match res {
+                Ok(removed) => tracing::info!(controller = K::CONTROLLER, key = ?key, removed,
+                    "swept a kernel object from the network documents that no spec names"),
+                Err(e) => {
+                    tracing::warn!(controller = K::CONTROLLER, key = ?key, error = %e,
+                        "could not sweep a leftover kernel object; retrying");
+                    recheck_at =
+                        Some(recheck_at.map_or(now + self.settle, |t| t.min(now + self.settle)));
+                }
+            }
+        }
+        Ok(recheck_at)
+    }
+
     async fn round(&mut self, rt: &mut ControllerRuntime) -> Result<(), ControllerError> {
         let name = K::CONTROLLER;
         let specs = rt.list::<K>(NS)?;
