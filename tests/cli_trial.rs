@@ -2,7 +2,8 @@
 //! `RouteConfig` on trial is in the kernel at once and gone after the deadline, with
 //! `configstatus` saying it rolled back; a confirmed one stays across a restart; a node
 //! killed with SIGKILL during a trial and started after the deadline comes up on the
-//! earlier config.
+//! earlier config, and the start-up sweep removes the kernel route the killed process
+//! made.
 
 mod common;
 
@@ -245,12 +246,23 @@ fn a_node_killed_during_a_trial_and_started_after_the_deadline_comes_up_on_the_e
         last.starts_with(&format!("rolled back to {} at start", version(BASE))),
         "{last}"
     );
-    // The config in force has no such route. (The kernel route the killed process
-    // made stays: no controller sweeps config-owned routes that no spec names at
-    // start; see `docs/operations.md`.)
+    // The config in force has no such route.
     let specs = common::stdout(&node.cli(&["get", "routespecs"]));
     assert!(!specs.contains(ROUTE), "{specs}");
     assert!(!node.dir.join("state/config-trial.json").exists());
+    // Nor has the kernel, once the start-up sweep's settle time (10 s) has passed:
+    // the killed process made the route (protocol 212), and no spec names it now.
+    let restarted = Instant::now();
+    until(
+        "the killed trial's kernel route swept",
+        Duration::from_secs(25),
+        || !node.has_route(),
+    );
+    assert!(
+        restarted.elapsed() >= Duration::from_secs(8),
+        "swept {:?} after the restart, before the settle time",
+        restarted.elapsed()
+    );
 }
 
 #[test]
