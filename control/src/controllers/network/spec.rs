@@ -488,3 +488,128 @@ where
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use wirespan_dataplane::routing::{
+        ObservedAddress, ObservedLink, ObservedRoute, ObservedRule, RouteKind, RTPROT_WIRESPAN,
+    };
+
+    use super::*;
+    use crate::resources::network::{AddressSpecSpec, RouteSpecSpec};
+
+    fn route(dst: &str, protocol: u8, priority: u32) -> ObservedRoute {
+        ObservedRoute {
+            destination: dst.parse().unwrap(),
+            gateway: None,
+            source: None,
+            oif: Some(2),
+            table: TABLE_MAIN,
+            priority,
+            scope: 0,
+            kind: RouteKind::Unicast,
+            protocol,
+        }
+    }
+
+    fn rule(priority: u32, protocol: u8) -> ObservedRule {
+        ObservedRule {
+            v6: false,
+            src: None,
+            dst: None,
+            table: 100,
+            priority,
+            fw_mark: 0,
+            fw_mask: 0,
+            protocol,
+        }
+    }
+
+    fn address(ip: &str, protocol: u8) -> ObservedAddress {
+        ObservedAddress {
+            link_index: 2,
+            address: ip.parse().unwrap(),
+            scope: 0,
+            local: None,
+            broadcast: None,
+            flags: 0,
+            ours: protocol != 0,
+            protocol,
+        }
+    }
+
+    fn state() -> NetworkState {
+        let link = |index, name: &str, kind: &str, ours| ObservedLink {
+            index,
+            name: name.into(),
+            kind: kind.into(),
+            ours,
+            ..ObservedLink::default()
+        };
+        NetworkState {
+            links: vec![
+                link(2, "eth0", "", false),
+                link(3, "br-doc", "bridge", true),
+                link(4, "br-foreign", "bridge", false),
+                link(5, "kubespan", "wireguard", false),
+            ],
+            addresses: vec![
+                address("10.0.0.1/24", 0),
+                address("10.0.0.2/24", RTPROT_WIRESPAN),
+                address("10.0.0.3/24", RTPROT_WIRESPAN_CONFIG),
+            ],
+            routes: vec![
+                route("10.1.0.0/16", 0, 0),
+                route("10.2.0.0/16", RTPROT_WIRESPAN, 0),
+                route("10.3.0.0/16", RTPROT_WIRESPAN_CONFIG, 0),
+                route("fd00::/64", RTPROT_WIRESPAN_CONFIG, 1024),
+            ],
+            rules: vec![
+                rule(1000, 0),
+                rule(1001, RTPROT_WIRESPAN),
+                rule(1002, RTPROT_WIRESPAN_CONFIG),
+            ],
+        }
+    }
+
+    fn keys<K>(v: Vec<(K, MarkedObject)>) -> Vec<K> {
+        v.into_iter().map(|(k, _)| k).collect()
+    }
+
+    #[test]
+    fn only_objects_with_the_documents_marker_are_sweep_candidates() {
+        let s = state();
+        assert_eq!(keys(LinkSpec::config_marked(&s)), vec!["br-doc".to_owned()]);
+        assert_eq!(
+            keys(AddressSpec::config_marked(&s)),
+            vec![("eth0".to_owned(), "10.0.0.3/24".parse().unwrap())]
+        );
+        let routes = keys(RouteSpec::config_marked(&s));
+        let dsts: Vec<String> = routes.iter().map(|k| k.0.to_string()).collect();
+        assert_eq!(dsts, ["10.3.0.0/16", "fd00::/64"]);
+        assert_eq!(keys(RoutingRuleSpec::config_marked(&s)), vec![(false, 1002)]);
+    }
+
+    #[test]
+    fn spec_keys_match_what_the_kernel_reports() {
+        let s = state();
+        // IPv6 metric 0 is the kernel's 1024; table 0 is main.
+        let spec = RouteSpecSpec {
+            family: Family::Inet6,
+            destination: Some("fd00::/64".parse().unwrap()),
+            out_link_name: "eth0".into(),
+            ..RouteSpecSpec::default()
+        };
+        let marked = keys(RouteSpec::config_marked(&s));
+        assert!(marked.contains(&RouteSpec::key(&spec).unwrap()));
+        let spec = AddressSpecSpec {
+            address: Some("10.0.0.3/24".parse().unwrap()),
+            link_name: "eth0".into(),
+            ..AddressSpecSpec::default()
+        };
+        assert_eq!(
+            keys(AddressSpec::config_marked(&s)),
+            vec![AddressSpec::key(&spec).unwrap()]
+        );
+    }
+}
