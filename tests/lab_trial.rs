@@ -160,7 +160,7 @@ fn a_route_tried_on_node2_rolls_back_after_15s_and_a_confirmed_one_stays_across_
     });
     let late = SystemTime::now().duration_since(deadline);
     assert!(
-        late.is_ok_and(|d| d <= Duration::from_secs(10)),
+        late.as_ref().is_ok_and(|d| *d <= Duration::from_secs(10)),
         "route gone {late:?} after the deadline"
     );
     let st = node2_status(&lab).unwrap();
