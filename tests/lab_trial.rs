@@ -95,7 +95,9 @@ impl Restarted {
         let api = format!("[::]:{}", wirespan_control::api::client::DEFAULT_PORT);
         let host_root = dir.join("host");
         let child = Command::new(BIN)
-            .args(["lab", "exec", "--name", &lab.name, "node2", "--", "wirespan"])
+            .args([
+                "lab", "exec", "--name", &lab.name, "node2", "--", "wirespan",
+            ])
             .args(["--socket", n["socket"].as_str().unwrap(), "node"])
             .args(["--state-dir", n["stateDir"].as_str().unwrap()])
             .args(["--config", n["config"].as_str().unwrap()])
@@ -185,11 +187,16 @@ fn a_route_tried_on_node2_rolls_back_after_15s_and_a_confirmed_one_stays_across_
             .is_some_and(|l| l.starts_with("confirmed")),
         "{st}"
     );
-    until("the confirmed trial's deadline", Duration::from_secs(20), || {
-        SystemTime::now() > deadline + Duration::from_secs(2)
-    });
+    until(
+        "the confirmed trial's deadline",
+        Duration::from_secs(20),
+        || SystemTime::now() > deadline + Duration::from_secs(2),
+    );
     assert!(node2_has_route(&lab), "the confirmed route was rolled back");
-    assert_eq!(node2_status(&lab).unwrap()["acceptedVersion"], version(&trial));
+    assert_eq!(
+        node2_status(&lab).unwrap()["acceptedVersion"],
+        version(&trial)
+    );
 
     // Across a restart: kill -9, take the route out by hand, start again; the
     // restarted daemon puts it back from the confirmed config.
@@ -204,10 +211,14 @@ fn a_route_tried_on_node2_rolls_back_after_15s_and_a_confirmed_one_stays_across_
     });
     lab.exec_ok("node2", &["ip", "route", "del", ROUTE]);
     let _daemon = Restarted::start(&lab, &n2);
-    until("the route after the restart", Duration::from_secs(20), || {
-        node2_has_route(&lab)
-    });
-    until("node2's status after the restart", Duration::from_secs(30), || {
-        node2_status(&lab).is_some_and(|s| s["acceptedVersion"] == version(&trial))
-    });
+    until(
+        "the route after the restart",
+        Duration::from_secs(20),
+        || node2_has_route(&lab),
+    );
+    until(
+        "node2's status after the restart",
+        Duration::from_secs(30),
+        || node2_status(&lab).is_some_and(|s| s["acceptedVersion"] == version(&trial)),
+    );
 }

@@ -587,7 +587,10 @@ mod tests {
         let routes = keys(RouteSpec::config_marked(&s));
         let dsts: Vec<String> = routes.iter().map(|k| k.0.to_string()).collect();
         assert_eq!(dsts, ["10.3.0.0/16", "fd00::/64"]);
-        assert_eq!(keys(RoutingRuleSpec::config_marked(&s)), vec![(false, 1002)]);
+        assert_eq!(
+            keys(RoutingRuleSpec::config_marked(&s)),
+            vec![(false, 1002)]
+        );
     }
 
     #[test]
