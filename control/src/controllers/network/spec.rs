@@ -296,11 +296,6 @@ impl<K: KernelObject> SpecController<K> {
     }
 }
 
-enum Op {
-    Apply,
-    Remove,
-}
-
 impl<K> Controller for SpecController<K>
 where
     K: KernelObject,
@@ -416,77 +411,121 @@ where
 
     async fn round(&mut self, rt: &mut ControllerRuntime) -> Result<(), ControllerError> {
         let name = K::CONTROLLER;
-        let specs = rt.list::<K>(NS)?;
-        // Tearing-down first (links: remove before create), then running.
-        let mut work = Vec::new();
-        for r in specs
-            .iter()
-            .filter(|r| r.metadata.phase == Phase::TearingDown)
-        {
-            if r.metadata.finalizers.contains(name) {
-                work.push((r, Op::Remove));
-            }
-        }
-        for r in specs.iter().filter(|r| r.metadata.phase == Phase::Running) {
-            rt.add_finalizer(&r.pointer(), &[name])?;
-            work.push((r, Op::Apply));
-        }
-        for (r, op) in work {
-            let ptr = r.pointer();
+        for (r, op) in round_work::<K>(rt, name)? {
             let (net, spec) = (self.deps.net.clone(), r.spec.clone());
-            let is_apply = matches!(op, Op::Apply);
             let res = tokio::task::spawn_blocking(move || {
                 let mut g = net
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                if is_apply {
-                    K::apply(&mut *g, &spec)
-                } else {
-                    K::remove(&mut *g, &spec)
+                match op {
+                    Op::Apply => K::apply(&mut *g, &spec),
+                    Op::Remove => K::remove(&mut *g, &spec),
                 }
             })
             .await
             .map_err(ControllerError::other)?;
-            let op_name = if is_apply { "apply" } else { "remove" };
-            let error = match res {
-                Ok(wrote) => {
-                    if wrote {
-                        tracing::info!(id = %ptr.id, op = op_name,
-                            "kernel updated");
-                    }
-                    if !is_apply {
-                        rt.remove_finalizer(&ptr, &[name])?;
-                    }
-                    None
-                }
-                // The link is gone and took the object with it.
-                Err(RoutingError::LinkNotFound(_)) if !is_apply => {
-                    rt.remove_finalizer(&ptr, &[name])?;
-                    None
-                }
-                // Never applied, so nothing to remove.
-                Err(RoutingError::Invalid(_)) if !is_apply => {
-                    rt.remove_finalizer(&ptr, &[name])?;
-                    None
+            let res = match res {
+                // The link is gone and took the object with it; or never applied, so
+                // nothing to remove.
+                Err(RoutingError::LinkNotFound(_) | RoutingError::Invalid(_))
+                    if op == Op::Remove =>
+                {
+                    Ok(false)
                 }
                 // Kept on this object; retried on the next event or resync.
-                Err(e) => Some(e.to_string()),
+                other => other.map_err(|e| e.to_string()),
             };
-            let before = r.metadata.annotations.get(ERROR_ANNOTATION);
-            if before != error.as_ref() {
-                match &error {
-                    Some(e) => tracing::warn!(id = %ptr.id, op = op_name,
-                        error = %e, "kernel object not applied; others continue"),
-                    None => tracing::info!(id = %ptr.id,
-                        "kernel object applied after an earlier error"),
-                }
-                if is_apply || error.is_some() {
-                    rt.set_annotation(&ptr, ERROR_ANNOTATION, error.as_deref())?;
-                }
-            }
+            record_outcome(rt, &r, name, op, "kernel", res)?;
         }
         Ok(())
     }
+}
+
+/// What a spec controller does with one spec in a round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Op {
+    /// Converge the object to the running spec.
+    Apply,
+    /// Remove the object of a tearing-down spec.
+    Remove,
+}
+
+impl Op {
+    fn name(self) -> &'static str {
+        match self {
+            Self::Apply => "apply",
+            Self::Remove => "remove",
+        }
+    }
+}
+
+/// A spec as listed from the store.
+pub(super) type SpecRef<K> = std::sync::Arc<crate::runtime::Resource<K>>;
+
+/// One round's work of a finalizer-holding spec controller (this one and the host
+/// family's): tearing-down specs that still carry `finalizer` first (links: remove
+/// before create), then the running ones, each given the finalizer.
+///
+/// # Errors
+/// Store access.
+pub(super) fn round_work<K: ResourceKind>(
+    rt: &mut ControllerRuntime,
+    finalizer: &str,
+) -> Result<Vec<(SpecRef<K>, Op)>, ControllerError> {
+    let specs = rt.list::<K>(NS)?;
+    let mut work = Vec::new();
+    for r in &specs {
+        if r.metadata.phase == Phase::TearingDown && r.metadata.finalizers.contains(finalizer) {
+            work.push((r.clone(), Op::Remove));
+        }
+    }
+    for r in specs.iter().filter(|r| r.metadata.phase == Phase::Running) {
+        rt.add_finalizer(&r.pointer(), &[finalizer])?;
+        work.push((r.clone(), Op::Apply));
+    }
+    Ok(work)
+}
+
+/// Records how one spec's apply or removal went (`Ok(wrote)` or the error's text): a
+/// done removal drops `finalizer`; the error sits in the [`ERROR_ANNOTATION`], logged
+/// once per change. `target` names what was changed in the logs (`kernel`, `host`).
+///
+/// # Errors
+/// Store access.
+pub(super) fn record_outcome<K: ResourceKind>(
+    rt: &mut ControllerRuntime,
+    r: &crate::runtime::Resource<K>,
+    finalizer: &str,
+    op: Op,
+    target: &str,
+    res: Result<bool, String>,
+) -> Result<(), ControllerError> {
+    let ptr = r.pointer();
+    let op_name = op.name();
+    let error = match res {
+        Ok(wrote) => {
+            if wrote {
+                tracing::info!(id = %ptr.id, op = op_name, target, "updated");
+            }
+            if op == Op::Remove {
+                rt.remove_finalizer(&ptr, &[finalizer])?;
+            }
+            None
+        }
+        Err(e) => Some(e),
+    };
+    if r.metadata.annotations.get(ERROR_ANNOTATION) != error.as_ref() {
+        match &error {
+            Some(e) => tracing::warn!(id = %ptr.id, op = op_name, target,
+                error = %e, "not applied; others continue"),
+            None => tracing::info!(id = %ptr.id, target, "applied after an earlier error"),
+        }
+        // A removed spec's annotation is not cleared: the spec is going.
+        if op == Op::Apply || error.is_some() {
+            rt.set_annotation(&ptr, ERROR_ANNOTATION, error.as_deref())?;
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use futures::future::BoxFuture;
 pub use system::{HostPaths, HostSystem, RealSystem, Service};
 
 use self::files::{HostFiles, RealFiles};
-use super::spec::ERROR_ANNOTATION;
+use super::spec::{record_outcome, round_work, Op};
 use crate::{
     resources::network::{
         HostnameSpec, HostnameSpecSpec, HostnameStatus, HostnameStatusSpec, ResolverSpec,
@@ -26,7 +26,7 @@ use crate::{
     },
     runtime::{
         Action, Controller, ControllerError, ControllerResult, ControllerRuntime, Input, InputKind,
-        Kind, Output, Phase, ResourceKind, Triggers,
+        Kind, Output, ResourceKind, Triggers,
     },
 };
 
@@ -307,38 +307,12 @@ where
     // namespace, so it is not handed to a blocking pool.
     fn round(&mut self, rt: &mut ControllerRuntime) -> Result<(), ControllerError> {
         let name = K::CONTROLLER;
-        for r in rt.list::<K>(NS)? {
-            let ptr = r.pointer();
-            let removing = r.metadata.phase == Phase::TearingDown;
-            if removing && !r.metadata.finalizers.contains(name) {
-                continue;
-            }
-            if !removing {
-                rt.add_finalizer(&ptr, &[name])?;
-            }
-            let (op, res) = if removing {
-                ("remove", K::remove(&self.host, &r.spec))
-            } else {
-                ("apply", K::apply(&self.host, &r.spec))
+        for (r, op) in round_work::<K>(rt, name)? {
+            let res = match op {
+                Op::Apply => K::apply(&self.host, &r.spec),
+                Op::Remove => K::remove(&self.host, &r.spec),
             };
-            let error = match res {
-                Ok(changed) => {
-                    if changed {
-                        tracing::info!(id = %ptr.id, op, "host updated");
-                    }
-                    if removing {
-                        rt.remove_finalizer(&ptr, &[name])?;
-                    }
-                    None
-                }
-                Err(e) => Some(e.to_string()),
-            };
-            if r.metadata.annotations.get(ERROR_ANNOTATION) != error.as_ref() {
-                if let Some(e) = &error {
-                    tracing::warn!(id = %ptr.id, op, error = %e, "host not updated");
-                }
-                rt.set_annotation(&ptr, ERROR_ANNOTATION, error.as_deref())?;
-            }
+            record_outcome(rt, &r, name, op, "host", res.map_err(|e| e.to_string()))?;
         }
         Ok(())
     }
