@@ -1,8 +1,9 @@
 //! The device loop: the I/O edge around [`DeviceCore`]. One thread reads the TUN, one
 //! the UDP socket, one serves the UAPI socket, one ticks the timers (every 250 ms) and
 //! watches the interface; the calling thread waits for SIGTERM/SIGINT or the
-//! interface's deletion, removes the UAPI socket and returns. All threads share one
-//! lock over the core: a plain correct device first, batching and cores come later.
+//! interface's deletion, removes the UAPI socket and returns. The threads share the
+//! core, whose own locks let the two readers seal and open different peers' packets
+//! at once (the lock order is in `core.rs`).
 
 use std::{
     fs::File,
@@ -15,7 +16,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
-        mpsc, Arc, Mutex, MutexGuard, RwLock,
+        mpsc, Arc, Mutex, RwLock,
     },
     thread,
     time::{Duration, Instant, SystemTime},
@@ -110,7 +111,10 @@ pub fn socket_path(dir: &Path, name: &str) -> PathBuf {
 
 /// What the threads share.
 struct Shared {
-    core: Mutex<DeviceCore>,
+    core: DeviceCore,
+    /// Serialises `set=1` requests: the socket's rebinding and the core's update
+    /// happen as one. Taken before any lock of the core.
+    set_lock: Mutex<()>,
     socket: RwLock<Arc<UdpSocket>>,
     tun: File,
     /// UDP GSO is used until a send shows the kernel cannot do it.
@@ -120,14 +124,6 @@ struct Shared {
 }
 
 impl Shared {
-    fn core(&self) -> MutexGuard<'_, DeviceCore> {
-        // A panic elsewhere poisons the lock; the state itself stays consistent
-        // between calls, so carry on rather than take the whole device down.
-        self.core
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Wakes the timer loop (a wake already pending is enough).
     fn wake_timer(&self) {
         let _ = self.wake_timer.try_send(());
@@ -219,12 +215,13 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
     }
     let socket = bind_udp(0, 0).map_err(DeviceError::Socket)?;
     let (listener, path) = listen_uapi(&opts.socket_dir, &opts.name)?;
-    let mut core = DeviceCore::default();
-    core.listen_port = local_port(&socket);
-    tracing::info!(interface = %opts.name, port = core.listen_port, "userspace WireGuard device up");
+    let core = DeviceCore::default();
+    core.set_listen_port(local_port(&socket));
+    tracing::info!(interface = %opts.name, port = core.listen_port(), "userspace WireGuard device up");
     let (wake_timer, wake_rx) = mpsc::sync_channel(1);
     let shared = Arc::new(Shared {
-        core: Mutex::new(core),
+        core,
+        set_lock: Mutex::new(()),
         socket: RwLock::new(Arc::new(socket)),
         tun: tun_file,
         gso: AtomicBool::new(true),
@@ -405,15 +402,13 @@ fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
             }
         }
         out.clear();
-        let wake = {
-            let mut core = shared.core();
-            let now = Instant::now();
-            for range in &ranges {
-                core.handle_tun_packet(&packets[range.clone()], now, &mut out);
-            }
-            core.take_timer_wake()
-        };
-        if wake {
+        let now = Instant::now();
+        for range in &ranges {
+            shared
+                .core
+                .handle_tun_packet(&packets[range.clone()], now, &mut out);
+        }
+        if shared.core.take_timer_wake() {
             shared.wake_timer();
         }
         if !out.is_empty() {
@@ -499,17 +494,15 @@ fn udp_loop(shared: &Shared) {
             continue;
         }
         out.clear();
-        let wake = {
-            let mut core = shared.core();
-            let (now, wall) = (Instant::now(), SystemTime::now());
-            for (buf, d) in bufs.iter().zip(&got) {
-                for datagram in gro_segments(&buf[..d.len], d.segment) {
-                    core.handle_datagram(d.from, datagram, now, wall, &mut out);
-                }
+        let (now, wall) = (Instant::now(), SystemTime::now());
+        for (buf, d) in bufs.iter().zip(&got) {
+            for datagram in gro_segments(&buf[..d.len], d.segment) {
+                shared
+                    .core
+                    .handle_datagram(d.from, datagram, now, wall, &mut out);
             }
-            core.take_timer_wake()
-        };
-        if wake {
+        }
+        if shared.core.take_timer_wake() {
             shared.wake_timer();
         }
         if !out.is_empty() {
@@ -536,11 +529,8 @@ fn timer_loop(shared: &Shared, wake: &mpsc::Receiver<()>) {
     loop {
         out.clear();
         let now = Instant::now();
-        let next = {
-            let mut core = shared.core();
-            core.tick(now, &mut out);
-            core.next_deadline(now)
-        };
+        shared.core.tick(now, &mut out);
+        let next = shared.core.next_deadline(now);
         if !out.is_empty() {
             flush(shared, &shared.socket(), &out);
         }
@@ -580,10 +570,10 @@ fn serve_uapi(shared: &Shared, stream: UnixStream) -> io::Result<()> {
             body.push_str(&line);
         }
         let answer = match command.trim_end() {
-            "get=1" => format!("{}errno=0\n\n", shared.core().render_get()),
+            "get=1" => format!("{}errno=0\n\n", shared.core.render_get()),
             "set=1" => format!("errno={}\n\n", apply_set(shared, &body)),
             "stats=1" => {
-                let c = shared.core().counters();
+                let c = shared.core.counters();
                 format!(
                     "invalid_datagrams={}\nspoofed_packets={}\nunroutable_packets={}\ncookie_replies={}\nerrno=0\n\n",
                     c.invalid_datagrams, c.spoofed_packets, c.unroutable_packets, c.cookie_replies
@@ -608,11 +598,16 @@ fn apply_set(shared: &Shared, body: &str) -> i32 {
             return e.errno();
         }
     };
-    let mut core = shared.core();
-    let mark = req.fwmark.unwrap_or(core.fwmark);
+    let _set = shared
+        .set_lock
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let core = &shared.core;
+    let (listen_port, fwmark) = (core.listen_port(), core.fwmark());
+    let mark = req.fwmark.unwrap_or(fwmark);
     let current = shared.socket();
     let port = match req.listen_port {
-        Some(port) if port == 0 || port != core.listen_port => match bind_udp(port, mark) {
+        Some(port) if port == 0 || port != listen_port => match bind_udp(port, mark) {
             Ok(new) => {
                 let port = local_port(&new);
                 *shared
@@ -633,18 +628,19 @@ fn apply_set(shared: &Shared, body: &str) -> i32 {
             }
         },
         _ => {
-            if mark != core.fwmark {
+            if mark != fwmark {
                 if let Err(e) = socket::setsockopt(&*current, sockopt::Mark, &mark) {
                     tracing::info!(error = %e, "UAPI set refused: cannot mark the socket");
                     return errno::EIO;
                 }
             }
-            core.listen_port
+            listen_port
         }
     };
+    // The port actually bound (a request for 0 gets one from the kernel).
+    let mut req = req;
+    req.listen_port = Some(port);
     core.apply_set(req);
-    core.listen_port = port;
-    drop(core);
     // New peers or intervals can bring a deadline forward.
     shared.wake_timer();
     0
