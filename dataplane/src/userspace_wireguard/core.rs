@@ -1005,7 +1005,8 @@ mod tests {
     #[test]
     fn two_peers_are_sealed_at_once_by_two_threads() {
         use std::sync::atomic::AtomicUsize;
-        let inside = Arc::new(AtomicUsize::new(0));
+        // How many threads are inside now, and have ever come in.
+        let (inside, arrived) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let most_at_once = Arc::new(AtomicUsize::new(0));
         let mut a = core(1, 2, ADDR_B);
         a.apply_set(
@@ -1016,14 +1017,15 @@ mod tests {
             .unwrap(),
         );
         a.seal_hook = Some(Box::new({
-            let (inside, most_at_once) = (inside.clone(), most_at_once.clone());
+            let (inside, arrived, most) = (inside.clone(), arrived.clone(), most_at_once.clone());
             move |_| {
-                inside.fetch_add(1, Ordering::SeqCst);
+                most.fetch_max(inside.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                arrived.fetch_add(1, Ordering::SeqCst);
+                // The first one in stays until the second has come in.
                 let deadline = Instant::now() + Duration::from_secs(5);
-                while inside.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
+                while arrived.load(Ordering::SeqCst) < 2 && Instant::now() < deadline {
                     std::thread::yield_now();
                 }
-                most_at_once.fetch_max(inside.load(Ordering::SeqCst), Ordering::SeqCst);
                 inside.fetch_sub(1, Ordering::SeqCst);
             }
         }));
