@@ -33,6 +33,7 @@ use nix::sys::{
 use super::{
     batch::{gro_segments, gso_runs, Outbox, MAX_GSO_BYTES, MAX_GSO_SEGMENTS},
     core::DeviceCore,
+    mmsg::{self, Outgoing, Received},
     offload::{self, VnetHdr, F_DATA_VALID, VNET_HDR_LEN},
     tun,
     uapi_request::{errno, parse_set},
@@ -290,47 +291,56 @@ fn flush(shared: &Shared, socket: &UdpSocket, out: &Outbox) {
     for packet in out.packets() {
         write_tun(&shared.tun, packet);
     }
+    send_datagrams(shared, socket, out);
+}
+
+/// Sends the batch's datagrams, [`mmsg::MMSG_MAX`] messages a call: each run of
+/// equal-sized datagrams to one peer as one GSO message, other datagrams (other
+/// peers, other sizes) as messages of their own beside them.
+fn send_datagrams(shared: &Shared, socket: &UdpSocket, out: &Outbox) {
+    let gso = shared.gso.load(Ordering::Relaxed);
+    let mut msgs = Vec::new();
     for run in gso_runs(out.datagrams(), MAX_GSO_SEGMENTS, MAX_GSO_BYTES) {
         let bytes = &out.bytes()[run.bytes.clone()];
-        if run.count > 1 && shared.gso.load(Ordering::Relaxed) {
-            match send_gso(socket, run.to, bytes, run.segment) {
-                Ok(()) => continue,
-                // The route's device cannot segment (or checksum) for us: send
-                // datagrams one by one from now on.
-                Err(e @ (Errno::EIO | Errno::EINVAL | Errno::ENOPROTOOPT | Errno::EOPNOTSUPP)) => {
-                    tracing::info!(error = %e, "UDP GSO unavailable, sending datagrams one by one");
-                    shared.gso.store(false, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    tracing::trace!(error = %e, "send failed");
-                    continue;
-                }
-            }
+        match u16::try_from(run.segment) {
+            Ok(segment) if run.count > 1 && gso => msgs.push(Outgoing {
+                to: run.to,
+                bytes,
+                segment: Some(segment),
+            }),
+            _ => msgs.extend(gro_segments(bytes, run.segment).map(|bytes| Outgoing {
+                to: run.to,
+                bytes,
+                segment: None,
+            })),
         }
-        for datagram in gro_segments(bytes, run.segment) {
-            if let Err(e) = socket.send_to(datagram, mapped(run.to)) {
+    }
+    let mut rest = &msgs[..];
+    while let Some(first) = rest.first() {
+        match mmsg::send_batch(socket.as_fd(), rest) {
+            Ok(sent) => rest = &rest[sent.max(1)..],
+            // The route's device cannot segment (or checksum) for us: send datagrams
+            // one by one from now on.
+            Err(e @ (Errno::EIO | Errno::EINVAL | Errno::ENOPROTOOPT | Errno::EOPNOTSUPP))
+                if first.segment.is_some() =>
+            {
+                if shared.gso.swap(false, Ordering::Relaxed) {
+                    tracing::info!(error = %e, "UDP GSO unavailable, sending datagrams one by one");
+                }
+                let segment = first.segment.map_or(0, usize::from);
+                for datagram in gro_segments(first.bytes, segment) {
+                    if let Err(e) = socket.send_to(datagram, mapped(first.to)) {
+                        tracing::trace!(error = %e, "send failed");
+                    }
+                }
+                rest = &rest[1..];
+            }
+            Err(e) => {
                 tracing::trace!(error = %e, "send failed");
+                rest = &rest[1..];
             }
         }
     }
-}
-
-/// Sends `bytes` as datagrams of `segment` bytes (the last may be shorter) in one
-/// call: the kernel cuts them (`UDP_SEGMENT`).
-fn send_gso(socket: &UdpSocket, to: SocketAddr, bytes: &[u8], segment: usize) -> nix::Result<()> {
-    let segment = u16::try_from(segment).map_err(|_| Errno::EINVAL)?;
-    let SocketAddr::V6(to) = mapped(to) else {
-        return Err(Errno::EINVAL);
-    };
-    let addr = SockaddrIn6::from(to);
-    socket::sendmsg(
-        socket.as_raw_fd(),
-        &[io::IoSlice::new(bytes)],
-        &[socket::ControlMessage::UdpGsoSegments(&segment)],
-        socket::MsgFlags::empty(),
-        Some(&addr),
-    )?;
-    Ok(())
 }
 
 /// Writes one packet to the TUN after its `virtio_net_hdr`: a plain packet whose
@@ -417,78 +427,25 @@ fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
     }
 }
 
-/// One receive: the sender, the bytes and, when the kernel coalesced several
-/// datagrams (`UDP_GRO`), their size (0: one datagram). `Ok(None)` when the socket
-/// was shut down (a new one replaced it).
-fn recv_one(
-    socket: &UdpSocket,
-    buf: &mut [u8],
-    cmsg: &mut Vec<u8>,
-    flags: socket::MsgFlags,
-) -> nix::Result<Option<Received>> {
-    let mut iov = [io::IoSliceMut::new(buf)];
-    // nix rather than std: after `shutdown` the kernel returns an empty address,
-    // which std's `recv_from` asserts against.
-    let msg = socket::recvmsg::<socket::SockaddrStorage>(
-        socket.as_raw_fd(),
-        &mut iov,
-        Some(cmsg),
-        flags,
-    )?;
-    let segment = msg
-        .cmsgs()
-        .ok()
-        .into_iter()
-        .flatten()
-        .find_map(|c| match c {
-            socket::ControlMessageOwned::UdpGroSegments(size) => usize::try_from(size).ok(),
-            _ => None,
-        })
-        .unwrap_or(0);
-    // Zero bytes or no address: shut down (a WireGuard message is never empty).
-    match msg.address.as_ref().and_then(storage_to_addr) {
-        Some(from) if msg.bytes > 0 => Ok(Some(Received {
-            from,
-            len: msg.bytes,
-            segment,
-        })),
-        _ => Ok(None),
-    }
-}
-
-/// What one receive returned.
-struct Received {
-    from: SocketAddr,
-    len: usize,
-    /// The size of each coalesced datagram (0: one datagram).
-    segment: usize,
-}
-
 fn udp_loop(shared: &Shared) {
     let mut bufs = recv_buffers();
     let mut got: Vec<Received> = Vec::with_capacity(BATCH);
-    let mut cmsg = nix::cmsg_space!(i32);
     let mut out = Outbox::default();
     loop {
         let socket = shared.socket();
-        got.clear();
-        // Block for the first datagram, then take what else is queued.
-        let mut flags = socket::MsgFlags::empty();
-        while got.len() < BATCH {
-            match recv_one(&socket, &mut bufs[got.len()], &mut cmsg, flags) {
-                Ok(Some(d)) => got.push(d),
-                Ok(None) => break,
-                Err(Errno::EAGAIN | Errno::EINTR) => break,
-                Err(e) => {
-                    tracing::trace!(error = %e, "receive failed");
-                    if got.is_empty() && Arc::ptr_eq(&socket, &shared.socket()) {
-                        // Not a replacement: avoid spinning on a persistent error.
-                        thread::sleep(ERROR_PAUSE);
-                    }
-                    break;
+        // Blocks for the first datagram, then takes what else is queued, in one call.
+        match mmsg::recv_batch(socket.as_fd(), &mut bufs, &mut got) {
+            // Shut down: what came before it is handled, the next round takes the
+            // socket that replaced it.
+            Ok(_) => {}
+            Err(Errno::EAGAIN | Errno::EINTR) => {}
+            Err(e) => {
+                tracing::trace!(error = %e, "receive failed");
+                if Arc::ptr_eq(&socket, &shared.socket()) {
+                    // Not a replacement: avoid spinning on a persistent error.
+                    thread::sleep(ERROR_PAUSE);
                 }
             }
-            flags = socket::MsgFlags::MSG_DONTWAIT;
         }
         if got.is_empty() {
             continue;
@@ -509,16 +466,6 @@ fn udp_loop(shared: &Shared) {
             flush(shared, &socket, &out);
         }
     }
-}
-
-/// A received address as an IPv4 or IPv6 socket address (IPv4-mapped made IPv4).
-fn storage_to_addr(addr: &socket::SockaddrStorage) -> Option<SocketAddr> {
-    if let Some(v6) = addr.as_sockaddr_in6() {
-        let ip = v6.ip().to_canonical();
-        return Some(SocketAddr::new(ip, v6.port()));
-    }
-    addr.as_sockaddr_in()
-        .map(|v4| SocketAddr::new(std::net::IpAddr::V4(v4.ip()), v4.port()))
 }
 
 /// Runs the timers when the earliest deadline comes, or sooner when a packet or a
