@@ -279,9 +279,10 @@ impl DeviceCore {
     /// loop sleeps until then, or until a packet makes a deadline earlier.
     pub fn next_deadline(&self, now: Instant) -> Option<Instant> {
         // While the peers are looked at, a packet may move a deadline of one already
-        // looked at: "nothing pending" makes any such deadline earlier, so it wakes
-        // the loop and is kept below.
-        self.wake_timer.store(false, Ordering::Relaxed);
+        // looked at. Against "nothing pending" any deadline is earlier, so the packet
+        // records it in `timer_due`, and the `fetch_min` below returns it. Wakes from
+        // that window are cleared first: the answer already holds their deadlines
+        // (waking for them, the loop would go round again under traffic, every time).
         self.timer_due.store(NO_DEADLINE, Ordering::SeqCst);
         let limiter = lock(&self.limiter_counting_since).map(|t| t + RATE_LIMIT_WINDOW);
         let table = self.read();
@@ -294,6 +295,7 @@ impl DeviceCore {
         });
         let due = limiter.into_iter().chain(peers).min();
         let due = self.nanos(due);
+        self.wake_timer.store(false, Ordering::SeqCst);
         let earliest = self.timer_due.fetch_min(due, Ordering::SeqCst).min(due);
         (earliest != NO_DEADLINE).then(|| self.epoch + Duration::from_nanos(earliest))
     }
@@ -308,7 +310,7 @@ impl DeviceCore {
     /// True (once) when a packet made a deadline earlier than the one the timer loop
     /// sleeps until.
     pub fn take_timer_wake(&self) -> bool {
-        self.wake_timer.load(Ordering::Relaxed) && self.wake_timer.swap(false, Ordering::Relaxed)
+        self.wake_timer.load(Ordering::Relaxed) && self.wake_timer.swap(false, Ordering::SeqCst)
     }
 
     fn note_deadline(&self, due: Option<Instant>) {
@@ -318,7 +320,7 @@ impl DeviceCore {
         if due < self.timer_due.load(Ordering::SeqCst)
             && due < self.timer_due.fetch_min(due, Ordering::SeqCst)
         {
-            self.wake_timer.store(true, Ordering::Relaxed);
+            self.wake_timer.store(true, Ordering::SeqCst);
         }
     }
 
