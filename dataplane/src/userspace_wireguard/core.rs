@@ -1007,8 +1007,6 @@ mod tests {
     #[test]
     fn two_peers_are_sealed_at_once_by_two_threads() {
         use std::sync::atomic::AtomicUsize;
-        // How many threads are inside now, and have ever come in.
-        let (inside, arrived) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let most_at_once = Arc::new(AtomicUsize::new(0));
         let mut a = core(1, 2, ADDR_B);
         a.apply_set(
@@ -1019,7 +1017,9 @@ mod tests {
             .unwrap(),
         );
         a.seal_hook = Some(Box::new({
-            let (inside, arrived, most) = (inside.clone(), arrived.clone(), most_at_once.clone());
+            // How many threads are inside now, and have ever come in.
+            let (inside, arrived) = (AtomicUsize::new(0), AtomicUsize::new(0));
+            let most = most_at_once.clone();
             move |_| {
                 most.fetch_max(inside.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
                 arrived.fetch_add(1, Ordering::SeqCst);
