@@ -477,15 +477,41 @@ impl DeviceCore {
 
     /// An IP packet read from the TUN: encrypt it for the peer its destination routes to.
     pub fn handle_tun_packet(&self, packet: &[u8], now: Instant, io: &mut impl Io) {
+        self.handle_tun_packets([packet], now, io);
+    }
+
+    /// A batch of IP packets read from the TUN, each encrypted for the peer its
+    /// destination routes to. A peer's lock is kept while consecutive packets go to
+    /// it: the reader that seals and the one that opens the same peer's packets
+    /// then take turns a run at a time, not a packet at a time.
+    pub fn handle_tun_packets<'p>(
+        &self,
+        packets: impl IntoIterator<Item = &'p [u8]>,
+        now: Instant,
+        io: &mut impl Io,
+    ) {
         let table = self.read();
+        let mut held = None;
+        for packet in packets {
+            self.seal(&table, &mut held, packet, now, io);
+        }
+    }
+
+    fn seal<'t>(
+        &self,
+        table: &'t Table,
+        held: &mut Held<'t>,
+        packet: &[u8],
+        now: Instant,
+        io: &mut impl Io,
+    ) {
         let Some(id) = packet_destination(packet).and_then(|dst| table.routes.lookup(dst)) else {
             bump(&self.counters.unroutable_packets);
             return;
         };
-        let Some(peer) = table.peers.get(&id) else {
+        let Some(peer) = hold(table, held, id) else {
             return;
         };
-        let mut peer = lock(peer);
         let (Some(identity), Some(endpoint)) = (table.identity.as_ref(), peer.endpoint) else {
             bump(&self.counters.unroutable_packets);
             return;
@@ -494,7 +520,6 @@ impl DeviceCore {
         if let Some(hook) = &self.seal_hook {
             hook(id);
         }
-        let peer = &mut *peer;
         SCRATCH.with_borrow_mut(|buf| {
             let tunnel = tunnel_of(
                 identity,
@@ -527,7 +552,33 @@ impl DeviceCore {
         wall: SystemTime,
         io: &mut impl Io,
     ) {
+        self.handle_datagrams([(from, datagram)], now, wall, io);
+    }
+
+    /// A batch of datagrams, each handled as by [`Self::handle_datagram`], with a
+    /// peer's lock kept over a run of its datagrams (see [`Self::handle_tun_packets`]).
+    pub fn handle_datagrams<'d>(
+        &self,
+        datagrams: impl IntoIterator<Item = (SocketAddr, &'d [u8])>,
+        now: Instant,
+        wall: SystemTime,
+        io: &mut impl Io,
+    ) {
         let table = self.read();
+        let mut held = None;
+        for (from, datagram) in datagrams {
+            self.open_datagram(&table, &mut held, (from, datagram), (now, wall), io);
+        }
+    }
+
+    fn open_datagram<'t>(
+        &self,
+        table: &'t Table,
+        held: &mut Held<'t>,
+        (from, datagram): (SocketAddr, &[u8]),
+        (now, wall): (Instant, SystemTime),
+        io: &mut impl Io,
+    ) {
         let Some(identity) = table.identity.as_ref() else {
             bump(&self.counters.invalid_datagrams);
             return;
@@ -552,11 +603,10 @@ impl DeviceCore {
             }
             Err(_) => None,
         };
-        let Some((id, peer)) = id.and_then(|id| table.peers.get(&id).map(|p| (id, p))) else {
+        let Some((id, peer)) = id.and_then(|id| hold(table, held, id).map(|p| (id, p))) else {
             bump(&self.counters.invalid_datagrams);
             return;
         };
-        let mut peer = lock(peer);
         let kind = datagram[0];
         // Only an initiation can start a peer's first session: anything else for a
         // peer without a tunnel is stale or forged.
@@ -568,17 +618,8 @@ impl DeviceCore {
             let since = *lock(&self.limiter_counting_since).get_or_insert(now);
             self.note_deadline(Some(since + RATE_LIMIT_WINDOW));
         }
-        let opened = SCRATCH.with_borrow_mut(|buf| {
-            open(
-                &table,
-                id,
-                &mut peer,
-                (from, datagram),
-                (now, wall),
-                buf,
-                io,
-            )
-        });
+        let opened = SCRATCH
+            .with_borrow_mut(|buf| open(table, id, peer, (from, datagram), (now, wall), buf, io));
         if opened == Opened::Invalid {
             bump(&self.counters.invalid_datagrams);
             return;
@@ -611,6 +652,19 @@ impl DeviceCore {
             }
         });
     }
+}
+
+/// The peer whose lock a batch holds, with its id.
+type Held<'t> = Option<(u32, MutexGuard<'t, Peer>)>;
+
+/// Peer `id`, locked: the lock `held` already has when it is that peer's, else that
+/// one released first (never two peers' locks at once) and this one taken.
+fn hold<'h, 't>(table: &'t Table, held: &'h mut Held<'t>, id: u32) -> Option<&'h mut Peer> {
+    if held.as_ref().is_none_or(|(h, _)| *h != id) {
+        *held = None;
+        *held = Some((id, lock(table.peers.get(&id)?)));
+    }
+    held.as_mut().map(|(_, peer)| &mut **peer)
 }
 
 /// What became of a datagram addressed to a known peer.
@@ -1082,5 +1136,35 @@ mod tests {
         b.handle_tun_packet(&ipv4(2, 1), now, &mut io_b);
         assert!(io_b.sent.is_empty());
         assert_eq!(b.counters().unroutable_packets, 1);
+    }
+    #[test]
+    fn a_batch_switching_between_peers_seals_each_packet_for_its_own_peer_in_order() {
+        let now = Instant::now();
+        let (a, b, _) = handshaken(now);
+        a.apply_set(
+            parse_set(&format!(
+                "public_key={}\nendpoint=192.0.2.3:51820\nallowed_ip=10.0.0.3/32\n",
+                public(3)
+            ))
+            .unwrap(),
+        );
+        let mut to_b = ipv4(1, 2);
+        to_b[27] = 1;
+        let batch = [to_b.clone(), ipv4(1, 3), ipv4(1, 2), to_b];
+        let mut io_a = Captured::default();
+        a.handle_tun_packets(batch.iter().map(Vec::as_slice), now, &mut io_a);
+        let shape: Vec<(String, u8)> = io_a
+            .sent
+            .iter()
+            .map(|(to, d)| (to.to_string(), d[0]))
+            .collect();
+        let (b_data, c_init) = ((ADDR_B.to_owned(), 4), ("192.0.2.3:51820".to_owned(), 1));
+        assert_eq!(shape, vec![b_data.clone(), c_init, b_data.clone(), b_data]);
+        io_a.sent.retain(|(to, _)| to.to_string() == ADDR_B);
+        let io_b = deliver(&mut io_a, ADDR_A, &b, now);
+        assert_eq!(
+            io_b.tun,
+            vec![batch[0].clone(), batch[2].clone(), batch[3].clone()]
+        );
     }
 }

@@ -412,12 +412,10 @@ fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
             }
         }
         out.clear();
-        let now = Instant::now();
-        for range in &ranges {
-            shared
-                .core
-                .handle_tun_packet(&packets[range.clone()], now, &mut out);
-        }
+        let batch = ranges.iter().map(|r| &packets[r.clone()]);
+        shared
+            .core
+            .handle_tun_packets(batch, Instant::now(), &mut out);
         if shared.core.take_timer_wake() {
             shared.wake_timer();
         }
@@ -452,13 +450,10 @@ fn udp_loop(shared: &Shared) {
         }
         out.clear();
         let (now, wall) = (Instant::now(), SystemTime::now());
-        for (buf, d) in bufs.iter().zip(&got) {
-            for datagram in gro_segments(&buf[..d.len], d.segment) {
-                shared
-                    .core
-                    .handle_datagram(d.from, datagram, now, wall, &mut out);
-            }
-        }
+        let batch = bufs.iter().zip(&got).flat_map(|(buf, d)| {
+            gro_segments(&buf[..d.len], d.segment).map(move |datagram| (d.from, datagram))
+        });
+        shared.core.handle_datagrams(batch, now, wall, &mut out);
         if shared.core.take_timer_wake() {
             shared.wake_timer();
         }
