@@ -32,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
     let Some((&selector, rest)) = data.split_first() else {
         return;
     };
-    let mut core = DeviceCore::default();
+    let core = DeviceCore::default();
     core.apply_set(parse_set(BASE).expect("the base config parses"));
     let now = Instant::now();
     match selector % 4 {

@@ -1,8 +1,9 @@
 //! The device loop: the I/O edge around [`DeviceCore`]. One thread reads the TUN, one
 //! the UDP socket, one serves the UAPI socket, one ticks the timers (every 250 ms) and
 //! watches the interface; the calling thread waits for SIGTERM/SIGINT or the
-//! interface's deletion, removes the UAPI socket and returns. All threads share one
-//! lock over the core: a plain correct device first, batching and cores come later.
+//! interface's deletion, removes the UAPI socket and returns. The threads share the
+//! core, whose own locks let the two readers seal and open different peers' packets
+//! at once (the lock order is in `core.rs`).
 
 use std::{
     fs::File,
@@ -15,7 +16,7 @@ use std::{
     path::{Path, PathBuf},
     sync::{
         atomic::{AtomicBool, Ordering},
-        mpsc, Arc, Mutex, MutexGuard, RwLock,
+        mpsc, Arc, Mutex, RwLock,
     },
     thread,
     time::{Duration, Instant, SystemTime},
@@ -32,6 +33,7 @@ use nix::sys::{
 use super::{
     batch::{gro_segments, gso_runs, Outbox, MAX_GSO_BYTES, MAX_GSO_SEGMENTS},
     core::DeviceCore,
+    mmsg::{self, Outgoing, Received},
     offload::{self, VnetHdr, F_DATA_VALID, VNET_HDR_LEN},
     tun,
     uapi_request::{errno, parse_set},
@@ -110,7 +112,10 @@ pub fn socket_path(dir: &Path, name: &str) -> PathBuf {
 
 /// What the threads share.
 struct Shared {
-    core: Mutex<DeviceCore>,
+    core: DeviceCore,
+    /// Serialises `set=1` requests: the socket's rebinding and the core's update
+    /// happen as one. Taken before any lock of the core.
+    set_lock: Mutex<()>,
     socket: RwLock<Arc<UdpSocket>>,
     tun: File,
     /// UDP GSO is used until a send shows the kernel cannot do it.
@@ -120,14 +125,6 @@ struct Shared {
 }
 
 impl Shared {
-    fn core(&self) -> MutexGuard<'_, DeviceCore> {
-        // A panic elsewhere poisons the lock; the state itself stays consistent
-        // between calls, so carry on rather than take the whole device down.
-        self.core
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     /// Wakes the timer loop (a wake already pending is enough).
     fn wake_timer(&self) {
         let _ = self.wake_timer.try_send(());
@@ -219,12 +216,13 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
     }
     let socket = bind_udp(0, 0).map_err(DeviceError::Socket)?;
     let (listener, path) = listen_uapi(&opts.socket_dir, &opts.name)?;
-    let mut core = DeviceCore::default();
-    core.listen_port = local_port(&socket);
-    tracing::info!(interface = %opts.name, port = core.listen_port, "userspace WireGuard device up");
+    let core = DeviceCore::default();
+    core.set_listen_port(local_port(&socket));
+    tracing::info!(interface = %opts.name, port = core.listen_port(), "userspace WireGuard device up");
     let (wake_timer, wake_rx) = mpsc::sync_channel(1);
     let shared = Arc::new(Shared {
-        core: Mutex::new(core),
+        core,
+        set_lock: Mutex::new(()),
         socket: RwLock::new(Arc::new(socket)),
         tun: tun_file,
         gso: AtomicBool::new(true),
@@ -293,47 +291,56 @@ fn flush(shared: &Shared, socket: &UdpSocket, out: &Outbox) {
     for packet in out.packets() {
         write_tun(&shared.tun, packet);
     }
+    send_datagrams(shared, socket, out);
+}
+
+/// Sends the batch's datagrams, [`mmsg::MMSG_MAX`] messages a call: each run of
+/// equal-sized datagrams to one peer as one GSO message, other datagrams (other
+/// peers, other sizes) as messages of their own beside them.
+fn send_datagrams(shared: &Shared, socket: &UdpSocket, out: &Outbox) {
+    let gso = shared.gso.load(Ordering::Relaxed);
+    let mut msgs = Vec::new();
     for run in gso_runs(out.datagrams(), MAX_GSO_SEGMENTS, MAX_GSO_BYTES) {
         let bytes = &out.bytes()[run.bytes.clone()];
-        if run.count > 1 && shared.gso.load(Ordering::Relaxed) {
-            match send_gso(socket, run.to, bytes, run.segment) {
-                Ok(()) => continue,
-                // The route's device cannot segment (or checksum) for us: send
-                // datagrams one by one from now on.
-                Err(e @ (Errno::EIO | Errno::EINVAL | Errno::ENOPROTOOPT | Errno::EOPNOTSUPP)) => {
-                    tracing::info!(error = %e, "UDP GSO unavailable, sending datagrams one by one");
-                    shared.gso.store(false, Ordering::Relaxed);
-                }
-                Err(e) => {
-                    tracing::trace!(error = %e, "send failed");
-                    continue;
-                }
-            }
+        match u16::try_from(run.segment) {
+            Ok(segment) if run.count > 1 && gso => msgs.push(Outgoing {
+                to: run.to,
+                bytes,
+                segment: Some(segment),
+            }),
+            _ => msgs.extend(gro_segments(bytes, run.segment).map(|bytes| Outgoing {
+                to: run.to,
+                bytes,
+                segment: None,
+            })),
         }
-        for datagram in gro_segments(bytes, run.segment) {
-            if let Err(e) = socket.send_to(datagram, mapped(run.to)) {
+    }
+    let mut rest = &msgs[..];
+    while let Some(first) = rest.first() {
+        match mmsg::send_batch(socket.as_fd(), rest) {
+            Ok(sent) => rest = &rest[sent.max(1)..],
+            // The route's device cannot segment (or checksum) for us: send datagrams
+            // one by one from now on.
+            Err(e @ (Errno::EIO | Errno::EINVAL | Errno::ENOPROTOOPT | Errno::EOPNOTSUPP))
+                if first.segment.is_some() =>
+            {
+                if shared.gso.swap(false, Ordering::Relaxed) {
+                    tracing::info!(error = %e, "UDP GSO unavailable, sending datagrams one by one");
+                }
+                let segment = first.segment.map_or(0, usize::from);
+                for datagram in gro_segments(first.bytes, segment) {
+                    if let Err(e) = socket.send_to(datagram, mapped(first.to)) {
+                        tracing::trace!(error = %e, "send failed");
+                    }
+                }
+                rest = &rest[1..];
+            }
+            Err(e) => {
                 tracing::trace!(error = %e, "send failed");
+                rest = &rest[1..];
             }
         }
     }
-}
-
-/// Sends `bytes` as datagrams of `segment` bytes (the last may be shorter) in one
-/// call: the kernel cuts them (`UDP_SEGMENT`).
-fn send_gso(socket: &UdpSocket, to: SocketAddr, bytes: &[u8], segment: usize) -> nix::Result<()> {
-    let segment = u16::try_from(segment).map_err(|_| Errno::EINVAL)?;
-    let SocketAddr::V6(to) = mapped(to) else {
-        return Err(Errno::EINVAL);
-    };
-    let addr = SockaddrIn6::from(to);
-    socket::sendmsg(
-        socket.as_raw_fd(),
-        &[io::IoSlice::new(bytes)],
-        &[socket::ControlMessage::UdpGsoSegments(&segment)],
-        socket::MsgFlags::empty(),
-        Some(&addr),
-    )?;
-    Ok(())
 }
 
 /// Writes one packet to the TUN after its `virtio_net_hdr`: a plain packet whose
@@ -405,15 +412,11 @@ fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
             }
         }
         out.clear();
-        let wake = {
-            let mut core = shared.core();
-            let now = Instant::now();
-            for range in &ranges {
-                core.handle_tun_packet(&packets[range.clone()], now, &mut out);
-            }
-            core.take_timer_wake()
-        };
-        if wake {
+        let batch = ranges.iter().map(|r| &packets[r.clone()]);
+        shared
+            .core
+            .handle_tun_packets(batch, Instant::now(), &mut out);
+        if shared.core.take_timer_wake() {
             shared.wake_timer();
         }
         if !out.is_empty() {
@@ -422,110 +425,42 @@ fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
     }
 }
 
-/// One receive: the sender, the bytes and, when the kernel coalesced several
-/// datagrams (`UDP_GRO`), their size (0: one datagram). `Ok(None)` when the socket
-/// was shut down (a new one replaced it).
-fn recv_one(
-    socket: &UdpSocket,
-    buf: &mut [u8],
-    cmsg: &mut Vec<u8>,
-    flags: socket::MsgFlags,
-) -> nix::Result<Option<Received>> {
-    let mut iov = [io::IoSliceMut::new(buf)];
-    // nix rather than std: after `shutdown` the kernel returns an empty address,
-    // which std's `recv_from` asserts against.
-    let msg = socket::recvmsg::<socket::SockaddrStorage>(
-        socket.as_raw_fd(),
-        &mut iov,
-        Some(cmsg),
-        flags,
-    )?;
-    let segment = msg
-        .cmsgs()
-        .ok()
-        .into_iter()
-        .flatten()
-        .find_map(|c| match c {
-            socket::ControlMessageOwned::UdpGroSegments(size) => usize::try_from(size).ok(),
-            _ => None,
-        })
-        .unwrap_or(0);
-    // Zero bytes or no address: shut down (a WireGuard message is never empty).
-    match msg.address.as_ref().and_then(storage_to_addr) {
-        Some(from) if msg.bytes > 0 => Ok(Some(Received {
-            from,
-            len: msg.bytes,
-            segment,
-        })),
-        _ => Ok(None),
-    }
-}
-
-/// What one receive returned.
-struct Received {
-    from: SocketAddr,
-    len: usize,
-    /// The size of each coalesced datagram (0: one datagram).
-    segment: usize,
-}
-
 fn udp_loop(shared: &Shared) {
     let mut bufs = recv_buffers();
     let mut got: Vec<Received> = Vec::with_capacity(BATCH);
-    let mut cmsg = nix::cmsg_space!(i32);
     let mut out = Outbox::default();
     loop {
         let socket = shared.socket();
-        got.clear();
-        // Block for the first datagram, then take what else is queued.
-        let mut flags = socket::MsgFlags::empty();
-        while got.len() < BATCH {
-            match recv_one(&socket, &mut bufs[got.len()], &mut cmsg, flags) {
-                Ok(Some(d)) => got.push(d),
-                Ok(None) => break,
-                Err(Errno::EAGAIN | Errno::EINTR) => break,
-                Err(e) => {
-                    tracing::trace!(error = %e, "receive failed");
-                    if got.is_empty() && Arc::ptr_eq(&socket, &shared.socket()) {
-                        // Not a replacement: avoid spinning on a persistent error.
-                        thread::sleep(ERROR_PAUSE);
-                    }
-                    break;
+        // Blocks for the first datagram, then takes what else is queued, in one call.
+        match mmsg::recv_batch(socket.as_fd(), &mut bufs, &mut got) {
+            // Shut down: what came before it is handled, the next round takes the
+            // socket that replaced it.
+            Ok(_) => {}
+            Err(Errno::EAGAIN | Errno::EINTR) => {}
+            Err(e) => {
+                tracing::trace!(error = %e, "receive failed");
+                if Arc::ptr_eq(&socket, &shared.socket()) {
+                    // Not a replacement: avoid spinning on a persistent error.
+                    thread::sleep(ERROR_PAUSE);
                 }
             }
-            flags = socket::MsgFlags::MSG_DONTWAIT;
         }
         if got.is_empty() {
             continue;
         }
         out.clear();
-        let wake = {
-            let mut core = shared.core();
-            let (now, wall) = (Instant::now(), SystemTime::now());
-            for (buf, d) in bufs.iter().zip(&got) {
-                for datagram in gro_segments(&buf[..d.len], d.segment) {
-                    core.handle_datagram(d.from, datagram, now, wall, &mut out);
-                }
-            }
-            core.take_timer_wake()
-        };
-        if wake {
+        let (now, wall) = (Instant::now(), SystemTime::now());
+        let batch = bufs.iter().zip(&got).flat_map(|(buf, d)| {
+            gro_segments(&buf[..d.len], d.segment).map(move |datagram| (d.from, datagram))
+        });
+        shared.core.handle_datagrams(batch, now, wall, &mut out);
+        if shared.core.take_timer_wake() {
             shared.wake_timer();
         }
         if !out.is_empty() {
             flush(shared, &socket, &out);
         }
     }
-}
-
-/// A received address as an IPv4 or IPv6 socket address (IPv4-mapped made IPv4).
-fn storage_to_addr(addr: &socket::SockaddrStorage) -> Option<SocketAddr> {
-    if let Some(v6) = addr.as_sockaddr_in6() {
-        let ip = v6.ip().to_canonical();
-        return Some(SocketAddr::new(ip, v6.port()));
-    }
-    addr.as_sockaddr_in()
-        .map(|v4| SocketAddr::new(std::net::IpAddr::V4(v4.ip()), v4.port()))
 }
 
 /// Runs the timers when the earliest deadline comes, or sooner when a packet or a
@@ -536,11 +471,8 @@ fn timer_loop(shared: &Shared, wake: &mpsc::Receiver<()>) {
     loop {
         out.clear();
         let now = Instant::now();
-        let next = {
-            let mut core = shared.core();
-            core.tick(now, &mut out);
-            core.next_deadline(now)
-        };
+        shared.core.tick(now, &mut out);
+        let next = shared.core.next_deadline(now);
         if !out.is_empty() {
             flush(shared, &shared.socket(), &out);
         }
@@ -580,10 +512,10 @@ fn serve_uapi(shared: &Shared, stream: UnixStream) -> io::Result<()> {
             body.push_str(&line);
         }
         let answer = match command.trim_end() {
-            "get=1" => format!("{}errno=0\n\n", shared.core().render_get()),
+            "get=1" => format!("{}errno=0\n\n", shared.core.render_get()),
             "set=1" => format!("errno={}\n\n", apply_set(shared, &body)),
             "stats=1" => {
-                let c = shared.core().counters();
+                let c = shared.core.counters();
                 format!(
                     "invalid_datagrams={}\nspoofed_packets={}\nunroutable_packets={}\ncookie_replies={}\nerrno=0\n\n",
                     c.invalid_datagrams, c.spoofed_packets, c.unroutable_packets, c.cookie_replies
@@ -608,11 +540,16 @@ fn apply_set(shared: &Shared, body: &str) -> i32 {
             return e.errno();
         }
     };
-    let mut core = shared.core();
-    let mark = req.fwmark.unwrap_or(core.fwmark);
+    let _set = shared
+        .set_lock
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let core = &shared.core;
+    let (listen_port, fwmark) = (core.listen_port(), core.fwmark());
+    let mark = req.fwmark.unwrap_or(fwmark);
     let current = shared.socket();
     let port = match req.listen_port {
-        Some(port) if port == 0 || port != core.listen_port => match bind_udp(port, mark) {
+        Some(port) if port == 0 || port != listen_port => match bind_udp(port, mark) {
             Ok(new) => {
                 let port = local_port(&new);
                 *shared
@@ -633,18 +570,19 @@ fn apply_set(shared: &Shared, body: &str) -> i32 {
             }
         },
         _ => {
-            if mark != core.fwmark {
+            if mark != fwmark {
                 if let Err(e) = socket::setsockopt(&*current, sockopt::Mark, &mark) {
                     tracing::info!(error = %e, "UAPI set refused: cannot mark the socket");
                     return errno::EIO;
                 }
             }
-            core.listen_port
+            listen_port
         }
     };
+    // The port actually bound (a request for 0 gets one from the kernel).
+    let mut req = req;
+    req.listen_port = Some(port);
     core.apply_set(req);
-    core.listen_port = port;
-    drop(core);
     // New peers or intervals can bring a deadline forward.
     shared.wake_timer();
     0

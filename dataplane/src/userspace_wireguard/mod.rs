@@ -14,6 +14,7 @@ pub mod allowed_ips;
 pub mod batch;
 pub mod core;
 pub mod device;
+pub mod mmsg;
 pub mod offload;
 pub mod timers;
 pub mod tun;
