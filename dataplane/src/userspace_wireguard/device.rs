@@ -32,7 +32,7 @@ use nix::sys::{
 use super::{
     batch::{gro_segments, gso_runs, Outbox, MAX_GSO_BYTES, MAX_GSO_SEGMENTS},
     core::DeviceCore,
-    offload::{self, VnetHdr, F_DATA_VALID, VNET_HDR_LEN},
+    offload::{self, VnetHdr, VNET_HDR_LEN},
     tun,
     uapi_request::{errno, parse_set},
 };
@@ -290,9 +290,7 @@ fn recv_buffers() -> Vec<Vec<u8>> {
 /// packets, then the datagrams, each run of equal-sized datagrams to one peer as one
 /// UDP GSO send.
 fn flush(shared: &Shared, socket: &UdpSocket, out: &Outbox) {
-    for packet in out.packets() {
-        write_tun(&shared.tun, packet);
-    }
+    tun::write_packets(&shared.tun, out.packets());
     for run in gso_runs(out.datagrams(), MAX_GSO_SEGMENTS, MAX_GSO_BYTES) {
         let bytes = &out.bytes()[run.bytes.clone()];
         if run.count > 1 && shared.gso.load(Ordering::Relaxed) {
@@ -334,20 +332,6 @@ fn send_gso(socket: &UdpSocket, to: SocketAddr, bytes: &[u8], segment: usize) ->
         Some(&addr),
     )?;
     Ok(())
-}
-
-/// Writes one packet to the TUN after its `virtio_net_hdr`: a plain packet whose
-/// checksums need no check (WireGuard authenticated it, as the kernel's own WireGuard
-/// marks it).
-fn write_tun(tun: &File, packet: &[u8]) {
-    let hdr = VnetHdr {
-        flags: F_DATA_VALID,
-        ..VnetHdr::default()
-    }
-    .to_bytes();
-    if let Err(e) = (&*tun).write_vectored(&[io::IoSlice::new(&hdr), io::IoSlice::new(packet)]) {
-        tracing::trace!(error = %e, "TUN write failed");
-    }
 }
 
 /// The socket is dual-stack IPv6: IPv4 peers are reached as mapped addresses.

@@ -125,7 +125,7 @@ fn sum_bytes(bytes: &[u8], offset: usize, mut sum: u64) -> u64 {
 }
 
 /// Folds a sum to 16 bits.
-fn fold(mut sum: u64) -> u16 {
+pub fn fold(mut sum: u64) -> u16 {
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
     }

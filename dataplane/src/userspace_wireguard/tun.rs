@@ -1,14 +1,18 @@
 //! The TUN device: `/dev/net/tun` opened with `IFF_TUN | IFF_NO_PI | IFF_VNET_HDR`, so
 //! each read is one IP packet (or TCP super-packet) after a `virtio_net_hdr`, and each
-//! write takes one packet after such a header (see `offload.rs`).
+//! write takes one packet after such a header (see `offload.rs`): a plain packet or a
+//! TCP super-packet of one flow's segments (see `coalesce.rs`).
 
 #![allow(unsafe_code)] // Three ioctls (TUNSETIFF, TUNSETOFFLOAD, SIOCSIFMTU) on owned descriptors.
 
 use std::{
+    cell::RefCell,
     fs::{File, OpenOptions},
-    io,
+    io::{self, Write},
     os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
 };
+
+use super::coalesce::Coalescer;
 
 /// The kernel's `struct ifreq`: a name and a union, 40 bytes on 64-bit Linux.
 #[repr(C)]
@@ -87,4 +91,26 @@ pub fn set_mtu(name: &str, mtu: u32) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+thread_local! {
+    /// Each writing thread's buffers, kept from batch to batch.
+    static COALESCER: RefCell<Coalescer> = RefCell::default();
+}
+
+/// Writes one batch's packets (decrypted, so their checksums need no check) to the
+/// TUN, one flow's consecutive TCP segments as one super-packet: a write each.
+pub fn write_packets<'a>(tun: &File, packets: impl Iterator<Item = &'a [u8]>) {
+    let packets: Vec<&[u8]> = packets.collect();
+    if packets.is_empty() {
+        return;
+    }
+    COALESCER.with_borrow_mut(|coalescer| {
+        coalescer.coalesce(&packets);
+        for write in coalescer.writes() {
+            if let Err(e) = (&*tun).write(write) {
+                tracing::trace!(error = %e, "TUN write failed");
+            }
+        }
+    });
 }
