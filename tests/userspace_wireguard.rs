@@ -220,6 +220,15 @@ fn iperf(client: &NetnsGuard, server_addr: &str, reverse: bool) -> f64 {
     }
 }
 
+/// What interface `ifname` has received, packets and bytes (`ip -s link`). On a TUN each
+/// write by the device is one received packet, a coalesced super-packet included.
+fn rx_counters(ns: &NetnsGuard, ifname: &str) -> (u64, u64) {
+    let json = run_ok(ns, "ip", &["-j", "-s", "link", "show", "dev", ifname]);
+    let links: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let rx = &links[0]["stats64"]["rx"];
+    (rx["packets"].as_u64().unwrap(), rx["bytes"].as_u64().unwrap())
+}
+
 /// `wg show IF dump`'s first peer line: the handshake time is field 4.
 fn handshake_time(ns: &NetnsGuard, ifname: &str) -> u64 {
     let dump = run_ok(ns, "wg", &["show", ifname, "dump"]);
@@ -256,12 +265,22 @@ fn pairs_with_wireguard_go_using_stock_tools() {
     // The server stops with its namespace.
     b.spawn("iperf3", &["-s", "-B", "10.77.0.2"]).unwrap();
     let sent = iperf(&a, "10.77.0.2", false);
+    let (packets_before, bytes_before) = rx_counters(&a, &if_a);
     let received = iperf(&a, "10.77.0.2", true);
+    let (packets, bytes) = rx_counters(&a, &if_a);
     // A figure, not a target: this is a debug build of the device.
     eprintln!(
         "iperf3 TCP 1 s: wirespan -> wireguard-go {sent:.0} Mbit/s, back {received:.0} Mbit/s"
     );
     assert!(sent > 0.0 && received > 0.0);
+    // The bulk transfer's segments reach A's kernel coalesced: one packet-at-a-time
+    // writes could not average more than the MTU (1,420 bytes).
+    let per_write = (bytes - bytes_before) / (packets - packets_before).max(1);
+    eprintln!("TUN writes while receiving: {per_write} bytes each on average");
+    assert!(
+        per_write > 2 * 1420,
+        "TCP segments written to the TUN one by one ({per_write} bytes a write)"
+    );
 
     // Malformed datagrams to the device's port: dropped, counted, and the tunnel
     // keeps working.
