@@ -226,7 +226,10 @@ fn rx_counters(ns: &NetnsGuard, ifname: &str) -> (u64, u64) {
     let json = run_ok(ns, "ip", &["-j", "-s", "link", "show", "dev", ifname]);
     let links: serde_json::Value = serde_json::from_str(&json).unwrap();
     let rx = &links[0]["stats64"]["rx"];
-    (rx["packets"].as_u64().unwrap(), rx["bytes"].as_u64().unwrap())
+    (
+        rx["packets"].as_u64().unwrap(),
+        rx["bytes"].as_u64().unwrap(),
+    )
 }
 
 /// `wg show IF dump`'s first peer line: the handshake time is field 4.

@@ -1,8 +1,10 @@
 //! GRO for the TUN, sans-IO: of one batch's decrypted packets, consecutive TCP segments
 //! of one flow are merged into one super-packet (up to 64 KiB) written with a
 //! `virtio_net_hdr` of `GSO_TCPV4`/`GSO_TCPV6`, so the receiving kernel runs its stack
-//! (and acknowledges) once per super-packet instead of once per 1,420 bytes. Anything
-//! else is written as one plain packet.
+//! (and acknowledges) once per super-packet instead of once per 1,420 bytes. Where the
+//! kernel has USO, equal-sized UDP datagrams of one flow are merged the same way into
+//! a `GSO_UDP_L4` write (up to 64 datagrams). Anything else is written as one plain
+//! packet.
 //!
 //! A segment joins its flow's run only where the kernel's own GRO would merge it and
 //! where cutting the super-packet again (`offload::split`, or the kernel's GSO when
@@ -10,16 +12,19 @@
 //! fragmentation and with the id increasing by one, IPv6 without extension headers,
 //! every IP and TCP header field equal apart from lengths, ids, sequence numbers,
 //! checksums and PSH, only ACK (and PSH on the last) set, the sequence contiguous, and
-//! every payload the size of the first (a shorter one, or PSH, ends the run). Packets
+//! every payload the size of the first (a shorter one, or PSH, ends the run); for UDP
+//! the same IP rules, and every datagram the size of the first but the last. Packets
 //! of one flow keep their order; packets of different flows may pass each other.
 
 use std::ops::Range;
 
 use super::offload::{
-    finish, fold, ones_sum, VnetHdr, F_DATA_VALID, F_NEEDS_CSUM, GSO_TCPV4, GSO_TCPV6, VNET_HDR_LEN,
+    finish, fold, ones_sum, VnetHdr, F_DATA_VALID, F_NEEDS_CSUM, GSO_TCPV4, GSO_TCPV6, GSO_UDP_L4,
+    VNET_HDR_LEN,
 };
 
 const TCP: u8 = 6;
+const UDP: u8 = 17;
 const TCP_PSH: u8 = 0x08;
 const TCP_ACK: u8 = 0x10;
 /// The largest super-packet: what an IPv4 total length can describe.
@@ -28,13 +33,18 @@ const MAX_SUPER_PACKET: usize = 65_535;
 /// eight per bucket): enough for the flows interleaved in a batch, bounded work when
 /// a batch holds many flows.
 const OPEN_RUNS: usize = 8;
+/// Most datagrams in one UDP super-packet: the kernel's `UDP_MAX_SEGMENTS` on older
+/// kernels (newer ones take 128).
+const MAX_UDP_SEGMENTS: usize = 64;
 
-/// A TCP segment's fields that decide whether it joins a run.
+/// A TCP segment's (or UDP datagram's) fields that decide whether it joins a run.
 #[derive(Debug, Clone, Copy)]
 struct Segment {
     v4: bool,
+    /// A UDP datagram (`seq` and `flags` are then 0).
+    udp: bool,
     ip_len: usize,
-    /// IP and TCP headers.
+    /// IP and TCP (or UDP) headers.
     hdr_len: usize,
     payload: usize,
     seq: u32,
@@ -42,27 +52,45 @@ struct Segment {
     flags: u8,
 }
 
-/// `packet` as a segment that may be coalesced, or `None` (anything else is written
-/// alone).
-fn parse_segment(p: &[u8]) -> Option<Segment> {
-    let (v4, ip_len) = match p.first()? >> 4 {
+/// `packet` as a segment that may be coalesced (a UDP datagram only when `udp`), or
+/// `None` (anything else is written alone).
+fn parse_segment(p: &[u8], udp: bool) -> Option<Segment> {
+    let wanted = |proto: u8| proto == TCP || (udp && proto == UDP);
+    let (v4, ip_len, proto) = match p.first()? >> 4 {
         4 if p.len() >= 20
             && p[0] == 0x45
-            && p[9] == TCP
+            && wanted(p[9])
             && usize::from(u16::from_be_bytes([p[2], p[3]])) == p.len()
             // Neither more fragments nor an offset; DF is compared between segments.
             && u16::from_be_bytes([p[6], p[7]]) & 0x3fff == 0 =>
         {
-            (true, 20)
+            (true, 20, p[9])
         }
         6 if p.len() >= 40
-            && p[6] == TCP
+            && wanted(p[6])
             && usize::from(u16::from_be_bytes([p[4], p[5]])) + 40 == p.len() =>
         {
-            (false, 40)
+            (false, 40, p[6])
         }
         _ => return None,
     };
+    let id = u16::from_be_bytes([p[4], p[5]]);
+    if proto == UDP {
+        let udp_len = u16::from_be_bytes([*p.get(ip_len + 4)?, *p.get(ip_len + 5)?]);
+        if p.len() <= ip_len + 8 || usize::from(udp_len) != p.len() - ip_len {
+            return None;
+        }
+        return Some(Segment {
+            v4,
+            udp: true,
+            ip_len,
+            hdr_len: ip_len + 8,
+            payload: p.len() - ip_len - 8,
+            seq: 0,
+            id,
+            flags: 0,
+        });
+    }
     let tcp_len = usize::from(p.get(ip_len + 12)? >> 4) * 4;
     let hdr_len = ip_len + tcp_len;
     let flags = p[ip_len + 13];
@@ -72,11 +100,12 @@ fn parse_segment(p: &[u8]) -> Option<Segment> {
     let t = &p[ip_len..];
     Some(Segment {
         v4,
+        udp: false,
         ip_len,
         hdr_len,
         payload: p.len() - hdr_len,
         seq: u32::from_be_bytes([t[4], t[5], t[6], t[7]]),
-        id: u16::from_be_bytes([p[4], p[5]]),
+        id,
         flags,
     })
 }
@@ -84,9 +113,10 @@ fn parse_segment(p: &[u8]) -> Option<Segment> {
 /// The byte ranges of a segment's headers that must be equal in every segment of a
 /// run: IPv4 version to TOS, DF to addresses apart from the checksum; IPv6 all but the
 /// payload length; TCP ports, acknowledgement, header length, window, urgent pointer
-/// and options (timestamps included, as the kernel's GRO requires).
+/// and options (timestamps included, as the kernel's GRO requires). UDP has nothing
+/// beyond its ports to compare.
 fn same_headers(a: &[u8], sa: &Segment, b: &[u8], sb: &Segment) -> bool {
-    if sa.v4 != sb.v4 || sa.hdr_len != sb.hdr_len {
+    if sa.v4 != sb.v4 || sa.udp != sb.udp || sa.hdr_len != sb.hdr_len {
         return false;
     }
     let ip: &[Range<usize>] = if sa.v4 {
@@ -96,16 +126,15 @@ fn same_headers(a: &[u8], sa: &Segment, b: &[u8], sb: &Segment) -> bool {
     };
     let t = sa.ip_len;
     let tcp = [t..t + 4, t + 8..t + 13, t + 14..t + 16, t + 18..sa.hdr_len];
-    ip.iter()
-        .cloned()
-        .chain(tcp)
-        .all(|r| a[r.clone()] == b[r])
+    let tcp: &[Range<usize>] = if sa.udp { &[] } else { &tcp };
+    ip.iter().chain(tcp).all(|r| a[r.clone()] == b[r.clone()])
 }
 
 /// Whether `a` and `b` belong to the same flow (addresses and ports).
 fn same_flow(a: &[u8], sa: &Segment, b: &[u8], sb: &Segment) -> bool {
     let addrs = if sa.v4 { 12..20 } else { 8..40 };
     sa.v4 == sb.v4
+        && sa.udp == sb.udp
         && a[addrs.clone()] == b[addrs]
         && a[sa.ip_len..sa.ip_len + 4] == b[sb.ip_len..sb.ip_len + 4]
 }
@@ -142,8 +171,9 @@ pub struct Coalescer {
 }
 
 impl Coalescer {
-    /// Replaces the writes with those for `packets` (in the order they were produced).
-    pub fn coalesce(&mut self, packets: &[&[u8]]) {
+    /// Replaces the writes with those for `packets` (in the order they were produced);
+    /// UDP datagrams are merged only when `udp` (the kernel has USO).
+    pub fn coalesce(&mut self, packets: &[&[u8]], udp: bool) {
         self.bytes.clear();
         self.writes.clear();
         self.runs.clear();
@@ -151,7 +181,7 @@ impl Coalescer {
         self.next.clear();
         self.next.resize(packets.len(), None);
         for (i, packet) in packets.iter().enumerate() {
-            let seg = parse_segment(packet);
+            let seg = parse_segment(packet, udp);
             if let Some(seg) = seg {
                 if self.join(packets, i, &seg) {
                     continue;
@@ -196,7 +226,8 @@ impl Coalescer {
         };
         let fits = !run.closed
             && seg.payload <= run.size
-            && seg.seq == tail.seq.wrapping_add(tail.payload as u32)
+            && (seg.udp || seg.seq == tail.seq.wrapping_add(tail.payload as u32))
+            && (!seg.udp || run.count < MAX_UDP_SEGMENTS)
             && (!seg.v4 || seg.id == tail.id.wrapping_add(1))
             && run.len + seg.payload <= MAX_SUPER_PACKET
             && same_headers(packets[run.last], &tail, packet, seg);
@@ -233,13 +264,18 @@ impl Coalescer {
             return;
         };
         let (ip_len, hdr_len) = (tail.ip_len, tail.hdr_len);
+        let (gso_type, proto, csum_offset) = match (tail.udp, tail.v4) {
+            (true, _) => (GSO_UDP_L4, UDP, 6),
+            (false, true) => (GSO_TCPV4, TCP, 16),
+            (false, false) => (GSO_TCPV6, TCP, 16),
+        };
         let hdr = VnetHdr {
             flags: F_NEEDS_CSUM,
-            gso_type: if tail.v4 { GSO_TCPV4 } else { GSO_TCPV6 },
+            gso_type,
             hdr_len: hdr_len as u16,
             gso_size: run.size as u16,
             csum_start: ip_len as u16,
-            csum_offset: 16,
+            csum_offset: csum_offset as u16,
         };
         self.bytes.extend_from_slice(&hdr.to_bytes());
         self.bytes.extend_from_slice(first);
@@ -258,12 +294,18 @@ impl Coalescer {
         } else {
             p[4..6].copy_from_slice(&((total - 40) as u16).to_be_bytes());
         }
-        // PSH as the last segment had it; the checksum field holds the pseudo-header's
-        // sum, which the kernel (or `offload::split`) completes over the rest.
-        p[ip_len + 13] = tail.flags;
+        if tail.udp {
+            p[ip_len + 4..ip_len + 6].copy_from_slice(&((total - ip_len) as u16).to_be_bytes());
+        } else {
+            // PSH as the last segment had it.
+            p[ip_len + 13] = tail.flags;
+        }
+        // The checksum field holds the pseudo-header's sum, which the kernel (or
+        // `offload::split`) completes over the rest.
         let addrs = if tail.v4 { &p[12..20] } else { &p[8..40] };
-        let pseudo = fold(ones_sum(addrs, u64::from(TCP) + (total - ip_len) as u64));
-        p[ip_len + 16..ip_len + 18].copy_from_slice(&pseudo.to_be_bytes());
+        let pseudo = fold(ones_sum(addrs, u64::from(proto) + (total - ip_len) as u64));
+        let at = ip_len + csum_offset;
+        p[at..at + 2].copy_from_slice(&pseudo.to_be_bytes());
         self.writes.push(start..self.bytes.len());
     }
 
@@ -328,10 +370,44 @@ mod tests {
     }
 
     fn coalesce(packets: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        coalesce_with(packets, true)
+    }
+
+    fn coalesce_with(packets: &[Vec<u8>], udp: bool) -> Vec<Vec<u8>> {
         let refs: Vec<&[u8]> = packets.iter().map(Vec::as_slice).collect();
         let mut c = Coalescer::default();
-        c.coalesce(&refs);
+        c.coalesce(&refs, udp);
         c.writes().map(<[u8]>::to_vec).collect()
+    }
+
+    /// A UDP datagram with a valid checksum: IPv4 (id `id`) or IPv6, from port `sport`,
+    /// `payload` bytes.
+    fn datagram(v4: bool, sport: u16, id: u16, payload: usize) -> Vec<u8> {
+        let mut p = segment(v4, sport, 0, id, TCP_ACK, payload);
+        let ip_len = if v4 { 20 } else { 40 };
+        p.drain(ip_len + 8..ip_len + 32);
+        let total = p.len();
+        if v4 {
+            p[9] = UDP;
+            p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+            p[10..12].fill(0);
+            let sum = finish(ones_sum(&p[..20], 0));
+            p[10..12].copy_from_slice(&sum.to_be_bytes());
+        } else {
+            p[6] = UDP;
+            p[4..6].copy_from_slice(&((total - 40) as u16).to_be_bytes());
+        }
+        let udp_len = total - ip_len;
+        p[ip_len + 4..ip_len + 6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        p[ip_len + 6..ip_len + 8].fill(0);
+        let addrs = if v4 { &p[12..20] } else { &p[8..40] };
+        let pseudo = ones_sum(addrs, u64::from(UDP) + udp_len as u64);
+        let sum = match finish(ones_sum(&p[ip_len..], pseudo)) {
+            0 => 0xffff,
+            sum => sum,
+        };
+        p[ip_len + 6..ip_len + 8].copy_from_slice(&sum.to_be_bytes());
+        p
     }
 
     /// What the kernel would deliver for `writes`: each cut back into packets.
@@ -360,7 +436,10 @@ mod tests {
                 (hdr.flags, hdr.gso_size, hdr.hdr_len, hdr.csum_start),
                 (F_NEEDS_CSUM, 1368, ip_len + 32, ip_len)
             );
-            assert_eq!(writes[0].len(), VNET_HDR_LEN + ip_len as usize + 32 + 20 * 1368);
+            assert_eq!(
+                writes[0].len(),
+                VNET_HDR_LEN + ip_len as usize + 32 + 20 * 1368
+            );
             assert_eq!(resplit(&writes), packets);
         }
     }
@@ -392,12 +471,26 @@ mod tests {
         let mut gap = flow(true, 40000, 4, 1000);
         gap.remove(2);
         // The id is still one more than the last one's: only the sequence jumps.
-        gap[2] = segment(true, 40000, 0xffff_f000 + 3000, 102, TCP_ACK | TCP_PSH, 1000);
+        gap[2] = segment(
+            true,
+            40000,
+            0xffff_f000 + 3000,
+            102,
+            TCP_ACK | TCP_PSH,
+            1000,
+        );
         assert_eq!(gso_types(&coalesce(&gap)), vec![GSO_TCPV4, GSO_NONE]);
         assert_eq!(resplit(&coalesce(&gap)), gap);
 
         let mut psh = flow(true, 40000, 4, 1000);
-        psh[1] = segment(true, 40000, 0xffff_f000 + 1000, 101, TCP_ACK | TCP_PSH, 1000);
+        psh[1] = segment(
+            true,
+            40000,
+            0xffff_f000 + 1000,
+            101,
+            TCP_ACK | TCP_PSH,
+            1000,
+        );
         assert_eq!(gso_types(&coalesce(&psh)), vec![GSO_TCPV4, GSO_TCPV4]);
         assert_eq!(resplit(&coalesce(&psh)), psh);
 
@@ -410,7 +503,11 @@ mod tests {
         short[3] = segment(true, 40000, 0xffff_f000 + 2500, 103, TCP_ACK, 1000);
         let writes = coalesce(&short);
         assert_eq!(gso_types(&writes), vec![GSO_TCPV4, GSO_NONE]);
-        assert_eq!(writes[0].len(), VNET_HDR_LEN + 52 + 2500, "the short one ends it");
+        assert_eq!(
+            writes[0].len(),
+            VNET_HDR_LEN + 52 + 2500,
+            "the short one ends it"
+        );
         assert_eq!(resplit(&writes), short);
     }
 
@@ -424,7 +521,7 @@ mod tests {
             packets[1][at] = value;
             assert_eq!(gso_types(&coalesce(&packets)), vec![0, 0], "byte {at}");
         }
-        let mut frag = base.clone();
+        let mut frag = base;
         frag[1][6] = 0x20;
         assert_eq!(gso_types(&coalesce(&frag)), vec![0, 0], "more fragments");
     }
@@ -433,7 +530,9 @@ mod tests {
     fn interleaved_flows_coalesce_each_in_order_and_others_pass_through() {
         let a = flow(true, 40000, 3, 1000);
         let b = flow(false, 40001, 3, 1200);
-        let udp = vec![0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];
+        let udp = vec![
+            0x45, 0, 0, 28, 0, 0, 0, 0, 64, 17, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8,
+        ];
         let ack = segment(true, 40002, 5, 1, TCP_ACK, 0);
         let packets = vec![
             a[0].clone(),
@@ -462,5 +561,45 @@ mod tests {
             .iter()
             .all(|w| w.len() - VNET_HDR_LEN <= MAX_SUPER_PACKET));
         assert_eq!(resplit(&writes), packets);
+    }
+
+    #[test]
+    fn equal_udp_datagrams_of_a_flow_coalesce_where_the_kernel_has_uso() {
+        for v4 in [true, false] {
+            let mut packets: Vec<Vec<u8>> =
+                (0..100).map(|i| datagram(v4, 40000, 7 + i, 800)).collect();
+            packets.push(datagram(v4, 40000, 107, 300));
+            packets.push(datagram(v4, 40000, 108, 800));
+            let writes = coalesce(&packets);
+            // 64 at most, then the rest up to the short one, then the last alone.
+            assert_eq!(gso_types(&writes), vec![GSO_UDP_L4, GSO_UDP_L4, GSO_NONE]);
+            let hdr = VnetHdr::parse(&writes[0]).unwrap();
+            assert_eq!((hdr.gso_size, hdr.csum_offset), (800, 6));
+            assert_eq!(
+                writes[0].len(),
+                VNET_HDR_LEN + hdr.hdr_len as usize + 64 * 800
+            );
+            assert_eq!(resplit(&writes), packets);
+            let plain = coalesce_with(&packets, false);
+            assert_eq!(plain.len(), packets.len(), "without USO, one write each");
+            assert!(plain.iter().all(|w| w[1] == GSO_NONE));
+        }
+    }
+
+    #[test]
+    fn udp_and_tcp_of_the_same_ports_stay_apart() {
+        let tcp = flow(true, 40000, 2, 1000);
+        let udp = [
+            datagram(true, 40000, 1, 1000),
+            datagram(true, 40000, 2, 1000),
+        ];
+        let packets = vec![
+            tcp[0].clone(),
+            udp[0].clone(),
+            tcp[1].clone(),
+            udp[1].clone(),
+        ];
+        let writes = coalesce(&packets);
+        assert_eq!(gso_types(&writes), vec![GSO_TCPV4, GSO_UDP_L4]);
     }
 }

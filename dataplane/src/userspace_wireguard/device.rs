@@ -211,8 +211,9 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
         name: opts.name.clone(),
         source,
     })?;
-    if let Err(e) = tun::enable_tcp_offloads(&tun_file) {
-        tracing::info!(interface = %opts.name, error = %e, "TUN offloads unavailable");
+    match tun::enable_offloads(&tun_file) {
+        Ok(uso) => tracing::debug!(interface = %opts.name, uso, "TUN offloads on"),
+        Err(e) => tracing::info!(interface = %opts.name, error = %e, "TUN offloads unavailable"),
     }
     if let Err(e) = tun::set_mtu(&opts.name, opts.mtu) {
         tracing::warn!(interface = %opts.name, error = %e, "setting the MTU failed");
