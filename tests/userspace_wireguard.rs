@@ -196,10 +196,16 @@ fn stat(ifname: &str, key: &str) -> u64 {
 /// One second of iperf3 TCP from `client` to the iperf3 server on `server_addr`
 /// (`reverse`: the server sends); returns the received rate in Mbit/s.
 fn iperf(client: &NetnsGuard, server_addr: &str, reverse: bool) -> f64 {
+    iperf_with(client, server_addr, reverse, &[])
+}
+
+/// As `iperf`, with `extra` arguments (`-u`: UDP).
+fn iperf_with(client: &NetnsGuard, server_addr: &str, reverse: bool, extra: &[&str]) -> f64 {
     let mut args = vec!["-c", server_addr, "-t", "1", "-J"];
     if reverse {
         args.push("-R");
     }
+    args.extend_from_slice(extra);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         // Until the server listens (or while it still ends the previous run) the client
@@ -208,9 +214,11 @@ fn iperf(client: &NetnsGuard, server_addr: &str, reverse: bool) -> f64 {
             .run_stdout("iperf3", &args)
             .map_err(|e| e.to_string());
         let rate = outcome.as_ref().ok().and_then(|report| {
-            serde_json::from_str::<serde_json::Value>(report).ok()?["end"]["sum_received"]
-                ["bits_per_second"]
+            let end = &serde_json::from_str::<serde_json::Value>(report).ok()?["end"];
+            // UDP reports its received rate in `sum` on older iperf3 versions.
+            end["sum_received"]["bits_per_second"]
                 .as_f64()
+                .or_else(|| end["sum"]["bits_per_second"].as_f64())
         });
         if let Some(bps) = rate {
             return bps / 1e6;
@@ -218,6 +226,31 @@ fn iperf(client: &NetnsGuard, server_addr: &str, reverse: bool) -> f64 {
         assert!(Instant::now() < deadline, "iperf3: {outcome:?}");
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// What interface `ifname` has received, packets and bytes (`ip -s link`). On a TUN each
+/// write by the device is one received packet, a coalesced super-packet included.
+fn rx_counters(ns: &NetnsGuard, ifname: &str) -> (u64, u64) {
+    let json = run_ok(ns, "ip", &["-j", "-s", "link", "show", "dev", ifname]);
+    let links: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let rx = &links[0]["stats64"]["rx"];
+    (
+        rx["packets"].as_u64().unwrap(),
+        rx["bytes"].as_u64().unwrap(),
+    )
+}
+
+/// Whether the running kernel is at least `major.minor`.
+fn kernel_at_least(major: u32, minor: u32) -> bool {
+    let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut parts = release.split(|c: char| !c.is_ascii_digit());
+    let mut next = || {
+        parts
+            .next()
+            .and_then(|p| p.parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    (next(), next()) >= (major, minor)
 }
 
 /// `wg show IF dump`'s first peer line: the handshake time is field 4.
@@ -256,12 +289,35 @@ fn pairs_with_wireguard_go_using_stock_tools() {
     // The server stops with its namespace.
     b.spawn("iperf3", &["-s", "-B", "10.77.0.2"]).unwrap();
     let sent = iperf(&a, "10.77.0.2", false);
+    let (packets_before, bytes_before) = rx_counters(&a, &if_a);
     let received = iperf(&a, "10.77.0.2", true);
+    let (packets, bytes) = rx_counters(&a, &if_a);
     // A figure, not a target: this is a debug build of the device.
     eprintln!(
         "iperf3 TCP 1 s: wirespan -> wireguard-go {sent:.0} Mbit/s, back {received:.0} Mbit/s"
     );
     assert!(sent > 0.0 && received > 0.0);
+    // The bulk transfer's segments reach A's kernel coalesced: one packet-at-a-time
+    // writes could not average more than the MTU (1,420 bytes).
+    let per_write = (bytes - bytes_before) / (packets - packets_before).max(1);
+    eprintln!("TUN writes while receiving: {per_write} bytes each on average");
+    assert!(
+        per_write > 2 * 1420,
+        "TCP segments written to the TUN one by one ({per_write} bytes a write)"
+    );
+    // Where the kernel takes UDP super-packets (USO, 6.2 and later), a UDP flood's
+    // datagrams (1,280 bytes) reach A's kernel coalesced too.
+    if kernel_at_least(6, 2) {
+        let (packets_before, bytes_before) = rx_counters(&a, &if_a);
+        let udp = iperf_with(&a, "10.77.0.2", true, &["-u", "-b", "0", "-l", "1280"]);
+        let (packets, bytes) = rx_counters(&a, &if_a);
+        let per_write = (bytes - bytes_before) / (packets - packets_before).max(1);
+        eprintln!("UDP {udp:.0} Mbit/s received, {per_write} bytes a TUN write on average");
+        assert!(
+            per_write > 1420,
+            "UDP datagrams written to the TUN one by one ({per_write} bytes a write)"
+        );
+    }
 
     // Malformed datagrams to the device's port: dropped, counted, and the tunnel
     // keeps working.

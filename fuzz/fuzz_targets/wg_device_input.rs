@@ -1,8 +1,10 @@
 //! The userspace WireGuard device's untrusted input (`wirespan wireguard`): UAPI `set=1`
 //! bodies (`uapi_request::parse_set`, then applied), and datagrams and TUN packets fed
 //! to a configured `core::DeviceCore`, and TUN reads (a `virtio_net_hdr` and a packet)
-//! cut by `offload::split`. Nothing may panic; a refused request must leave `get=1`
-//! unchanged; split packets are whole and no longer than the read.
+//! cut by `offload::split`, and a batch of decrypted packets coalesced for the TUN
+//! (`coalesce::Coalescer`). Nothing may panic; a refused request must leave `get=1`
+//! unchanged; split packets are whole and no longer than the read; the coalesced
+//! writes, split again, are as many packets of the same lengths as the batch.
 #![no_main]
 
 use std::{
@@ -12,6 +14,7 @@ use std::{
 
 use libfuzzer_sys::fuzz_target;
 use wirespan_dataplane::userspace_wireguard::{
+    coalesce::Coalescer,
     core::{DeviceCore, Io},
     offload::{self, VnetHdr, VNET_HDR_LEN},
     uapi_request::parse_set,
@@ -35,7 +38,7 @@ fuzz_target!(|data: &[u8]| {
     let core = DeviceCore::default();
     core.apply_set(parse_set(BASE).expect("the base config parses"));
     let now = Instant::now();
-    match selector % 4 {
+    match selector % 5 {
         0 => {
             let before = core.render_get();
             match parse_set(&String::from_utf8_lossy(rest)) {
@@ -65,6 +68,22 @@ fuzz_target!(|data: &[u8]| {
                     "a refused read adds nothing"
                 );
             }
+        }
+        4 => {
+            let packets: Vec<&[u8]> = rest.split(|b| *b == 0xff).collect();
+            let mut coalescer = Coalescer::default();
+            coalescer.coalesce(&packets, selector & 0x80 != 0);
+            let (mut out, mut ranges) = (Vec::new(), Vec::new());
+            for write in coalescer.writes() {
+                let hdr = VnetHdr::parse(write).expect("a write starts with its header");
+                offload::split(&hdr, &write[VNET_HDR_LEN..], &mut out, &mut ranges)
+                    .expect("a write splits");
+            }
+            let mut lens: Vec<usize> = ranges.iter().map(|r| r.len()).collect();
+            let mut want: Vec<usize> = packets.iter().map(|p| p.len()).collect();
+            lens.sort_unstable();
+            want.sort_unstable();
+            assert_eq!(lens, want, "the batch's packets, one for one");
         }
         _ => {
             for (i, chunk) in rest.split(|b| *b == 0xff).enumerate() {

@@ -34,7 +34,7 @@ use super::{
     batch::{gro_segments, gso_runs, Outbox, MAX_GSO_BYTES, MAX_GSO_SEGMENTS},
     core::DeviceCore,
     mmsg::{self, Outgoing, Received},
-    offload::{self, VnetHdr, F_DATA_VALID, VNET_HDR_LEN},
+    offload::{self, VnetHdr, VNET_HDR_LEN},
     tun,
     uapi_request::{errno, parse_set},
 };
@@ -208,8 +208,9 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
         name: opts.name.clone(),
         source,
     })?;
-    if let Err(e) = tun::enable_tcp_offloads(&tun_file) {
-        tracing::info!(interface = %opts.name, error = %e, "TUN offloads unavailable");
+    match tun::enable_offloads(&tun_file) {
+        Ok(uso) => tracing::debug!(interface = %opts.name, uso, "TUN offloads on"),
+        Err(e) => tracing::info!(interface = %opts.name, error = %e, "TUN offloads unavailable"),
     }
     if let Err(e) = tun::set_mtu(&opts.name, opts.mtu) {
         tracing::warn!(interface = %opts.name, error = %e, "setting the MTU failed");
@@ -284,13 +285,10 @@ fn recv_buffers() -> Vec<Vec<u8>> {
     (0..BATCH).map(|_| vec![0u8; RECV_SIZE]).collect()
 }
 
-/// Writes what one batch produced, after the core's lock is released: the TUN
-/// packets, then the datagrams, each run of equal-sized datagrams to one peer as one
-/// UDP GSO send.
+/// Writes what one batch produced, after the peers' locks are released: the TUN
+/// packets (one flow's segments coalesced into one write), then the datagrams.
 fn flush(shared: &Shared, socket: &UdpSocket, out: &Outbox) {
-    for packet in out.packets() {
-        write_tun(&shared.tun, packet);
-    }
+    tun::write_packets(&shared.tun, out.packets());
     send_datagrams(shared, socket, out);
 }
 
@@ -340,20 +338,6 @@ fn send_datagrams(shared: &Shared, socket: &UdpSocket, out: &Outbox) {
                 rest = &rest[1..];
             }
         }
-    }
-}
-
-/// Writes one packet to the TUN after its `virtio_net_hdr`: a plain packet whose
-/// checksums need no check (WireGuard authenticated it, as the kernel's own WireGuard
-/// marks it).
-fn write_tun(tun: &File, packet: &[u8]) {
-    let hdr = VnetHdr {
-        flags: F_DATA_VALID,
-        ..VnetHdr::default()
-    }
-    .to_bytes();
-    if let Err(e) = (&*tun).write_vectored(&[io::IoSlice::new(&hdr), io::IoSlice::new(packet)]) {
-        tracing::trace!(error = %e, "TUN write failed");
     }
 }
 

@@ -12,6 +12,7 @@
 
 pub mod allowed_ips;
 pub mod batch;
+pub mod coalesce;
 pub mod core;
 pub mod device;
 pub mod mmsg;

@@ -1,9 +1,10 @@
 //! TUN offloads, sans-IO. With `IFF_VNET_HDR` and `TUNSETOFFLOAD` the kernel hands the
-//! device TCP super-packets of up to 64 KiB, each after a `virtio_net_hdr`, and may
-//! leave a packet's transport checksum for the device to finish. Before sealing, every
-//! packet is made whole here: a super-packet is cut into MTU-sized TCP segments (each
-//! with its own IP length, IPv4 id and header checksum, TCP sequence number, flags and
-//! checksum) and a partial checksum is completed.
+//! device TCP super-packets of up to 64 KiB (and, on kernels with USO, UDP ones), each
+//! after a `virtio_net_hdr`, and may leave a packet's transport checksum for the
+//! device to finish. Before sealing, every packet is made whole here: a super-packet
+//! is cut into MTU-sized TCP segments (each with its own IP length, IPv4 id and header
+//! checksum, TCP sequence number, flags and checksum) or UDP datagrams (IP length, id
+//! and header checksum, UDP length and checksum), and a partial checksum is completed.
 
 use std::ops::Range;
 
@@ -19,10 +20,14 @@ pub const GSO_NONE: u8 = 0;
 pub const GSO_TCPV4: u8 = 1;
 /// `gso_type`: a TCP over IPv6 super-packet.
 pub const GSO_TCPV6: u8 = 4;
+/// `gso_type`: a UDP super-packet (USO), IPv4 or IPv6: datagrams of `gso_size` payload
+/// bytes (the last may be shorter) behind one IP and UDP header.
+pub const GSO_UDP_L4: u8 = 5;
 /// `gso_type` bit: the super-packet carries ECN (CWR stays on the first segment).
 pub const GSO_ECN: u8 = 0x80;
 
 const TCP: u8 = 6;
+const UDP: u8 = 17;
 const TCP_FIN: u8 = 0x01;
 const TCP_PSH: u8 = 0x08;
 const TCP_CWR: u8 = 0x80;
@@ -76,7 +81,7 @@ impl VnetHdr {
 /// Why a packet from the TUN was dropped instead of split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum OffloadError {
-    /// A GSO type other than TCP over IPv4 or IPv6 (never enabled by the device).
+    /// A GSO type other than TCP or UDP (never enabled by the device).
     #[error("unsupported GSO type {0}")]
     UnsupportedGso(u8),
     /// The headers do not describe the packet (lengths, version, protocol).
@@ -125,7 +130,7 @@ fn sum_bytes(bytes: &[u8], offset: usize, mut sum: u64) -> u64 {
 }
 
 /// Folds a sum to 16 bits.
-fn fold(mut sum: u64) -> u16 {
+pub fn fold(mut sum: u64) -> u16 {
     while sum >> 16 != 0 {
         sum = (sum & 0xffff) + (sum >> 16);
     }
@@ -170,6 +175,7 @@ pub fn split(
             Ok(())
         }
         GSO_TCPV4 | GSO_TCPV6 => segment_tcp(hdr, packet, out, ranges),
+        GSO_UDP_L4 => segment_udp(hdr, packet, out, ranges),
         other => Err(OffloadError::UnsupportedGso(other)),
     }
 }
@@ -258,6 +264,63 @@ fn segment_tcp(
 fn pseudo_header_sum(packet: &[u8], v4: bool, len: usize) -> u64 {
     let addrs = if v4 { &packet[12..20] } else { &packet[8..40] };
     ones_sum(addrs, u64::from(TCP) + len as u64)
+}
+
+/// Cuts a UDP super-packet (USO) into datagrams of `gso_size` payload bytes, each with
+/// its own IP length (and IPv4 id and header checksum), UDP length and checksum.
+fn segment_udp(
+    hdr: &VnetHdr,
+    packet: &[u8],
+    out: &mut Vec<u8>,
+    ranges: &mut Vec<Range<usize>>,
+) -> Result<(), OffloadError> {
+    let ip_len = match packet.first().map(|b| b >> 4) {
+        Some(4) if packet.len() >= 20 && packet[9] == UDP => usize::from(packet[0] & 0x0f) * 4,
+        Some(6) if packet.len() >= 40 && packet[6] == UDP => 40,
+        _ => return Err(OffloadError::Malformed),
+    };
+    let headers = ip_len + 8;
+    let size = usize::from(hdr.gso_size);
+    if ip_len < 20 || packet.len() < headers || size == 0 {
+        return Err(OffloadError::Malformed);
+    }
+    let v4 = packet[0] >> 4 == 4;
+    let id = u16::from_be_bytes([packet[4], packet[5]]);
+    let payload = &packet[headers..];
+    for (i, chunk) in payload
+        .chunks(size)
+        .chain(payload.is_empty().then_some(&[][..]))
+        .enumerate()
+    {
+        let start = out.len();
+        out.extend_from_slice(&packet[..headers]);
+        out.extend_from_slice(chunk);
+        let seg = &mut out[start..];
+        let total = seg.len();
+        if v4 {
+            seg[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+            seg[4..6].copy_from_slice(&id.wrapping_add(i as u16).to_be_bytes());
+            seg[10..12].fill(0);
+            let sum = finish(ones_sum(&seg[..ip_len], 0));
+            seg[10..12].copy_from_slice(&sum.to_be_bytes());
+        } else {
+            seg[4..6].copy_from_slice(&((total - 40) as u16).to_be_bytes());
+        }
+        let udp_len = total - ip_len;
+        let addrs = if v4 { &seg[12..20] } else { &seg[8..40] };
+        let pseudo = ones_sum(addrs, u64::from(UDP) + udp_len as u64);
+        let udp = &mut seg[ip_len..];
+        udp[4..6].copy_from_slice(&(udp_len as u16).to_be_bytes());
+        udp[6..8].fill(0);
+        // A computed zero is sent as all ones: zero means "no checksum".
+        let sum = match finish(ones_sum(udp, pseudo)) {
+            0 => 0xffff,
+            sum => sum,
+        };
+        udp[6..8].copy_from_slice(&sum.to_be_bytes());
+        ranges.push(start..out.len());
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -399,6 +462,62 @@ mod tests {
     }
 
     #[test]
+    fn a_udp_super_packet_is_cut_into_valid_datagrams() {
+        for v4 in [true, false] {
+            let mut packet = super_packet(v4, 2500, 0);
+            let ip_len = if v4 { 20 } else { 40 };
+            // The same headers made UDP: 8 bytes of UDP header, then the payload.
+            packet.drain(ip_len + 8..ip_len + 20);
+            if v4 {
+                packet[9] = UDP;
+                let total = packet.len() as u16;
+                packet[2..4].copy_from_slice(&total.to_be_bytes());
+            } else {
+                packet[6] = UDP;
+                let len = (packet.len() - 40) as u16;
+                packet[4..6].copy_from_slice(&len.to_be_bytes());
+            }
+            let hdr = VnetHdr {
+                flags: F_NEEDS_CSUM,
+                gso_type: GSO_UDP_L4,
+                hdr_len: ip_len as u16 + 8,
+                gso_size: 1000,
+                csum_start: ip_len as u16,
+                csum_offset: 6,
+            };
+            let datagrams = split_all(&hdr, &packet);
+            let sizes: Vec<usize> = datagrams.iter().map(|d| d.len() - ip_len - 8).collect();
+            assert_eq!(sizes, vec![1000, 1000, 500]);
+            let mut payload = Vec::new();
+            for (i, d) in datagrams.iter().enumerate() {
+                let udp_len = d.len() - ip_len;
+                assert_eq!(
+                    usize::from(u16::from_be_bytes([d[ip_len + 4], d[ip_len + 5]])),
+                    udp_len
+                );
+                let mut pseudo = Vec::new();
+                if v4 {
+                    assert_eq!(reference_checksum(&[&d[..20]]), 0, "IPv4 header");
+                    assert_eq!(u16::from_be_bytes([d[2], d[3]]) as usize, d.len());
+                    let id = u16::from_be_bytes([d[4], d[5]]);
+                    assert_eq!(id, 0xfffeu16.wrapping_add(i as u16));
+                    pseudo.extend_from_slice(&d[12..20]);
+                    pseudo.extend_from_slice(&[0, UDP]);
+                    pseudo.extend_from_slice(&(udp_len as u16).to_be_bytes());
+                } else {
+                    assert_eq!(u16::from_be_bytes([d[4], d[5]]) as usize, udp_len);
+                    pseudo.extend_from_slice(&d[8..40]);
+                    pseudo.extend_from_slice(&(udp_len as u32).to_be_bytes());
+                    pseudo.extend_from_slice(&[0, 0, 0, UDP]);
+                }
+                assert_eq!(reference_checksum(&[&pseudo, &d[ip_len..]]), 0, "UDP");
+                payload.extend_from_slice(&d[ip_len + 8..]);
+            }
+            assert_eq!(payload, packet[ip_len + 8..], "the payload, in order");
+        }
+    }
+
+    #[test]
     fn a_partial_checksum_is_finished() {
         let mut packet = super_packet(true, 101, 0x18);
         // What the kernel leaves: the pseudo-header's sum, not complemented.
@@ -422,13 +541,24 @@ mod tests {
     #[test]
     fn bad_headers_are_refused() {
         let (mut out, mut ranges) = (Vec::new(), Vec::new());
-        let udp = VnetHdr {
+        let ufo = VnetHdr {
             gso_type: 3,
             ..VnetHdr::default()
         };
         assert_eq!(
-            split(&udp, &[0x45; 40], &mut out, &mut ranges),
+            split(&ufo, &[0x45; 40], &mut out, &mut ranges),
             Err(OffloadError::UnsupportedGso(3))
+        );
+        let uso = VnetHdr {
+            gso_type: GSO_UDP_L4,
+            gso_size: 100,
+            ..VnetHdr::default()
+        };
+        let tcp = super_packet(true, 300, 0x10);
+        assert_eq!(
+            split(&uso, &tcp, &mut out, &mut ranges),
+            Err(OffloadError::Malformed),
+            "not UDP"
         );
         let short = &super_packet(true, 10, 0)[..30];
         assert!(split(&tso(true, 1000), short, &mut out, &mut ranges).is_err());

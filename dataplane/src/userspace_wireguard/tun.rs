@@ -1,14 +1,19 @@
 //! The TUN device: `/dev/net/tun` opened with `IFF_TUN | IFF_NO_PI | IFF_VNET_HDR`, so
 //! each read is one IP packet (or TCP super-packet) after a `virtio_net_hdr`, and each
-//! write takes one packet after such a header (see `offload.rs`).
+//! write takes one packet after such a header (see `offload.rs`): a plain packet or a
+//! TCP super-packet of one flow's segments (see `coalesce.rs`).
 
 #![allow(unsafe_code)] // Three ioctls (TUNSETIFF, TUNSETOFFLOAD, SIOCSIFMTU) on owned descriptors.
 
 use std::{
+    cell::RefCell,
     fs::{File, OpenOptions},
-    io,
+    io::{self, Write},
     os::{fd::AsRawFd, unix::fs::OpenOptionsExt},
+    sync::atomic::{AtomicBool, Ordering},
 };
+
+use super::coalesce::Coalescer;
 
 /// The kernel's `struct ifreq`: a name and a union, 40 bytes on 64-bit Linux.
 #[repr(C)]
@@ -56,11 +61,21 @@ pub fn open(name: &str) -> io::Result<File> {
     Ok(file)
 }
 
-/// Lets the kernel hand over TCP super-packets (TSO over IPv4 and IPv6, with ECN)
-/// and packets whose transport checksum is left partial. UDP segmentation (USO) is
-/// not asked for: `offload::split` cuts TCP only.
-pub fn enable_tcp_offloads(tun: &File) -> io::Result<()> {
-    let flags = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_TSO_ECN;
+/// Lets the kernel hand over TCP super-packets (TSO over IPv4 and IPv6, with ECN), UDP
+/// ones where the kernel has USO (6.2 and later), and packets whose transport checksum
+/// is left partial; `offload::split` cuts them all. Returns whether USO is on.
+pub fn enable_offloads(tun: &File) -> io::Result<bool> {
+    let tcp = libc::TUN_F_CSUM | libc::TUN_F_TSO4 | libc::TUN_F_TSO6 | libc::TUN_F_TSO_ECN;
+    let uso = libc::TUN_F_USO4 | libc::TUN_F_USO6;
+    // An older kernel refuses flags it does not know (EINVAL): ask again without USO.
+    if set_offload(tun, tcp | uso).is_ok() {
+        KERNEL_HAS_USO.store(true, Ordering::Relaxed);
+        return Ok(true);
+    }
+    set_offload(tun, tcp).map(|()| false)
+}
+
+fn set_offload(tun: &File, flags: libc::c_uint) -> io::Result<()> {
     // SAFETY: an owned TUN descriptor; TUNSETOFFLOAD takes its flags by value.
     let rc = unsafe {
         libc::ioctl(
@@ -87,4 +102,31 @@ pub fn set_mtu(name: &str, mtu: u32) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Set when the kernel took the USO flags: only then does it accept UDP super-packets
+/// (`GSO_UDP_L4`) written to a TUN. A process runs one device.
+static KERNEL_HAS_USO: AtomicBool = AtomicBool::new(false);
+
+thread_local! {
+    /// Each writing thread's buffers, kept from batch to batch.
+    static COALESCER: RefCell<Coalescer> = RefCell::default();
+}
+
+/// Writes one batch's packets (decrypted, so their checksums need no check) to the
+/// TUN, one flow's consecutive TCP segments (and, with USO, equal-sized UDP datagrams)
+/// as one super-packet: a write each.
+pub fn write_packets<'a>(tun: &File, packets: impl Iterator<Item = &'a [u8]>) {
+    let packets: Vec<&[u8]> = packets.collect();
+    if packets.is_empty() {
+        return;
+    }
+    COALESCER.with_borrow_mut(|coalescer| {
+        coalescer.coalesce(&packets, KERNEL_HAS_USO.load(Ordering::Relaxed));
+        for write in coalescer.writes() {
+            if let Err(e) = (&*tun).write(write) {
+                tracing::trace!(error = %e, "TUN write failed");
+            }
+        }
+    });
 }
