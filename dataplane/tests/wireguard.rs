@@ -621,6 +621,68 @@ fn a_stale_tun_nobody_serves_is_removed_and_the_device_starts_clean() {
     wg.teardown().unwrap();
 }
 
+/// Hostile input to a running `wirespan wireguard`, seen through the node's backend:
+/// garbage datagrams to its port are dropped and counted in [`WireGuard::drops`]
+/// (what the node exports as `wirespan_kubespan_wireguard_dropped`), a bad `set`
+/// on its socket is answered with an errno and changes nothing, and the device keeps
+/// serving. wireguard-go counts nothing the backend can read (`None`).
+#[test]
+fn hostile_input_is_counted_in_the_drops_and_changes_nothing() {
+    use std::io::{BufRead as _, BufReader, Write as _};
+
+    let ns = NetnsGuard::new("wswg").unwrap();
+    ns.run("ip", &["link", "set", "lo", "up"]).unwrap();
+    let name = unique_name("wsd");
+    let wirespan = wirespan_binary();
+    let mut wg =
+        wireguard::select_with_binary(BackendChoice::Userspace, &name, ns.netns(), Some(&wirespan))
+            .unwrap();
+    let dev = device(name.clone(), 51841);
+    assert!(wg.apply(&dev).unwrap());
+    assert_eq!(wg.drops().unwrap().invalid_datagrams, 0);
+    let before = wg.observe().unwrap();
+
+    NetnsThread::spawn(ns.netns())
+        .unwrap()
+        .run(|| {
+            let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let mut bad_init = vec![1u8, 0, 0, 0];
+            bad_init.resize(148, 0xa5);
+            for d in [&[0xffu8; 3][..], &bad_init, &[4u8; 64][..], &[9u8; 200][..]] {
+                s.send_to(d, "127.0.0.1:51841").unwrap();
+            }
+        })
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while wg.drops().unwrap().invalid_datagrams < 4 {
+        assert!(Instant::now() < deadline, "drops: {:?}", wg.drops());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let socket = Path::new(userspace::DEFAULT_SOCKET_DIR).join(format!("{name}.sock"));
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    stream
+        .write_all(b"set=1\nlisten_port=51842\nprivate_key=zz\n\n")
+        .unwrap();
+    let mut answer = String::new();
+    BufReader::new(stream).read_line(&mut answer).unwrap();
+    assert!(
+        answer.starts_with("errno=") && answer != "errno=0\n",
+        "{answer:?}"
+    );
+    assert_eq!(
+        wg.observe().unwrap(),
+        before,
+        "a refused set changed the device"
+    );
+    assert!(!wg.apply(&dev).unwrap(), "the device drifted");
+    wg.teardown().unwrap();
+
+    let (_ns, mut go, dev) = setup_userspace(0);
+    go.apply(&dev).unwrap();
+    assert_eq!(go.drops(), None);
+}
+
 /// Forcing the kernel backend where the kernel has no WireGuard fails with an error
 /// naming the link and leaves nothing behind; where it has, the kernel backend applies
 /// incrementally like the userspace one.

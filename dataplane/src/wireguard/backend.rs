@@ -62,6 +62,12 @@ pub trait WireGuard {
     /// wireguard`) or `userspace-go` (`wireguard-go`), reported in the manager's status
     /// so an operator sees what `auto` chose.
     fn backend(&self) -> &'static str;
+    /// What the device dropped as hostile or broken input, where it counts that
+    /// (`wirespan wireguard`); `None` for the kernel and wireguard-go, or when the
+    /// device cannot be asked now.
+    fn drops(&mut self) -> Option<super::DeviceDrops> {
+        None
+    }
 }
 
 /// Which backend to use.

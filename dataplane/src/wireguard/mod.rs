@@ -40,7 +40,7 @@ pub use error::WgError;
 pub use keys::{PresharedKey, PrivateKey, PublicKey};
 pub use known::RESYNC_INTERVAL;
 pub use peers::{validate_changes, PeerChange};
-pub use state::{DevicePeer, DeviceState, PeerStatus, WgStatus};
+pub use state::{DeviceDrops, DevicePeer, DeviceState, PeerStatus, WgStatus};
 
 pub(crate) use diff::align_order;
 pub(crate) use known::{Indexed, KnownState};

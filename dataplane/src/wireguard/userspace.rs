@@ -728,6 +728,19 @@ impl WireGuard for UserspaceBackend {
 
     /// What runs the device now (an adopted process is reported as what it is, not
     /// as what was asked for); before the start, what the options name.
+    /// Asks `wirespan wireguard` (`stats=1`); wireguard-go has no such request.
+    fn drops(&mut self) -> Option<super::DeviceDrops> {
+        if self.backend() != UserspaceImpl::Wirespan.backend_name() || !self.running() {
+            return None;
+        }
+        let answer = self.exchange("stats=1\n\n", "stats").ok()?;
+        uapi::parse_stats(&answer)
+            .inspect_err(
+                |e| tracing::debug!(link = %self.name, error = %e, "device stats unreadable"),
+            )
+            .ok()
+    }
+
     fn backend(&self) -> &'static str {
         self.sup
             .as_ref()

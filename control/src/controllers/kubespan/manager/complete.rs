@@ -155,8 +155,11 @@ impl KubeSpanManagerController {
             .wg
             .take()
             .unwrap_or_else(|| unreachable!("created first"));
-        let (wg, observed) = blocking(wg, |w| w.observe()).await?;
+        let (wg, (observed, drops)) = blocking(wg, |w| (w.observe(), w.drops())).await?;
         self.kernel.wg = Some(wg);
+        if let Some(m) = &self.deps.metrics {
+            m.set_wireguard_drops(drops);
+        }
         self.kernel.last_read = Some(now);
         Ok(match observed {
             Ok(st) if st.present => st
