@@ -9,15 +9,16 @@ mod ran;
 
 use std::{
     net::UdpSocket,
-    path::Path,
-    time::{Duration, SystemTime},
+    path::{Path, PathBuf},
+    time::{Duration, Instant, SystemTime},
 };
 
 use wirespan_dataplane::{
     netns::{unique_name, NetnsGuard, NetnsThread},
     wireguard::{
-        self, kernel, userspace::UserspaceBackend, BackendChoice, PresharedKey, PrivateKey,
-        WgDevice, WgError, WgPeer, WireGuard,
+        self, kernel,
+        userspace::{self, UserspaceBackend},
+        BackendChoice, PresharedKey, PrivateKey, WgDevice, WgError, WgPeer, WireGuard,
     },
 };
 
@@ -454,12 +455,7 @@ fn auto_selection_follows_kernel_support() {
     let kernel = kernel_has_wireguard(&ns);
     assert_eq!(kernel::supported(ns.netns()), kernel);
     let name = unique_name("wsa");
-    let exe = std::env::current_exe().unwrap();
-    let wirespan = exe
-        .parent()
-        .and_then(Path::parent)
-        .unwrap()
-        .join("wirespan");
+    let wirespan = wirespan_binary();
     assert!(
         kernel || wirespan.exists(),
         "{} is not built (cargo build -p wirespan)",
@@ -488,6 +484,203 @@ fn auto_selection_follows_kernel_support() {
     assert_eq!(userspace, !kernel, "kernel WireGuard: {kernel}");
     wg.teardown().unwrap();
     assert!(ns.run("ip", &["link", "show", &name]).is_err());
+}
+
+/// The workspace's `wirespan` executable, beside the test binaries' `deps/` folder.
+fn wirespan_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent()
+        .and_then(Path::parent)
+        .unwrap()
+        .join("wirespan")
+}
+
+/// Starts `wirespan wireguard` for `name` in `ns` (killed with the namespace) and
+/// waits for its UAPI socket; returns its pid.
+fn start_kept_device(ns: &NetnsGuard, program: &str, args: &[&str], name: &str) -> u32 {
+    let pid = ns.spawn(program, args).unwrap();
+    let socket = Path::new(userspace::DEFAULT_SOCKET_DIR).join(format!("{name}.sock"));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "{program} never served {}",
+            socket.display()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    pid
+}
+
+/// The pids in `ns` whose command line is `PROGRAM ARG…` with `arg` among the arguments.
+fn pids_running(ns: &NetnsGuard, arg: &str) -> Vec<u32> {
+    let pids = ns.run_stdout("ip", &["netns", "pids", ns.name()]).unwrap();
+    pids.split_whitespace()
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c.split('\0').skip(1).any(|a| a == arg))
+        })
+        .map(|p| p.parse().unwrap())
+        .collect()
+}
+
+/// A `wirespan wireguard` left running (a restart with kernel state kept, or started
+/// before the WireGuard module was loaded) holds the link: `auto` adopts it whether or
+/// not the kernel has WireGuard, so do `userspace` and `userspace-go`, each reporting
+/// what runs (`userspace`), never starting a second device; `kernel` is refused once
+/// with an error naming the flag, the link and the program.
+#[test]
+fn a_kept_wirespan_wireguard_is_adopted_by_every_userspace_choice_and_refused_by_kernel() {
+    let ns = NetnsGuard::new("wswg").unwrap();
+    let name = unique_name("wsk");
+    let wirespan = wirespan_binary();
+    let bin = wirespan.to_str().unwrap();
+    let pid = start_kept_device(&ns, bin, &["wireguard", "--foreground", &name], &name);
+    let dev = device(name.clone(), 0);
+    for choice in [
+        BackendChoice::Auto,
+        BackendChoice::Userspace,
+        BackendChoice::UserspaceGo,
+    ] {
+        let mut wg =
+            wireguard::select_with_binary(choice, &name, ns.netns(), Some(&wirespan)).unwrap();
+        wg.apply(&dev).unwrap();
+        assert_eq!(wg.backend(), "userspace", "asked {choice:?}");
+        assert_eq!(pids_running(&ns, &name), vec![pid], "asked {choice:?}");
+        assert!(!wg.apply(&dev).unwrap(), "the adopted device was rewritten");
+        Box::new(wg).keep();
+    }
+    let err = match wireguard::select_with_binary(
+        BackendChoice::Kernel,
+        &name,
+        ns.netns(),
+        Some(&wirespan),
+    ) {
+        Err(e @ WgError::WrongBackend { .. }) => e.to_string(),
+        other => panic!(
+            "kernel over a userspace device: {:?}",
+            other.map(|w| w.backend())
+        ),
+    };
+    for part in [
+        "--wireguard kernel",
+        &name,
+        "wirespan wireguard",
+        &pid.to_string(),
+    ] {
+        assert!(err.contains(part), "{part:?} not in {err}");
+    }
+    assert_eq!(
+        pids_running(&ns, &name),
+        vec![pid],
+        "the refusal touched the device"
+    );
+    let (_, peers) = dump(&ns, &name);
+    assert_eq!(peers.len(), 2);
+}
+
+/// A kept wireguard-go adopted by a node asked for `userspace` is reported as
+/// `userspace-go` (what runs), not as what was asked for.
+#[test]
+fn a_kept_wireguard_go_adopted_by_userspace_is_reported_as_wireguard_go() {
+    let ns = NetnsGuard::new("wswg").unwrap();
+    let name = unique_name("wsk");
+    let pid = start_kept_device(&ns, "wireguard-go", &["-f", &name], &name);
+    let wirespan = wirespan_binary();
+    let mut wg =
+        wireguard::select_with_binary(BackendChoice::Userspace, &name, ns.netns(), Some(&wirespan))
+            .unwrap();
+    assert!(wg.observe().unwrap().present);
+    assert_eq!(wg.backend(), "userspace-go");
+    wg.apply(&device(name.clone(), 0)).unwrap();
+    assert_eq!(wireguard_go_pids(&name), vec![pid]);
+    wg.teardown().unwrap();
+}
+
+/// A TUN of the mesh link's name that no device process serves (its process was
+/// killed) is removed when the backend is chosen, and the device then starts clean.
+#[test]
+fn a_stale_tun_nobody_serves_is_removed_and_the_device_starts_clean() {
+    let ns = NetnsGuard::new("wswg").unwrap();
+    let name = unique_name("wss");
+    ns.run("ip", &["tuntap", "add", "dev", &name, "mode", "tun"])
+        .unwrap();
+    let wirespan = wirespan_binary();
+    let mut wg =
+        wireguard::select_with_binary(BackendChoice::Auto, &name, ns.netns(), Some(&wirespan))
+            .unwrap();
+    assert!(
+        ns.run("ip", &["link", "show", &name]).is_err(),
+        "the stale TUN was kept"
+    );
+    let dev = device(name.clone(), 0);
+    assert!(wg.apply(&dev).unwrap());
+    let (iface, peers) = dump(&ns, &name);
+    assert_eq!(iface[1], dev.private_key.public_key().to_base64());
+    assert_eq!(peers.len(), 2);
+    wg.teardown().unwrap();
+}
+
+/// Hostile input to a running `wirespan wireguard`, seen through the node's backend:
+/// garbage datagrams to its port are dropped and counted in [`WireGuard::drops`]
+/// (what the node exports as `wirespan_kubespan_wireguard_dropped`), a bad `set`
+/// on its socket is answered with an errno and changes nothing, and the device keeps
+/// serving. wireguard-go counts nothing the backend can read (`None`).
+#[test]
+fn hostile_input_is_counted_in_the_drops_and_changes_nothing() {
+    use std::io::{BufRead as _, BufReader, Write as _};
+
+    let ns = NetnsGuard::new("wswg").unwrap();
+    ns.run("ip", &["link", "set", "lo", "up"]).unwrap();
+    let name = unique_name("wsd");
+    let wirespan = wirespan_binary();
+    let mut wg =
+        wireguard::select_with_binary(BackendChoice::Userspace, &name, ns.netns(), Some(&wirespan))
+            .unwrap();
+    let dev = device(name.clone(), 51841);
+    assert!(wg.apply(&dev).unwrap());
+    assert_eq!(wg.drops().unwrap().invalid_datagrams, 0);
+    let before = wg.observe().unwrap();
+
+    NetnsThread::spawn(ns.netns())
+        .unwrap()
+        .run(|| {
+            let s = UdpSocket::bind("127.0.0.1:0").unwrap();
+            let mut bad_init = vec![1u8, 0, 0, 0];
+            bad_init.resize(148, 0xa5);
+            for d in [&[0xffu8; 3][..], &bad_init, &[4u8; 64][..], &[9u8; 200][..]] {
+                s.send_to(d, "127.0.0.1:51841").unwrap();
+            }
+        })
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while wg.drops().unwrap().invalid_datagrams < 4 {
+        assert!(Instant::now() < deadline, "drops: {:?}", wg.drops());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    let socket = Path::new(userspace::DEFAULT_SOCKET_DIR).join(format!("{name}.sock"));
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).unwrap();
+    stream
+        .write_all(b"set=1\nlisten_port=51842\nprivate_key=zz\n\n")
+        .unwrap();
+    let mut answer = String::new();
+    BufReader::new(stream).read_line(&mut answer).unwrap();
+    assert!(
+        answer.starts_with("errno=") && answer != "errno=0\n",
+        "{answer:?}"
+    );
+    assert_eq!(
+        wg.observe().unwrap(),
+        before,
+        "a refused set changed the device"
+    );
+    assert!(!wg.apply(&dev).unwrap(), "the device drifted");
+    wg.teardown().unwrap();
+
+    let (_ns, mut go, dev) = setup_userspace(0);
+    go.apply(&dev).unwrap();
+    assert_eq!(go.drops(), None);
 }
 
 /// Forcing the kernel backend where the kernel has no WireGuard fails with an error

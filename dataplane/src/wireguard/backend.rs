@@ -4,8 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use super::{
+    choose::{choose, link_facts, serving_device, LinkFacts, Run},
     kernel,
-    userspace::{self, UserspaceOptions},
+    userspace::{self, UserspaceImpl, UserspaceOptions},
     PeerChange, WgDevice, WgError, WgStatus,
 };
 use crate::netns::Netns;
@@ -61,6 +62,12 @@ pub trait WireGuard {
     /// wireguard`) or `userspace-go` (`wireguard-go`), reported in the manager's status
     /// so an operator sees what `auto` chose.
     fn backend(&self) -> &'static str;
+    /// What the device dropped as hostile or broken input, where it counts that
+    /// (`wirespan wireguard`); `None` for the kernel and wireguard-go, or when the
+    /// device cannot be asked now.
+    fn drops(&mut self) -> Option<super::DeviceDrops> {
+        None
+    }
 }
 
 /// Which backend to use.
@@ -75,6 +82,19 @@ pub enum BackendChoice {
     Userspace,
     /// Userspace: `wireguard-go`.
     UserspaceGo,
+}
+
+impl BackendChoice {
+    /// The value `--wireguard` takes for this choice.
+    #[must_use]
+    pub fn flag(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::Kernel => "kernel",
+            Self::Userspace => "userspace",
+            Self::UserspaceGo => "userspace-go",
+        }
+    }
 }
 
 /// Builds the backend for device `name` in `netns`; `wirespan wireguard` runs from
@@ -94,35 +114,81 @@ pub fn select(
 /// As [`select`], with `wirespan wireguard` run from `wirespan` (`None`: this
 /// process's own executable, the node's case).
 ///
+/// What holds the link decides first ([`choose`]): a kernel WireGuard link is
+/// driven by the kernel backend, a userspace device serving the link's socket is
+/// adopted (and reported as what it is), and a TUN nobody serves is removed before
+/// choosing as on a clean start.
+///
 /// # Errors
-/// As [`select`].
+/// As [`select`], and [`WgError::WrongBackend`] when the link is held by something
+/// the explicit `choice` cannot drive.
 pub fn select_with_binary(
     choice: BackendChoice,
     name: &str,
     netns: &Netns,
     wirespan: Option<&Path>,
 ) -> Result<Box<dyn WireGuard + Send>, WgError> {
-    let resolved = match choice {
-        BackendChoice::Auto if kernel::supported(netns) => BackendChoice::Kernel,
-        BackendChoice::Auto => BackendChoice::Userspace,
-        other => other,
-    };
-    let opts = match resolved {
-        BackendChoice::Kernel => {
-            tracing::info!(link = name, backend = "kernel", "WireGuard backend");
+    let link = link_facts(netns, name).map_err(|source| WgError::Io {
+        op: "inspect link",
+        name: name.to_owned(),
+        source,
+    })?;
+    let device = serving_device(netns, name);
+    let kernel_has_wg = link == LinkFacts::WireGuard
+        || (choice == BackendChoice::Auto && device.is_none() && kernel::supported(netns));
+    let decision =
+        choose(&link, device, choice, kernel_has_wg).map_err(|m| WgError::WrongBackend {
+            name: name.to_owned(),
+            asked: m.asked.flag(),
+            held_by: m.held_by,
+        })?;
+    if decision.remove_stale_link {
+        tracing::warn!(
+            link = name,
+            "removing a stale mesh link nobody serves (left by an earlier run)"
+        );
+        netns
+            .run("ip", &["link", "del", "dev", name])
+            .map_err(|source| WgError::Io {
+                op: "remove stale link",
+                name: name.to_owned(),
+                source,
+            })?;
+    }
+    // What to start when nothing runs (and after an adopted process dies): what was
+    // asked for, `wirespan wireguard` for `auto`.
+    let opts = match (decision.run, choice) {
+        (Run::Kernel, _) => {
+            tracing::info!(
+                link = name,
+                backend = "kernel",
+                adopted = link == LinkFacts::WireGuard,
+                "WireGuard backend"
+            );
             return Ok(Box::new(kernel::KernelBackend::new(name, netns)?));
         }
-        BackendChoice::UserspaceGo => UserspaceOptions::default(),
-        BackendChoice::Userspace | BackendChoice::Auto => {
+        (Run::Start(UserspaceImpl::WireguardGo), _)
+        | (Run::Adopt(_), BackendChoice::UserspaceGo) => UserspaceOptions::default(),
+        (Run::Start(UserspaceImpl::Wirespan) | Run::Adopt(_), _) => {
             UserspaceOptions::wirespan(wirespan_binary(name, wirespan)?)
         }
     };
-    tracing::info!(
-        link = name,
-        backend = opts.implementation.backend_name(),
-        binary = %opts.binary.display(),
-        "WireGuard backend"
-    );
+    if let Run::Adopt(found) = decision.run {
+        tracing::info!(
+            link = name,
+            backend = found.implementation.backend_name(),
+            pid = found.pid,
+            asked = choice.flag(),
+            "WireGuard backend: adopting the running userspace device"
+        );
+    } else {
+        tracing::info!(
+            link = name,
+            backend = opts.implementation.backend_name(),
+            binary = %opts.binary.display(),
+            "WireGuard backend"
+        );
+    }
     Ok(Box::new(userspace::UserspaceBackend::with_options(
         name,
         netns.clone(),

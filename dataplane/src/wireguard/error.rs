@@ -44,6 +44,22 @@ pub enum WgError {
         /// Which line or field.
         message: String,
     },
+    /// The link is held by something the `--wireguard` asked for cannot drive (a
+    /// userspace device for `kernel`, a kernel link for a userspace choice): refused
+    /// once, at the backend's creation.
+    #[error(
+        "link {name} is {held_by}, which --wireguard {asked} cannot run: stop it or delete \
+         the link, or run the node with --wireguard auto (it adopts a kernel link or a \
+         running userspace device)"
+    )]
+    WrongBackend {
+        /// Interface.
+        name: String,
+        /// The `--wireguard` value asked for.
+        asked: &'static str,
+        /// What holds the link.
+        held_by: String,
+    },
     /// The backend was already torn down, or a different device name was asked for.
     #[error("WireGuard backend for {0} is not usable: {1}")]
     State(String, &'static str),

@@ -14,9 +14,10 @@
 //! Layout: `keys` (key types), `config` (the desired device and its validation),
 //! `state` (observed state), `diff` (whole-device diff), `peers` (per-peer changes),
 //! `known` (the state a backend remembers between applies), `backend` (the
-//! [`WireGuard`] trait and [`select`]), `error`; the backends in `kernel`,
+//! [`WireGuard`] trait and [`select`]), `choose` (what holds the link decides first), `error`; the backends in `kernel`,
 //! `userspace` (with the UAPI protocol in `uapi`). Unit tests in `tests.rs`.
 
+pub mod choose;
 pub mod kernel;
 pub mod uapi;
 pub mod userspace;
@@ -39,7 +40,7 @@ pub use error::WgError;
 pub use keys::{PresharedKey, PrivateKey, PublicKey};
 pub use known::RESYNC_INTERVAL;
 pub use peers::{validate_changes, PeerChange};
-pub use state::{DevicePeer, DeviceState, PeerStatus, WgStatus};
+pub use state::{DeviceDrops, DevicePeer, DeviceState, PeerStatus, WgStatus};
 
 pub(crate) use diff::align_order;
 pub(crate) use known::{Indexed, KnownState};

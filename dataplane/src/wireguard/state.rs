@@ -7,6 +7,19 @@ use ipnet::IpNet;
 
 use super::{PresharedKey, PrivateKey, PublicKey};
 
+/// What a userspace device dropped since its process started (`wirespan wireguard`'s
+/// `stats=1`): hostile or broken input made visible.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceDrops {
+    /// Datagrams dropped as malformed or unauthenticated (bad length, type, MAC, tag
+    /// or counter, unknown receiver).
+    pub invalid_datagrams: u64,
+    /// Decrypted packets whose source is outside the sending peer's allowed IPs.
+    pub spoofed_packets: u64,
+    /// Packets from the TUN with no route, key or endpoint.
+    pub unroutable_packets: u64,
+}
+
 /// A peer as the device holds it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DevicePeer {

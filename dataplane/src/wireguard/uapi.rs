@@ -16,7 +16,7 @@ use std::{
 
 use ipnet::IpNet;
 
-use super::{DevicePeer, DeviceState, PresharedKey, PrivateKey, PublicKey, WgUpdate};
+use super::{DeviceDrops, DevicePeer, DeviceState, PresharedKey, PrivateKey, PublicKey, WgUpdate};
 
 fn hex32(field: &str, v: &str) -> Result<[u8; 32], String> {
     let mut out = [0u8; 32];
@@ -237,9 +237,49 @@ pub fn parse_errno(text: &str) -> Result<i32, String> {
         .map_err(|_| "bad errno".to_owned())
 }
 
+/// Parses the answer to `wirespan wireguard`'s `stats=1` extension (its drop
+/// counters). Unknown keys are skipped, so a later device may add counters.
+///
+/// # Errors
+/// A non-zero errno (wireguard-go answers `stats=1` with one), no errno line, or a
+/// counter that is not a number.
+pub fn parse_stats(text: &str) -> Result<DeviceDrops, String> {
+    match parse_errno(text)? {
+        0 => {}
+        errno => return Err(format!("stats refused: errno {errno}")),
+    }
+    let mut drops = DeviceDrops::default();
+    for (key, value) in text.lines().filter_map(|l| l.split_once('=')) {
+        let field = match key {
+            "invalid_datagrams" => &mut drops.invalid_datagrams,
+            "spoofed_packets" => &mut drops.spoofed_packets,
+            "unroutable_packets" => &mut drops.unroutable_packets,
+            _ => continue,
+        };
+        *field = value.parse().map_err(|_| format!("bad {key}"))?;
+    }
+    Ok(drops)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn parses_the_stats_answer_and_refuses_an_errno() {
+        let answer = "invalid_datagrams=4\nspoofed_packets=1\nunroutable_packets=7\ncookie_replies=2\nerrno=0\n";
+        assert_eq!(
+            parse_stats(answer).unwrap(),
+            DeviceDrops {
+                invalid_datagrams: 4,
+                spoofed_packets: 1,
+                unroutable_packets: 7,
+            }
+        );
+        assert!(parse_stats("errno=22\n").is_err());
+        assert!(parse_stats("invalid_datagrams=x\nerrno=0\n").is_err());
+        assert!(parse_stats("invalid_datagrams=1\n").is_err());
+    }
     use crate::wireguard::PeerUpdate;
 
     #[test]

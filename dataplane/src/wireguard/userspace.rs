@@ -55,6 +55,9 @@ struct SupState {
     child: Option<Child>,
     /// A device process found running at start (not our child).
     adopted: Option<u32>,
+    /// What runs the device now: an adopted process is whatever it is, a child of
+    /// ours what the options say.
+    running: UserspaceImpl,
     stop: bool,
     restarts: u64,
 }
@@ -256,10 +259,11 @@ impl UserspaceBackend {
             name: self.name.clone(),
             source,
         })?;
-        let (child, adopted) = match self.running_elsewhere()? {
+        let (child, adopted, running) = match self.running_elsewhere()? {
             Some(pid) => {
-                tracing::info!(link = %self.name, pid, netns = ?self.netns.name(), "adopted the running userspace WireGuard process");
-                (None, Some(pid))
+                let found = super::choose::implementation_of(pid);
+                tracing::info!(link = %self.name, pid, netns = ?self.netns.name(), program = found.program(), "adopted the running userspace WireGuard process");
+                (None, Some(pid), found)
             }
             None => {
                 let child =
@@ -270,13 +274,14 @@ impl UserspaceBackend {
                         }
                     })?;
                 tracing::info!(link = %self.name, pid = child.id(), netns = ?self.netns.name(), program = self.opts.implementation.program(), "started the userspace WireGuard process");
-                (Some(child), None)
+                (Some(child), None, self.opts.implementation)
             }
         };
         let shared = Arc::new((
             Mutex::new(SupState {
                 child,
                 adopted,
+                running,
                 stop: false,
                 restarts: 0,
             }),
@@ -469,17 +474,8 @@ impl UserspaceBackend {
     }
 }
 
-/// Whether a userspace device process in `netns` already serves interface `name` on the default
-/// socket directory (a daemon stopped with its kernel state kept): the backend will
-/// adopt it, so its link is not stale.
-#[must_use]
-pub fn adoptable(name: &str, netns: &Netns) -> bool {
-    let path = std::path::Path::new(DEFAULT_SOCKET_DIR).join(format!("{name}.sock"));
-    socket_owner(&path).is_some_and(|pid| same_netns(pid, netns).unwrap_or(false))
-}
-
 /// The pid of the process serving the UAPI socket at `path`, if it answers.
-fn socket_owner(path: &std::path::Path) -> Option<u32> {
+pub(super) fn socket_owner(path: &std::path::Path) -> Option<u32> {
     let sock = UnixStream::connect(path).ok()?;
     let cred =
         nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials).ok()?;
@@ -487,7 +483,7 @@ fn socket_owner(path: &std::path::Path) -> Option<u32> {
 }
 
 /// Whether process `pid` is in `netns`.
-fn same_netns(pid: u32, netns: &Netns) -> std::io::Result<bool> {
+pub(super) fn same_netns(pid: u32, netns: &Netns) -> std::io::Result<bool> {
     use std::os::unix::fs::MetadataExt as _;
     let theirs = std::fs::metadata(format!("/proc/{pid}/ns/net"))?;
     let ours = match netns.path() {
@@ -550,6 +546,7 @@ fn supervise(
                         "restarted the userspace WireGuard process"
                     );
                     st.child = Some(child);
+                    st.running = opts.implementation;
                     st.restarts += 1;
                     // A stored permit: the owner's next wait sees it even if it was
                     // busy now.
@@ -709,7 +706,7 @@ impl WireGuard for UserspaceBackend {
         self.writes
     }
 
-    /// Stops supervising and leaves wireguard-go (and its socket) running, for the
+    /// Stops supervising and leaves the device process (and its socket) running, for the
     /// next daemon to adopt.
     fn keep(mut self: Box<Self>) {
         if let Some(mut sup) = self.sup.take() {
@@ -718,7 +715,7 @@ impl WireGuard for UserspaceBackend {
                 let mut st = lock.lock().unwrap_or_else(PoisonError::into_inner);
                 st.stop = true;
                 if let Some(pid) = st.child.take().map(|c| c.id()).or(st.adopted.take()) {
-                    tracing::info!(link = %self.name, pid, "leaving wireguard-go running");
+                    tracing::info!(link = %self.name, pid, program = st.running.program(), "leaving the userspace WireGuard process running");
                 }
                 cv.notify_all();
             }
@@ -729,8 +726,32 @@ impl WireGuard for UserspaceBackend {
         self.kept = true;
     }
 
+    /// What runs the device now (an adopted process is reported as what it is, not
+    /// as what was asked for); before the start, what the options name.
+    /// Asks `wirespan wireguard` (`stats=1`); wireguard-go has no such request.
+    fn drops(&mut self) -> Option<super::DeviceDrops> {
+        if self.backend() != UserspaceImpl::Wirespan.backend_name() || !self.running() {
+            return None;
+        }
+        let answer = self.exchange("stats=1\n\n", "stats").ok()?;
+        uapi::parse_stats(&answer)
+            .inspect_err(
+                |e| tracing::debug!(link = %self.name, error = %e, "device stats unreadable"),
+            )
+            .ok()
+    }
+
     fn backend(&self) -> &'static str {
-        self.opts.implementation.backend_name()
+        self.sup
+            .as_ref()
+            .map_or(self.opts.implementation, |sup| {
+                sup.shared
+                    .0
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .running
+            })
+            .backend_name()
     }
 }
 

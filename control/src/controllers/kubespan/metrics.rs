@@ -11,7 +11,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use wirespan_dataplane::fastpath::Counters;
+use wirespan_dataplane::{fastpath::Counters, wireguard::DeviceDrops};
 use wirespan_discovery::text::escape_label_value;
 
 type Labels = Vec<(&'static str, String)>;
@@ -61,6 +61,7 @@ pub struct MeshMetrics {
     peer_path_changes: Family<Labels, Counter>,
     fast_path: Family<Labels, Gauge>,
     wireguard: Family<Labels, Gauge>,
+    wireguard_drops: Family<Labels, Gauge>,
     fast_path_fallback: Gauge,
     fast_path_packets: Family<Labels, Counter>,
     packet_source: std::sync::Mutex<Option<PacketSource>>,
@@ -122,6 +123,7 @@ impl MeshMetrics {
             peer_path_changes: Family::default(),
             fast_path: Family::default(),
             wireguard: Family::default(),
+            wireguard_drops: Family::default(),
             fast_path_fallback: Gauge::default(),
             fast_path_packets: Family::default(),
             packet_source: std::sync::Mutex::new(None),
@@ -163,6 +165,11 @@ impl MeshMetrics {
             "wirespan_kubespan_wireguard",
             "WireGuard implementation running the mesh link (1): kernel, userspace (wirespan wireguard) or userspace-go (wireguard-go)",
             m.wireguard.clone(),
+        );
+        registry.register(
+            "wirespan_kubespan_wireguard_dropped",
+            "Input the userspace WireGuard device (wirespan wireguard) dropped since its process started, by reason: invalid_datagram (malformed or unauthenticated), spoofed (source outside the peer's allowed IPs), unroutable (TUN packet with no peer, key or endpoint)",
+            m.wireguard_drops.clone(),
         );
         registry.register(
             "wirespan_kubespan_fast_path",
@@ -336,6 +343,25 @@ impl MeshMetrics {
             self.wireguard
                 .get_or_create(&labels(&[("implementation", w)]))
                 .set(i64::from(w == implementation));
+        }
+    }
+
+    /// Sets what the userspace device dropped (gauges: the device's own counters,
+    /// which start again with its process); `None` (the kernel, wireguard-go, or the
+    /// device could not be asked) removes the series.
+    pub fn set_wireguard_drops(&self, drops: Option<DeviceDrops>) {
+        let Some(d) = drops else {
+            self.wireguard_drops.clear();
+            return;
+        };
+        for (reason, n) in [
+            ("invalid_datagram", d.invalid_datagrams),
+            ("spoofed", d.spoofed_packets),
+            ("unroutable", d.unroutable_packets),
+        ] {
+            self.wireguard_drops
+                .get_or_create(&labels(&[("reason", reason)]))
+                .set(i64::try_from(n).unwrap_or(i64::MAX));
         }
     }
 
@@ -577,6 +603,26 @@ mod tests {
         m.set_fast_path_counters(Some(Box::new(|| None)));
         assert!(m.render().contains(&line("hit", 12)));
         assert!(m.render().contains(&line("miss", 2)));
+    }
+
+    #[test]
+    fn the_userspace_devices_drops_are_gauges_gone_with_the_device() {
+        let m = MeshMetrics::new();
+        m.set_wireguard_drops(Some(DeviceDrops {
+            invalid_datagrams: 4,
+            spoofed_packets: 1,
+            unroutable_packets: 0,
+        }));
+        let text = m.render();
+        for line in [
+            "wirespan_kubespan_wireguard_dropped{reason=\"invalid_datagram\"} 4",
+            "wirespan_kubespan_wireguard_dropped{reason=\"spoofed\"} 1",
+            "wirespan_kubespan_wireguard_dropped{reason=\"unroutable\"} 0",
+        ] {
+            assert!(text.contains(line), "{line}: {text}");
+        }
+        m.set_wireguard_drops(None);
+        assert!(!m.render().contains("wireguard_dropped{"));
     }
 
     #[test]

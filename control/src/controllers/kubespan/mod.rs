@@ -71,35 +71,15 @@ pub struct KernelWireGuard {
 }
 
 impl WireGuardFactory for KernelWireGuard {
+    /// `wireguard::select` looks at what holds the link first: it adopts a running
+    /// userspace device or a kernel link, and removes a TUN nobody serves.
     fn create(&self, link: &str) -> Result<Box<dyn WireGuard + Send>, WgError> {
-        let backend = wireguard::select_with_binary(
+        wireguard::select_with_binary(
             self.choice,
             link,
             &self.netns,
             self.wirespan_binary.as_deref(),
-        )?;
-        let userspace = backend.backend() != "kernel";
-        // A running device process kept by an earlier run is adopted by the backend;
-        // only a link nobody serves is stale.
-        if userspace && !wireguard::userspace::adoptable(link, &self.netns) {
-            remove_stale_link(&self.netns, link);
-        }
-        Ok(backend)
-    }
-}
-
-/// A link of this name that no userspace device process serves (a kernel WireGuard
-/// link, a leftover of something else) would keep a new one from creating the device: remove
-/// it.
-fn remove_stale_link(netns: &Netns, link: &str) {
-    let exists = netns
-        .run("ip", &["link", "show", "dev", link])
-        .is_ok_and(|o| o.status.success());
-    if exists {
-        tracing::warn!(link, "removing a stale mesh link left by an earlier run");
-        if let Err(e) = netns.run("ip", &["link", "del", "dev", link]) {
-            tracing::warn!(link, error = %e, "could not remove the stale mesh link");
-        }
+        )
     }
 }
 

@@ -57,8 +57,19 @@ impl LinkSource for FakeLinks {
 #[derive(Debug, Clone)]
 struct FakeWgFactory(FakeWireGuard);
 
+/// A mesh link the fake factory refuses, as `wireguard::select` refuses a link held by
+/// a backend other than the one asked for.
+const REFUSED_LINK: &str = "heldlink";
+
 impl WireGuardFactory for FakeWgFactory {
-    fn create(&self, _link: &str) -> Result<Box<dyn WireGuard + Send>, WgError> {
+    fn create(&self, link: &str) -> Result<Box<dyn WireGuard + Send>, WgError> {
+        if link == REFUSED_LINK {
+            return Err(WgError::WrongBackend {
+                name: link.to_owned(),
+                asked: "kernel",
+                held_by: "a userspace device served by wireguard-go (pid 7)".to_owned(),
+            });
+        }
         Ok(Box::new(self.0.clone()))
     }
 }

@@ -11,7 +11,7 @@ use std::{
 use wirespan_dataplane::{
     marking::MarkingSpec,
     sysctl::MeshRpFilter,
-    wireguard::{PresharedKey, PrivateKey, PublicKey, WgDevice, WgPeer},
+    wireguard::{PresharedKey, PrivateKey, PublicKey, WgDevice, WgError, WgPeer},
 };
 
 use super::{blocking, wg_error, ActiveMarking, KubeSpanManagerController, ManagerError};
@@ -39,7 +39,12 @@ impl KubeSpanManagerController {
         cluster: &Resource<ClusterIdentity>,
         read: bool,
     ) -> Result<Option<SystemTime>, ControllerError> {
-        self.ensure_device(s).await?;
+        if !self.ensure_device(s).await? {
+            // Refused (logged once): nothing to drive; the status says why, and the
+            // link is looked at again each tick in case it was freed.
+            self.write_manager_status(rt, s)?;
+            return Ok(Some(self.deps.clock.now() + RECONCILE_TICK));
+        }
         let now = self.deps.clock.now();
         let read = read || self.kernel.last_read.is_none();
         // Phase times for the debug log: at 10,000 peers the round takes long enough
@@ -104,8 +109,10 @@ impl KubeSpanManagerController {
     }
 
     /// Creates the WireGuard backend for the configured link, tearing the old one down
-    /// when the link was renamed.
-    async fn ensure_device(&mut self, s: &Settings) -> Result<(), ControllerError> {
+    /// when the link was renamed. `false`: the backend asked for cannot run the link
+    /// as it is ([`WgError::WrongBackend`]): logged once and kept for the status, not
+    /// an error that would restart the manager in a loop.
+    async fn ensure_device(&mut self, s: &Settings) -> Result<bool, ControllerError> {
         if self.kernel.link != s.link_name {
             if self.kernel.wg.is_some() {
                 tracing::info!(old = %self.kernel.link, new = %s.link_name, "mesh link renamed");
@@ -117,15 +124,23 @@ impl KubeSpanManagerController {
         }
         if self.kernel.wg.is_none() {
             self.kernel.last_read = None;
-            let wg = self
-                .deps
-                .wireguard
-                .create(&s.link_name)
-                .map_err(|source| wg_error(&s.link_name, source))?;
+            let wg = match self.deps.wireguard.create(&s.link_name) {
+                Ok(wg) => wg,
+                Err(e @ WgError::WrongBackend { .. }) => {
+                    let why = e.to_string();
+                    if self.kernel.refused.as_ref() != Some(&why) {
+                        tracing::error!(link = %s.link_name, error = %why, "WireGuard backend refused");
+                    }
+                    self.kernel.refused = Some(why);
+                    return Ok(false);
+                }
+                Err(source) => return Err(wg_error(&s.link_name, source)),
+            };
+            self.kernel.refused = None;
             self.kernel.wg_recreated = wg.recreated();
             self.kernel.wg = Some(wg);
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Reads the device: its peers by public key (none when it is absent or the read
@@ -140,8 +155,11 @@ impl KubeSpanManagerController {
             .wg
             .take()
             .unwrap_or_else(|| unreachable!("created first"));
-        let (wg, observed) = blocking(wg, |w| w.observe()).await?;
+        let (wg, (observed, drops)) = blocking(wg, |w| (w.observe(), w.drops())).await?;
         self.kernel.wg = Some(wg);
+        if let Some(m) = &self.deps.metrics {
+            m.set_wireguard_drops(drops);
+        }
         self.kernel.last_read = Some(now);
         Ok(match observed {
             Ok(st) if st.present => st

@@ -210,6 +210,8 @@ struct Kernel {
     last_read: Option<SystemTime>,
     /// Kernel state may exist from an earlier run: clean it up once if disabled.
     first_round: bool,
+    /// Why the backend asked for cannot run the link (logged once, in the status).
+    refused: Option<String>,
 }
 
 /// What the manager last wrote to the store, so unchanged outputs are not rewritten.

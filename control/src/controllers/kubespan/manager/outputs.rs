@@ -221,6 +221,7 @@ impl KubeSpanManagerController {
             .marking
             .as_ref()
             .map_or((s.fast_path, ""), |m| (m.in_use, m.note.as_str()));
+        let note = self.kernel.refused.as_deref().unwrap_or(note);
         let (relay_offered, relay_note) = self.relay_offer(s);
         let direct_down = self.mesh.direct_down().unwrap_or_default().to_vec();
         let wireguard = self.kernel.wg.as_ref().map_or("", |w| w.backend());

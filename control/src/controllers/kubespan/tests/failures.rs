@@ -126,3 +126,44 @@ async fn a_mesh_device_deleted_behind_the_managers_back_comes_back_with_its_peer
     );
     m.h.stop().await.unwrap();
 }
+
+/// A backend refused at creation (`--wireguard kernel` over a kept userspace device)
+/// fails once: the manager reports why in its status note and looks again each tick,
+/// without restarting in a loop; with a link it can run, it drives the device.
+#[tokio::test]
+async fn a_refused_backend_is_reported_once_not_restarted_in_a_loop() {
+    let m = start(
+        &format!("linkName: {REFUSED_LINK}\n"),
+        tempfile::tempdir().unwrap(),
+    );
+    let store = &m.h.store;
+    set_affiliate(store, &affiliate(1, &["192.0.2.1:51820"]));
+    assert_resource::<KubeSpanManagerStatus>(store, NS, KUBESPAN, |r| {
+        (r.spec.note.contains("--wireguard kernel") && r.spec.note.contains(REFUSED_LINK))
+            .then_some(())
+            .ok_or(format!("{:?}", r.spec))
+    })
+    .await;
+    for _ in 0..3 {
+        settled(&m.clock).await;
+        m.clock.advance(RECONCILE_TICK);
+    }
+    settled(&m.clock).await;
+    assert_eq!(restarts(&m), Vec::<String>::new(), "the manager restarted");
+    assert_eq!(device_peers(&m.wg), 0);
+
+    set_config(store, &config(""));
+    eventually("peer 1 on the device of a link the backend runs", || {
+        (device_peers(&m.wg) == 1).then_some(())
+    })
+    .await;
+    assert_resource::<KubeSpanManagerStatus>(store, NS, KUBESPAN, |r| {
+        r.spec
+            .note
+            .is_empty()
+            .then_some(())
+            .ok_or(format!("{:?}", r.spec))
+    })
+    .await;
+    assert_eq!(restarts(&m), Vec::<String>::new());
+}
