@@ -232,15 +232,7 @@ fn segment_tcp(
         out.extend_from_slice(chunk);
         let seg = &mut out[start..];
         let total = seg.len();
-        if v4 {
-            seg[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-            seg[4..6].copy_from_slice(&id.wrapping_add(i as u16).to_be_bytes());
-            seg[10..12].fill(0);
-            let sum = finish(ones_sum(&seg[..ip_len], 0));
-            seg[10..12].copy_from_slice(&sum.to_be_bytes());
-        } else {
-            seg[4..6].copy_from_slice(&((total - 40) as u16).to_be_bytes());
-        }
+        set_ip_header(seg, v4, ip_len, id.wrapping_add(i as u16));
         let pseudo = pseudo_header_sum(seg, v4, total - ip_len);
         let tcp = &mut seg[ip_len..];
         tcp[4..8].copy_from_slice(&seq.wrapping_add((i * mss) as u32).to_be_bytes());
@@ -258,6 +250,20 @@ fn segment_tcp(
         ranges.push(start..out.len());
     }
     Ok(())
+}
+
+/// Gives one cut segment its own IP length and, for IPv4, its id and header checksum.
+fn set_ip_header(seg: &mut [u8], v4: bool, ip_len: usize, id: u16) {
+    let total = seg.len();
+    if v4 {
+        seg[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+        seg[4..6].copy_from_slice(&id.to_be_bytes());
+        seg[10..12].fill(0);
+        let sum = finish(ones_sum(&seg[..ip_len], 0));
+        seg[10..12].copy_from_slice(&sum.to_be_bytes());
+    } else {
+        seg[4..6].copy_from_slice(&((total - 40) as u16).to_be_bytes());
+    }
 }
 
 /// The sum of the TCP pseudo-header of `packet` for a transport length of `len`.
@@ -297,15 +303,7 @@ fn segment_udp(
         out.extend_from_slice(chunk);
         let seg = &mut out[start..];
         let total = seg.len();
-        if v4 {
-            seg[2..4].copy_from_slice(&(total as u16).to_be_bytes());
-            seg[4..6].copy_from_slice(&id.wrapping_add(i as u16).to_be_bytes());
-            seg[10..12].fill(0);
-            let sum = finish(ones_sum(&seg[..ip_len], 0));
-            seg[10..12].copy_from_slice(&sum.to_be_bytes());
-        } else {
-            seg[4..6].copy_from_slice(&((total - 40) as u16).to_be_bytes());
-        }
+        set_ip_header(seg, v4, ip_len, id.wrapping_add(i as u16));
         let udp_len = total - ip_len;
         let addrs = if v4 { &seg[12..20] } else { &seg[8..40] };
         let pseudo = ones_sum(addrs, u64::from(UDP) + udp_len as u64);

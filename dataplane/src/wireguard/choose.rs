@@ -14,7 +14,7 @@
 use std::path::Path;
 
 use super::{
-    userspace::{same_netns, socket_owner, UserspaceImpl, DEFAULT_SOCKET_DIR},
+    userspace::{implementation_of, same_netns, socket_owner, UserspaceImpl, DEFAULT_SOCKET_DIR},
     BackendChoice,
 };
 use crate::netns::Netns;
@@ -159,30 +159,10 @@ pub fn serving_device(netns: &Netns, name: &str) -> Option<DeviceFacts> {
     })
 }
 
-/// Which program process `pid` is, from its command line (`/proc/PID/cmdline`).
-#[must_use]
-pub fn implementation_of(pid: u32) -> UserspaceImpl {
-    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
-    implementation_from_cmdline(&cmdline)
-}
-
-/// `wirespan wireguard …` runs the `wireguard` subcommand of a program that is not
-/// wireguard-go (`wireguard-go -f wireguard` is an interface named `wireguard`);
-/// anything else speaking the UAPI is taken for wireguard-go.
-fn implementation_from_cmdline(cmdline: &[u8]) -> UserspaceImpl {
-    let mut args = cmdline.split(|b| *b == 0);
-    let program = args.next().unwrap_or_default();
-    let base = program.rsplit(|b| *b == b'/').next().unwrap_or_default();
-    if base != b"wireguard-go" && args.next() == Some(b"wireguard".as_slice()) {
-        UserspaceImpl::Wirespan
-    } else {
-        UserspaceImpl::WireguardGo
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wireguard::userspace::implementation_from_cmdline;
 
     const WIRESPAN: DeviceFacts = DeviceFacts {
         implementation: UserspaceImpl::Wirespan,

@@ -261,7 +261,7 @@ impl UserspaceBackend {
         })?;
         let (child, adopted, running) = match self.running_elsewhere()? {
             Some(pid) => {
-                let found = super::choose::implementation_of(pid);
+                let found = implementation_of(pid);
                 tracing::info!(link = %self.name, pid, netns = ?self.netns.name(), program = found.program(), "adopted the running userspace WireGuard process");
                 (None, Some(pid), found)
             }
@@ -480,6 +480,27 @@ pub(super) fn socket_owner(path: &std::path::Path) -> Option<u32> {
     let cred =
         nix::sys::socket::getsockopt(&sock, nix::sys::socket::sockopt::PeerCredentials).ok()?;
     u32::try_from(cred.pid()).ok().filter(|p| *p > 0)
+}
+
+/// Which program process `pid` is, from its command line (`/proc/PID/cmdline`).
+#[must_use]
+pub fn implementation_of(pid: u32) -> UserspaceImpl {
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    implementation_from_cmdline(&cmdline)
+}
+
+/// `wirespan wireguard …` runs the `wireguard` subcommand of a program that is not
+/// wireguard-go (`wireguard-go -f wireguard` is an interface named `wireguard`);
+/// anything else speaking the UAPI is taken for wireguard-go.
+pub(crate) fn implementation_from_cmdline(cmdline: &[u8]) -> UserspaceImpl {
+    let mut args = cmdline.split(|b| *b == 0);
+    let program = args.next().unwrap_or_default();
+    let base = program.rsplit(|b| *b == b'/').next().unwrap_or_default();
+    if base != b"wireguard-go" && args.next() == Some(b"wireguard".as_slice()) {
+        UserspaceImpl::Wirespan
+    } else {
+        UserspaceImpl::WireguardGo
+    }
 }
 
 /// Whether process `pid` is in `netns`.
