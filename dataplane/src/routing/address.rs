@@ -110,18 +110,7 @@ pub(super) async fn remove_address_in_ns(
     let Some(link) = find_link(&h, &p.link).await? else {
         return Ok(false);
     };
-    let mut removed = false;
-    for (a, msg) in link_addresses(&h, link.index).await? {
-        if a == p.address && addr_ours(&msg) {
-            h.address()
-                .del(msg)
-                .execute()
-                .await
-                .map_err(nl("delete address"))?;
-            removed = true;
-        }
-    }
-    Ok(removed)
+    delete_addresses(&h, link.index, |a, msg| *a == p.address && addr_ours(msg)).await
 }
 
 /// Deletes the address `o` if it is still on its link with the same wirespan marker.
@@ -132,9 +121,21 @@ pub(super) async fn remove_marked_address_in_ns(
     if !matches!(o.protocol, RTPROT_WIRESPAN | RTPROT_WIRESPAN_CONFIG) {
         return Ok(false);
     }
+    delete_addresses(&h, o.link_index, |a, msg| {
+        *a == o.address && addr_proto(msg) == Some(o.protocol)
+    })
+    .await
+}
+
+/// Deletes the addresses of link `index` that `pick` names; whether any was.
+async fn delete_addresses(
+    h: &Handle,
+    index: u32,
+    pick: impl Fn(&IpNet, &AddressMessage) -> bool,
+) -> Result<bool, RoutingError> {
     let mut removed = false;
-    for (a, msg) in link_addresses(&h, o.link_index).await? {
-        if a == o.address && addr_proto(&msg) == Some(o.protocol) {
+    for (a, msg) in link_addresses(h, index).await? {
+        if pick(&a, &msg) {
             h.address()
                 .del(msg)
                 .execute()

@@ -279,21 +279,11 @@ pub(super) async fn apply_route_in_ns(h: Handle, p: RouteParams) -> Result<bool,
 }
 
 pub(super) async fn remove_route_in_ns(h: Handle, p: RouteParams) -> Result<bool, RoutingError> {
-    let mut removed = false;
-    for r in all_routes(&h).await? {
-        if !is_ours_proto(r.header.protocol) {
-            continue;
-        }
-        if observed_route(&r).is_some_and(|o| same_route_key(&o, &p)) {
-            h.route()
-                .del(r)
-                .execute()
-                .await
-                .map_err(nl("delete route"))?;
-            removed = true;
-        }
-    }
-    Ok(removed)
+    delete_routes(&h, |r| {
+        is_ours_proto(r.header.protocol)
+            && observed_route(r).is_some_and(|o| same_route_key(&o, &p))
+    })
+    .await
 }
 
 /// Deletes the routes exactly as `o` (marker included) if `o` carries a wirespan marker.
@@ -304,9 +294,17 @@ pub(super) async fn remove_marked_route_in_ns(
     if !is_ours_proto(o.protocol.into()) {
         return Ok(false);
     }
+    delete_routes(&h, |r| observed_route(r).as_ref() == Some(&o)).await
+}
+
+/// Deletes the routes (any table) that `pick` names; whether any was.
+async fn delete_routes(
+    h: &Handle,
+    pick: impl Fn(&RouteMessage) -> bool,
+) -> Result<bool, RoutingError> {
     let mut removed = false;
-    for r in all_routes(&h).await? {
-        if observed_route(&r).as_ref() == Some(&o) {
+    for r in all_routes(h).await? {
+        if pick(&r) {
             h.route()
                 .del(r)
                 .execute()
