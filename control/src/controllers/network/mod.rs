@@ -114,6 +114,22 @@ pub fn route_type_of(k: RouteKind) -> RouteType {
     }
 }
 
+/// Reads the kernel's network state through the adapter, off the async workers (the
+/// netlink dump blocks).
+pub(crate) async fn read_state(
+    net: &SharedNetwork,
+) -> Result<wirespan_dataplane::routing::NetworkState, crate::runtime::ControllerError> {
+    let net = net.clone();
+    tokio::task::spawn_blocking(move || {
+        net.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .state()
+    })
+    .await
+    .map_err(crate::runtime::ControllerError::other)?
+    .map_err(crate::runtime::ControllerError::other)
+}
+
 /// What the network family needs.
 #[derive(Clone)]
 pub struct Deps {

@@ -362,15 +362,7 @@ where
         let loaded = MachineConfig::active(rt)?.is_some();
         let (mut marked, mut wanted) = (BTreeMap::new(), BTreeSet::new());
         if loaded {
-            let net = self.deps.net.clone();
-            let state = tokio::task::spawn_blocking(move || {
-                net.lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .state()
-            })
-            .await
-            .map_err(ControllerError::other)?
-            .map_err(ControllerError::other)?;
+            let state = super::read_state(&self.deps.net).await?;
             marked = K::config_marked(&state).into_iter().collect();
             // Every phase: a tearing-down spec's object is its finalizer's to remove.
             wanted = rt

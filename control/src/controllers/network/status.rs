@@ -253,15 +253,7 @@ impl Controller for NetworkStatusController {
 
 impl NetworkStatusController {
     async fn round(&mut self, rt: &mut ControllerRuntime) -> Result<(), ControllerError> {
-        let net = self.deps.net.clone();
-        let state = tokio::task::spawn_blocking(move || {
-            net.lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .state()
-        })
-        .await
-        .map_err(ControllerError::other)?
-        .map_err(ControllerError::other)?;
+        let state = super::read_state(&self.deps.net).await?;
         let st = statuses(&state);
         rt.start_tracking_outputs()?;
         for (id, spec) in st.links {
