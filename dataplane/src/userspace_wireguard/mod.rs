@@ -2,11 +2,12 @@
 //! TUN, a UDP socket and the cross-platform UAPI socket), for hosts without the kernel
 //! module.
 //!
-//! The Noise protocol (handshake, transport keys, replay window, cookies) is
-//! `boringtun`'s `noise` core; everything around it is here. Decision logic is sans-IO
-//! with time passed in: [`timers`] (the protocol's timer rules), [`allowed_ips`]
-//! (routing and the source check), [`uapi_request`] (parsing `set=1` completely before
-//! anything changes) and [`core`] (the device state and packet handling). The device
+//! The Noise protocol is our own ([`noise`]: handshake, transport keypairs, replay
+//! window, cookies, load control). Decision logic is sans-IO with time passed in:
+//! [`noise`], [`timers`] (the protocol's timer rules), [`peer`] (one peer's protocol
+//! state and the rules against hostile senders), [`allowed_ips`] (routing and the
+//! source check), [`uapi_request`] (parsing `set=1` completely before anything
+//! changes) and [`core`] (the device state and packet handling). The device
 //! loop ([`device`]) owns the TUN, the socket, the UAPI listener and the signals.
 //! `docs/userspace-wireguard.md` has the library evaluation and the design.
 
@@ -15,8 +16,11 @@ pub mod batch;
 pub mod coalesce;
 pub mod core;
 pub mod device;
+pub mod indices;
 pub mod mmsg;
+pub mod noise;
 pub mod offload;
+pub mod peer;
 pub mod timers;
 pub mod tun;
 pub mod uapi_request;

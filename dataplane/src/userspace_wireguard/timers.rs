@@ -30,6 +30,9 @@ pub enum TimerAction {
     SendKeepalive,
     /// Drop every key of the peer: the newest one reached `REJECT_AFTER_TIME`.
     ExpireKeys,
+    /// The handshake was retried for `REKEY_ATTEMPT_TIME` without an answer: drop
+    /// its state and the packets waiting for it, until traffic asks again.
+    GiveUp,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -41,7 +44,9 @@ struct Session {
 #[derive(Debug, Clone, Copy)]
 struct Attempt {
     started: Instant,
-    last_sent: Instant,
+    /// When the last initiation is resent if unanswered: `REKEY_TIMEOUT` after it,
+    /// plus a random jitter, so two peers' retries do not stay in step.
+    retry_due: Instant,
 }
 
 /// The timer state of one peer.
@@ -50,6 +55,9 @@ pub struct PeerTimers {
     session: Option<Session>,
     attempt: Option<Attempt>,
     last_sent: Option<Instant>,
+    /// When an authenticated packet last went out or came in: the persistent
+    /// keepalive counts from it (either direction keeps a NAT mapping open).
+    last_traversal: Option<Instant>,
     /// A keepalive is due at this time unless something is sent first.
     keepalive_due: Option<Instant>,
     /// A new handshake is due at this time unless something is received first.
@@ -81,12 +89,13 @@ impl PeerTimers {
         self.attempt.is_some()
     }
 
-    /// A handshake initiation went out (a first one or a retry).
-    pub fn on_handshake_sent(&mut self, now: Instant) {
+    /// A handshake initiation went out (a first one or a retry); it is resent after
+    /// `REKEY_TIMEOUT` plus `jitter` (the caller draws it, up to a third of a second).
+    pub fn on_handshake_sent(&mut self, now: Instant, jitter: Duration) {
         let started = self.attempt.map_or(now, |a| a.started);
         self.attempt = Some(Attempt {
             started,
-            last_sent: now,
+            retry_due: now + REKEY_TIMEOUT + jitter,
         });
         self.on_packet_sent(now);
     }
@@ -105,6 +114,7 @@ impl PeerTimers {
     /// Any other authenticated packet went out: a keepalive or a handshake response.
     pub fn on_packet_sent(&mut self, now: Instant) {
         self.last_sent = Some(now);
+        self.last_traversal = Some(now);
         self.keepalive_due = None;
     }
 
@@ -126,14 +136,15 @@ impl PeerTimers {
     }
 
     /// Any authenticated packet (handshake, keepalive or data) arrived.
-    pub fn on_authenticated_received(&mut self) {
+    pub fn on_authenticated_received(&mut self, now: Instant) {
         self.handshake_due = None;
+        self.last_traversal = Some(now);
     }
 
     /// A data packet (not a keepalive) arrived. Returns `SendHandshake` when the
     /// initiator's key is close to `REJECT_AFTER_TIME`.
     pub fn on_data_received(&mut self, now: Instant) -> TimerAction {
-        self.on_authenticated_received();
+        self.on_authenticated_received(now);
         if self.keepalive_due.is_none() {
             self.keepalive_due = Some(now + KEEPALIVE_TIMEOUT);
         }
@@ -170,7 +181,7 @@ impl PeerTimers {
         if let Some(a) = self.attempt {
             // While a handshake runs, `tick` does nothing else.
             at(a.started + REKEY_ATTEMPT_TIME);
-            at(a.last_sent + REKEY_TIMEOUT);
+            at(a.retry_due);
             return due;
         }
         if let Some(t) = self.handshake_due {
@@ -180,7 +191,7 @@ impl PeerTimers {
             at(t);
         }
         if let Some(interval) = self.persistent_keepalive {
-            at(self.last_sent.map_or(now, |t| t + interval));
+            at(self.last_traversal.map_or(now, |t| t + interval));
         }
         due
     }
@@ -201,7 +212,8 @@ impl PeerTimers {
                 // Give up until traffic asks for a session again.
                 self.attempt = None;
                 self.handshake_due = None;
-            } else if now.saturating_duration_since(a.last_sent) >= REKEY_TIMEOUT {
+                return TimerAction::GiveUp;
+            } else if now >= a.retry_due {
                 return TimerAction::SendHandshake;
             }
             return TimerAction::Idle;
@@ -215,7 +227,7 @@ impl PeerTimers {
         }
         if let Some(interval) = self.persistent_keepalive {
             if self
-                .last_sent
+                .last_traversal
                 .is_none_or(|t| now.saturating_duration_since(t) >= interval)
             {
                 return TimerAction::SendKeepalive;
@@ -241,7 +253,7 @@ mod tests {
         let clock = Clock(Instant::now());
         let mut t = PeerTimers::new(0);
         if initiator {
-            t.on_handshake_sent(clock.at(0));
+            t.on_handshake_sent(clock.at(0), Duration::ZERO);
         }
         t.on_session_established(clock.at(0), initiator);
         (clock, t)
@@ -251,7 +263,7 @@ mod tests {
     fn initiator_rekeys_on_send_after_120_seconds_only() {
         let (clock, mut t) = established(true);
         assert_eq!(t.on_data_sent(clock.at(119)), TimerAction::Idle);
-        t.on_authenticated_received();
+        t.on_authenticated_received(clock.at(0));
         assert_eq!(t.on_data_sent(clock.at(120)), TimerAction::SendHandshake);
     }
 
@@ -305,7 +317,7 @@ mod tests {
         let (clock, mut t) = established(false);
         t.on_data_received(clock.at(1));
         t.on_data_sent(clock.at(5));
-        t.on_authenticated_received();
+        t.on_authenticated_received(clock.at(0));
         assert_eq!(t.tick(clock.at(12)), TimerAction::Idle);
     }
 
@@ -321,15 +333,15 @@ mod tests {
     fn initiation_is_retried_every_5_seconds_and_given_up_after_90() {
         let clock = Clock(Instant::now());
         let mut t = PeerTimers::new(0);
-        t.on_handshake_sent(clock.at(0));
+        t.on_handshake_sent(clock.at(0), Duration::ZERO);
         assert_eq!(t.tick(clock.at(4)), TimerAction::Idle);
         assert_eq!(t.tick(clock.at(5)), TimerAction::SendHandshake);
         let mut now = 5;
         while now < 90 {
-            t.on_handshake_sent(clock.at(now));
+            t.on_handshake_sent(clock.at(now), Duration::ZERO);
             now += 5;
         }
-        assert_eq!(t.tick(clock.at(90)), TimerAction::Idle);
+        assert_eq!(t.tick(clock.at(90)), TimerAction::GiveUp);
         assert!(!t.handshake_in_progress());
         assert_eq!(t.tick(clock.at(200)), TimerAction::Idle);
     }
@@ -355,7 +367,7 @@ mod tests {
             None,
             "nothing pending: no wake-up"
         );
-        t.on_handshake_sent(clock.at(0));
+        t.on_handshake_sent(clock.at(0), Duration::ZERO);
         assert_deadline_is_next_action(&mut t, &clock, 0, 10);
         t.on_session_established(clock.at(1), true);
         assert_deadline_is_next_action(&mut t, &clock, 1, 400);
@@ -366,9 +378,9 @@ mod tests {
         // A handshake started while data awaits an answer: nothing but the attempt
         // counts until it ends (the data's deadline at 18 s passes silently).
         let mut waiting = t.clone();
-        waiting.on_handshake_sent(clock.at(17));
+        waiting.on_handshake_sent(clock.at(17), Duration::ZERO);
         assert_deadline_is_next_action(&mut waiting, &clock, 17, 400);
-        t.on_authenticated_received();
+        t.on_authenticated_received(clock.at(0));
         assert_deadline_is_next_action(&mut t, &clock, 3, 400);
         let mut p = PeerTimers::new(25);
         assert_eq!(p.next_deadline(clock.at(7)), Some(clock.at(7)), "due now");
@@ -380,13 +392,41 @@ mod tests {
     fn persistent_keepalive_fires_after_its_interval_of_silence() {
         let clock = Clock(Instant::now());
         let mut t = PeerTimers::new(25);
-        t.on_handshake_sent(clock.at(0));
+        t.on_handshake_sent(clock.at(0), Duration::ZERO);
         t.on_session_established(clock.at(0), true);
-        t.on_authenticated_received();
+        t.on_authenticated_received(clock.at(0));
         assert_eq!(t.tick(clock.at(24)), TimerAction::Idle);
         assert_eq!(t.tick(clock.at(25)), TimerAction::SendKeepalive);
         t.on_packet_sent(clock.at(25));
         assert_eq!(t.tick(clock.at(49)), TimerAction::Idle);
         assert_eq!(t.tick(clock.at(50)), TimerAction::SendKeepalive);
+    }
+
+    #[test]
+    fn retries_carry_their_jitter() {
+        let clock = Clock(Instant::now());
+        let mut t = PeerTimers::new(0);
+        t.on_handshake_sent(clock.at(0), Duration::from_millis(300));
+        assert_eq!(
+            t.next_deadline(clock.at(0)),
+            Some(clock.at(5) + Duration::from_millis(300))
+        );
+        assert_eq!(t.tick(clock.at(5)), TimerAction::Idle);
+        assert_eq!(
+            t.tick(clock.at(5) + Duration::from_millis(300)),
+            TimerAction::SendHandshake
+        );
+    }
+
+    #[test]
+    fn received_packets_also_put_off_the_persistent_keepalive() {
+        let clock = Clock(Instant::now());
+        let mut t = PeerTimers::new(25);
+        t.on_handshake_sent(clock.at(0), Duration::ZERO);
+        t.on_session_established(clock.at(0), true);
+        t.on_authenticated_received(clock.at(20));
+        assert_eq!(t.tick(clock.at(25)), TimerAction::Idle, "heard 5 s ago");
+        assert_eq!(t.next_deadline(clock.at(25)), Some(clock.at(45)));
+        assert_eq!(t.tick(clock.at(45)), TimerAction::SendKeepalive);
     }
 }
