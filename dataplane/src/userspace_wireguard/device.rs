@@ -1,11 +1,18 @@
 //! The device loop: the I/O edge around [`DeviceCore`]. One thread reads the TUN, one
-//! the UDP socket, one serves the UAPI socket, one ticks the timers (every 250 ms) and
-//! watches the interface; the calling thread waits for SIGTERM/SIGINT or the
-//! interface's deletion, removes the UAPI socket and returns. The threads share the
-//! core, whose own locks let the two readers seal and open different peers' packets
-//! at once (the lock order is in `core.rs`).
+//! the UDP socket, one handles handshake messages, one serves the UAPI socket, one
+//! runs the timers; the calling thread waits for SIGTERM/SIGINT or the interface's
+//! deletion, removes the UAPI socket and returns. The threads share the core, whose
+//! own locks let the readers seal and open different peers' packets at once (the lock
+//! order is in `core.rs`).
+//!
+//! Handshakes never hold up data: the UDP thread opens data messages itself and
+//! only queues handshake messages (a bounded queue; when it is full they are
+//! dropped) for the handshake thread, which does the Diffie-Hellman work. The queue's
+//! depth says when the device is under load: then a handshake message needs its
+//! source's cookie, and a flood costs a cookie reply each, never a DH.
 
 use std::{
+    collections::VecDeque,
     fs::File,
     io::{self, BufRead, BufReader, Read, Write},
     net::{Ipv6Addr, SocketAddr, SocketAddrV6, UdpSocket},
@@ -15,8 +22,8 @@ use std::{
     },
     path::{Path, PathBuf},
     sync::{
-        atomic::{AtomicBool, Ordering},
-        mpsc, Arc, Mutex, RwLock,
+        atomic::{AtomicBool, AtomicU64, Ordering},
+        mpsc, Arc, Condvar, Mutex, RwLock,
     },
     thread,
     time::{Duration, Instant, SystemTime},
@@ -34,6 +41,7 @@ use super::{
     batch::{gro_segments, gso_runs, Outbox, MAX_GSO_BYTES, MAX_GSO_SEGMENTS},
     core::DeviceCore,
     mmsg::{self, Outgoing, Received},
+    noise::{handshake::INITIATION_LEN, limiter::Load},
     offload::{self, VnetHdr, VNET_HDR_LEN},
     tun,
     uapi_request::{errno, parse_set},
@@ -52,6 +60,56 @@ const ERROR_PAUSE: Duration = Duration::from_millis(250);
 const SOCKET_BUFFER: usize = 7 << 20;
 /// A UAPI client that sends nothing for this long is dropped.
 const UAPI_IDLE: Duration = Duration::from_secs(10);
+/// Handshake messages queued for the handshake thread at most (as the kernel); the
+/// device is under load from an eighth of it.
+const HANDSHAKE_QUEUE: usize = 4096;
+
+/// A handshake message as queued: the longest is an initiation.
+#[derive(Clone, Copy)]
+struct QueuedHandshake {
+    from: SocketAddr,
+    len: usize,
+    bytes: [u8; INITIATION_LEN],
+}
+
+/// Handshake messages waiting for the handshake thread.
+#[derive(Default)]
+struct HandshakeQueue {
+    queue: Mutex<VecDeque<QueuedHandshake>>,
+    ready: Condvar,
+    /// Messages dropped because the queue was full.
+    dropped: AtomicU64,
+}
+
+impl HandshakeQueue {
+    /// Queues a batch's handshake messages (one lock for all).
+    fn push(&self, batch: &[QueuedHandshake]) {
+        if batch.is_empty() {
+            return;
+        }
+        let mut q = self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let room = HANDSHAKE_QUEUE.saturating_sub(q.len()).min(batch.len());
+        q.extend(&batch[..room]);
+        drop(q);
+        let dropped = (batch.len() - room) as u64;
+        if dropped > 0 {
+            self.dropped.fetch_add(dropped, Ordering::Relaxed);
+        }
+        self.ready.notify_one();
+    }
+
+    /// Waits for messages and takes up to `BATCH` of them; returns how many are still
+    /// queued behind them.
+    fn pop(&self, out: &mut Vec<QueuedHandshake>) -> usize {
+        let mut q = self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while q.is_empty() {
+            q = self.ready.wait(q).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        let n = q.len().min(BATCH);
+        out.extend(q.drain(..n));
+        q.len()
+    }
+}
 
 /// What the device needs to start.
 #[derive(Debug, Clone)]
@@ -122,6 +180,8 @@ struct Shared {
     gso: AtomicBool,
     /// Wakes the timer loop when a deadline moved earlier.
     wake_timer: mpsc::SyncSender<()>,
+    /// Handshake messages from the UDP thread to the handshake thread.
+    handshakes: HandshakeQueue,
 }
 
 impl Shared {
@@ -219,6 +279,7 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
     let (listener, path) = listen_uapi(&opts.socket_dir, &opts.name)?;
     let core = DeviceCore::default();
     core.set_listen_port(local_port(&socket));
+    core.set_mtu(usize::try_from(opts.mtu).unwrap_or(usize::MAX));
     tracing::info!(interface = %opts.name, port = core.listen_port(), "userspace WireGuard device up");
     let (wake_timer, wake_rx) = mpsc::sync_channel(1);
     let shared = Arc::new(Shared {
@@ -228,6 +289,7 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
         tun: tun_file,
         gso: AtomicBool::new(true),
         wake_timer,
+        handshakes: HandshakeQueue::default(),
     });
 
     let (exit_tx, exit_rx) = mpsc::channel();
@@ -238,6 +300,10 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
     spawn("wg-udp", {
         let shared = shared.clone();
         move || udp_loop(&shared)
+    });
+    spawn("wg-handshake", {
+        let shared = shared.clone();
+        move || handshake_loop(&shared)
     });
     spawn("wg-timers", {
         let shared = shared.clone();
@@ -413,6 +479,7 @@ fn udp_loop(shared: &Shared) {
     let mut bufs = recv_buffers();
     let mut got: Vec<Received> = Vec::with_capacity(BATCH);
     let mut out = Outbox::default();
+    let mut handshakes = Vec::with_capacity(BATCH);
     loop {
         let socket = shared.socket();
         // Blocks for the first datagram, then takes what else is queued, in one call.
@@ -433,16 +500,51 @@ fn udp_loop(shared: &Shared) {
             continue;
         }
         out.clear();
+        handshakes.clear();
         let (now, wall) = (Instant::now(), SystemTime::now());
         let batch = bufs.iter().zip(&got).flat_map(|(buf, d)| {
             gro_segments(&buf[..d.len], d.segment).map(move |datagram| (d.from, datagram))
         });
-        shared.core.handle_datagrams(batch, now, wall, &mut out);
+        shared.core.handle_transport(batch, now, wall, &mut out, |from, msg| {
+            let mut bytes = [0u8; INITIATION_LEN];
+            bytes[..msg.len()].copy_from_slice(msg);
+            handshakes.push(QueuedHandshake {
+                from,
+                len: msg.len(),
+                bytes,
+            });
+        });
+        shared.handshakes.push(&handshakes);
         if shared.core.take_timer_wake() {
             shared.wake_timer();
         }
         if !out.is_empty() {
             flush(shared, &socket, &out);
+        }
+    }
+}
+
+/// Handles the queued handshake messages, a batch at a time, under load while the
+/// queue is deep.
+fn handshake_loop(shared: &Shared) {
+    let mut batch = Vec::with_capacity(BATCH);
+    let mut out = Outbox::default();
+    let mut load = Load::default();
+    loop {
+        batch.clear();
+        let behind = shared.handshakes.pop(&mut batch);
+        let (now, wall) = (Instant::now(), SystemTime::now());
+        let under_load = load.under_load(behind + batch.len(), HANDSHAKE_QUEUE, now);
+        out.clear();
+        let messages = batch.iter().map(|m| (m.from, &m.bytes[..m.len]));
+        shared
+            .core
+            .handle_handshakes(messages, now, wall, under_load, &mut out);
+        if shared.core.take_timer_wake() {
+            shared.wake_timer();
+        }
+        if !out.is_empty() {
+            flush(shared, &shared.socket(), &out);
         }
     }
 }
@@ -498,13 +600,7 @@ fn serve_uapi(shared: &Shared, stream: UnixStream) -> io::Result<()> {
         let answer = match command.trim_end() {
             "get=1" => format!("{}errno=0\n\n", shared.core.render_get()),
             "set=1" => format!("errno={}\n\n", apply_set(shared, &body)),
-            "stats=1" => {
-                let c = shared.core.counters();
-                format!(
-                    "invalid_datagrams={}\nspoofed_packets={}\nunroutable_packets={}\ncookie_replies={}\nerrno=0\n\n",
-                    c.invalid_datagrams, c.spoofed_packets, c.unroutable_packets, c.cookie_replies
-                )
-            }
+            "stats=1" => render_stats(shared),
             _ => {
                 writer.write_all(format!("errno={}\n\n", errno::EPROTO).as_bytes())?;
                 return Ok(());
@@ -512,6 +608,22 @@ fn serve_uapi(shared: &Shared, stream: UnixStream) -> io::Result<()> {
         };
         writer.write_all(answer.as_bytes())?;
     }
+}
+
+/// The `stats=1` answer: the device's counters.
+fn render_stats(shared: &Shared) -> String {
+    let c = shared.core.counters();
+    let dropped = shared.handshakes.dropped.load(Ordering::Relaxed);
+    format!(
+        "invalid_datagrams={}\nspoofed_packets={}\nunroutable_packets={}\ncookie_replies={}\n\
+         replayed_initiations={}\nrate_limited_handshakes={}\ndropped_handshakes={dropped}\nerrno=0\n\n",
+        c.invalid_datagrams,
+        c.spoofed_packets,
+        c.unroutable_packets,
+        c.cookie_replies,
+        c.replayed_initiations,
+        c.rate_limited_handshakes,
+    )
 }
 
 /// Applies a `set=1` body; returns the errno to answer. Nothing changes unless the
