@@ -552,3 +552,268 @@ fn pairs_with_kernel_wireguard_using_stock_tools() {
         !socket_of(&if_a).exists()
     });
 }
+
+/// A UDP relay inside a namespace between a WireGuard device on loopback and a peer
+/// on the veth: the device knows the peer as `device_side`'s address, the peer knows
+/// the device as `peer_side`'s. It records every datagram the peer sent, so a test
+/// can replay one later from anywhere, like an on-path attacker.
+struct Relay {
+    device_side: UdpSocket,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    from_peer: std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Relay {
+    /// Sockets made in `ns` stay in it: `peer_side` on `peer_addr`, `device_side` on
+    /// 127.0.0.1; datagrams cross to `device` and back to `peer`.
+    fn start(ns: &NetnsGuard, peer_addr: &str, device: &str, peer: &str) -> Self {
+        let (peer_side, device_side) = NetnsThread::spawn(ns.netns())
+            .unwrap()
+            .run({
+                let peer_addr = peer_addr.to_owned();
+                move || {
+                    let p = UdpSocket::bind(peer_addr).unwrap();
+                    let d = UdpSocket::bind("127.0.0.1:0").unwrap();
+                    (p, d)
+                }
+            })
+            .unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let from_peer = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let thread = std::thread::spawn({
+            let (stop, from_peer) = (stop.clone(), from_peer.clone());
+            let (device_side, device, peer) = (
+                device_side.try_clone().unwrap(),
+                device.to_owned(),
+                peer.to_owned(),
+            );
+            move || {
+                for s in [&peer_side, &device_side] {
+                    s.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+                }
+                let mut buf = vec![0u8; 65_536];
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok(n) = peer_side.recv(&mut buf) {
+                        from_peer.lock().unwrap().push(buf[..n].to_vec());
+                        let _ = device_side.send_to(&buf[..n], &device);
+                    }
+                    if let Ok(n) = device_side.recv(&mut buf) {
+                        let _ = peer_side.send_to(&buf[..n], &peer);
+                    }
+                }
+            }
+        });
+        Self {
+            device_side,
+            stop,
+            from_peer,
+            thread: Some(thread),
+        }
+    }
+
+    /// The address the device sees the peer at.
+    fn device_side(&self) -> String {
+        self.device_side.local_addr().unwrap().to_string()
+    }
+
+    /// The first datagram of message type `kind` the peer sent.
+    fn first_of_kind(&self, kind: u8) -> Option<Vec<u8>> {
+        let seen = self.from_peer.lock().unwrap();
+        seen.iter().find(|d| d.first() == Some(&kind)).cloned()
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// `wg show IF dump`'s first peer: (endpoint, latest handshake).
+fn peer_state(ns: &NetnsGuard, ifname: &str) -> (String, u64) {
+    let dump = run_ok(ns, "wg", &["show", ifname, "dump"]);
+    let peer: Vec<&str> = dump
+        .lines()
+        .nth(1)
+        .expect("a peer line")
+        .split('\t')
+        .collect();
+    (peer[2].to_owned(), peer[4].parse().unwrap())
+}
+
+/// One device under attack (`wirespan wireguard` or wireguard-go) in namespace `a`
+/// with stock wireguard-go in `b` as its peer, joined through a [`Relay`] in `a`.
+struct Attacked<'n> {
+    a: &'n NetnsGuard,
+    b: &'n NetnsGuard,
+    if_a: String,
+    relay: Relay,
+}
+
+/// Starts `program` as device A (`wirespan` or `wireguard-go`) in `a` on port 51820,
+/// wireguard-go in `b` on 51822, A's peer endpoint the relay, B's the relay's veth side.
+fn attacked<'n>(a: &'n NetnsGuard, b: &'n NetnsGuard, ours: bool) -> Attacked<'n> {
+    let (if_a, if_b) = (unique_name("wgH"), unique_name("wgP"));
+    if ours {
+        // Another build can be put through the same attacks (to show a test fails
+        // without a fix): WIRESPAN_TEST_DEVICE_BIN names its binary.
+        let bin = std::env::var("WIRESPAN_TEST_DEVICE_BIN").unwrap_or_else(|_| BIN.to_owned());
+        run_ok(a, &bin, &["wireguard", &if_a]);
+    } else {
+        run_ok(a, "wireguard-go", &[&if_a]);
+    }
+    run_ok(b, "wireguard-go", &[&if_b]);
+    let mut end_a = End::new(a, if_a.clone(), 1);
+    end_a.port = 51820;
+    let mut end_b = End::new(b, if_b, 2);
+    end_b.port = 51822;
+    configure(&end_a, &end_b);
+    configure(&end_b, &end_a);
+    let relay = Relay::start(
+        a,
+        "192.168.77.1:40000",
+        "127.0.0.1:51820",
+        "192.168.77.2:51822",
+    );
+    let through = relay.device_side();
+    run_ok(
+        a,
+        "wg",
+        &["set", &if_a, "peer", &end_b.keys.1, "endpoint", &through],
+    );
+    run_ok(
+        b,
+        "wg",
+        &[
+            "set",
+            &end_b.ifname,
+            "peer",
+            &end_a.keys.1,
+            "endpoint",
+            "192.168.77.1:40000",
+        ],
+    );
+    Attacked { a, b, if_a, relay }
+}
+
+/// Sends `datagram` to the device from a socket of its own in `ns` (not the relay):
+/// returns how many datagrams came back within 500 ms.
+fn send_from_elsewhere(ns: &NetnsGuard, datagram: &[u8]) -> usize {
+    let datagram = datagram.to_vec();
+    NetnsThread::spawn(ns.netns())
+        .unwrap()
+        .run(move || {
+            let s = UdpSocket::bind("192.168.77.1:0").unwrap();
+            s.send_to(&datagram, "127.0.0.1:51820").unwrap();
+            s.set_read_timeout(Some(Duration::from_millis(500)))
+                .unwrap();
+            let mut buf = [0u8; 256];
+            let mut answers = 0;
+            while s.recv(&mut buf).is_ok() {
+                answers += 1;
+            }
+            answers
+        })
+        .unwrap()
+}
+
+/// Issue 48's replay, end to end: the peer's first initiation, replayed from another
+/// address after 185 s of silence (every key expired), is answered by nothing and
+/// moves nothing; wireguard-go, the reference, is put through the same at once.
+#[test]
+fn an_old_initiation_replayed_after_185_idle_seconds_moves_nothing_here_or_in_wireguard_go() {
+    if !has_wireguard_go() {
+        eprintln!("skipped: wireguard-go is not installed");
+        return;
+    }
+    let (a1, b1) = linked_pair();
+    let (a2, b2) = linked_pair();
+    let cases = [attacked(&a1, &b1, true), attacked(&a2, &b2, false)];
+    let _sockets = SocketFiles(cases.iter().map(|c| socket_of(&c.if_a)).collect());
+    let mut recorded = Vec::new();
+    for c in &cases {
+        ping(c.b, "10.77.0.1");
+        let init = c
+            .relay
+            .first_of_kind(1)
+            .expect("B's initiation crossed the relay");
+        recorded.push((init, peer_state(c.a, &c.if_a)));
+    }
+    // Idle past REJECT_AFTER_TIME (180 s) plus margin: nothing is sent meanwhile.
+    std::thread::sleep(Duration::from_secs(185));
+    for ((c, (init, before)), who) in cases
+        .iter()
+        .zip(&recorded)
+        .zip(["wirespan", "wireguard-go"])
+    {
+        let answers = send_from_elsewhere(c.a, init);
+        assert_eq!(answers, 0, "{who} answered a replayed initiation");
+        assert_eq!(
+            &peer_state(c.a, &c.if_a),
+            before,
+            "{who}: endpoint or handshake moved"
+        );
+        // The real peer still gets through.
+        ping(c.b, "10.77.0.1");
+    }
+    assert_eq!(stat(&cases[0].if_a, "replayed_initiations"), 1);
+}
+
+/// Strangers and an on-path attacker against the real device: a forged response, a
+/// replayed cookie reply, truncated, empty and oversized datagrams and an initiation
+/// flood with valid MAC1, all from another address. The endpoint stays, the tunnel
+/// keeps working, and the flood is answered with cookie replies once it is deep.
+#[test]
+fn forged_and_flooding_datagrams_from_elsewhere_move_nothing_and_stop_no_traffic() {
+    if !has_wireguard_go() {
+        eprintln!("skipped: wireguard-go is not installed");
+        return;
+    }
+    let (a, b) = linked_pair();
+    let c = attacked(&a, &b, true);
+    let _sockets = SocketFiles(vec![socket_of(&c.if_a)]);
+    ping(&b, "10.77.0.1");
+    let before = peer_state(&a, &c.if_a);
+    let init = c.relay.first_of_kind(1).unwrap();
+    // A response "to" it and a cookie reply, both forged, and junk.
+    let mut response = vec![2u8, 0, 0, 0];
+    response.resize(92, 0x33);
+    let mut cookie = vec![3u8, 0, 0, 0];
+    cookie.resize(64, 0x44);
+    for d in [
+        &response[..],
+        &cookie[..],
+        &[][..],
+        &[4u8, 0, 0][..],
+        &vec![4u8; 9000][..],
+    ] {
+        assert_eq!(send_from_elsewhere(&a, d), 0);
+    }
+    assert_eq!(peer_state(&a, &c.if_a), before);
+    // 3,000 copies of B's old initiation (valid MAC1) as fast as one socket sends.
+    let invalid_before = stat(&c.if_a, "invalid_datagrams");
+    NetnsThread::spawn(a.netns())
+        .unwrap()
+        .run(move || {
+            let s = UdpSocket::bind("192.168.77.1:0").unwrap();
+            for _ in 0..3000 {
+                let _ = s.send_to(&init, "127.0.0.1:51820");
+            }
+        })
+        .unwrap();
+    poll_until("the flood handled", Duration::from_secs(20), || {
+        let handled = stat(&c.if_a, "replayed_initiations")
+            + stat(&c.if_a, "cookie_replies")
+            + stat(&c.if_a, "dropped_handshakes")
+            + stat(&c.if_a, "rate_limited_handshakes");
+        handled >= 3000
+    });
+    assert!(stat(&c.if_a, "invalid_datagrams") >= invalid_before);
+    assert_eq!(peer_state(&a, &c.if_a).0, before.0, "endpoint unchanged");
+    ping(&b, "10.77.0.1");
+    ping(&a, "10.77.0.2");
+}

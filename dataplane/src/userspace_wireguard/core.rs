@@ -49,7 +49,7 @@ use super::{
         limiter::SourceLimiter,
         random,
     },
-    peer::{Ctx, Outcome, Peer, Received, SEAL_ROOM},
+    peer::{Ctx, Inbound, Outcome, Peer, SEAL_ROOM},
     uapi_request::{Key, PeerChange, SetRequest},
 };
 
@@ -623,7 +623,7 @@ impl DeviceCore {
             bump(&self.counters.invalid_datagrams);
             return;
         };
-        let rx = Received {
+        let rx = Inbound {
             from,
             datagram,
             routes: &table.routes,

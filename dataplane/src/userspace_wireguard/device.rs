@@ -87,7 +87,10 @@ impl HandshakeQueue {
         if batch.is_empty() {
             return;
         }
-        let mut q = self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut q = self
+            .queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let room = HANDSHAKE_QUEUE.saturating_sub(q.len()).min(batch.len());
         q.extend(&batch[..room]);
         drop(q);
@@ -101,9 +104,15 @@ impl HandshakeQueue {
     /// Waits for messages and takes up to `BATCH` of them; returns how many are still
     /// queued behind them.
     fn pop(&self, out: &mut Vec<QueuedHandshake>) -> usize {
-        let mut q = self.queue.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut q = self
+            .queue
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         while q.is_empty() {
-            q = self.ready.wait(q).unwrap_or_else(std::sync::PoisonError::into_inner);
+            q = self
+                .ready
+                .wait(q)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
         let n = q.len().min(BATCH);
         out.extend(q.drain(..n));
@@ -505,15 +514,17 @@ fn udp_loop(shared: &Shared) {
         let batch = bufs.iter().zip(&got).flat_map(|(buf, d)| {
             gro_segments(&buf[..d.len], d.segment).map(move |datagram| (d.from, datagram))
         });
-        shared.core.handle_transport(batch, now, wall, &mut out, |from, msg| {
-            let mut bytes = [0u8; INITIATION_LEN];
-            bytes[..msg.len()].copy_from_slice(msg);
-            handshakes.push(QueuedHandshake {
-                from,
-                len: msg.len(),
-                bytes,
+        shared
+            .core
+            .handle_transport(batch, now, wall, &mut out, |from, msg| {
+                let mut bytes = [0u8; INITIATION_LEN];
+                bytes[..msg.len()].copy_from_slice(msg);
+                handshakes.push(QueuedHandshake {
+                    from,
+                    len: msg.len(),
+                    bytes,
+                });
             });
-        });
         shared.handshakes.push(&handshakes);
         if shared.core.take_timer_wake() {
             shared.wake_timer();

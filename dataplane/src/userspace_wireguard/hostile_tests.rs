@@ -181,11 +181,8 @@ fn cookie_replies_and_forged_responses_never_move_the_endpoint() {
     );
     let cookie_reply = io_b.sent.remove(0).1;
     assert!(send(&a, ELSEWHERE, &cookie_reply, now).sent.is_empty());
-    let forged_cookie = {
-        let mut c = cookie_reply.clone();
-        c[40] ^= 1;
-        c
-    };
+    let mut forged_cookie = cookie_reply;
+    forged_cookie[40] ^= 1;
     assert!(send(&a, ELSEWHERE, &forged_cookie, now).sent.is_empty());
     assert_eq!(get(&a, "endpoint").as_deref(), Some(ADDR_B));
     assert_eq!(
@@ -378,7 +375,7 @@ fn our_core_and_boringtun_complete_handshakes_both_ways_and_carry_data() {
     let TunnResult::WriteToNetwork(init) = theirs.encapsulate(&ipv4(1, 2), &mut buf) else {
         panic!("an initiation");
     };
-    let io = send(&ours, ADDR_A, &init.to_vec(), now);
+    let io = send(&ours, ADDR_A, init, now);
     assert_eq!(kinds(&io), vec![2]);
     let mut out = vec![0u8; 2048];
     let TunnResult::WriteToNetwork(keepalive) = theirs.decapsulate(None, &io.sent[0].1, &mut out)
@@ -386,11 +383,11 @@ fn our_core_and_boringtun_complete_handshakes_both_ways_and_carry_data() {
         panic!("the response is taken");
     };
     // Its keepalive confirms the keys, then its queued packet follows.
-    assert!(send(&ours, ADDR_A, &keepalive.to_vec(), now).tun.is_empty());
+    assert!(send(&ours, ADDR_A, keepalive, now).tun.is_empty());
     let TunnResult::WriteToNetwork(data) = theirs.decapsulate(None, &[], &mut out) else {
         panic!("the queued packet");
     };
-    let io = send(&ours, ADDR_A, &data.to_vec(), now);
+    let io = send(&ours, ADDR_A, data, now);
     assert_eq!(io.tun, vec![ipv4(1, 2)], "boringtun's queued packet opened");
     // We answer on the confirmed keypair; boringtun opens it.
     let mut io = Captured::default();
@@ -412,7 +409,7 @@ fn our_core_and_boringtun_complete_handshakes_both_ways_and_carry_data() {
     let TunnResult::WriteToNetwork(resp) = theirs.decapsulate(None, &io.sent[0].1, &mut out) else {
         panic!("boringtun takes our initiation");
     };
-    let io = send(&fresh, ADDR_A, &resp.to_vec(), now);
+    let io = send(&fresh, ADDR_A, resp, now);
     assert_eq!(kinds(&io), vec![4], "our staged packet on the new keypair");
     let opened = theirs.decapsulate(None, &io.sent[0].1, &mut out);
     assert!(matches!(opened, TunnResult::WriteToTunnelV4(p, _) if *p == ipv4(2, 1)[..]));

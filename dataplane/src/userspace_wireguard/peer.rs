@@ -104,7 +104,8 @@ pub struct Peer {
 }
 
 /// Where the device's decisions about one received data message go.
-pub struct Received<'a> {
+#[derive(Clone, Copy)]
+pub struct Inbound<'a> {
     /// Who sent it.
     pub from: SocketAddr,
     /// The datagram.
@@ -332,7 +333,7 @@ impl Peer {
     pub fn open_data(
         &mut self,
         ctx: &Ctx<'_>,
-        rx: Received<'_>,
+        rx: Inbound<'_>,
         buf: &mut [u8],
         io: &mut impl Io,
     ) -> Outcome {
