@@ -1,7 +1,8 @@
-//! The userspace WireGuard library evaluation's figures (docs/userspace-wireguard.md):
-//! boringtun's noise core sealing and opening 1,400-byte packets and completing
-//! handshakes, beside the floor an own implementation on `ring` and `x25519-dalek`
-//! would start from (one ChaCha20-Poly1305 seal/open, one X25519 operation).
+//! The userspace WireGuard Noise core's figures (docs/userspace-wireguard.md): our own
+//! core (`userspace_wireguard::noise`) and boringtun's sealing and opening 1,400-byte
+//! packets and completing handshakes, side by side, beside the floor (one `ring`
+//! ChaCha20-Poly1305 seal, one X25519 operation), and what a flood costs a responder
+//! (a MAC1 check, a cookie reply).
 //!
 //! `cargo run -p wirespan-dataplane --example noise_microbench` (the crypto crates are
 //! optimised in dev builds too, see the workspace `Cargo.toml`).
@@ -58,6 +59,82 @@ fn report(what: &str, n: u32, elapsed: Duration, bytes: Option<usize>) {
     }
 }
 
+/// Our core: the same operations through `noise::{handshake, keypair, cookie}`.
+fn ours(packet: &[u8], n: u32, hn: u32) {
+    use std::net::SocketAddr;
+    use wirespan_dataplane::userspace_wireguard::noise::{
+        cookie::{CookieChecker, CookieJar},
+        handshake::{
+            consume_initiation, consume_response, create_initiation, create_response,
+            open_initiation, LocalIdentity, PeerKeys,
+        },
+        keypair::Keypair,
+    };
+    let (a, b) = (LocalIdentity::new([1; 32]), LocalIdentity::new([2; 32]));
+    let (a_to_b, b_to_a) = (
+        PeerKeys::new(&a, b.public_key(), None),
+        PeerKeys::new(&b, a.public_key(), None),
+    );
+    let now = Instant::now();
+    let handshake = |i: u32| {
+        let e = x25519_dalek::StaticSecret::from([9; 32]);
+        let (init, sent) = create_initiation(&a, &a_to_b, i, e, [0; 12]).unwrap();
+        let opened = open_initiation(&b, &init).unwrap();
+        let consumed = consume_initiation(&opened, &b_to_a).unwrap();
+        let e = x25519_dalek::StaticSecret::from([8; 32]);
+        let (resp, b_keys) = create_response(&b_to_a, &consumed, i + 1, &e).unwrap();
+        let (_, a_keys) = consume_response(&a, &a_to_b, &sent, &resp).unwrap();
+        (
+            Keypair::new(&a_keys, i, i + 1, true, now),
+            Keypair::new(&b_keys, i + 1, i, false, now),
+        )
+    };
+    let (mut ka, mut kb) = handshake(1);
+    let (mut buf, mut out) = (vec![0u8; 2048], vec![0u8; 2048]);
+    let t = Instant::now();
+    for _ in 0..n {
+        let len = ka.seal(packet, &mut buf, 1420, now).unwrap();
+        let _ = std::hint::black_box(&buf[..len]);
+    }
+    report("ours seal 1400 B", n, t.elapsed(), Some(PACKET));
+    let t = Instant::now();
+    for _ in 0..n {
+        let len = ka.seal(packet, &mut buf, 1420, now).unwrap();
+        let opened = kb.open(&buf[..len], &mut out, now).unwrap();
+        let _ = std::hint::black_box(opened);
+    }
+    report("ours seal+open 1400 B", n, t.elapsed(), Some(PACKET));
+    let t = Instant::now();
+    for i in 0..hn {
+        let _ = std::hint::black_box(handshake(i * 2));
+    }
+    report(
+        "ours handshake (init, response, keys)",
+        hn,
+        t.elapsed(),
+        None,
+    );
+    // What a flood costs a responder under load: MAC1, then a cookie reply.
+    let mut init = [0u8; 148];
+    init[0] = 1;
+    CookieJar::default().add_macs(&a_to_b.mac1_key, &mut init, now);
+    let from: SocketAddr = "192.0.2.1:1".parse().unwrap();
+    let mut checker = CookieChecker::default();
+    let t = Instant::now();
+    for _ in 0..n {
+        assert!(b.mac1_ok(&init));
+        let ok = checker.mac2_ok(&init, from, now, || [5; 32]);
+        let reply = checker.reply(&b, &init, from, now, || [5; 32], [1; 24]);
+        let _ = std::hint::black_box((ok, reply));
+    }
+    report(
+        "ours MAC1 + MAC2 check + cookie reply",
+        n,
+        t.elapsed(),
+        None,
+    );
+}
+
 fn main() {
     let mut buf = vec![0u8; 2048];
     let mut out = vec![0u8; 2048];
@@ -69,6 +146,8 @@ fn main() {
     handshake(&mut a, &mut b, &mut buf, &mut out);
 
     let n = 50_000;
+    let hn = 500;
+    ours(&packet, n, hn);
     let t = Instant::now();
     for _ in 0..n {
         let TunnResult::WriteToNetwork(sealed) = a.encapsulate(&packet, &mut buf) else {
@@ -95,7 +174,6 @@ fn main() {
     }
     report("boringtun seal+open 1400 B", n, t.elapsed(), Some(PACKET));
 
-    let hn = 500;
     let t = Instant::now();
     for _ in 0..hn {
         handshake(&mut a, &mut b, &mut buf, &mut out);

@@ -18,6 +18,13 @@ pub struct DeviceDrops {
     pub spoofed_packets: u64,
     /// Packets from the TUN with no route, key or endpoint.
     pub unroutable_packets: u64,
+    /// Authentic initiations refused as replays (a timestamp not newer than one
+    /// taken before, or one too soon after it).
+    pub replayed_initiations: u64,
+    /// Handshake messages with a valid cookie over their source's rate, under load.
+    pub rate_limited_handshakes: u64,
+    /// Handshake messages dropped because the handshake queue was full.
+    pub dropped_handshakes: u64,
 }
 
 /// A peer as the device holds it.
