@@ -490,8 +490,9 @@ impl DeviceCore {
         }
     }
 
-    /// The wall clock for handshake timestamps on the threads that are given only
-    /// the monotonic one (TUN, timers).
+    /// The wall clock at `now`, for the threads that are given only the monotonic
+    /// clock (TUN, timers): initiation timestamps follow the real clock, as the
+    /// kernel's do, so a clock set right after start is what peers see.
     fn wall_at(now: Instant) -> SystemTime {
         let real = Instant::now();
         match now.checked_duration_since(real) {
@@ -680,7 +681,7 @@ impl DeviceCore {
                     Some(MSG_COOKIE_REPLY) if handshake_length_ok(MSG_COOKIE_REPLY, msg) => self
                         .with_peer(
                             &table,
-                            self.indices.lookup(reply_receiver(msg)),
+                            (self.indices.lookup(reply_receiver(msg)), now),
                             |peer, id| {
                                 peer.consume_cookie_reply(&self.ctx(identity, id, now, wall), msg)
                             },
@@ -707,7 +708,7 @@ impl DeviceCore {
         };
         let mut peer = lock(peer);
         let outcome = f(&mut peer, id);
-        self.note_deadline(peer.next_deadline(Instant::now()));
+        self.note_deadline(peer.next_deadline(now));
         Some(outcome)
     }
 
@@ -733,12 +734,12 @@ impl DeviceCore {
                 return Some(Outcome::Invalid);
             };
             let id = table.by_key.get(&opened.peer_public).copied();
-            self.with_peer(table, id, |peer, id| {
+            self.with_peer(table, (id, now), |peer, id| {
                 peer.consume_initiation(&self.ctx(identity, id, now, wall), &opened, from, io)
             })
         } else {
             let id = self.indices.lookup(le32(msg, 8));
-            self.with_peer(table, id, |peer, id| {
+            self.with_peer(table, (id, now), |peer, id| {
                 peer.consume_response(&self.ctx(identity, id, now, wall), msg, from, buf, io)
             })
         }
