@@ -58,6 +58,28 @@ impl<P: Copy + PartialEq> AllowedIps<P> {
         }
     }
 
+    /// Removes `net` if it routes to `peer` (another peer's prefix stays).
+    pub fn remove(&mut self, net: IpNet, peer: P) {
+        match net {
+            IpNet::V4(n) => {
+                let len = n.prefix_len();
+                let table = &mut self.v4[usize::from(len)];
+                let key = mask4(n.addr(), len);
+                if table.get(&key) == Some(&peer) {
+                    table.remove(&key);
+                }
+            }
+            IpNet::V6(n) => {
+                let len = n.prefix_len();
+                let table = &mut self.v6[usize::from(len)];
+                let key = mask6(n.addr(), len);
+                if table.get(&key) == Some(&peer) {
+                    table.remove(&key);
+                }
+            }
+        }
+    }
+
     /// Removes every prefix of `peer`.
     pub fn remove_peer(&mut self, peer: P) {
         for table in &mut self.v4 {

@@ -37,7 +37,7 @@ use boringtun::{
 use super::{
     allowed_ips::{packet_destination, AllowedIps},
     timers::{PeerTimers, TimerAction},
-    uapi_request::{Key, PeerChange, SetRequest},
+    uapi_request::{AllowedIpChange, Key, PeerChange, SetRequest},
 };
 
 /// Handshake messages per second above which the device answers with cookies. Each
@@ -358,6 +358,11 @@ impl Table {
             return;
         }
         self.identity = key.map(Identity::new);
+        // As the kernel does: a peer with the new identity's public key goes.
+        let own = self.identity.as_ref().map(|i| *i.public.as_bytes());
+        if let Some(id) = own.and_then(|key| self.by_key.get(&key).copied()) {
+            self.remove_peer(id);
+        }
         for peer in self.peers.values_mut() {
             let peer = peer.get_mut().unwrap_or_else(PoisonError::into_inner);
             peer.tunnel = None;
@@ -384,6 +389,15 @@ impl Table {
         let id = match existing {
             Some(id) => id,
             None if change.update_only => return,
+            // The device's own key is silently no peer (the kernel's rule), so one
+            // request can configure every node of a mesh.
+            None if self
+                .identity
+                .as_ref()
+                .is_some_and(|i| *i.public.as_bytes() == change.public_key) =>
+            {
+                return
+            }
             None => self.add_peer(change.public_key),
         };
         let Some(peer) = self.peers.get_mut(&id) else {
@@ -408,8 +422,11 @@ impl Table {
         if change.replace_allowed_ips {
             self.routes.remove_peer(id);
         }
-        for net in change.allowed_ips {
-            self.routes.insert(net.trunc(), id);
+        for ip in change.allowed_ips {
+            match ip {
+                AllowedIpChange::Add(net) => self.routes.insert(net.trunc(), id),
+                AllowedIpChange::Remove(net) => self.routes.remove(net.trunc(), id),
+            }
         }
     }
 
