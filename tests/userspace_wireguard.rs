@@ -502,6 +502,11 @@ fn wg_prints_the_same_error_text_for_both_devices() {
     );
     if has_wireguard_go() {
         run_ok(&ns, "wireguard-go", &[&go]);
+        // wireguard-go binds (and so can refuse a port) only once its device is up.
+        run_ok(&ns, "ip", &["link", "set", &go, "up"]);
+        poll_until("wireguard-go's socket", Duration::from_secs(5), || {
+            run_ok(&ns, "wg", &["show", &go, "listen-port"]).trim() != "0"
+        });
         assert_eq!(refusal(&go), text, "the same as for wireguard-go");
     } else {
         eprintln!("wireguard-go is not installed: compared with the expected text only");
