@@ -9,7 +9,8 @@
 # the committed directories. Crash inputs are written to fuzz/artifacts/<target>/
 # (ignored by git); reproduce one with
 #   cargo +nightly fuzz run -a <target> fuzz/artifacts/<target>/<file>
-# and turn it into a regression test next to the code it broke.
+# then commit it as fuzz/regressions/<target>/<name> (tests/fuzz_replay.rs replays
+# it on stable) and add a unit test next to the code it broke.
 #
 # Prints per target the executions (libFuzzer's stat::number_of_executed_units) and
 # the crashes found; exits non-zero if any target crashed or failed to run.

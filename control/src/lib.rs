@@ -22,6 +22,9 @@ pub mod config;
 pub mod config_loader;
 pub mod controllers;
 pub mod files;
+/// The body of the `config_parse` fuzz target (`fuzzing` feature).
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod kubespan;
 pub mod resources;
 pub mod runtime;

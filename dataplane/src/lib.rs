@@ -15,6 +15,9 @@ pub mod error;
 #[cfg(any(test, feature = "testing"))]
 pub mod fake;
 pub mod fastpath;
+/// The bodies of the cargo-fuzz targets of this crate's code (`fuzzing` feature).
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod kernel_marking;
 pub mod marking;
 pub mod markspec;

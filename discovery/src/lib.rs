@@ -10,6 +10,9 @@
 //! - [`text`]: sanitising and escaping untrusted names from affiliates.
 
 pub mod client;
+/// The bodies of the cargo-fuzz targets of this crate's code (`fuzzing` feature).
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod proto;
 pub mod redact;
 pub mod relay;

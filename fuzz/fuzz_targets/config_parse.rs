@@ -1,20 +1,7 @@
-//! The machine config loader's parser (`control::config::parse`): arbitrary YAML text,
-//! any number of documents. It must return a config or errors, never panic; errors
-//! must render.
+//! The machine config loader's parser on arbitrary (multi-document) YAML. The body, its
+//! input format and its properties are `wirespan_control::fuzzing::config_parse`, which
+//! the stable suite's `tests/fuzz_replay.rs` also runs on this target's corpus and
+//! regressions.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
-    match wirespan_control::config::parse(text) {
-        Ok(config) => {
-            let _ = format!("{config:?}");
-        }
-        Err(e) => {
-            let _ = e.to_string();
-        }
-    }
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| wirespan_control::fuzzing::config_parse(data));

@@ -1,11 +1,6 @@
-//! The `nft -j list table` parser (`marking::parse_table`) on arbitrary text.
+//! The `nft -j list table` parser on arbitrary text. The body, its input format and its
+//! properties are `wirespan_dataplane::fuzzing::nft_listing`, which the stable suite's
+//! `tests/fuzz_replay.rs` also runs on this target's corpus and regressions.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-
-fuzz_target!(|data: &[u8]| {
-    let Ok(text) = std::str::from_utf8(data) else {
-        return;
-    };
-    let _ = wirespan_dataplane::marking::parse_table(text);
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| wirespan_dataplane::fuzzing::nft_listing(data));

@@ -1,13 +1,6 @@
-//! The WireGuard UAPI answer parsers (`parse_get`, `parse_errno`, `parse_stats`) on
-//! arbitrary text.
+//! The WireGuard UAPI answer parsers on arbitrary text. The body, its input format and
+//! its properties are `wirespan_dataplane::fuzzing::uapi_parse`, which the stable
+//! suite's `tests/fuzz_replay.rs` also runs on this target's corpus and regressions.
 #![no_main]
 
-use libfuzzer_sys::fuzz_target;
-use wirespan_dataplane::wireguard::uapi;
-
-fuzz_target!(|data: &[u8]| {
-    let text = String::from_utf8_lossy(data);
-    let _ = uapi::parse_get(&text);
-    let _ = uapi::parse_errno(&text);
-    let _ = uapi::parse_stats(&text);
-});
+libfuzzer_sys::fuzz_target!(|data: &[u8]| wirespan_dataplane::fuzzing::uapi_parse(data));

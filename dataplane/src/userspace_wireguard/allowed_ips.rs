@@ -3,6 +3,7 @@
 
 use std::{
     collections::HashMap,
+    hash::Hash,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
 };
 
@@ -43,6 +44,13 @@ fn mask6(addr: Ipv6Addr, len: u8) -> u128 {
     }
 }
 
+/// Removes `key` from `table` if it maps to `peer`.
+fn remove_if<K: Eq + Hash, P: PartialEq>(table: &mut HashMap<K, P>, key: &K, peer: &P) {
+    if table.get(key) == Some(peer) {
+        table.remove(key);
+    }
+}
+
 impl<P: Copy + PartialEq> AllowedIps<P> {
     /// Routes `net` to `peer`, taking it from any peer that had it (as WireGuard does).
     pub fn insert(&mut self, net: IpNet, peer: P) {
@@ -55,6 +63,15 @@ impl<P: Copy + PartialEq> AllowedIps<P> {
                 let len = n.prefix_len();
                 self.v6[usize::from(len)].insert(mask6(n.addr(), len), peer);
             }
+        }
+    }
+
+    /// Removes `net` if it routes to `peer` (another peer's prefix stays).
+    pub fn remove(&mut self, net: IpNet, peer: P) {
+        let len = net.prefix_len();
+        match net {
+            IpNet::V4(n) => remove_if(&mut self.v4[usize::from(len)], &mask4(n.addr(), len), &peer),
+            IpNet::V6(n) => remove_if(&mut self.v6[usize::from(len)], &mask6(n.addr(), len), &peer),
         }
     }
 

@@ -4,7 +4,13 @@
 //! ([`gso_runs`]). Received GRO buffers are split back into datagrams by their segment
 //! size ([`gro_segments`]).
 
-use std::{net::SocketAddr, ops::Range};
+use std::{
+    net::SocketAddr,
+    ops::Range,
+    time::{Duration, Instant},
+};
+
+use nix::errno::Errno;
 
 use super::core::Io;
 
@@ -122,13 +128,67 @@ pub fn gso_runs(
 }
 
 /// The datagrams of a GRO receive: `buf` cut every `segment` bytes (the last one may
-/// be shorter). Without a segment size (0), the whole buffer is one datagram.
+/// be shorter). Without a segment size (0), the whole buffer is one datagram, an empty
+/// one included (it is counted as invalid, not lost).
 pub fn gro_segments(buf: &[u8], segment: usize) -> impl Iterator<Item = &[u8]> {
-    buf.chunks(if segment == 0 {
-        buf.len().max(1)
-    } else {
-        segment
-    })
+    let size = if segment == 0 { buf.len() } else { segment };
+    buf.chunks(size.max(1)).chain(buf.is_empty().then_some(buf))
+}
+
+/// What a GSO send's error says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GsoFailure {
+    /// This message could not be segmented: send its datagrams one by one.
+    Message,
+    /// The route cannot segment: send one by one, and stop using GSO for a while.
+    Route,
+}
+
+/// The meaning of `error` from a send with a GSO segment size (`None`: not about
+/// GSO, the message is lost as any failed send is).
+pub fn gso_failure(error: Errno) -> Option<GsoFailure> {
+    match error {
+        // The kernel's UDP GSO checks of one message: a segment larger than the
+        // route's MTU, more than its segment limit.
+        Errno::EINVAL => Some(GsoFailure::Message),
+        // The route's device cannot checksum for us (or it is an IPsec route), or the
+        // kernel has no UDP_SEGMENT at all.
+        Errno::EIO | Errno::ENOPROTOOPT | Errno::EOPNOTSUPP => Some(GsoFailure::Route),
+        _ => None,
+    }
+}
+
+/// How long GSO stays off after a route refused it, before it is tried again.
+pub const GSO_REPROBE: Duration = Duration::from_secs(300);
+
+/// Whether sends use UDP GSO: on until a route refuses it, then off for
+/// [`GSO_REPROBE`], then tried again.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct GsoSwitch {
+    off_since: Option<Instant>,
+}
+
+impl GsoSwitch {
+    /// Whether to use GSO at `now`, and whether this call turned it back on.
+    pub fn enabled(&mut self, now: Instant) -> (bool, bool) {
+        match self.off_since {
+            None => (true, false),
+            Some(t) if now.saturating_duration_since(t) >= GSO_REPROBE => {
+                self.off_since = None;
+                (true, true)
+            }
+            Some(_) => (false, false),
+        }
+    }
+
+    /// Records a failed GSO send; returns true when it turned GSO off.
+    pub fn failed(&mut self, failure: GsoFailure, now: Instant) -> bool {
+        if failure != GsoFailure::Route || self.off_since.is_some() {
+            return false;
+        }
+        self.off_since = Some(now);
+        true
+    }
 }
 
 #[cfg(test)]
@@ -197,7 +257,36 @@ mod tests {
     #[test]
     fn a_gro_buffer_without_a_segment_size_is_one_datagram() {
         assert_eq!(gro_segments(&[1, 2, 3], 0).count(), 1);
+        // An empty datagram is one (invalid) datagram, not none.
+        assert_eq!(
+            gro_segments(&[], 0).collect::<Vec<_>>(),
+            vec![&[0u8; 0][..]]
+        );
         let cut: Vec<&[u8]> = gro_segments(&[1, 2, 3, 4, 5], 2).collect();
         assert_eq!(cut, vec![&[1, 2][..], &[3, 4][..], &[5][..]]);
+    }
+
+    /// One message the kernel cannot segment (EINVAL: a segment over the route's
+    /// MTU, too many segments) is sent datagram by datagram and GSO stays on; a route
+    /// that cannot segment at all (EIO: no checksum offload; no UDP_SEGMENT) turns it
+    /// off, and it is tried again after a while.
+    #[test]
+    fn one_bad_message_keeps_gso_and_a_route_that_cannot_gets_a_reprobe() {
+        assert_eq!(gso_failure(Errno::EINVAL), Some(GsoFailure::Message));
+        for e in [Errno::EIO, Errno::ENOPROTOOPT, Errno::EOPNOTSUPP] {
+            assert_eq!(gso_failure(e), Some(GsoFailure::Route), "{e}");
+        }
+        assert_eq!(gso_failure(Errno::ENETUNREACH), None);
+
+        let t0 = Instant::now();
+        let mut gso = GsoSwitch::default();
+        assert!(!gso.failed(GsoFailure::Message, t0));
+        assert_eq!(gso.enabled(t0), (true, false));
+        assert!(gso.failed(GsoFailure::Route, t0), "turned off: logged");
+        assert!(!gso.failed(GsoFailure::Route, t0), "already off: not again");
+        assert_eq!(gso.enabled(t0 + GSO_REPROBE / 2), (false, false));
+        assert_eq!(gso.enabled(t0 + GSO_REPROBE), (true, true), "re-probed");
+        assert_eq!(gso.enabled(t0 + GSO_REPROBE), (true, false));
+        assert!(gso.failed(GsoFailure::Route, t0 + GSO_REPROBE));
     }
 }

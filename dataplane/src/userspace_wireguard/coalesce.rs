@@ -91,13 +91,14 @@ fn parse_segment(p: &[u8], udp: bool) -> Option<Segment> {
             flags: 0,
         });
     }
-    let tcp_len = usize::from(p.get(ip_len + 12)? >> 4) * 4;
+    // The peer chose every byte after its address: a packet may end anywhere.
+    let t = p.get(ip_len..ip_len + 20)?;
+    let tcp_len = usize::from(t[12] >> 4) * 4;
     let hdr_len = ip_len + tcp_len;
-    let flags = p[ip_len + 13];
+    let flags = t[13];
     if tcp_len < 20 || p.len() <= hdr_len || flags & !TCP_PSH != TCP_ACK {
         return None;
     }
-    let t = &p[ip_len..];
     Some(Segment {
         v4,
         udp: false,
@@ -583,6 +584,46 @@ mod tests {
             let plain = coalesce_with(&packets, false);
             assert_eq!(plain.len(), packets.len(), "without USO, one write each");
             assert!(plain.iter().all(|w| w[1] == GSO_NONE));
+        }
+    }
+
+    /// `p` cut to `len` bytes, its IP length field saying so.
+    fn truncated(mut p: Vec<u8>, len: usize) -> Vec<u8> {
+        p.truncate(len);
+        if p[0] >> 4 == 4 {
+            p[2..4].copy_from_slice(&(len as u16).to_be_bytes());
+        } else {
+            p[4..6].copy_from_slice(&((len - 40) as u16).to_be_bytes());
+        }
+        p
+    }
+
+    /// A peer decides every byte after its source address: a TCP or UDP packet cut
+    /// anywhere inside its transport header (33 bytes of IPv4 and 53 of IPv6 left the
+    /// TCP flags byte out and panicked the receive thread) is written as it came,
+    /// alone or amid a flow, and nothing panics.
+    #[test]
+    fn packets_cut_inside_their_transport_header_are_written_as_they_came() {
+        for v4 in [true, false] {
+            let ip_len = if v4 { 20 } else { 40 };
+            let flow = flow(v4, 40000, 2, 1000);
+            for proto in [TCP, UDP] {
+                for len in ip_len..=ip_len + 33 {
+                    let mut short = truncated(flow[0].clone(), len);
+                    short[if v4 { 9 } else { 6 }] = proto;
+                    let packets = vec![flow[0].clone(), short.clone(), flow[1].clone()];
+                    for udp in [false, true] {
+                        let alone = coalesce_with(std::slice::from_ref(&short), udp);
+                        assert_eq!(resplit(&alone), vec![short.clone()], "{len} bytes");
+                        // The flow's segments may pass the packet that is not one.
+                        let mut back = resplit(&coalesce_with(&packets, udp));
+                        let mut want = packets.clone();
+                        back.sort();
+                        want.sort();
+                        assert_eq!(back, want, "{len} bytes amid a flow");
+                    }
+                }
+            }
         }
     }
 

@@ -50,7 +50,7 @@ use super::{
         random,
     },
     peer::{Ctx, Inbound, Outcome, Peer, SEAL_ROOM},
-    uapi_request::{Key, PeerChange, SetRequest},
+    uapi_request::{AllowedIpChange, Key, PeerChange, SetRequest},
 };
 
 /// Room for any packet plus WireGuard's overhead.
@@ -350,6 +350,11 @@ impl Table {
             return;
         }
         self.identity = key.map(LocalIdentity::new);
+        // As the kernel does: a peer with the new identity's public key goes.
+        let own = self.identity.as_ref().map(LocalIdentity::public_key);
+        if let Some(id) = own.and_then(|key| self.by_key.get(&key).copied()) {
+            self.remove_peer(id, indices);
+        }
         for peer in self.peers.values_mut() {
             let peer = owned(peer);
             let keys = self
@@ -383,6 +388,15 @@ impl Table {
         let id = match existing {
             Some(id) => id,
             None if change.update_only => return,
+            // The device's own key is silently no peer (the kernel's rule), so one
+            // request can configure every node of a mesh.
+            None if self
+                .identity
+                .as_ref()
+                .is_some_and(|i| i.public_key() == change.public_key) =>
+            {
+                return
+            }
             None => self.add_peer(change.public_key),
         };
         let identity = self.identity.as_ref();
@@ -407,8 +421,11 @@ impl Table {
         if change.replace_allowed_ips {
             self.routes.remove_peer(id);
         }
-        for net in change.allowed_ips {
-            self.routes.insert(net.trunc(), id);
+        for ip in change.allowed_ips {
+            match ip {
+                AllowedIpChange::Add(net) => self.routes.insert(net.trunc(), id),
+                AllowedIpChange::Remove(net) => self.routes.remove(net.trunc(), id),
+            }
         }
     }
 
@@ -700,7 +717,7 @@ impl DeviceCore {
     fn with_peer(
         &self,
         table: &Table,
-        id: Option<u32>,
+        (id, now): (Option<u32>, Instant),
         f: impl FnOnce(&mut Peer, u32) -> Outcome,
     ) -> Option<Outcome> {
         let Some((id, peer)) = id.and_then(|id| Some((id, table.peers.get(&id)?))) else {

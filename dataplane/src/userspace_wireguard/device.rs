@@ -22,7 +22,7 @@ use std::{
     },
     path::{Path, PathBuf},
     sync::{
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicU64, Ordering},
         mpsc, Arc, Condvar, Mutex, RwLock,
     },
     thread,
@@ -38,7 +38,10 @@ use nix::sys::{
 };
 
 use super::{
-    batch::{gro_segments, gso_runs, Outbox, MAX_GSO_BYTES, MAX_GSO_SEGMENTS},
+    batch::{
+        gro_segments, gso_failure, gso_runs, GsoSwitch, Outbox, GSO_REPROBE, MAX_GSO_BYTES,
+        MAX_GSO_SEGMENTS,
+    },
     core::DeviceCore,
     mmsg::{self, Outgoing, Received},
     noise::{handshake::INITIATION_LEN, limiter::Load},
@@ -185,8 +188,9 @@ struct Shared {
     set_lock: Mutex<()>,
     socket: RwLock<Arc<UdpSocket>>,
     tun: File,
-    /// UDP GSO is used until a send shows the kernel cannot do it.
-    gso: AtomicBool,
+    /// UDP GSO is used until a send shows the route cannot do it, then again after
+    /// a while.
+    gso: Mutex<GsoSwitch>,
     /// Wakes the timer loop when a deadline moved earlier.
     wake_timer: mpsc::SyncSender<()>,
     /// Handshake messages from the UDP thread to the handshake thread.
@@ -296,7 +300,7 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
         set_lock: Mutex::new(()),
         socket: RwLock::new(Arc::new(socket)),
         tun: tun_file,
-        gso: AtomicBool::new(true),
+        gso: Mutex::new(GsoSwitch::default()),
         wake_timer,
         handshakes: HandshakeQueue::default(),
     });
@@ -371,7 +375,11 @@ fn flush(shared: &Shared, socket: &UdpSocket, out: &Outbox) {
 /// equal-sized datagrams to one peer as one GSO message, other datagrams (other
 /// peers, other sizes) as messages of their own beside them.
 fn send_datagrams(shared: &Shared, socket: &UdpSocket, out: &Outbox) {
-    let gso = shared.gso.load(Ordering::Relaxed);
+    let now = Instant::now();
+    let (gso, reprobe) = lock_gso(shared).enabled(now);
+    if reprobe {
+        tracing::info!("trying UDP GSO again");
+    }
     let mut msgs = Vec::new();
     for run in gso_runs(out.datagrams(), MAX_GSO_SEGMENTS, MAX_GSO_BYTES) {
         let bytes = &out.bytes()[run.bytes.clone()];
@@ -392,28 +400,36 @@ fn send_datagrams(shared: &Shared, socket: &UdpSocket, out: &Outbox) {
     while let Some(first) = rest.first() {
         match mmsg::send_batch(socket.as_fd(), rest) {
             Ok(sent) => rest = &rest[sent.max(1)..],
-            // The route's device cannot segment (or checksum) for us: send datagrams
-            // one by one from now on.
-            Err(e @ (Errno::EIO | Errno::EINVAL | Errno::ENOPROTOOPT | Errno::EOPNOTSUPP))
-                if first.segment.is_some() =>
-            {
-                if shared.gso.swap(false, Ordering::Relaxed) {
-                    tracing::info!(error = %e, "UDP GSO unavailable, sending datagrams one by one");
-                }
-                let segment = first.segment.map_or(0, usize::from);
-                for datagram in gro_segments(first.bytes, segment) {
-                    if let Err(e) = socket.send_to(datagram, mapped(first.to)) {
-                        tracing::trace!(error = %e, "send failed");
-                    }
-                }
-                rest = &rest[1..];
-            }
             Err(e) => {
-                tracing::trace!(error = %e, "send failed");
+                // A GSO message the kernel would not segment: its datagrams go one by
+                // one (and, when the route cannot segment at all, later ones too).
+                if let Some((failure, segment)) = gso_failure(e).zip(first.segment) {
+                    if lock_gso(shared).failed(failure, now) {
+                        tracing::info!(
+                            error = %e,
+                            off_for = ?GSO_REPROBE,
+                            "UDP GSO unavailable on a route, sending datagrams one by one"
+                        );
+                    }
+                    for datagram in gro_segments(first.bytes, usize::from(segment)) {
+                        if let Err(e) = socket.send_to(datagram, mapped(first.to)) {
+                            tracing::trace!(error = %e, "send failed");
+                        }
+                    }
+                } else {
+                    tracing::trace!(error = %e, "send failed");
+                }
                 rest = &rest[1..];
             }
         }
     }
+}
+
+fn lock_gso(shared: &Shared) -> std::sync::MutexGuard<'_, GsoSwitch> {
+    shared
+        .gso
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The socket is dual-stack IPv6: IPv4 peers are reached as mapped addresses.
@@ -493,14 +509,15 @@ fn udp_loop(shared: &Shared) {
         let socket = shared.socket();
         // Blocks for the first datagram, then takes what else is queued, in one call.
         match mmsg::recv_batch(socket.as_fd(), &mut bufs, &mut got) {
-            // Shut down: what came before it is handled, the next round takes the
-            // socket that replaced it.
-            Ok(_) => {}
-            Err(Errno::EAGAIN | Errno::EINTR) => {}
-            Err(e) => {
-                tracing::trace!(error = %e, "receive failed");
+            Ok(false) | Err(Errno::EAGAIN | Errno::EINTR) => {}
+            // Shut down (`apply_set` replaced it) or failed: what came before is
+            // handled, and the next round takes the socket that replaced it.
+            result => {
+                if let Err(e) = result {
+                    tracing::trace!(error = %e, "receive failed");
+                }
                 if Arc::ptr_eq(&socket, &shared.socket()) {
-                    // Not a replacement: avoid spinning on a persistent error.
+                    // Not a replacement: avoid spinning on a persistent condition.
                     thread::sleep(ERROR_PAUSE);
                 }
             }

@@ -136,8 +136,9 @@ pub fn send_batch(fd: BorrowedFd<'_>, msgs: &[Outgoing<'_>]) -> Result<usize, Er
 /// Receives up to `bufs.len()` (at most [`MMSG_MAX`]) messages with one `recvmmsg`,
 /// blocking until the first arrives and then taking only what is queued
 /// (`MSG_WAITFORONE`). Appends them to `got` (cleared first), in order; the `i`th is
-/// in `bufs[i]`. Returns true when the socket was shut down (an empty message
-/// without an address, as a replaced socket gives): `got` holds what came before.
+/// in `bufs[i]`. An empty datagram is a message like any other. Returns true when the
+/// socket was shut down (as a replaced socket is): the kernel then answers with a
+/// message that has no sender, after the datagrams queued before, which `got` holds.
 ///
 /// # Errors
 /// Nothing was received (`EINTR`, or a socket error).
@@ -183,14 +184,14 @@ pub fn recv_batch(
     };
     let count = Errno::result(rc)? as usize;
     for (h, addr) in hdrs.iter().zip(&addrs).take(count) {
-        let len = h.msg_len as usize;
-        let Some(from) = socket_addr(addr, h.msg_hdr.msg_namelen).filter(|_| len > 0) else {
-            // A WireGuard message is never empty.
+        // Every datagram has a sender; a shut-down socket's end-of-file has none. What
+        // follows it is left to the socket's owner (the socket is being replaced).
+        let Some(from) = socket_addr(addr, h.msg_hdr.msg_namelen) else {
             return Ok(true);
         };
         got.push(Received {
             from,
-            len,
+            len: h.msg_len as usize,
             segment: gro_segment(&h.msg_hdr),
         });
     }
@@ -236,6 +237,35 @@ mod tests {
             assert_eq!(socket_addr(&storage, len), Some(addr));
             assert_eq!(socket_addr(&storage, 0), None, "no address (shut down)");
         }
+    }
+
+    /// An empty datagram is a datagram: the ones queued after it in the same
+    /// `recvmmsg` are received too (they were dropped with it), and a shutdown (a
+    /// replaced socket) is still told apart, by its missing sender.
+    #[test]
+    fn an_empty_datagram_is_received_with_the_rest_and_a_shutdown_is_still_seen() {
+        let rx = UdpSocket::bind("[::1]:0").unwrap();
+        let tx = UdpSocket::bind("[::1]:0").unwrap();
+        let to = rx.local_addr().unwrap();
+        for d in [&[1u8; 10][..], &[], &[2; 20]] {
+            tx.send_to(d, to).unwrap();
+        }
+        let mut bufs = vec![vec![0u8; 2048]; 8];
+        let mut got = Vec::new();
+        // Loopback queues each datagram before `send_to` returns: one call takes all.
+        assert_eq!(recv_batch(rx.as_fd(), &mut bufs, &mut got), Ok(false));
+        let lens: Vec<usize> = got.iter().map(|r| r.len).collect();
+        assert_eq!(lens, vec![10, 0, 20]);
+        assert!(got.iter().all(|r| r.from == tx.local_addr().unwrap()));
+
+        tx.send_to(&[3; 5], to).unwrap();
+        // As `apply_set` does: an unconnected socket answers ENOTCONN, but is shut down.
+        let _ = nix::sys::socket::shutdown(rx.as_raw_fd(), nix::sys::socket::Shutdown::Read);
+        // What was queued first, then (where the call would block) the shutdown.
+        assert_eq!(recv_batch(rx.as_fd(), &mut bufs, &mut got), Ok(false));
+        assert_eq!(got.iter().map(|r| r.len).collect::<Vec<_>>(), vec![5]);
+        assert_eq!(recv_batch(rx.as_fd(), &mut bufs, &mut got), Ok(true));
+        assert!(got.is_empty());
     }
 
     /// One `sendmmsg` carries a GSO run to one socket and single datagrams of other

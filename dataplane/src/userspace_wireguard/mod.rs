@@ -21,6 +21,7 @@ pub mod mmsg;
 pub mod noise;
 pub mod offload;
 pub mod peer;
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod session_fuzz;
 pub mod timers;
 pub mod tun;

@@ -117,16 +117,30 @@ thread_local! {
 /// TUN, one flow's consecutive TCP segments (and, with USO, equal-sized UDP datagrams)
 /// as one super-packet: a write each.
 pub fn write_packets<'a>(tun: &File, packets: impl Iterator<Item = &'a [u8]>) {
+    let uso = KERNEL_HAS_USO.load(Ordering::Relaxed);
+    write_batch(packets, uso, |write| {
+        if let Err(e) = (&*tun).write(write) {
+            tracing::trace!(error = %e, "TUN write failed");
+        }
+    });
+}
+
+/// [`write_packets`] without the descriptor (for the fuzz target): hands each write,
+/// a `virtio_net_hdr` and a packet or super-packet, to `write` in order; UDP datagrams
+/// are merged only when `uso`.
+pub fn write_batch<'a>(
+    packets: impl Iterator<Item = &'a [u8]>,
+    uso: bool,
+    mut write: impl FnMut(&[u8]),
+) {
     let packets: Vec<&[u8]> = packets.collect();
     if packets.is_empty() {
         return;
     }
     COALESCER.with_borrow_mut(|coalescer| {
-        coalescer.coalesce(&packets, KERNEL_HAS_USO.load(Ordering::Relaxed));
-        for write in coalescer.writes() {
-            if let Err(e) = (&*tun).write(write) {
-                tracing::trace!(error = %e, "TUN write failed");
-            }
+        coalescer.coalesce(&packets, uso);
+        for w in coalescer.writes() {
+            write(w);
         }
     });
 }

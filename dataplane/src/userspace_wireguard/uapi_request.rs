@@ -6,16 +6,18 @@ use std::net::SocketAddr;
 
 use ipnet::IpNet;
 
-/// `errno` values the UAPI answers with (Linux numbering, as wireguard-go uses).
+/// `errno` values the UAPI answers with: Linux numbers, negated as wireguard-go
+/// writes them (wg(8) negates the answer again into its `errno`, so a positive one
+/// prints as "Unknown error -22").
 pub mod errno {
     /// A bad key or value.
-    pub const EINVAL: i32 = 22;
+    pub const EINVAL: i32 = -22;
     /// The listen port is taken.
-    pub const EADDRINUSE: i32 = 98;
+    pub const EADDRINUSE: i32 = -98;
     /// A line that is not `key=value`, or an unknown command.
-    pub const EPROTO: i32 = 71;
+    pub const EPROTO: i32 = -71;
     /// An I/O failure inside the device (binding the socket, setting the mark).
-    pub const EIO: i32 = 5;
+    pub const EIO: i32 = -5;
 }
 
 /// Why a `set=1` request was refused. The value of the bad line is left out: it may be a key.
@@ -78,10 +80,19 @@ pub struct PeerChange {
     pub endpoint: Option<SocketAddr>,
     /// A new persistent keepalive interval in seconds (0: off).
     pub persistent_keepalive: Option<u16>,
-    /// Remove the peer's allowed IPs before adding `allowed_ips`.
+    /// Remove the peer's allowed IPs before applying `allowed_ips`.
     pub replace_allowed_ips: bool,
-    /// Allowed IPs to add.
-    pub allowed_ips: Vec<IpNet>,
+    /// Allowed IPs to add or remove, in order.
+    pub allowed_ips: Vec<AllowedIpChange>,
+}
+
+/// One `allowed_ip=` line: `PREFIX` adds it, `-PREFIX` takes it from the peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AllowedIpChange {
+    /// Route the prefix to the peer.
+    Add(IpNet),
+    /// Remove the prefix if it is the peer's (as the kernel and wireguard-go do).
+    Remove(IpNet),
 }
 
 impl PeerChange {
@@ -117,10 +128,10 @@ fn invalid(key: &str) -> UapiError {
     }
 }
 
+/// A flag: only `true` is valid, as in wireguard-go (`false` is refused, not ignored).
 fn parse_true(key: &str, value: &str) -> Result<bool, UapiError> {
     match value {
         "true" => Ok(true),
-        "false" => Ok(false),
         _ => Err(invalid(key)),
     }
 }
@@ -175,7 +186,10 @@ fn apply_peer_line(peer: &mut PeerChange, key: &str, value: &str) -> Result<(), 
             peer.persistent_keepalive = Some(parse_num(key, value)?);
         }
         "replace_allowed_ips" => peer.replace_allowed_ips = parse_true(key, value)?,
-        "allowed_ip" => peer.allowed_ips.push(parse_num(key, value)?),
+        "allowed_ip" => peer.allowed_ips.push(match value.strip_prefix('-') {
+            Some(net) => AllowedIpChange::Remove(parse_num(key, net)?),
+            None => AllowedIpChange::Add(parse_num(key, value)?),
+        }),
         "protocol_version" if value == "1" => {}
         _ => return Err(invalid(key)),
     }
@@ -235,6 +249,107 @@ mod tests {
             let err = parse_set(&body).unwrap_err();
             assert_eq!(err.errno(), want, "{body}");
             assert!(!err.to_string().contains(&A[1..]), "the error shows no key");
+        }
+    }
+
+    /// wg(8) negates the number it reads into `errno` (`errno = -ret`), so the
+    /// answer carries it negated, as wireguard-go writes it; a positive one prints
+    /// "Unknown error -22" instead of "Invalid argument".
+    #[test]
+    fn errors_answer_with_the_negated_errno_as_wireguard_go_does() {
+        let invalid = parse_set("bogus=1").unwrap_err();
+        assert_eq!(invalid.errno(), -22);
+        let malformed = parse_set("no equals sign").unwrap_err();
+        assert_eq!(malformed.errno(), -71);
+        assert_eq!((errno::EADDRINUSE, errno::EIO), (-98, -5));
+    }
+
+    /// As in wireguard-go: `true` is the only value of a flag; `false` (or anything
+    /// else) is refused, so the request changes nothing.
+    #[test]
+    fn flags_take_only_true() {
+        for key in ["remove", "update_only", "replace_allowed_ips"] {
+            for value in ["false", "1", ""] {
+                let body = format!("public_key={B}\n{key}={value}\n");
+                let err = parse_set(&body).unwrap_err();
+                assert_eq!(err.errno(), errno::EINVAL, "{key}={value}");
+            }
+        }
+        for value in ["false", "TRUE"] {
+            assert!(parse_set(&format!("replace_peers={value}\n")).is_err());
+        }
+    }
+
+    mod applied {
+        use boringtun::x25519::{PublicKey, StaticSecret};
+
+        use super::*;
+        use crate::userspace_wireguard::core::DeviceCore;
+
+        fn public(secret: u8) -> String {
+            hex::encode(PublicKey::from(&StaticSecret::from([secret; 32])).as_bytes())
+        }
+
+        fn device(body: &str) -> DeviceCore {
+            let core = DeviceCore::default();
+            core.apply_set(parse_set(body).unwrap());
+            core
+        }
+
+        fn set(core: &DeviceCore, body: &str) {
+            core.apply_set(parse_set(body).unwrap());
+        }
+
+        fn allowed_ips(core: &DeviceCore) -> Vec<String> {
+            let get = core.render_get();
+            get.lines()
+                .filter_map(|l| l.strip_prefix("allowed_ip="))
+                .map(str::to_owned)
+                .collect()
+        }
+
+        /// `allowed_ip=-PREFIX` (wg(8) `allowed-ips -10.0.0.0/24`, newer kernels and
+        /// wireguard-go) takes that one prefix from the peer, and only if the peer
+        /// has it; lines apply in order.
+        #[test]
+        fn a_minus_prefix_removes_one_allowed_ip_of_that_peer() {
+            let core = device(&format!(
+                "public_key={B}\nallowed_ip=10.0.0.0/24\nallowed_ip=10.0.1.0/24\n\
+                 allowed_ip=fd00::/64\npublic_key={A}\nallowed_ip=10.9.0.0/16\n"
+            ));
+            set(
+                &core,
+                &format!(
+                    "public_key={B}\nallowed_ip=-10.0.0.7/24\nallowed_ip=-fd00::/64\n\
+                     allowed_ip=-10.9.0.0/16\nallowed_ip=10.0.2.0/24\nallowed_ip=-10.0.2.0/24\n"
+                ),
+            );
+            let mut ips = allowed_ips(&core);
+            ips.sort();
+            // A's prefix is not B's to remove.
+            assert_eq!(ips, vec!["10.0.1.0/24", "10.9.0.0/16"]);
+            assert!(parse_set(&format!("public_key={B}\nallowed_ip=-10.0.0.0/33\n")).is_err());
+            assert!(parse_set(&format!("public_key={B}\nallowed_ip=--10.0.0.0/8\n")).is_err());
+        }
+
+        /// As the kernel does: a peer with the device's own public key is ignored
+        /// without an error, and a new private key whose public key is a peer's
+        /// removes that peer.
+        #[test]
+        fn the_devices_own_public_key_is_never_a_peer() {
+            let me = "01".repeat(32);
+            let core = device(&format!(
+                "private_key={me}\npublic_key={}\nallowed_ip=10.0.0.1/32\n\
+                 public_key={}\nallowed_ip=10.0.0.3/32\n",
+                public(1),
+                public(3)
+            ));
+            let get = core.render_get();
+            assert!(!get.contains(&public(1)), "{get}");
+            assert_eq!(allowed_ips(&core), vec!["10.0.0.3/32"]);
+            set(&core, &format!("private_key={}\n", "03".repeat(32)));
+            assert_eq!(core.peer_count(), 0, "{}", core.render_get());
+            assert!(allowed_ips(&core).is_empty());
         }
     }
 }
