@@ -33,6 +33,7 @@ use nix::sys::{
 use super::{
     batch::{gro_segments, gso_runs, Outbox, MAX_GSO_BYTES, MAX_GSO_SEGMENTS},
     core::DeviceCore,
+    fault,
     mmsg::{self, Outgoing, Received},
     offload::{self, VnetHdr, VNET_HDR_LEN},
     tun,
@@ -198,6 +199,7 @@ fn listen_uapi(dir: &Path, name: &str) -> Result<(UnixListener, PathBuf), Device
 /// # Errors
 /// The TUN, the socket, the UAPI socket or the signal setup failed at start.
 pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
+    fault::init_from_env();
     let mut signals = SigSet::empty();
     signals.add(Signal::SIGTERM);
     signals.add(Signal::SIGINT);
@@ -431,6 +433,9 @@ fn udp_loop(shared: &Shared) {
         }
         if got.is_empty() {
             continue;
+        }
+        if fault::on_udp_batch().is_break() {
+            return;
         }
         out.clear();
         let (now, wall) = (Instant::now(), SystemTime::now());

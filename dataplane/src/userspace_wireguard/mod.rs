@@ -15,6 +15,7 @@ pub mod batch;
 pub mod coalesce;
 pub mod core;
 pub mod device;
+pub mod fault;
 pub mod mmsg;
 pub mod offload;
 pub mod timers;
