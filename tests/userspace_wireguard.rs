@@ -660,9 +660,11 @@ fn a_panicking_device_thread_ends_the_process_and_the_node_brings_it_back() {
     link_up();
     let peers = run_ok(&a, "wg", &["show", &if_a, "peers"]);
     assert!(peers.contains(&end_b.keys.1), "{peers}");
-    poll_until("a ping through the restarted device", Duration::from_secs(30), || {
-        b.run("ping", &["-c", "1", "-W", "1", "10.77.0.1"]).is_ok()
-    });
+    poll_until(
+        "a ping through the restarted device",
+        Duration::from_secs(30),
+        || b.run("ping", &["-c", "1", "-W", "1", "10.77.0.1"]).is_ok(),
+    );
     ping(&a, "10.77.0.2");
     assert_eq!(wg.restarts(), 1, "one restart, no crash loop");
     wg.teardown().unwrap();

@@ -302,7 +302,9 @@ impl Beat {
     /// (its wait returned with something), drop it once that work is flushed.
     #[must_use = "the loop is busy while the guard lives"]
     pub fn busy(&self) -> Busy<'_> {
-        self.watch.beats[self.index].0.fetch_add(1, Ordering::SeqCst);
+        self.watch.beats[self.index]
+            .0
+            .fetch_add(1, Ordering::SeqCst);
         if self.watch.parked.load(Ordering::SeqCst) {
             if let Some(t) = self.watch.watchdog.get() {
                 t.unpark();
@@ -334,10 +336,12 @@ pub fn spawn_long_lived<T: Send + 'static>(
     wrap: fn(Failure) -> T,
     f: impl FnOnce() + Send + 'static,
 ) -> std::io::Result<()> {
-    thread::Builder::new().name(name.to_owned()).spawn(move || {
-        f();
-        let _ = returned.send(wrap(Failure::Returned { thread: name }));
-    })?;
+    thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            f();
+            let _ = returned.send(wrap(Failure::Returned { thread: name }));
+        })?;
     Ok(())
 }
 

@@ -108,7 +108,10 @@ impl StderrTail {
         while !self.thread.is_finished() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
         }
-        self.last.lock().unwrap_or_else(PoisonError::into_inner).take()
+        self.last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 }
 
@@ -373,12 +376,10 @@ impl UserspaceBackend {
                 (None, Some(pid), found, None)
             }
             None => {
-                let (child, stderr) =
-                    Self::spawn_child(&self.netns, &self.opts, &self.name).map_err(|e| {
-                        WgError::Daemon {
-                            name: self.name.clone(),
-                            message: format!("cannot start {}: {e}", self.opts.binary.display()),
-                        }
+                let (child, stderr) = Self::spawn_child(&self.netns, &self.opts, &self.name)
+                    .map_err(|e| WgError::Daemon {
+                        name: self.name.clone(),
+                        message: format!("cannot start {}: {e}", self.opts.binary.display()),
                     })?;
                 tracing::info!(link = %self.name, pid = child.id(), netns = ?self.netns.name(), program = self.opts.implementation.program(), "started the userspace WireGuard process");
                 (Some(child), None, self.opts.implementation, stderr)
