@@ -669,3 +669,73 @@ fn a_panicking_device_thread_ends_the_process_and_the_node_brings_it_back() {
     assert_eq!(wg.restarts(), 1, "one restart, no crash loop");
     wg.teardown().unwrap();
 }
+
+/// Runs `wirespan wireguard --foreground --stall-limit 2` in `ns` with the test-only
+/// `fault`, sends one datagram to it and returns its exit code and stderr (failing
+/// after 20 s if it lives on).
+fn run_with_fault(ns: &NetnsGuard, ifname: &str, fault: &str) -> (Option<i32>, String) {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns.name(), "env"])
+        .arg(format!("WIRESPAN_WIREGUARD_FAULT={fault}"))
+        .args([BIN, "wireguard", "--foreground", "--stall-limit", "2", ifname])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Killed however the test ends.
+    struct Kill(u32);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0).unwrap());
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    let _kill = Kill(child.id());
+    poll_until("the device's socket", Duration::from_secs(10), || {
+        UnixStream::connect(socket_of(ifname)).is_ok()
+    });
+    run_ok(ns, "wg", &["set", ifname, "listen-port", "51820"]);
+    NetnsThread::spawn(ns.netns())
+        .unwrap()
+        .run(|| {
+            let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+            s.send_to(&[4u8; 64], "192.168.77.1:51820").unwrap();
+        })
+        .unwrap();
+    let mut status = None;
+    poll_until("the device process's exit", Duration::from_secs(20), || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    (status.unwrap().code(), stderr)
+}
+
+/// A device thread that stalls with work in hand, or returns, ends the process with
+/// status 1 and a line naming the thread (the watchdog's limit shortened to 2 s).
+#[test]
+fn a_stalled_or_returned_device_thread_ends_the_process() {
+    for (fault, says) in [
+        ("stall-udp-on-datagram", "made no progress"),
+        ("return-udp-on-datagram", "returned unexpectedly"),
+    ] {
+        let ifname = unique_name("wgS");
+        let _sockets = SocketFiles(vec![socket_of(&ifname)]);
+        let (a, _b) = linked_pair();
+        let started = Instant::now();
+        let (code, stderr) = run_with_fault(&a, &ifname, fault);
+        assert_eq!(code, Some(1), "{fault}: {stderr}");
+        assert!(
+            stderr.contains("wg-udp") && stderr.contains(says),
+            "{fault}: {stderr}"
+        );
+        if fault.starts_with("stall") {
+            assert!(
+                started.elapsed() >= Duration::from_secs(2),
+                "not before the limit"
+            );
+        }
+    }
+}
