@@ -677,7 +677,14 @@ fn run_with_fault(ns: &NetnsGuard, ifname: &str, fault: &str) -> (Option<i32>, S
     let mut child = Command::new("ip")
         .args(["netns", "exec", ns.name(), "env"])
         .arg(format!("WIRESPAN_WIREGUARD_FAULT={fault}"))
-        .args([BIN, "wireguard", "--foreground", "--stall-limit", "2", ifname])
+        .args([
+            BIN,
+            "wireguard",
+            "--foreground",
+            "--stall-limit",
+            "2",
+            ifname,
+        ])
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
