@@ -412,6 +412,7 @@ pub(super) struct FloodSummary {
     pub(super) flooded: [f64; 2],
     pub(super) achieved: [f64; 2],
     pub(super) replies: [u64; 2],
+    pub(super) sent: [u64; 2],
 }
 
 impl FloodSummary {
@@ -425,11 +426,21 @@ impl FloodSummary {
             s.flooded[i] = med(r.flooded[i].iter().map(|(x, _)| x.mbps).collect());
             s.achieved[i] = med(r.flooded[i].iter().map(|(_, f)| f.rate()).collect());
             s.replies[i] = r.flooded[i].iter().map(|(_, f)| f.replies).sum();
+            s.sent[i] = r.flooded[i].iter().map(|(_, f)| f.sent).sum();
         }
         s
     }
 
     /// TCP under flood `i` as a share of TCP without one.
+    /// Replies per initiation sent under flood `i`, in %.
+    pub(super) fn replied(&self, i: usize) -> f64 {
+        if self.sent[i] > 0 {
+            self.replies[i] as f64 / self.sent[i] as f64 * 100.0
+        } else {
+            0.0
+        }
+    }
+
     pub(super) fn ratio(&self, i: usize) -> f64 {
         if self.unflooded > 0.0 {
             self.flooded[i] / self.unflooded
@@ -452,7 +463,8 @@ pub(super) fn table(
         "\n## Handshake flood (mesh, no marking)\n\nOne TCP stream node1 → node2 while a \
          flooder on the underlay sends node2 handshake initiations with a valid MAC1 \
          from {SOURCES} addresses (sendmmsg batches of {BATCH}, token-bucket paced). \
-         Replies: what the flooder's sockets received (cookie replies).\n"
+         Replies: what the flooder's sockets received (cookie replies), in all and \
+         per initiation sent.\n"
     );
     let _ = writeln!(
         t,
@@ -462,7 +474,7 @@ pub(super) fn table(
     for (ran, s) in runs {
         let _ = writeln!(
             t,
-            "| {} | {:.0} | {:.0} | {:.0} % | {:.0} | {:.0} % | {:.0} / {:.0} | {} / {} |",
+            "| {} | {:.0} | {:.0} | {:.0} % | {:.0} | {:.0} % | {:.0} / {:.0} | {} ({:.0} %) / {} ({:.0} %) |",
             implementation(ran),
             s.unflooded,
             s.flooded[0],
@@ -472,7 +484,9 @@ pub(super) fn table(
             s.achieved[0],
             s.achieved[1],
             s.replies[0],
+            s.replied(0),
             s.replies[1],
+            s.replied(1),
         );
     }
     let ours = runs.iter().find(|(r, _)| r == "userspace").map(|(_, s)| s);
@@ -586,6 +600,7 @@ mod tests {
             flooded: [unflooded, at100k],
             achieved: [10_000.0, 100_000.0],
             replies: [0, 0],
+            sent: [0, 0],
         };
         let mut missed = Vec::new();
         let runs = vec![
