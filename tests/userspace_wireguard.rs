@@ -605,13 +605,13 @@ fn a_panicking_device_thread_ends_the_process_and_the_node_brings_it_back() {
         port: 51820,
         keys: (key_a.to_base64(), key_a.public_key().to_base64()),
     };
-    let end_b = End::new(&b, if_b.clone(), 2);
+    let end_b = End::new(&b, if_b, 2);
     configure(&end_b, &end_a);
 
     // A: run and configured by the node's backend, as `wirespan wireguard`.
     let opts = UserspaceOptions {
         socket_dir: PathBuf::from(SOCKET_DIR),
-        ..UserspaceOptions::wirespan(wrapper.clone())
+        ..UserspaceOptions::wirespan(wrapper)
     };
     let mut wg = UserspaceBackend::with_options(&if_a, a.netns().clone(), opts);
     let dev = WgDevice {
