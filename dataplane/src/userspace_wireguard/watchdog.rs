@@ -62,7 +62,7 @@ pub fn install_panic_hook() {
         tracing::error!(
             thread = name,
             location = %location,
-            message = %redact(message),
+            panic = %redact(message),
             "device thread panicked, ending the process so that it is restarted"
         );
         std::process::exit(PANIC_EXIT_CODE);
