@@ -224,8 +224,13 @@ fn listen_uapi(dir: &Path, name: &str) -> Result<(UnixListener, PathBuf), Device
 /// process's main thread before any other thread exists: it blocks the two signals
 /// for every thread it starts and reads them from a signalfd.
 ///
+/// Installs the panic hook that ends the process on any thread's panic
+/// ([`watchdog::install_panic_hook`]).
+///
 /// # Errors
-/// The TUN, the socket, the UAPI socket or the signal setup failed at start.
+/// The TUN, the socket, the UAPI socket, the signal setup or a thread failed at start;
+/// or later a long-lived thread returned or a packet loop stalled
+/// ([`DeviceError::Failed`]): the caller must end the process.
 pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
     watchdog::install_panic_hook();
     fault::init_from_env();
