@@ -83,10 +83,24 @@ fn bench_throughput_quick_measures_every_path() {
         "device CPU s/GB",
         "Implementations compared",
         "Mixed pairs",
+        "Handshake flood (mesh, no marking)",
+        "under 100k/s",
+        "Target: TCP under the 100k/s flood ≥ 80 % of unflooded and ahead of wireguard-go's ratio: not judged (--quick)",
         "report:",
     ] {
         assert!(out.contains(needle), "missing {needle:?}:\n{out}");
     }
+    // The report holds the flood phase too, with both implementations' rows.
+    let report = std::fs::read_to_string(dir.path().join("report.md")).unwrap();
+    assert!(report.contains("## Handshake flood"), "{report}");
+    assert_eq!(
+        report
+            .lines()
+            .filter(|l| l.starts_with("| userspace") && l.contains(" / "))
+            .count(),
+        2,
+        "a flood row per implementation:\n{report}"
+    );
     let chart = std::fs::read_to_string(dir.path().join("chart.svg")).unwrap();
     assert!(
         chart.contains("<svg") && chart.contains("mesh, no marking"),

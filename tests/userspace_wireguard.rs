@@ -983,3 +983,197 @@ fn forged_and_flooding_datagrams_from_elsewhere_move_nothing_and_stop_no_traffic
     ping(&b, "10.77.0.1");
     ping(&a, "10.77.0.2");
 }
+
+/// A thread must never die alone: a panic in the device's UDP receiver (injected with
+/// the test-only `WIRESPAN_WIREGUARD_FAULT`, on the first process only) ends the whole
+/// `wirespan wireguard` process with a non-zero status and one log line naming the
+/// thread; the node's userspace backend sees it, restarts the process, the peers are
+/// applied again and the tunnel carries traffic again. Without the supervision the
+/// process lives on deaf and no restart ever comes.
+#[test]
+fn a_panicking_device_thread_ends_the_process_and_the_node_brings_it_back() {
+    use wirespan_dataplane::wireguard::{
+        userspace::{UserspaceBackend, UserspaceOptions},
+        PrivateKey, PublicKey, WgDevice, WgPeer, WireGuard,
+    };
+
+    let (if_a, if_b) = (unique_name("wgF"), unique_name("wgG"));
+    let marker = std::env::temp_dir().join(unique_name("wirespan-fault-"));
+    let wrapper = std::env::temp_dir().join(unique_name("wirespan-wg-"));
+    let _files = SocketFiles(vec![
+        socket_of(&if_a),
+        socket_of(&if_b),
+        marker.clone(),
+        wrapper.clone(),
+    ]);
+    let (a, b) = linked_pair();
+    // The first start arms the fault, every restart runs clean: the marker file says
+    // which start this is. The variable is set on the child only.
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nif [ ! -e {m} ]; then : > {m}; export WIRESPAN_WIREGUARD_FAULT=panic-udp-on-datagram; fi\nexec {BIN} \"$@\"\n",
+            m = marker.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &wrapper,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+
+    // B: a plain device configured with `wg`.
+    b.spawn(BIN, &["wireguard", "--foreground", &if_b]).unwrap();
+    poll_until("the socket of B", Duration::from_secs(5), || {
+        UnixStream::connect(socket_of(&if_b)).is_ok()
+    });
+    let key_a = PrivateKey::generate();
+    let end_a = End {
+        ns: &a,
+        ifname: if_a.clone(),
+        n: 1,
+        port: 51820,
+        keys: (key_a.to_base64(), key_a.public_key().to_base64()),
+    };
+    let end_b = End::new(&b, if_b, 2);
+    configure(&end_b, &end_a);
+
+    // A: run and configured by the node's backend, as `wirespan wireguard`.
+    let opts = UserspaceOptions {
+        socket_dir: PathBuf::from(SOCKET_DIR),
+        ..UserspaceOptions::wirespan(wrapper)
+    };
+    let mut wg = UserspaceBackend::with_options(&if_a, a.netns().clone(), opts);
+    let dev = WgDevice {
+        name: if_a.clone(),
+        private_key: key_a,
+        listen_port: end_a.port,
+        fwmark: 0,
+        peers: vec![WgPeer {
+            public_key: PublicKey::from_base64("peer", &end_b.keys.1).unwrap(),
+            preshared_key: None,
+            persistent_keepalive: 0,
+            endpoint: Some("192.168.77.2:51821".parse().unwrap()),
+            allowed_ips: vec!["10.77.0.2/32".parse().unwrap()],
+        }],
+    };
+    let link_up = || {
+        run_ok(&a, "ip", &["addr", "add", "10.77.0.1/24", "dev", &if_a]);
+        run_ok(&a, "ip", &["link", "set", &if_a, "up"]);
+    };
+    assert!(wg.apply(&dev).unwrap());
+    link_up();
+    assert!(marker.exists(), "the first start armed the fault");
+
+    // B's handshake initiation is A's first datagram: its UDP receiver panics.
+    let _ = b.run("ping", &["-c", "1", "-W", "1", "10.77.0.1"]);
+    poll_until(
+        "the node's restart of the device",
+        Duration::from_secs(20),
+        || wg.restarts() >= 1,
+    );
+    let exit = wg.last_exit().expect("the supervisor saw the exit");
+    assert_eq!(exit.code, Some(70), "{exit:?}");
+    let line = exit.last_line.unwrap_or_default();
+    assert!(
+        line.contains("panicked") && line.contains("wg-udp") && line.contains("injected fault"),
+        "the exit's log line names the thread and the message: {line}"
+    );
+    assert!(
+        !line.contains(&end_a.keys.0),
+        "no private key in the log line"
+    );
+
+    // The node reapplies everything to the fresh, empty device (its `recreated`
+    // notification); the TUN is new, so its address is too.
+    assert!(wg.apply(&dev).unwrap(), "the restarted device was empty");
+    link_up();
+    let peers = run_ok(&a, "wg", &["show", &if_a, "peers"]);
+    assert!(peers.contains(&end_b.keys.1), "{peers}");
+    poll_until(
+        "a ping through the restarted device",
+        Duration::from_secs(30),
+        || b.run("ping", &["-c", "1", "-W", "1", "10.77.0.1"]).is_ok(),
+    );
+    ping(&a, "10.77.0.2");
+    assert_eq!(wg.restarts(), 1, "one restart, no crash loop");
+    wg.teardown().unwrap();
+}
+
+/// Runs `wirespan wireguard --foreground --stall-limit 2` in `ns` with the test-only
+/// `fault`, sends one datagram to it and returns its exit code and stderr (failing
+/// after 20 s if it lives on).
+fn run_with_fault(ns: &NetnsGuard, ifname: &str, fault: &str) -> (Option<i32>, String) {
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", ns.name(), "env"])
+        .arg(format!("WIRESPAN_WIREGUARD_FAULT={fault}"))
+        .args([
+            BIN,
+            "wireguard",
+            "--foreground",
+            "--stall-limit",
+            "2",
+            ifname,
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Killed however the test ends.
+    struct Kill(u32);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let pid = nix::unistd::Pid::from_raw(i32::try_from(self.0).unwrap());
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    let _kill = Kill(child.id());
+    poll_until("the device's socket", Duration::from_secs(10), || {
+        UnixStream::connect(socket_of(ifname)).is_ok()
+    });
+    run_ok(ns, "wg", &["set", ifname, "listen-port", "51820"]);
+    NetnsThread::spawn(ns.netns())
+        .unwrap()
+        .run(|| {
+            let s = UdpSocket::bind("0.0.0.0:0").unwrap();
+            s.send_to(&[4u8; 64], "192.168.77.1:51820").unwrap();
+        })
+        .unwrap();
+    let mut status = None;
+    poll_until("the device process's exit", Duration::from_secs(20), || {
+        status = child.try_wait().unwrap();
+        status.is_some()
+    });
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    (status.unwrap().code(), stderr)
+}
+
+/// A device thread that stalls with work in hand, or returns, ends the process with
+/// status 1 and a line naming the thread (the watchdog's limit shortened to 2 s).
+#[test]
+fn a_stalled_or_returned_device_thread_ends_the_process() {
+    for (fault, says) in [
+        ("stall-udp-on-datagram", "made no progress"),
+        ("return-udp-on-datagram", "returned unexpectedly"),
+    ] {
+        let ifname = unique_name("wgS");
+        let _sockets = SocketFiles(vec![socket_of(&ifname)]);
+        let (a, _b) = linked_pair();
+        let started = Instant::now();
+        let (code, stderr) = run_with_fault(&a, &ifname, fault);
+        assert_eq!(code, Some(1), "{fault}: {stderr}");
+        assert!(
+            stderr.contains("wg-udp") && stderr.contains(says),
+            "{fault}: {stderr}"
+        );
+        if fault.starts_with("stall") {
+            assert!(
+                started.elapsed() >= Duration::from_secs(2),
+                "not before the limit"
+            );
+        }
+    }
+}

@@ -6,7 +6,9 @@
 //! kernel has it, `wirespan wireguard`, wireguard-go); paths alternate over several
 //! rounds. On the unmarked mesh path it also runs TCP with 4 streams and reads the CPU
 //! time each run cost ([`cpu`]). Last, two-node labs whose two sides run different
-//! implementations carry TCP both ways.
+//! implementations carry TCP both ways. A flood phase ([`flood`]) runs one TCP stream
+//! while a flooder sends node2 handshake initiations with a valid MAC1 at 10k and 100k
+//! a second.
 //!
 //! The labs are real (`wirespan lab up` with this binary): two nodes and a discovery
 //! server in network namespaces, removed on exit (and by a watchdog if this process
@@ -36,6 +38,7 @@ use crate::{
 };
 
 mod cpu;
+mod flood;
 mod mixed;
 
 use cpu::CpuTicks;
@@ -431,6 +434,13 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let compared = comparison_table(&summary);
     print!("{compared}");
     md.push_str(&compared);
+    let floods: Vec<_> = summary
+        .iter()
+        .map(|r| (r.ran.clone(), flood::FloodSummary::of(&r.flood)))
+        .collect();
+    let flooded = flood::table(&floods, args.quick, &mut missed);
+    print!("{flooded}");
+    md.push_str(&flooded);
     let pairs = mixed::pairs(&backends);
     if !pairs.is_empty() {
         let t = mixed::run(&exe, &pairs, rounds, seconds, &mut sanity)?;
@@ -514,6 +524,8 @@ struct BackendRun {
     tcp4: Vec<Sample>,
     /// CPU of the unmarked mesh's runs: TCP 1 stream, TCP 4 streams, UDP.
     cpu: [CpuUse; 3],
+    /// TCP without and under the handshake floods.
+    flood: flood::FloodRun,
 }
 
 /// The runs of one path: TCP and UDP everywhere; on the unmarked mesh also TCP with
@@ -544,6 +556,7 @@ fn measure_backend(
         samples: vec![PathSamples::default(); PATHS.len()],
         tcp4: Vec::new(),
         cpu: [CpuUse::default(); 3],
+        flood: flood::FloodRun::default(),
     };
     let per_round: usize = PATHS.iter().map(|p| runs_of(*p).len()).sum();
     let pb = bar(rounds * per_round, &format!("{ran} WireGuard"));
@@ -583,6 +596,7 @@ fn measure_backend(
         }
     }
     pb.finish_and_clear();
+    r.flood = flood::measure_flood(&nft, &ran, rounds, seconds, sanity)?;
     Ok(r)
 }
 

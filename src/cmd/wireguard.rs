@@ -6,6 +6,10 @@
 //! again in the foreground in a new process group with no terminal, waits until that
 //! child serves its UAPI socket, and exits 0 (or 1 with the child's exit status if the
 //! child failed to start).
+//!
+//! The device ends its own process when one of its threads panics (exit status 70),
+//! returns or stalls (status 1): a partly dead device must not look alive to its
+//! supervisor, which restarts it (`docs/userspace-wireguard.md`, "Supervision").
 
 use std::{
     os::unix::{net::UnixStream, process::CommandExt as _},
@@ -15,7 +19,10 @@ use std::{
 };
 
 use anyhow::Context as _;
-use wirespan_dataplane::userspace_wireguard::device::{self, DeviceOptions, DEFAULT_SOCKET_DIR};
+use wirespan_dataplane::userspace_wireguard::{
+    device::{self, DeviceOptions, DEFAULT_SOCKET_DIR},
+    watchdog::STALL_LIMIT,
+};
 
 /// How long a daemonising parent waits for its child's UAPI socket.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -32,6 +39,11 @@ pub struct Args {
     /// MTU of the TUN interface.
     #[arg(long, default_value_t = wirespan_dataplane::DEFAULT_MTU)]
     mtu: u32,
+    /// Seconds a packet loop may hold work without progress before the device ends
+    /// its process (for its supervisor to restart it).
+    #[arg(long, value_name = "SECONDS", default_value_t = STALL_LIMIT.as_secs(),
+          value_parser = clap::value_parser!(u64).range(1..))]
+    stall_limit: u64,
     /// The interface to create.
     interface: String,
 }
@@ -42,6 +54,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         name: args.interface.clone(),
         socket_dir: args.socket_dir.clone(),
         mtu: args.mtu,
+        stall_limit: Duration::from_secs(args.stall_limit),
     };
     if !args.foreground {
         return daemonise(args, &opts);
@@ -64,6 +77,8 @@ fn daemonise(args: &Args, opts: &DeviceOptions) -> anyhow::Result<()> {
         .arg(&args.socket_dir)
         .arg("--mtu")
         .arg(args.mtu.to_string())
+        .arg("--stall-limit")
+        .arg(args.stall_limit.to_string())
         .arg(&args.interface)
         .stdin(Stdio::null())
         .stdout(Stdio::null())

@@ -10,6 +10,12 @@
 //! dropped) for the handshake thread, which does the Diffie-Hellman work. The queue's
 //! depth says when the device is under load: then a handshake message needs its
 //! source's cookie, and a flood costs a cookie reply each, never a DH.
+//!
+//! No thread dies alone ([`watchdog`]): a panic ends the process from the panic hook;
+//! a long-lived thread that returns, or a packet loop that holds work without progress
+//! for the stall limit (judged by the `wg-watchdog` thread on the loops' heartbeats),
+//! makes `run` fail. Either way the process exits non-zero and its supervisor starts
+//! a fresh device.
 
 use std::{
     collections::VecDeque,
@@ -43,11 +49,13 @@ use super::{
         MAX_GSO_SEGMENTS,
     },
     core::DeviceCore,
+    fault,
     mmsg::{self, Outgoing, Received},
     noise::{handshake::INITIATION_LEN, limiter::Load},
     offload::{self, VnetHdr, VNET_HDR_LEN},
     tun,
     uapi_request::{errno, parse_set},
+    watchdog::{self, Beat, Failure, Watch},
 };
 
 /// Where wireguard-go and `wg` put the UAPI sockets.
@@ -132,6 +140,9 @@ pub struct DeviceOptions {
     pub socket_dir: PathBuf,
     /// The TUN's MTU.
     pub mtu: u32,
+    /// How long a packet loop may hold work without progress before the process ends
+    /// ([`watchdog::STALL_LIMIT`] by default).
+    pub stall_limit: Duration,
 }
 
 /// Why the device stopped.
@@ -173,6 +184,24 @@ pub enum DeviceError {
     /// Signal handling could not be set up.
     #[error("signals: {0}")]
     Signals(#[source] nix::Error),
+    /// A device thread returned or stalled: the device can no longer serve.
+    #[error("{0}")]
+    Failed(Failure),
+    /// A device thread could not be started.
+    #[error("starting thread {thread}: {source}")]
+    Thread {
+        /// The thread's name.
+        thread: &'static str,
+        /// The cause.
+        #[source]
+        source: io::Error,
+    },
+}
+
+/// What ends `run`'s wait: a stop, or a failed thread.
+enum Stop {
+    Reason(ExitReason),
+    Failed(Failure),
 }
 
 /// The UAPI socket path of `name` in `dir`.
@@ -268,9 +297,16 @@ fn listen_uapi(dir: &Path, name: &str) -> Result<(UnixListener, PathBuf), Device
 /// process's main thread before any other thread exists: it blocks the two signals
 /// for every thread it starts and reads them from a signalfd.
 ///
+/// Installs the panic hook that ends the process on any thread's panic
+/// ([`watchdog::install_panic_hook`]).
+///
 /// # Errors
-/// The TUN, the socket, the UAPI socket or the signal setup failed at start.
+/// The TUN, the socket, the UAPI socket, the signal setup or a thread failed at start;
+/// or later a long-lived thread returned or a packet loop stalled
+/// ([`DeviceError::Failed`]): the caller must end the process.
 pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
+    watchdog::install_panic_hook();
+    fault::init_from_env();
     let mut signals = SigSet::empty();
     signals.add(Signal::SIGTERM);
     signals.add(Signal::SIGINT);
@@ -306,45 +342,104 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
     });
 
     let (exit_tx, exit_rx) = mpsc::channel();
-    spawn("wg-tun", {
-        let (shared, exit) = (shared.clone(), exit_tx.clone());
-        move || tun_loop(&shared, &exit)
-    });
-    spawn("wg-udp", {
-        let shared = shared.clone();
-        move || udp_loop(&shared)
-    });
-    spawn("wg-handshake", {
-        let shared = shared.clone();
-        move || handshake_loop(&shared)
-    });
-    spawn("wg-timers", {
-        let shared = shared.clone();
-        move || timer_loop(&shared, &wake_rx)
-    });
-    spawn("wg-uapi", move || {
-        // A thread per connection, as wireguard-go serves them: a client that keeps
-        // its connection open must not hold up `wg` or the node.
-        for stream in listener.incoming().flatten() {
-            let shared = shared.clone();
-            spawn("wg-uapi-conn", move || {
-                if let Err(e) = serve_uapi(&shared, stream) {
-                    tracing::debug!(error = %e, "UAPI connection ended");
+    // Every long-lived thread reports its return on `exit_tx`: after a stop reason
+    // it sent itself, a return is the normal end, otherwise the device's failure.
+    let long_lived = |name: &'static str, f: Box<dyn FnOnce() + Send>| {
+        watchdog::spawn_long_lived(name, exit_tx.clone(), Stop::Failed, f).map_err(|source| {
+            DeviceError::Thread {
+                thread: name,
+                source,
+            }
+        })
+    };
+    let watch = Watch::new(&["wg-tun", "wg-udp", "wg-handshake", "wg-timers"]);
+    long_lived(
+        "wg-tun",
+        Box::new({
+            let (shared, exit, beat) = (shared.clone(), exit_tx.clone(), watch.beat("wg-tun"));
+            move || tun_loop(&shared, &exit, &beat)
+        }),
+    )?;
+    long_lived(
+        "wg-udp",
+        Box::new({
+            let (shared, beat) = (shared.clone(), watch.beat("wg-udp"));
+            move || udp_loop(&shared, &beat)
+        }),
+    )?;
+    long_lived(
+        "wg-handshake",
+        Box::new({
+            let (shared, beat) = (shared.clone(), watch.beat("wg-handshake"));
+            move || handshake_loop(&shared, &beat)
+        }),
+    )?;
+    long_lived(
+        "wg-timers",
+        Box::new({
+            let (shared, beat) = (shared.clone(), watch.beat("wg-timers"));
+            move || timer_loop(&shared, &wake_rx, &beat)
+        }),
+    )?;
+    long_lived(
+        "wg-watchdog",
+        Box::new({
+            let (exit, limit) = (exit_tx.clone(), opts.stall_limit);
+            move || {
+                let failure = watch.run_watchdog(limit);
+                let _ = exit.send(Stop::Failed(failure));
+                // Parked for good: its return would be reported over the stall.
+                loop {
+                    thread::park();
                 }
-            });
-        }
-    });
-    spawn("wg-signals", move || {
-        if let Ok(Some(info)) = signal_fd.read_signal() {
-            tracing::info!(signal = info.ssi_signo, "stopping");
-        }
-        let _ = exit_tx.send(ExitReason::Signal);
-    });
+            }
+        }),
+    )?;
+    long_lived(
+        "wg-uapi",
+        Box::new(move || {
+            // A thread per connection, as wireguard-go serves them: a client that keeps
+            // its connection open must not hold up `wg` or the node.
+            for stream in listener.incoming().flatten() {
+                let shared = shared.clone();
+                spawn("wg-uapi-conn", move || {
+                    if let Err(e) = serve_uapi(&shared, stream) {
+                        tracing::debug!(error = %e, "UAPI connection ended");
+                    }
+                });
+            }
+        }),
+    )?;
+    long_lived(
+        "wg-signals",
+        Box::new({
+            let exit = exit_tx.clone();
+            move || {
+                if let Ok(Some(info)) = signal_fd.read_signal() {
+                    tracing::info!(signal = info.ssi_signo, "stopping");
+                }
+                let _ = exit.send(Stop::Reason(ExitReason::Signal));
+            }
+        }),
+    )?;
+    drop(exit_tx);
 
-    let reason = exit_rx.recv().unwrap_or(ExitReason::Signal);
+    // Every sender lives in a thread that reports its return: the channel cannot close.
+    let stop = exit_rx.recv().unwrap_or(Stop::Reason(ExitReason::Signal));
     let _ = std::fs::remove_file(&path);
-    tracing::info!(interface = %opts.name, ?reason, "userspace WireGuard device down");
-    Ok(reason)
+    match stop {
+        Stop::Reason(reason) => {
+            tracing::info!(interface = %opts.name, ?reason, "userspace WireGuard device down");
+            Ok(reason)
+        }
+        Stop::Failed(failure) => {
+            let thread = match failure {
+                Failure::Returned { thread } | Failure::Stalled { thread, .. } => thread,
+            };
+            tracing::error!(interface = %opts.name, thread, %failure, "device thread failed, ending the process so that it is restarted");
+            Err(DeviceError::Failed(failure))
+        }
+    }
 }
 
 fn spawn(name: &str, f: impl FnOnce() + Send + 'static) {
@@ -448,7 +543,7 @@ fn wait_readable(fd: std::os::fd::BorrowedFd<'_>) {
     let _ = poll(&mut fds, PollTimeout::NONE);
 }
 
-fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
+fn tun_loop(shared: &Shared, exit: &mpsc::Sender<Stop>, beat: &Beat) {
     let mut bufs = recv_buffers();
     let mut lens = Vec::with_capacity(BATCH);
     // The batch's packets, super-packets cut to MTU size, back to back.
@@ -470,11 +565,12 @@ fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => {
                     tracing::info!(error = %e, "TUN read failed");
-                    let _ = exit.send(ExitReason::InterfaceGone);
+                    let _ = exit.send(Stop::Reason(ExitReason::InterfaceGone));
                     return;
                 }
             }
         }
+        let _busy = beat.busy();
         packets.clear();
         ranges.clear();
         for (buf, n) in bufs.iter().zip(&lens) {
@@ -500,7 +596,7 @@ fn tun_loop(shared: &Shared, exit: &mpsc::Sender<ExitReason>) {
     }
 }
 
-fn udp_loop(shared: &Shared) {
+fn udp_loop(shared: &Shared, beat: &Beat) {
     let mut bufs = recv_buffers();
     let mut got: Vec<Received> = Vec::with_capacity(BATCH);
     let mut out = Outbox::default();
@@ -524,6 +620,10 @@ fn udp_loop(shared: &Shared) {
         }
         if got.is_empty() {
             continue;
+        }
+        let _busy = beat.busy();
+        if fault::on_udp_batch().is_break() {
+            return;
         }
         out.clear();
         handshakes.clear();
@@ -554,13 +654,14 @@ fn udp_loop(shared: &Shared) {
 
 /// Handles the queued handshake messages, a batch at a time, under load while the
 /// queue is deep.
-fn handshake_loop(shared: &Shared) {
+fn handshake_loop(shared: &Shared, beat: &Beat) {
     let mut batch = Vec::with_capacity(BATCH);
     let mut out = Outbox::default();
     let mut load = Load::default();
     loop {
         batch.clear();
         let behind = shared.handshakes.pop(&mut batch);
+        let _busy = beat.busy();
         let (now, wall) = (Instant::now(), SystemTime::now());
         let under_load = load.under_load(behind + batch.len(), HANDSHAKE_QUEUE, now);
         out.clear();
@@ -580,9 +681,10 @@ fn handshake_loop(shared: &Shared) {
 /// Runs the timers when the earliest deadline comes, or sooner when a packet or a
 /// `set=1` made a deadline earlier (a message on `wake`). An idle device with no
 /// pending timer sleeps until woken.
-fn timer_loop(shared: &Shared, wake: &mpsc::Receiver<()>) {
+fn timer_loop(shared: &Shared, wake: &mpsc::Receiver<()>, beat: &Beat) {
     let mut out = Outbox::default();
     loop {
+        let busy = beat.busy();
         out.clear();
         let now = Instant::now();
         shared.core.tick(now, &mut out);
@@ -590,6 +692,7 @@ fn timer_loop(shared: &Shared, wake: &mpsc::Receiver<()>) {
         if !out.is_empty() {
             flush(shared, &shared.socket(), &out);
         }
+        drop(busy);
         let woken = match next {
             Some(due) => {
                 let wait = due.saturating_duration_since(Instant::now());

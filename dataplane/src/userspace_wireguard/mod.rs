@@ -8,7 +8,9 @@
 //! state and the rules against hostile senders), [`allowed_ips`] (routing and the
 //! source check), [`uapi_request`] (parsing `set=1` completely before anything
 //! changes) and [`core`] (the device state and packet handling). The device
-//! loop ([`device`]) owns the TUN, the socket, the UAPI listener and the signals.
+//! loop ([`device`]) owns the TUN, the socket, the UAPI listener and the signals;
+//! [`watchdog`] ends the process when one of its threads panics, returns or stalls, so
+//! that its supervisor restarts it ([`fault`] injects such faults, for tests only).
 //! `docs/userspace-wireguard.md` has the library evaluation and the design.
 
 pub mod allowed_ips;
@@ -16,6 +18,7 @@ pub mod batch;
 pub mod coalesce;
 pub mod core;
 pub mod device;
+pub mod fault;
 pub mod indices;
 pub mod mmsg;
 pub mod noise;
@@ -26,3 +29,4 @@ pub mod session_fuzz;
 pub mod timers;
 pub mod tun;
 pub mod uapi_request;
+pub mod watchdog;

@@ -16,14 +16,22 @@
 //! replaced by a child of ours if it dies, and on teardown stopped by the pid its
 //! socket reports (`SO_PEERCRED`, read on a live connection).
 //!
+//! `wirespan wireguard`'s stderr (errors only: the child runs with `WIRESPAN_LOG=error`)
+//! is forwarded into the node's log, and its last line is kept with the exit status
+//! ([`UserspaceBackend::last_exit`]): a device that ended itself (a panicking or
+//! stalled thread, `docs/userspace-wireguard.md`) says why in the node's log rather
+//! than into /dev/null. wireguard-go's output stays discarded: a Go program whose
+//! stderr pipe lost its reader (a device kept running by a node that then exited)
+//! dies of SIGPIPE on its next line.
+//!
 //! The socket directory is shared by every namespace of a mount namespace: interface
 //! names must be unique per host unless each daemon has its own mount namespace.
 
 use std::{
-    io::Write,
+    io::{BufRead as _, BufReader, Write},
     os::unix::net::UnixStream,
     path::PathBuf,
-    process::{Child, Stdio},
+    process::{Child, ChildStderr, Stdio},
     sync::{Arc, Condvar, Mutex, PoisonError},
     thread::JoinHandle,
     time::{Duration, Instant},
@@ -49,6 +57,84 @@ const STOP_GRACE: Duration = Duration::from_secs(5);
 const POLL: Duration = Duration::from_millis(100);
 /// UAPI read/write timeout.
 const IO_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the supervisor waits, after the device process exited, for the rest of its
+/// stderr (the pipe ends at once unless something else holds its write end).
+const STDERR_DRAIN: Duration = Duration::from_secs(1);
+
+/// How the device process last ended, as the supervisor saw it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceExit {
+    /// The status as the OS reports it (`exit status: 70`, `signal: 9 (SIGKILL)`).
+    pub status: String,
+    /// The exit code; `None` when a signal ended it.
+    pub code: Option<i32>,
+    /// The last line it wrote to stderr (colours removed), if any.
+    pub last_line: Option<String>,
+}
+
+/// The thread forwarding a child's stderr into the node's log, and its last line.
+#[derive(Debug)]
+struct StderrTail {
+    last: Arc<Mutex<Option<String>>>,
+    thread: JoinHandle<()>,
+}
+
+impl StderrTail {
+    /// Forwards `stderr` line by line (each a `warn`: the child only writes errors).
+    fn start(stderr: ChildStderr, link: &str, program: &'static str) -> Option<Self> {
+        let last = Arc::new(Mutex::new(None));
+        let (keep, link) = (last.clone(), link.to_owned());
+        let thread = std::thread::Builder::new()
+            .name(format!("wg-{link}-log"))
+            .spawn(move || {
+                for line in BufReader::new(stderr).lines() {
+                    let Ok(line) = line else { break };
+                    let line = strip_ansi(&line);
+                    if line.trim().is_empty() {
+                        continue;
+                    }
+                    tracing::warn!(link = %link, program, output = %line, "userspace WireGuard process");
+                    *keep.lock().unwrap_or_else(PoisonError::into_inner) = Some(line);
+                }
+            })
+            .inspect_err(|e| tracing::warn!(error = %e, "cannot forward the device's stderr"))
+            .ok()?;
+        Some(Self { last, thread })
+    }
+
+    /// The last line, once the pipe ended or [`STDERR_DRAIN`] passed.
+    fn finish(self) -> Option<String> {
+        let deadline = Instant::now() + STDERR_DRAIN;
+        while !self.thread.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+/// `line` without terminal escape sequences (`ESC [ … letter`): the device's log
+/// formatter colours its output even into a pipe.
+fn strip_ansi(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars();
+    while let Some(c) = chars.next() {
+        if c != '\u{1b}' {
+            out.push(c);
+            continue;
+        }
+        if chars.next() == Some('[') {
+            for c in chars.by_ref() {
+                if c.is_ascii_alphabetic() {
+                    break;
+                }
+            }
+        }
+    }
+    out
+}
 
 #[derive(Debug)]
 struct SupState {
@@ -60,6 +146,10 @@ struct SupState {
     running: UserspaceImpl,
     stop: bool,
     restarts: u64,
+    /// The forwarder of our child's stderr.
+    stderr: Option<StderrTail>,
+    /// How the last device process ended.
+    last_exit: Option<DeviceExit>,
 }
 
 #[derive(Debug)]
@@ -187,6 +277,14 @@ impl UserspaceBackend {
         self.reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// How the device process last ended (seen by the supervisor), if it ever did.
+    #[must_use]
+    pub fn last_exit(&self) -> Option<DeviceExit> {
+        let sup = self.sup.as_ref()?;
+        let st = sup.shared.0.lock().unwrap_or_else(PoisonError::into_inner);
+        st.last_exit.clone()
+    }
+
     /// How many times the supervisor restarted the device process.
     #[must_use]
     pub fn restarts(&self) -> u64 {
@@ -203,7 +301,12 @@ impl UserspaceBackend {
         self.opts.socket_dir.join(format!("{}.sock", self.name))
     }
 
-    fn spawn_child(netns: &Netns, opts: &UserspaceOptions, name: &str) -> std::io::Result<Child> {
+    /// Starts the device process, and the forwarder of its stderr (ours only).
+    fn spawn_child(
+        netns: &Netns,
+        opts: &UserspaceOptions,
+        name: &str,
+    ) -> std::io::Result<(Child, Option<StderrTail>)> {
         let bin = opts.binary.to_string_lossy().into_owned();
         let mut cmd = netns.command(&bin);
         match opts.implementation {
@@ -213,13 +316,20 @@ impl UserspaceBackend {
                 .arg("--socket-dir")
                 .arg(&opts.socket_dir)
                 .arg(name)
-                .env("WIRESPAN_LOG", "error"),
-            UserspaceImpl::WireguardGo => cmd.arg("-f").arg(name).env("LOG_LEVEL", "error"),
+                .env("WIRESPAN_LOG", "error")
+                .stderr(Stdio::piped()),
+            UserspaceImpl::WireguardGo => cmd
+                .arg("-f")
+                .arg(name)
+                .env("LOG_LEVEL", "error")
+                .stderr(Stdio::null()),
         };
-        cmd.stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
+        let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::null()).spawn()?;
+        let tail = child
+            .stderr
+            .take()
+            .and_then(|e| StderrTail::start(e, name, opts.implementation.program()));
+        Ok((child, tail))
     }
 
     fn wait_socket(&self) -> Result<(), WgError> {
@@ -259,22 +369,20 @@ impl UserspaceBackend {
             name: self.name.clone(),
             source,
         })?;
-        let (child, adopted, running) = match self.running_elsewhere()? {
+        let (child, adopted, running, stderr) = match self.running_elsewhere()? {
             Some(pid) => {
                 let found = implementation_of(pid);
                 tracing::info!(link = %self.name, pid, netns = ?self.netns.name(), program = found.program(), "adopted the running userspace WireGuard process");
-                (None, Some(pid), found)
+                (None, Some(pid), found, None)
             }
             None => {
-                let child =
-                    Self::spawn_child(&self.netns, &self.opts, &self.name).map_err(|e| {
-                        WgError::Daemon {
-                            name: self.name.clone(),
-                            message: format!("cannot start {}: {e}", self.opts.binary.display()),
-                        }
+                let (child, stderr) = Self::spawn_child(&self.netns, &self.opts, &self.name)
+                    .map_err(|e| WgError::Daemon {
+                        name: self.name.clone(),
+                        message: format!("cannot start {}: {e}", self.opts.binary.display()),
                     })?;
                 tracing::info!(link = %self.name, pid = child.id(), netns = ?self.netns.name(), program = self.opts.implementation.program(), "started the userspace WireGuard process");
-                (Some(child), None, self.opts.implementation)
+                (Some(child), None, self.opts.implementation, stderr)
             }
         };
         let shared = Arc::new((
@@ -284,6 +392,8 @@ impl UserspaceBackend {
                 running,
                 stop: false,
                 restarts: 0,
+                stderr,
+                last_exit: None,
             }),
             Condvar::new(),
         ));
@@ -538,7 +648,15 @@ fn supervise(
             return;
         }
         let exited = match st.child.as_mut().map(Child::try_wait) {
-            Some(Ok(Some(status))) => Some(status.to_string()),
+            Some(Ok(Some(status))) => {
+                let last_line = st.stderr.take().and_then(StderrTail::finish);
+                st.last_exit = Some(DeviceExit {
+                    status: status.to_string(),
+                    code: status.code(),
+                    last_line,
+                });
+                Some(status.to_string())
+            }
             Some(Err(e)) => Some(e.to_string()),
             Some(Ok(None)) => None,
             None => match st.adopted {
@@ -550,7 +668,8 @@ fn supervise(
         if let Some(why) = exited {
             st.child = None;
             st.adopted = None;
-            tracing::warn!(link = name, status = %why, backoff = ?backoff, "the userspace WireGuard process died, restarting");
+            let last_line = st.last_exit.as_ref().and_then(|e| e.last_line.as_deref());
+            tracing::warn!(link = name, status = %why, last_line, backoff = ?backoff, "the userspace WireGuard process died, restarting");
             st = cv
                 .wait_timeout(st, backoff)
                 .unwrap_or_else(PoisonError::into_inner)
@@ -559,7 +678,7 @@ fn supervise(
                 return;
             }
             match UserspaceBackend::spawn_child(netns, opts, name) {
-                Ok(child) => {
+                Ok((child, stderr)) => {
                     tracing::info!(
                         link = name,
                         pid = child.id(),
@@ -567,6 +686,7 @@ fn supervise(
                         "restarted the userspace WireGuard process"
                     );
                     st.child = Some(child);
+                    st.stderr = stderr;
                     st.running = opts.implementation;
                     st.restarts += 1;
                     // A stored permit: the owner's next wait sees it even if it was
@@ -781,5 +901,22 @@ impl Drop for UserspaceBackend {
         if !self.kept {
             self.stop();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::strip_ansi;
+
+    #[test]
+    fn the_devices_coloured_log_line_is_forwarded_plain() {
+        let coloured = "\u{1b}[2m2026-01-01T00:00:00Z\u{1b}[0m \u{1b}[31mERROR\u{1b}[0m \u{1b}[2mwirespan\u{1b}[0m: panicked thread=\"wg-udp\"";
+        assert_eq!(
+            strip_ansi(coloured),
+            "2026-01-01T00:00:00Z ERROR wirespan: panicked thread=\"wg-udp\""
+        );
+        assert_eq!(strip_ansi("plain"), "plain");
+        // A lone escape at the end is dropped, not a panic.
+        assert_eq!(strip_ansi("x\u{1b}"), "x");
     }
 }

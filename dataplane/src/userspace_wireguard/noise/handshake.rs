@@ -57,6 +57,11 @@ pub fn le32(datagram: &[u8], at: usize) -> u32 {
     u32::from_le_bytes(datagram[at..at + 4].try_into().expect("4 bytes"))
 }
 
+/// The key of MAC1 on messages to the holder of `public`.
+pub fn mac1_key(public: &[u8; 32]) -> [u8; 32] {
+    hash(&[LABEL_MAC1, public])
+}
+
 fn initial_chaining_key() -> [u8; 32] {
     hash(&[CONSTRUCTION])
 }
@@ -92,7 +97,7 @@ impl LocalIdentity {
         let public = PublicKey::from(&secret).to_bytes();
         Self {
             initial_hash: initial_hash(&public),
-            mac1_key: hash(&[LABEL_MAC1, &public]),
+            mac1_key: mac1_key(&public),
             cookie_key: hash(&[LABEL_COOKIE, &public]),
             secret,
             public,
@@ -139,7 +144,7 @@ impl PeerKeys {
             preshared: preshared.unwrap_or_default(),
             static_static: dh(&local.secret, &public),
             initial_hash: initial_hash(&public),
-            mac1_key: hash(&[LABEL_MAC1, &public]),
+            mac1_key: mac1_key(&public),
             cookie_key: hash(&[LABEL_COOKIE, &public]),
         }
     }
