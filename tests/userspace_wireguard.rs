@@ -30,6 +30,13 @@ impl Drop for SocketFiles {
     }
 }
 
+/// The `wirespan` whose device the tests drive: this build's, or another build named by
+/// `WIRESPAN_TEST_DEVICE_BIN` (the release binary, or an older build to show that a
+/// test fails without its fix).
+fn device_bin() -> String {
+    std::env::var("WIRESPAN_TEST_DEVICE_BIN").unwrap_or_else(|_| BIN.to_owned())
+}
+
 fn socket_of(ifname: &str) -> PathBuf {
     Path::new(SOCKET_DIR).join(format!("{ifname}.sock"))
 }
@@ -275,7 +282,7 @@ fn pair_with_wireguard_go() -> GoPair {
     let (if_a, if_b) = (unique_name("wgA"), unique_name("wgB"));
     let sockets = SocketFiles(vec![socket_of(&if_a), socket_of(&if_b)]);
     let (a, b) = linked_pair();
-    run_ok(&a, BIN, &["wireguard", &if_a]);
+    run_ok(&a, &device_bin(), &["wireguard", &if_a]);
     assert!(socket_of(&if_a).exists());
     run_ok(&b, "wireguard-go", &[&if_b]);
     let end_a = End::new(&a, if_a.clone(), 1);
@@ -479,7 +486,7 @@ fn wg_prints_the_same_error_text_for_both_devices() {
     let (ours, go) = (unique_name("wgE"), unique_name("wgG"));
     let _sockets = SocketFiles(vec![socket_of(&ours), socket_of(&go)]);
     let ns = NetnsGuard::new("wsuwg").unwrap();
-    run_ok(&ns, BIN, &["wireguard", &ours]);
+    run_ok(&ns, &device_bin(), &["wireguard", &ours]);
     // Dual-stack, so the port is taken for IPv4 too.
     let taken = NetnsThread::spawn(ns.netns())
         .unwrap()
@@ -519,7 +526,7 @@ fn pairs_with_itself_and_stops_on_sigterm() {
     let _sockets = SocketFiles(vec![socket_of(&if_a), socket_of(&if_b)]);
     let (a, b) = linked_pair();
     let pid_a = a.spawn(BIN, &["wireguard", "--foreground", &if_a]).unwrap();
-    run_ok(&b, BIN, &["wireguard", &if_b]);
+    run_ok(&b, &device_bin(), &["wireguard", &if_b]);
     poll_until("the socket of A", Duration::from_secs(5), || {
         UnixStream::connect(socket_of(&if_a)).is_ok()
     });
@@ -547,7 +554,7 @@ fn a_bad_uapi_request_gets_errno_and_changes_nothing() {
     let ifname = unique_name("wgU");
     let _sockets = SocketFiles(vec![socket_of(&ifname)]);
     let ns = NetnsGuard::new("wsuwg").unwrap();
-    run_ok(&ns, BIN, &["wireguard", &ifname]);
+    run_ok(&ns, &device_bin(), &["wireguard", &ifname]);
     let peer = "0202020202020202020202020202020202020202020202020202020202020202";
     let good = format!(
         "set=1\nprivate_key={}\nlisten_port=40001\npublic_key={peer}\nallowed_ip=10.1.0.0/16\n\n",
@@ -684,7 +691,7 @@ fn pairs_with_kernel_wireguard_using_stock_tools() {
         );
         return;
     }
-    run_ok(&a, BIN, &["wireguard", &if_a]);
+    run_ok(&a, &device_bin(), &["wireguard", &if_a]);
     run_ok(&b, "ip", &["link", "add", &if_b, "type", "wireguard"]);
     let end_a = End::new(&a, if_a.clone(), 1);
     let end_b = End::new(&b, if_b.clone(), 2);
@@ -825,10 +832,7 @@ struct Attacked<'n> {
 fn attacked<'n>(a: &'n NetnsGuard, b: &'n NetnsGuard, ours: bool) -> Attacked<'n> {
     let (if_a, if_b) = (unique_name("wgH"), unique_name("wgP"));
     if ours {
-        // Another build can be put through the same attacks (to show a test fails
-        // without a fix): WIRESPAN_TEST_DEVICE_BIN names its binary.
-        let bin = std::env::var("WIRESPAN_TEST_DEVICE_BIN").unwrap_or_else(|_| BIN.to_owned());
-        run_ok(a, &bin, &["wireguard", &if_a]);
+        run_ok(a, &device_bin(), &["wireguard", &if_a]);
     } else {
         run_ok(a, "wireguard-go", &[&if_a]);
     }

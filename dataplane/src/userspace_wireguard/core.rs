@@ -117,11 +117,15 @@ fn bump(counter: &AtomicU64) {
     counter.fetch_add(1, Ordering::Relaxed);
 }
 
-/// The responder's defences: cookies and the per-source limit (a leaf lock).
+/// The responder's defences: cookies and the per-source limits (a leaf lock).
 #[derive(Default)]
 struct Responder {
     cookies: CookieChecker,
+    /// Handshakes whose cookie proved their source, per source.
     sources: SourceLimiter,
+    /// Cookie replies, per source: a flood from a few addresses gets a few replies a
+    /// second each, not one per message.
+    cookie_sources: SourceLimiter,
 }
 
 /// Greatest initiation timestamps of removed peers, oldest removal first out.
@@ -775,6 +779,11 @@ impl DeviceCore {
         let mut responder = lock(&self.responder);
         let secret = || random::bytes::<32>();
         if !responder.cookies.mac2_ok(msg, from, now, secret) {
+            if !responder.cookie_sources.allow_untracked(from.ip(), now) {
+                drop(responder);
+                bump(&self.counters.rate_limited_handshakes);
+                return false;
+            }
             let reply = responder
                 .cookies
                 .reply(identity, msg, from, now, secret, random::bytes());

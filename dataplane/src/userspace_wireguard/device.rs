@@ -663,7 +663,7 @@ fn handshake_loop(shared: &Shared, beat: &Beat) {
         let behind = shared.handshakes.pop(&mut batch);
         let _busy = beat.busy();
         let (now, wall) = (Instant::now(), SystemTime::now());
-        let under_load = load.under_load(behind + batch.len(), HANDSHAKE_QUEUE, now);
+        let under_load = load.under_load(batch.len(), behind, HANDSHAKE_QUEUE, now);
         out.clear();
         let messages = batch.iter().map(|m| (m.from, &m.bytes[..m.len]));
         shared

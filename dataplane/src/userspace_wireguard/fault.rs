@@ -19,7 +19,7 @@ pub const FAULT_ENV: &str = "WIRESPAN_WIREGUARD_FAULT";
 /// A fault the device can be told to inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub enum Fault {
+pub enum InjectedFault {
     /// None: the device runs normally.
     None = 0,
     /// `panic-udp-on-datagram`: the UDP receiver panics on its first datagram.
@@ -31,7 +31,7 @@ pub enum Fault {
     ReturnUdpOnDatagram = 3,
 }
 
-impl Fault {
+impl InjectedFault {
     /// The fault a value of [`FAULT_ENV`] names; `None` (the Rust one) for an unknown value.
     #[must_use]
     pub fn parse(text: &str) -> Option<Self> {
@@ -55,19 +55,19 @@ impl Fault {
 }
 
 /// The fault of this process, set once at start.
-static ACTIVE: AtomicU8 = AtomicU8::new(Fault::None as u8);
+static ACTIVE: AtomicU8 = AtomicU8::new(InjectedFault::None as u8);
 
 /// Reads [`FAULT_ENV`] and arms the fault it names (an unknown name is logged and
 /// ignored: a typo in a test must not pass for a working device). Returns the fault.
-pub fn init_from_env() -> Fault {
+pub fn init_from_env() -> InjectedFault {
     let Ok(text) = std::env::var(FAULT_ENV) else {
-        return Fault::None;
+        return InjectedFault::None;
     };
-    let fault = Fault::parse(&text).unwrap_or_else(|| {
+    let fault = InjectedFault::parse(&text).unwrap_or_else(|| {
         tracing::warn!(variable = FAULT_ENV, value = %text, "unknown fault, none injected");
-        Fault::None
+        InjectedFault::None
     });
-    if fault != Fault::None {
+    if fault != InjectedFault::None {
         tracing::warn!(?fault, "test-only fault injection armed");
     }
     ACTIVE.store(fault as u8, Ordering::Relaxed);
@@ -77,17 +77,19 @@ pub fn init_from_env() -> Fault {
 /// Called by the UDP receiver with a batch in hand: injects the armed UDP fault.
 /// `Break` asks the loop to return.
 pub fn on_udp_batch() -> ControlFlow<()> {
-    match Fault::from_u8(ACTIVE.load(Ordering::Relaxed)) {
-        Fault::None => ControlFlow::Continue(()),
-        Fault::PanicUdpOnDatagram => panic!("injected fault: {FAULT_ENV}=panic-udp-on-datagram"),
-        Fault::StallUdpOnDatagram => {
+    match InjectedFault::from_u8(ACTIVE.load(Ordering::Relaxed)) {
+        InjectedFault::None => ControlFlow::Continue(()),
+        InjectedFault::PanicUdpOnDatagram => {
+            panic!("injected fault: {FAULT_ENV}=panic-udp-on-datagram")
+        }
+        InjectedFault::StallUdpOnDatagram => {
             tracing::warn!("injected fault: the UDP receiver stalls");
             // Parked for good (a spurious wake-up parks again): the batch is never done.
             loop {
                 std::thread::park();
             }
         }
-        Fault::ReturnUdpOnDatagram => {
+        InjectedFault::ReturnUdpOnDatagram => {
             tracing::warn!("injected fault: the UDP receiver returns");
             ControlFlow::Break(())
         }
@@ -101,26 +103,26 @@ mod tests {
     #[test]
     fn only_the_documented_names_arm_a_fault() {
         assert_eq!(
-            Fault::parse("panic-udp-on-datagram"),
-            Some(Fault::PanicUdpOnDatagram)
+            InjectedFault::parse("panic-udp-on-datagram"),
+            Some(InjectedFault::PanicUdpOnDatagram)
         );
         assert_eq!(
-            Fault::parse("stall-udp-on-datagram\n"),
-            Some(Fault::StallUdpOnDatagram)
+            InjectedFault::parse("stall-udp-on-datagram\n"),
+            Some(InjectedFault::StallUdpOnDatagram)
         );
         assert_eq!(
-            Fault::parse("return-udp-on-datagram"),
-            Some(Fault::ReturnUdpOnDatagram)
+            InjectedFault::parse("return-udp-on-datagram"),
+            Some(InjectedFault::ReturnUdpOnDatagram)
         );
-        assert_eq!(Fault::parse(""), Some(Fault::None));
-        assert_eq!(Fault::parse("panic"), None);
+        assert_eq!(InjectedFault::parse(""), Some(InjectedFault::None));
+        assert_eq!(InjectedFault::parse("panic"), None);
         for f in [
-            Fault::None,
-            Fault::PanicUdpOnDatagram,
-            Fault::StallUdpOnDatagram,
-            Fault::ReturnUdpOnDatagram,
+            InjectedFault::None,
+            InjectedFault::PanicUdpOnDatagram,
+            InjectedFault::StallUdpOnDatagram,
+            InjectedFault::ReturnUdpOnDatagram,
         ] {
-            assert_eq!(Fault::from_u8(f as u8), f);
+            assert_eq!(InjectedFault::from_u8(f as u8), f);
         }
     }
 }

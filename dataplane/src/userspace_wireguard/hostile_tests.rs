@@ -414,3 +414,31 @@ fn our_core_and_boringtun_complete_handshakes_both_ways_and_carry_data() {
     let opened = theirs.decapsulate(None, &io.sent[0].1, &mut out);
     assert!(matches!(opened, TunnResult::WriteToTunnelV4(p, _) if *p == ipv4(2, 1)[..]));
 }
+
+#[test]
+fn a_flood_from_one_source_gets_its_burst_of_cookie_replies_then_its_rate() {
+    let now = Instant::now();
+    let (a, b) = (core(1, 2, ADDR_B), core(2, 1, ADDR_A));
+    let init = first_initiation(&a, now);
+    let mut io = Captured::default();
+    let flood = std::iter::repeat_n((addr(ELSEWHERE), &init[..]), 1000);
+    b.handle_handshakes(flood, now, SystemTime::now(), true, &mut io);
+    assert_eq!(kinds(&io), vec![3; 5], "a burst of 5 replies, not 1,000");
+    assert_eq!(b.counters().rate_limited_handshakes, 995);
+    // A second later the bucket is full again, and holds no more than a burst.
+    let later = now + Duration::from_secs(1);
+    let mut io = Captured::default();
+    let flood = std::iter::repeat_n((addr(ELSEWHERE), &init[..]), 1000);
+    b.handle_handshakes(flood, later, SystemTime::now(), true, &mut io);
+    assert_eq!(io.sent.len(), 5, "the bucket holds at most a burst");
+    // Another source is not held back by it.
+    let mut io = Captured::default();
+    b.handle_handshakes(
+        [(addr(ADDR_A), &init[..])],
+        later,
+        SystemTime::now(),
+        true,
+        &mut io,
+    );
+    assert_eq!(kinds(&io), vec![3]);
+}

@@ -82,18 +82,19 @@ impl Session {
                 self.recorded.push(d.clone());
                 self.to_device(PEER, &d, &mut to_peer);
             }
-            let mut back = Captured::default();
-            for d in &to_peer.sent {
-                self.peer.handle_datagram(
-                    DEVICE.parse().unwrap(),
-                    d,
-                    self.now,
-                    SystemTime::now(),
-                    &mut back,
-                );
-            }
-            from_peer = back.sent;
+            from_peer = self.to_peer(&to_peer.sent);
         }
+    }
+
+    /// Hands the device's datagrams to the peer; returns what the peer answered.
+    fn to_peer(&self, datagrams: &[Vec<u8>]) -> Vec<Vec<u8>> {
+        let mut back = Captured::default();
+        for d in datagrams {
+            let from = DEVICE.parse().unwrap();
+            self.peer
+                .handle_datagram(from, d, self.now, SystemTime::now(), &mut back);
+        }
+        back.sent
     }
 
     fn to_device(&self, from: &str, datagram: &[u8], io: &mut Captured) {
@@ -167,23 +168,16 @@ pub fn wg_session(data: &[u8]) {
                 s.device.tick(s.now, &mut io);
                 let mut from_peer = Captured::default();
                 s.peer.tick(s.now, &mut from_peer);
-                s.settle(from_peer.sent);
+                let mut answers = s.to_peer(&io.sent);
+                answers.extend(from_peer.sent);
+                s.settle(answers);
             }
             _ => {
                 let mut io = Captured::default();
                 s.device
                     .handle_tun_packet(&ipv4(2, 1, &[arg]), s.now, &mut io);
-                let mut back = Captured::default();
-                for d in &io.sent {
-                    s.peer.handle_datagram(
-                        DEVICE.parse().unwrap(),
-                        d,
-                        s.now,
-                        SystemTime::now(),
-                        &mut back,
-                    );
-                }
-                s.settle(back.sent);
+                let answers = s.to_peer(&io.sent);
+                s.settle(answers);
             }
         }
     }

@@ -142,7 +142,7 @@ impl fmt::Display for Failure {
 
 /// What the watchdog decides after one look.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub enum StallVerdict {
     /// No loop holds work: park until one does.
     Idle,
     /// Some loop holds work: look again at this instant.
@@ -181,7 +181,7 @@ impl StallJudge {
     /// limit: it has been inside one batch all that time. A busy value seen for the
     /// first time starts its clock at `now`, so a stall is reported between one and
     /// one and a quarter limits after it began (looks come every quarter limit).
-    pub fn observe(&mut self, now: Instant, counts: &[u64]) -> Verdict {
+    pub fn observe(&mut self, now: Instant, counts: &[u64]) -> StallVerdict {
         let mut any_busy = false;
         let mut worst: Option<(usize, Duration)> = None;
         for (i, (&count, seen)) in counts.iter().zip(self.seen.iter_mut()).enumerate() {
@@ -201,9 +201,9 @@ impl StallJudge {
             }
         }
         match (worst, any_busy) {
-            (Some((index, stalled_for)), _) => Verdict::Stalled { index, stalled_for },
-            (None, true) => Verdict::LookAt(now + self.limit / 4),
-            (None, false) => Verdict::Idle,
+            (Some((index, stalled_for)), _) => StallVerdict::Stalled { index, stalled_for },
+            (None, true) => StallVerdict::LookAt(now + self.limit / 4),
+            (None, false) => StallVerdict::Idle,
         }
     }
 }
@@ -268,14 +268,14 @@ impl Watch {
         loop {
             let now = Instant::now();
             match judge.observe(now, &self.counts()) {
-                Verdict::Stalled { index, stalled_for } => {
+                StallVerdict::Stalled { index, stalled_for } => {
                     return Failure::Stalled {
                         thread: self.names[index],
                         stalled_for,
                     }
                 }
-                Verdict::LookAt(at) => thread::park_timeout(at.saturating_duration_since(now)),
-                Verdict::Idle => {
+                StallVerdict::LookAt(at) => thread::park_timeout(at.saturating_duration_since(now)),
+                StallVerdict::Idle => {
                     // Announce the park, then look once more: a loop that became busy
                     // in between either saw the flag (and unparks us: the token makes
                     // `park` return at once) or is seen busy here.
@@ -355,20 +355,23 @@ mod tests {
     fn an_idle_device_parks_the_watchdog() {
         let t0 = Instant::now();
         let mut j = StallJudge::new(LIMIT, 3);
-        assert_eq!(j.observe(t0, &[0, 2, 4]), Verdict::Idle);
-        assert_eq!(j.observe(t0 + LIMIT * 10, &[0, 2, 4]), Verdict::Idle);
+        assert_eq!(j.observe(t0, &[0, 2, 4]), StallVerdict::Idle);
+        assert_eq!(j.observe(t0 + LIMIT * 10, &[0, 2, 4]), StallVerdict::Idle);
     }
 
     #[test]
     fn a_busy_loop_is_looked_at_every_quarter_limit_while_it_progresses() {
         let t0 = Instant::now();
         let mut j = StallJudge::new(LIMIT, 2);
-        assert_eq!(j.observe(t0, &[1, 0]), Verdict::LookAt(t0 + LIMIT / 4));
+        assert_eq!(j.observe(t0, &[1, 0]), StallVerdict::LookAt(t0 + LIMIT / 4));
         // Busy again at every look, but a different batch each time: progress.
         let mut t = t0;
         for count in [3u64, 5, 7, 9, 11, 13, 15, 17, 19] {
             t += LIMIT / 4;
-            assert_eq!(j.observe(t, &[count, 0]), Verdict::LookAt(t + LIMIT / 4));
+            assert_eq!(
+                j.observe(t, &[count, 0]),
+                StallVerdict::LookAt(t + LIMIT / 4)
+            );
         }
     }
 
@@ -376,14 +379,17 @@ mod tests {
     fn a_loop_holding_one_batch_for_the_limit_is_stalled_and_named() {
         let t0 = Instant::now();
         let mut j = StallJudge::new(LIMIT, 3);
-        assert_eq!(j.observe(t0, &[0, 7, 2]), Verdict::LookAt(t0 + LIMIT / 4));
+        assert_eq!(
+            j.observe(t0, &[0, 7, 2]),
+            StallVerdict::LookAt(t0 + LIMIT / 4)
+        );
         assert_eq!(
             j.observe(t0 + LIMIT / 2, &[2, 7, 2]),
-            Verdict::LookAt(t0 + LIMIT / 2 + LIMIT / 4)
+            StallVerdict::LookAt(t0 + LIMIT / 2 + LIMIT / 4)
         );
         assert_eq!(
             j.observe(t0 + LIMIT, &[4, 7, 4]),
-            Verdict::Stalled {
+            StallVerdict::Stalled {
                 index: 1,
                 stalled_for: LIMIT
             }
@@ -396,15 +402,15 @@ mod tests {
         let mut j = StallJudge::new(LIMIT, 1);
         j.observe(t0, &[1]);
         // Idle at one look, busy again with the next batch: a new clock.
-        assert_eq!(j.observe(t0 + LIMIT / 2, &[2]), Verdict::Idle);
+        assert_eq!(j.observe(t0 + LIMIT / 2, &[2]), StallVerdict::Idle);
         j.observe(t0 + LIMIT, &[3]);
         assert!(matches!(
             j.observe(t0 + LIMIT + LIMIT / 2, &[3]),
-            Verdict::LookAt(_)
+            StallVerdict::LookAt(_)
         ));
         assert!(matches!(
             j.observe(t0 + 2 * LIMIT, &[3]),
-            Verdict::Stalled { index: 0, .. }
+            StallVerdict::Stalled { index: 0, .. }
         ));
     }
 

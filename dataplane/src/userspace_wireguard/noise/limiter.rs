@@ -1,8 +1,12 @@
 //! Handshake load control, sans-IO: when the device counts as under load, and how
 //! many handshake messages one source may have handled a second then. As in the
-//! kernel and wireguard-go: load is the handshake queue's depth (with a second of
+//! kernel and wireguard-go, load is the handshake queue's depth (with a second of
 //! hysteresis), and under load each source (an IPv4 address, an IPv6 /64) gets 20
-//! handshakes a second with a burst of 5, after its cookie proved the address.
+//! handshakes a second with a burst of 5, after its cookie proved the address. Beyond
+//! them, more than [`UNCHALLENGED_PER_SECOND`] handshake messages in a second also
+//! count as load (a queue never fills while its thread keeps up, at a Diffie-Hellman
+//! per message), and cookie replies themselves are held to the same per-source rate
+//! while the source table has room.
 
 use std::{
     collections::HashMap,
@@ -18,6 +22,9 @@ pub const PACKETS_BURSTABLE: u64 = 5;
 pub const MAX_SOURCES: usize = 1 << 16;
 /// The device stays under load this long after the queue drained below the mark.
 pub const UNDER_LOAD_AFTER: Duration = Duration::from_secs(1);
+/// Handshake messages a second the device takes without cookies. A mesh of 10,000
+/// peers rekeys about 85 a second; a flood is many times this.
+pub const UNCHALLENGED_PER_SECOND: usize = 1_000;
 
 const NANOS_PER_PACKET: u64 = 1_000_000_000 / PACKETS_PER_SECOND;
 const BUCKET_NANOS: u64 = NANOS_PER_PACKET * PACKETS_BURSTABLE;
@@ -28,14 +35,32 @@ const SOURCE_IDLE: Duration = Duration::from_secs(1);
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Load {
     until: Option<Instant>,
+    /// Messages counted in the second that began at `window`.
+    window: Option<Instant>,
+    in_window: usize,
 }
 
 impl Load {
-    /// Updates the state with the handshake queue's depth and answers whether the
-    /// device is under load: at an eighth of the queue's capacity, and for
-    /// [`UNDER_LOAD_AFTER`] after that.
-    pub fn under_load(&mut self, queued: usize, capacity: usize, now: Instant) -> bool {
-        if queued >= (capacity / 8).max(1) {
+    /// Takes a batch of `batch` handshake messages with `queued` more behind it and
+    /// answers whether the device is under load: the queue at an eighth of its
+    /// capacity, or more than [`UNCHALLENGED_PER_SECOND`] messages within a second,
+    /// and for [`UNDER_LOAD_AFTER`] after either.
+    pub fn under_load(
+        &mut self,
+        batch: usize,
+        queued: usize,
+        capacity: usize,
+        now: Instant,
+    ) -> bool {
+        if self
+            .window
+            .is_none_or(|w| now.saturating_duration_since(w) >= Duration::from_secs(1))
+        {
+            self.window = Some(now);
+            self.in_window = 0;
+        }
+        self.in_window += batch;
+        if queued + batch >= (capacity / 8).max(1) || self.in_window > UNCHALLENGED_PER_SECOND {
             self.until = Some(now + UNDER_LOAD_AFTER);
             return true;
         }
@@ -74,12 +99,24 @@ fn source_key(ip: IpAddr) -> SourceKey {
 }
 
 impl SourceLimiter {
-    /// True when `ip` may have one more handshake message handled now.
+    /// True when `ip` may have one more handshake message handled now; a new source
+    /// while [`MAX_SOURCES`] are tracked may not.
     pub fn allow(&mut self, ip: IpAddr, now: Instant) -> bool {
+        self.take(ip, now, false)
+    }
+
+    /// As [`Self::allow`], but a source the full table cannot track is allowed: for
+    /// cookie replies, which a flood from more sources than that must not deny to
+    /// every newcomer.
+    pub fn allow_untracked(&mut self, ip: IpAddr, now: Instant) -> bool {
+        self.take(ip, now, true)
+    }
+
+    fn take(&mut self, ip: IpAddr, now: Instant, when_full: bool) -> bool {
         self.sweep(now);
         let key = source_key(ip);
         if !self.buckets.contains_key(&key) && self.buckets.len() >= MAX_SOURCES {
-            return false;
+            return when_full;
         }
         let bucket = self.buckets.entry(key).or_insert(Bucket {
             tokens: BUCKET_NANOS,
@@ -153,9 +190,46 @@ mod tests {
     fn load_holds_a_second_after_the_queue_drains() {
         let now = Instant::now();
         let mut load = Load::default();
-        assert!(!load.under_load(10, 4096, now));
-        assert!(load.under_load(512, 4096, now));
-        assert!(load.under_load(0, 4096, now + Duration::from_millis(999)));
-        assert!(!load.under_load(0, 4096, now + UNDER_LOAD_AFTER));
+        assert!(!load.under_load(1, 10, 4096, now));
+        assert!(load.under_load(1, 511, 4096, now));
+        assert!(load.under_load(0, 0, 4096, now + Duration::from_millis(999)));
+        assert!(!load.under_load(0, 0, 4096, now + UNDER_LOAD_AFTER));
+    }
+
+    #[test]
+    fn more_than_a_thousand_messages_in_a_second_are_load_though_the_queue_stays_short() {
+        let now = Instant::now();
+        let mut load = Load::default();
+        // 64 a batch, every 60 ms: about 1,070 a second, never more than 64 queued.
+        let mut t = now;
+        let mut first_loaded = None;
+        for i in 0..40 {
+            if load.under_load(64, 0, 4096, t) && first_loaded.is_none() {
+                first_loaded = Some(i);
+            }
+            t += Duration::from_millis(60);
+        }
+        assert_eq!(
+            first_loaded,
+            Some(15),
+            "the 16th batch passes 1,000 within the second"
+        );
+        // A steady 500 a second is not load.
+        let mut calm = Load::default();
+        let loaded =
+            (0..100).any(|i| calm.under_load(50, 0, 4096, now + Duration::from_millis(100 * i)));
+        assert!(!loaded);
+    }
+
+    #[test]
+    fn a_full_table_refuses_new_sources_their_handshakes_but_not_their_cookies() {
+        let now = Instant::now();
+        let mut l = SourceLimiter::default();
+        for i in 0..MAX_SOURCES as u32 {
+            assert!(l.allow(IpAddr::V4(i.into()), now));
+        }
+        let newcomer: IpAddr = "255.255.255.255".parse().unwrap();
+        assert!(!l.allow(newcomer, now));
+        assert!(l.allow_untracked(newcomer, now));
     }
 }
