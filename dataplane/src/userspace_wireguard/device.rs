@@ -1,15 +1,15 @@
 //! The device loop: the I/O edge around [`DeviceCore`]. One thread reads the TUN, one
-//! the UDP socket, one handles handshake messages, one serves the UAPI socket, one
+//! the port's data socket, one its handshake socket, one serves the UAPI socket, one
 //! runs the timers; the calling thread waits for SIGTERM/SIGINT or the interface's
 //! deletion, removes the UAPI socket and returns. The threads share the core, whose
 //! own locks let the readers seal and open different peers' packets at once (the lock
 //! order is in `core.rs`).
 //!
-//! Handshakes never hold up data: the UDP thread opens data messages itself and
-//! only queues handshake messages (a bounded queue; when it is full they are
-//! dropped) for the handshake thread, which does the Diffie-Hellman work. The queue's
-//! depth says when the device is under load: then a handshake message needs its
-//! source's cookie, and a flood costs a cookie reply each, never a DH.
+//! Handshakes never hold up data: the kernel steers each datagram to one of the port's
+//! two sockets by its type ([`port`]), so the data reader only opens data messages and
+//! a flood of handshake messages queues on, and overflows, the handshake socket alone.
+//! The handshake reader does all the Diffie-Hellman work, answering with cookie
+//! replies while the device is under load.
 //!
 //! No thread dies alone ([`watchdog`]): a panic ends the process from the panic hook;
 //! a long-lived thread that returns, or a packet loop that holds work without progress
@@ -18,19 +18,15 @@
 //! a fresh device.
 
 use std::{
-    collections::VecDeque,
     fs::File,
     io::{self, BufRead, BufReader, Read, Write},
-    net::{Ipv6Addr, SocketAddr, SocketAddrV6, UdpSocket},
+    net::{SocketAddr, SocketAddrV6, UdpSocket},
     os::{
-        fd::{AsFd, AsRawFd},
+        fd::AsFd,
         unix::{fs::PermissionsExt, net::UnixListener, net::UnixStream},
     },
     path::{Path, PathBuf},
-    sync::{
-        atomic::{AtomicU64, Ordering},
-        mpsc, Arc, Condvar, Mutex, RwLock,
-    },
+    sync::{mpsc, Arc, Mutex, RwLock},
     thread,
     time::{Duration, Instant, SystemTime},
 };
@@ -40,7 +36,6 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::{
     signal::{SigSet, Signal},
     signalfd::SignalFd,
-    socket::{self, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn6},
 };
 
 use super::{
@@ -51,8 +46,9 @@ use super::{
     core::DeviceCore,
     fault,
     mmsg::{self, Outgoing, Received},
-    noise::{handshake::INITIATION_LEN, limiter::Load},
+    noise::limiter::Load,
     offload::{self, VnetHdr, VNET_HDR_LEN},
+    port::{self, PortSockets},
     tun,
     uapi_request::{errno, parse_set},
     watchdog::{self, Beat, Failure, Watch},
@@ -67,70 +63,8 @@ pub const DEFAULT_SOCKET_DIR: &str = "/var/run/wireguard";
 const MIN_TIMER_WAIT: Duration = Duration::from_millis(100);
 /// How long the receiver pauses after a socket error that is not a replacement.
 const ERROR_PAUSE: Duration = Duration::from_millis(250);
-/// The UDP socket's send and receive buffer size.
-const SOCKET_BUFFER: usize = 7 << 20;
 /// A UAPI client that sends nothing for this long is dropped.
 const UAPI_IDLE: Duration = Duration::from_secs(10);
-/// Handshake messages queued for the handshake thread at most (as the kernel); the
-/// device is under load from an eighth of it.
-const HANDSHAKE_QUEUE: usize = 4096;
-
-/// A handshake message as queued: the longest is an initiation.
-#[derive(Clone, Copy)]
-struct QueuedHandshake {
-    from: SocketAddr,
-    len: usize,
-    bytes: [u8; INITIATION_LEN],
-}
-
-/// Handshake messages waiting for the handshake thread.
-#[derive(Default)]
-struct HandshakeQueue {
-    queue: Mutex<VecDeque<QueuedHandshake>>,
-    ready: Condvar,
-    /// Messages dropped because the queue was full.
-    dropped: AtomicU64,
-}
-
-impl HandshakeQueue {
-    /// Queues a batch's handshake messages (one lock for all).
-    fn push(&self, batch: &[QueuedHandshake]) {
-        if batch.is_empty() {
-            return;
-        }
-        let mut q = self
-            .queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let room = HANDSHAKE_QUEUE.saturating_sub(q.len()).min(batch.len());
-        q.extend(&batch[..room]);
-        drop(q);
-        let dropped = (batch.len() - room) as u64;
-        if dropped > 0 {
-            self.dropped.fetch_add(dropped, Ordering::Relaxed);
-        }
-        self.ready.notify_one();
-    }
-
-    /// Waits for messages and takes up to `BATCH` of them; returns how many are still
-    /// queued behind them.
-    fn pop(&self, out: &mut Vec<QueuedHandshake>) -> usize {
-        let mut q = self
-            .queue
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        while q.is_empty() {
-            q = self
-                .ready
-                .wait(q)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-        }
-        let n = q.len().min(BATCH);
-        out.extend(q.drain(..n));
-        q.len()
-    }
-}
-
 /// What the device needs to start.
 #[derive(Debug, Clone)]
 pub struct DeviceOptions {
@@ -215,15 +149,14 @@ struct Shared {
     /// Serialises `set=1` requests: the socket's rebinding and the core's update
     /// happen as one. Taken before any lock of the core.
     set_lock: Mutex<()>,
-    socket: RwLock<Arc<UdpSocket>>,
+    /// The port's data and handshake sockets (replaced whole by a new port).
+    socket: RwLock<Arc<PortSockets>>,
     tun: File,
     /// UDP GSO is used until a send shows the route cannot do it, then again after
     /// a while.
     gso: Mutex<GsoSwitch>,
     /// Wakes the timer loop when a deadline moved earlier.
     wake_timer: mpsc::SyncSender<()>,
-    /// Handshake messages from the UDP thread to the handshake thread.
-    handshakes: HandshakeQueue,
 }
 
 impl Shared {
@@ -232,46 +165,12 @@ impl Shared {
         let _ = self.wake_timer.try_send(());
     }
 
-    fn socket(&self) -> Arc<UdpSocket> {
+    fn socket(&self) -> Arc<PortSockets> {
         self.socket
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
-}
-
-/// A dual-stack UDP socket on `port` (0: any), marked with `mark` when non-zero.
-fn bind_udp(port: u16, mark: u32) -> io::Result<UdpSocket> {
-    let fd = socket::socket(
-        AddressFamily::Inet6,
-        SockType::Datagram,
-        SockFlag::SOCK_CLOEXEC,
-        None,
-    )?;
-    socket::setsockopt(&fd, sockopt::Ipv6V6Only, &false)?;
-    if mark != 0 {
-        socket::setsockopt(&fd, sockopt::Mark, &mark)?;
-    }
-    // Room for the bursts that GSO sends and GRO receives (as wireguard-go does): with
-    // the default 208 KiB, a burst overflows the receive queue and TCP inside the
-    // tunnel retransmits. `*BUFFORCE` passes the sysctl limit (we run as root).
-    if socket::setsockopt(&fd, sockopt::RcvBufForce, &SOCKET_BUFFER).is_err() {
-        let _ = socket::setsockopt(&fd, sockopt::RcvBuf, &SOCKET_BUFFER);
-    }
-    if socket::setsockopt(&fd, sockopt::SndBufForce, &SOCKET_BUFFER).is_err() {
-        let _ = socket::setsockopt(&fd, sockopt::SndBuf, &SOCKET_BUFFER);
-    }
-    // Coalesced receives (split by `gro_segments`); without it, one datagram a read.
-    if let Err(e) = socket::setsockopt(&fd, sockopt::UdpGroSegment, &true) {
-        tracing::debug!(error = %e, "UDP GRO unavailable");
-    }
-    let addr = SockaddrIn6::from(SocketAddrV6::new(Ipv6Addr::UNSPECIFIED, port, 0, 0));
-    socket::bind(fd.as_raw_fd(), &addr)?;
-    Ok(UdpSocket::from(fd))
-}
-
-fn local_port(sock: &UdpSocket) -> u16 {
-    sock.local_addr().map(|a| a.port()).unwrap_or_default()
 }
 
 /// Binds the UAPI socket, refusing to take over one a live process still serves.
@@ -324,10 +223,10 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
     if let Err(e) = tun::set_mtu(&opts.name, opts.mtu) {
         tracing::warn!(interface = %opts.name, error = %e, "setting the MTU failed");
     }
-    let socket = bind_udp(0, 0).map_err(DeviceError::Socket)?;
+    let socket = port::bind(0, 0).map_err(DeviceError::Socket)?;
     let (listener, path) = listen_uapi(&opts.socket_dir, &opts.name)?;
     let core = DeviceCore::default();
-    core.set_listen_port(local_port(&socket));
+    core.set_listen_port(socket.port());
     core.set_mtu(usize::try_from(opts.mtu).unwrap_or(usize::MAX));
     tracing::info!(interface = %opts.name, port = core.listen_port(), "userspace WireGuard device up");
     let (wake_timer, wake_rx) = mpsc::sync_channel(1);
@@ -338,7 +237,6 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
         tun: tun_file,
         gso: Mutex::new(GsoSwitch::default()),
         wake_timer,
-        handshakes: HandshakeQueue::default(),
     });
 
     let (exit_tx, exit_rx) = mpsc::channel();
@@ -364,14 +262,14 @@ pub fn run(opts: &DeviceOptions) -> Result<ExitReason, DeviceError> {
         "wg-udp",
         Box::new({
             let (shared, beat) = (shared.clone(), watch.beat("wg-udp"));
-            move || udp_loop(&shared, &beat)
+            move || receive_loop(&shared, &beat, Way::Data)
         }),
     )?;
     long_lived(
         "wg-handshake",
         Box::new({
             let (shared, beat) = (shared.clone(), watch.beat("wg-handshake"));
-            move || handshake_loop(&shared, &beat)
+            move || receive_loop(&shared, &beat, Way::Handshake)
         }),
     )?;
     long_lived(
@@ -591,18 +489,35 @@ fn tun_loop(shared: &Shared, exit: &mpsc::Sender<Stop>, beat: &Beat) {
             shared.wake_timer();
         }
         if !out.is_empty() {
-            flush(shared, &shared.socket(), &out);
+            flush(shared, &shared.socket().data, &out);
         }
     }
 }
 
-fn udp_loop(shared: &Shared, beat: &Beat) {
+/// Which of the port's sockets a receive loop reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Way {
+    /// Data messages (`wg-udp`).
+    Data,
+    /// Handshake messages (`wg-handshake`): all the Diffie-Hellman work.
+    Handshake,
+}
+
+/// Receives from one of the port's sockets: data messages are opened here, with a
+/// peer's lock kept over a run of its datagrams; handshake messages (on the data
+/// socket only when the steering could not be attached) are handled after them, as
+/// under load when this loop's [`Load`] says so.
+fn receive_loop(shared: &Shared, beat: &Beat, way: Way) {
     let mut bufs = recv_buffers();
     let mut got: Vec<Received> = Vec::with_capacity(BATCH);
     let mut out = Outbox::default();
-    let mut handshakes = Vec::with_capacity(BATCH);
+    let mut load = Load::default();
     loop {
-        let socket = shared.socket();
+        let sockets = shared.socket();
+        let socket = match way {
+            Way::Data => &sockets.data,
+            Way::Handshake => &sockets.handshake,
+        };
         // Blocks for the first datagram, then takes what else is queued, in one call.
         match mmsg::recv_batch(socket.as_fd(), &mut bufs, &mut got) {
             Ok(false) | Err(Errno::EAGAIN | Errno::EINTR) => {}
@@ -612,7 +527,7 @@ fn udp_loop(shared: &Shared, beat: &Beat) {
                 if let Err(e) = result {
                     tracing::trace!(error = %e, "receive failed");
                 }
-                if Arc::ptr_eq(&socket, &shared.socket()) {
+                if Arc::ptr_eq(&sockets, &shared.socket()) {
                     // Not a replacement: avoid spinning on a persistent condition.
                     thread::sleep(ERROR_PAUSE);
                 }
@@ -622,58 +537,33 @@ fn udp_loop(shared: &Shared, beat: &Beat) {
             continue;
         }
         let _busy = beat.busy();
-        if fault::on_udp_batch().is_break() {
+        if way == Way::Data && fault::on_udp_batch().is_break() {
             return;
         }
         out.clear();
-        handshakes.clear();
         let (now, wall) = (Instant::now(), SystemTime::now());
         let batch = bufs.iter().zip(&got).flat_map(|(buf, d)| {
             gro_segments(&buf[..d.len], d.segment).map(move |datagram| (d.from, datagram))
         });
+        // Allocates only when a batch holds handshake messages.
+        let mut handshakes = Vec::new();
         shared
             .core
             .handle_transport(batch, now, wall, &mut out, |from, msg| {
-                let mut bytes = [0u8; INITIATION_LEN];
-                bytes[..msg.len()].copy_from_slice(msg);
-                handshakes.push(QueuedHandshake {
-                    from,
-                    len: msg.len(),
-                    bytes,
-                });
+                handshakes.push((from, msg));
             });
-        shared.handshakes.push(&handshakes);
+        if !handshakes.is_empty() {
+            // A full batch: more were waiting behind it.
+            let under_load = load.under_load(handshakes.len(), got.len() == BATCH, now);
+            shared
+                .core
+                .handle_handshakes(handshakes, now, wall, under_load, &mut out);
+        }
         if shared.core.take_timer_wake() {
             shared.wake_timer();
         }
         if !out.is_empty() {
-            flush(shared, &socket, &out);
-        }
-    }
-}
-
-/// Handles the queued handshake messages, a batch at a time, under load while the
-/// queue is deep.
-fn handshake_loop(shared: &Shared, beat: &Beat) {
-    let mut batch = Vec::with_capacity(BATCH);
-    let mut out = Outbox::default();
-    let mut load = Load::default();
-    loop {
-        batch.clear();
-        let behind = shared.handshakes.pop(&mut batch);
-        let _busy = beat.busy();
-        let (now, wall) = (Instant::now(), SystemTime::now());
-        let under_load = load.under_load(batch.len(), behind, HANDSHAKE_QUEUE, now);
-        out.clear();
-        let messages = batch.iter().map(|m| (m.from, &m.bytes[..m.len]));
-        shared
-            .core
-            .handle_handshakes(messages, now, wall, under_load, &mut out);
-        if shared.core.take_timer_wake() {
-            shared.wake_timer();
-        }
-        if !out.is_empty() {
-            flush(shared, &shared.socket(), &out);
+            flush(shared, &sockets.data, &out);
         }
     }
 }
@@ -690,7 +580,7 @@ fn timer_loop(shared: &Shared, wake: &mpsc::Receiver<()>, beat: &Beat) {
         shared.core.tick(now, &mut out);
         let next = shared.core.next_deadline(now);
         if !out.is_empty() {
-            flush(shared, &shared.socket(), &out);
+            flush(shared, &shared.socket().data, &out);
         }
         drop(busy);
         let woken = match next {
@@ -744,10 +634,9 @@ fn serve_uapi(shared: &Shared, stream: UnixStream) -> io::Result<()> {
 /// The `stats=1` answer: the device's counters.
 fn render_stats(shared: &Shared) -> String {
     let c = shared.core.counters();
-    let dropped = shared.handshakes.dropped.load(Ordering::Relaxed);
     format!(
         "invalid_datagrams={}\nspoofed_packets={}\nunroutable_packets={}\ncookie_replies={}\n\
-         replayed_initiations={}\nrate_limited_handshakes={}\ndropped_handshakes={dropped}\nerrno=0\n\n",
+         replayed_initiations={}\nrate_limited_handshakes={}\nerrno=0\n\n",
         c.invalid_datagrams,
         c.spoofed_packets,
         c.unroutable_packets,
@@ -776,15 +665,15 @@ fn apply_set(shared: &Shared, body: &str) -> i32 {
     let mark = req.fwmark.unwrap_or(fwmark);
     let current = shared.socket();
     let port = match req.listen_port {
-        Some(port) if port == 0 || port != listen_port => match bind_udp(port, mark) {
+        Some(port) if port == 0 || port != listen_port => match port::bind(port, mark) {
             Ok(new) => {
-                let port = local_port(&new);
+                let port = new.port();
                 *shared
                     .socket
                     .write()
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = Arc::new(new);
-                // Wake the receiver blocked on the old socket.
-                let _ = socket::shutdown(current.as_raw_fd(), socket::Shutdown::Read);
+                // Wake the receivers blocked on the old sockets.
+                current.shut_down();
                 port
             }
             Err(e) => {
@@ -798,7 +687,7 @@ fn apply_set(shared: &Shared, body: &str) -> i32 {
         },
         _ => {
             if mark != fwmark {
-                if let Err(e) = socket::setsockopt(&*current, sockopt::Mark, &mark) {
+                if let Err(e) = current.set_mark(mark) {
                     tracing::info!(error = %e, "UAPI set refused: cannot mark the socket");
                     return errno::EIO;
                 }

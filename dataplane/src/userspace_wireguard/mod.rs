@@ -24,6 +24,7 @@ pub mod mmsg;
 pub mod noise;
 pub mod offload;
 pub mod peer;
+pub mod port;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod session_fuzz;
 pub mod timers;

@@ -21,10 +21,9 @@ pub struct DeviceDrops {
     /// Authentic initiations refused as replays (a timestamp not newer than one
     /// taken before, or one too soon after it).
     pub replayed_initiations: u64,
-    /// Handshake messages with a valid cookie over their source's rate, under load.
+    /// Handshake messages over their source's rate under load (cookie replies
+    /// included).
     pub rate_limited_handshakes: u64,
-    /// Handshake messages dropped because the handshake queue was full.
-    pub dropped_handshakes: u64,
 }
 
 /// A peer as the device holds it.

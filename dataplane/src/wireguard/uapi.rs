@@ -256,7 +256,6 @@ pub fn parse_stats(text: &str) -> Result<DeviceDrops, String> {
             "unroutable_packets" => &mut drops.unroutable_packets,
             "replayed_initiations" => &mut drops.replayed_initiations,
             "rate_limited_handshakes" => &mut drops.rate_limited_handshakes,
-            "dropped_handshakes" => &mut drops.dropped_handshakes,
             _ => continue,
         };
         *field = value.parse().map_err(|_| format!("bad {key}"))?;
@@ -270,8 +269,9 @@ mod tests {
 
     #[test]
     fn parses_the_stats_answer_and_refuses_an_errno() {
-        let answer = "invalid_datagrams=4\nspoofed_packets=1\nunroutable_packets=7\ncookie_replies=2\n\
-                      replayed_initiations=3\nrate_limited_handshakes=5\ndropped_handshakes=6\nerrno=0\n";
+        let answer =
+            "invalid_datagrams=4\nspoofed_packets=1\nunroutable_packets=7\ncookie_replies=2\n\
+                      replayed_initiations=3\nrate_limited_handshakes=5\nerrno=0\n";
         assert_eq!(
             parse_stats(answer).unwrap(),
             DeviceDrops {
@@ -280,7 +280,6 @@ mod tests {
                 unroutable_packets: 7,
                 replayed_initiations: 3,
                 rate_limited_handshakes: 5,
-                dropped_handshakes: 6,
             }
         );
         // An older device without the handshake counters reads as zeros.

@@ -168,7 +168,7 @@ impl MeshMetrics {
         );
         registry.register(
             "wirespan_kubespan_wireguard_dropped",
-            "Input the userspace WireGuard device (wirespan wireguard) dropped since its process started, by reason: invalid_datagram (malformed or unauthenticated), spoofed (source outside the peer's allowed IPs), unroutable (TUN packet with no peer, key or endpoint), replayed_initiation (an authentic initiation not newer than one taken, or too soon after it), rate_limited_handshake (over its source's rate under load), handshake_queue_full (the handshake queue was full)",
+            "Input the userspace WireGuard device (wirespan wireguard) dropped since its process started, by reason: invalid_datagram (malformed or unauthenticated), spoofed (source outside the peer's allowed IPs), unroutable (TUN packet with no peer, key or endpoint), replayed_initiation (an authentic initiation not newer than one taken, or too soon after it), rate_limited_handshake (over its source's rate under load)",
             m.wireguard_drops.clone(),
         );
         registry.register(
@@ -360,7 +360,6 @@ impl MeshMetrics {
             ("unroutable", d.unroutable_packets),
             ("replayed_initiation", d.replayed_initiations),
             ("rate_limited_handshake", d.rate_limited_handshakes),
-            ("handshake_queue_full", d.dropped_handshakes),
         ] {
             self.wireguard_drops
                 .get_or_create(&labels(&[("reason", reason)]))
@@ -616,8 +615,7 @@ mod tests {
             spoofed_packets: 1,
             unroutable_packets: 0,
             replayed_initiations: 2,
-            rate_limited_handshakes: 0,
-            dropped_handshakes: 7,
+            rate_limited_handshakes: 7,
         }));
         let text = m.render();
         for line in [
@@ -625,7 +623,7 @@ mod tests {
             "wirespan_kubespan_wireguard_dropped{reason=\"spoofed\"} 1",
             "wirespan_kubespan_wireguard_dropped{reason=\"unroutable\"} 0",
             "wirespan_kubespan_wireguard_dropped{reason=\"replayed_initiation\"} 2",
-            "wirespan_kubespan_wireguard_dropped{reason=\"handshake_queue_full\"} 7",
+            "wirespan_kubespan_wireguard_dropped{reason=\"rate_limited_handshake\"} 7",
         ] {
             assert!(text.contains(line), "{line}: {text}");
         }

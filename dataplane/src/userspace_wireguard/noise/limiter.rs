@@ -1,10 +1,10 @@
 //! Handshake load control, sans-IO: when the device counts as under load, and how
 //! many handshake messages one source may have handled a second then. As in the
-//! kernel and wireguard-go, load is the handshake queue's depth (with a second of
+//! kernel and wireguard-go, load is a backlog of handshake messages (with a second of
 //! hysteresis), and under load each source (an IPv4 address, an IPv6 /64) gets 20
 //! handshakes a second with a burst of 5, after its cookie proved the address. Beyond
 //! them, more than [`UNCHALLENGED_PER_SECOND`] handshake messages in a second also
-//! count as load (a queue never fills while its thread keeps up, at a Diffie-Hellman
+//! count as load (no backlog builds while the reader keeps up, at a Diffie-Hellman
 //! per message), and cookie replies themselves are held to the same per-source rate
 //! while the source table has room.
 
@@ -41,17 +41,11 @@ pub struct Load {
 }
 
 impl Load {
-    /// Takes a batch of `batch` handshake messages with `queued` more behind it and
-    /// answers whether the device is under load: the queue at an eighth of its
-    /// capacity, or more than [`UNCHALLENGED_PER_SECOND`] messages within a second,
-    /// and for [`UNDER_LOAD_AFTER`] after either.
-    pub fn under_load(
-        &mut self,
-        batch: usize,
-        queued: usize,
-        capacity: usize,
-        now: Instant,
-    ) -> bool {
+    /// Takes a batch of `batch` handshake messages (`backlog`: more were waiting
+    /// behind it, the receive queue is not keeping up) and answers whether the device
+    /// is under load: a backlog, or more than [`UNCHALLENGED_PER_SECOND`] messages
+    /// within a second, and for [`UNDER_LOAD_AFTER`] after either.
+    pub fn under_load(&mut self, batch: usize, backlog: bool, now: Instant) -> bool {
         if self
             .window
             .is_none_or(|w| now.saturating_duration_since(w) >= Duration::from_secs(1))
@@ -60,7 +54,7 @@ impl Load {
             self.in_window = 0;
         }
         self.in_window += batch;
-        if queued + batch >= (capacity / 8).max(1) || self.in_window > UNCHALLENGED_PER_SECOND {
+        if backlog || self.in_window > UNCHALLENGED_PER_SECOND {
             self.until = Some(now + UNDER_LOAD_AFTER);
             return true;
         }
@@ -187,24 +181,24 @@ mod tests {
     }
 
     #[test]
-    fn load_holds_a_second_after_the_queue_drains() {
+    fn load_holds_a_second_after_the_backlog_clears() {
         let now = Instant::now();
         let mut load = Load::default();
-        assert!(!load.under_load(1, 10, 4096, now));
-        assert!(load.under_load(1, 511, 4096, now));
-        assert!(load.under_load(0, 0, 4096, now + Duration::from_millis(999)));
-        assert!(!load.under_load(0, 0, 4096, now + UNDER_LOAD_AFTER));
+        assert!(!load.under_load(1, false, now));
+        assert!(load.under_load(64, true, now));
+        assert!(load.under_load(1, false, now + Duration::from_millis(999)));
+        assert!(!load.under_load(1, false, now + UNDER_LOAD_AFTER));
     }
 
     #[test]
-    fn more_than_a_thousand_messages_in_a_second_are_load_though_the_queue_stays_short() {
+    fn more_than_a_thousand_messages_in_a_second_are_load_without_a_backlog() {
         let now = Instant::now();
         let mut load = Load::default();
-        // 64 a batch, every 60 ms: about 1,070 a second, never more than 64 queued.
+        // 64 a batch, every 60 ms: about 1,070 a second, each batch all there was.
         let mut t = now;
         let mut first_loaded = None;
         for i in 0..40 {
-            if load.under_load(64, 0, 4096, t) && first_loaded.is_none() {
+            if load.under_load(64, false, t) && first_loaded.is_none() {
                 first_loaded = Some(i);
             }
             t += Duration::from_millis(60);
@@ -217,7 +211,7 @@ mod tests {
         // A steady 500 a second is not load.
         let mut calm = Load::default();
         let loaded =
-            (0..100).any(|i| calm.under_load(50, 0, 4096, now + Duration::from_millis(100 * i)));
+            (0..100).any(|i| calm.under_load(50, false, now + Duration::from_millis(100 * i)));
         assert!(!loaded);
     }
 
