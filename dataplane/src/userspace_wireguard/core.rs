@@ -744,11 +744,12 @@ impl DeviceCore {
         buf: &mut [u8],
         io: &mut impl Io,
     ) -> Option<Outcome> {
-        if !identity.mac1_ok(msg) {
+        if under_load {
+            if let Some(stop) = self.admit_under_load(identity, msg, from, now, io) {
+                return stop;
+            }
+        } else if !identity.mac1_ok(msg) {
             return Some(Outcome::Invalid);
-        }
-        if under_load && !self.admit_under_load(identity, msg, from, now, io) {
-            return None;
         }
         if msg[0] == MSG_INITIATION {
             let Some(opened) = open_initiation(identity, msg) else {
@@ -766,8 +767,11 @@ impl DeviceCore {
         }
     }
 
-    /// Under load: a message without its source's cookie gets a cookie reply; one
-    /// with it passes if its source is within its rate. False when it stops here.
+    /// Under load: a message without its source's cookie gets a cookie reply while
+    /// its source is within its rate; one with it passes if its source is within its
+    /// rate. MAC2 is checked first: a message over its source's rate costs no MAC1.
+    /// `Some(outcome)` when the message stops here (`None` in it: answered or limited,
+    /// already counted).
     fn admit_under_load(
         &self,
         identity: &LocalIdentity,
@@ -775,28 +779,32 @@ impl DeviceCore {
         from: SocketAddr,
         now: Instant,
         io: &mut impl Io,
-    ) -> bool {
+    ) -> Option<Option<Outcome>> {
         let mut responder = lock(&self.responder);
         let secret = || random::bytes::<32>();
-        if !responder.cookies.mac2_ok(msg, from, now, secret) {
-            if !responder.cookie_sources.allow_untracked(from.ip(), now) {
-                drop(responder);
-                bump(&self.counters.rate_limited_handshakes);
-                return false;
-            }
-            let reply = responder
-                .cookies
-                .reply(identity, msg, from, now, secret, random::bytes());
-            drop(responder);
-            bump(&self.counters.cookie_replies);
-            io.send(from, &reply);
-            return false;
-        }
-        if !responder.sources.allow(from.ip(), now) {
+        let limited = || {
             bump(&self.counters.rate_limited_handshakes);
-            return false;
+            Some(None)
+        };
+        if responder.cookies.mac2_ok(msg, from, now, secret) {
+            if !responder.sources.allow(from.ip(), now) {
+                return limited();
+            }
+            return (!identity.mac1_ok(msg)).then_some(Some(Outcome::Invalid));
         }
-        true
+        if !responder.cookie_sources.allow_untracked(from.ip(), now) {
+            return limited();
+        }
+        if !identity.mac1_ok(msg) {
+            return Some(Some(Outcome::Invalid));
+        }
+        let reply = responder
+            .cookies
+            .reply(identity, msg, from, now, secret, random::bytes());
+        drop(responder);
+        bump(&self.counters.cookie_replies);
+        io.send(from, &reply);
+        Some(None)
     }
 
     /// Runs every peer's timers and drops expired keypairs; the loop calls it at

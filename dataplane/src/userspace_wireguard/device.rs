@@ -508,6 +508,13 @@ enum Way {
 /// socket only when the steering could not be attached) are handled after them, as
 /// under load when this loop's [`Load`] says so.
 fn receive_loop(shared: &Shared, beat: &Beat, way: Way) {
+    if way == Way::Handshake {
+        // A bounded share of busy cores: a flood of handshakes cannot starve the
+        // data readers.
+        if let Err(e) = port::lower_this_threads_priority(port::HANDSHAKE_NICE) {
+            tracing::debug!(error = %e, "cannot lower the handshake reader's priority");
+        }
+    }
     let mut bufs = recv_buffers();
     let mut got: Vec<Received> = Vec::with_capacity(BATCH);
     let mut out = Outbox::default();
