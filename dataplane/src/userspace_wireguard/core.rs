@@ -5,12 +5,13 @@
 //! owns the TUN and the socket.
 //!
 //! Data and handshakes take separate ways in: [`DeviceCore::handle_transport`] opens
-//! data messages at once and hands every handshake message to the caller (the device
-//! queues them for its handshake thread), [`DeviceCore::handle_handshakes`] takes
-//! them from there, answering with cookie replies while the device is under load.
+//! data messages at once and hands every handshake message to the caller (the kernel
+//! already steers them to the device's handshake socket, see `port.rs`; this catches
+//! the rest), [`DeviceCore::handle_handshakes`] takes them from there, answering with
+//! cookie replies while the device is under load.
 //!
-//! Every method takes `&self`, so the TUN reader, the socket reader, the handshake
-//! thread and the timer thread work at once. The locks, always taken in this order:
+//! Every method takes `&self`, so the TUN reader, the two socket readers (data and
+//! handshakes) and the timer thread work at once. The locks, always taken in this order:
 //!
 //! 1. the table (`RwLock`): configuration, peers, routes and the key map. Packets and
 //!    timers take its read side; only a `set=1` takes the write side.
@@ -667,7 +668,8 @@ impl DeviceCore {
     /// Handshake messages (initiations, responses, cookie replies) that
     /// [`Self::handle_transport`] set aside. MAC1 must be ours; `under_load`, a
     /// message also needs the MAC2 of its source's cookie (else it is answered with
-    /// a cookie reply and nothing else), and its source must be within its rate.
+    /// a cookie reply and nothing else), and its source must be within its rate (for
+    /// the cookie reply too).
     pub fn handle_handshakes<'d>(
         &self,
         messages: impl IntoIterator<Item = (SocketAddr, &'d [u8])>,
