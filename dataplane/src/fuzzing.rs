@@ -15,7 +15,8 @@ use crate::{
     marking, nfnl,
     userspace_wireguard::{
         batch::Outbox,
-        core::{DeviceCore, Io},
+        core::DeviceCore,
+        io::Io,
         offload::{self, finish, ones_sum, VnetHdr, GSO_NONE, VNET_HDR_LEN},
         tun,
         uapi_request::parse_set,

@@ -12,7 +12,7 @@ use std::{
 
 use nix::errno::Errno;
 
-use super::core::Io;
+use super::io::Io;
 
 /// Most segments in one GSO send (the kernel's `UDP_MAX_SEGMENTS` is 64 on older
 /// kernels, 128 on newer ones).

@@ -75,13 +75,7 @@ thread_local! {
     static SCRATCH: RefCell<Vec<u8>> = RefCell::new(vec![0; BUFFER_SIZE]);
 }
 
-/// Where the device's output goes: the UDP socket and the TUN.
-pub trait Io {
-    /// Sends a datagram to a peer.
-    fn send(&mut self, to: SocketAddr, datagram: &[u8]);
-    /// Writes a decrypted IP packet to the TUN.
-    fn write_tun(&mut self, packet: &[u8]);
-}
+use super::io::Io;
 
 /// Counters of the device as a whole.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]

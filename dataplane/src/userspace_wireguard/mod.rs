@@ -20,6 +20,7 @@ pub mod core;
 pub mod device;
 pub mod fault;
 pub mod indices;
+pub mod io;
 pub mod mmsg;
 pub mod noise;
 pub mod offload;

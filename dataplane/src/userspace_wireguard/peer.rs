@@ -21,8 +21,8 @@ use std::{
 
 use super::{
     allowed_ips::AllowedIps,
-    core::Io,
     indices::Indices,
+    io::Io,
     noise::{
         cookie::CookieJar,
         crypto::{tai64n, Tai64n},

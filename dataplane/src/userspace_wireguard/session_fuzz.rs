@@ -10,10 +10,7 @@ use std::{
     time::{Duration, Instant, SystemTime},
 };
 
-use super::{
-    core::{DeviceCore, Io},
-    uapi_request::parse_set,
-};
+use super::{core::DeviceCore, io::Io, uapi_request::parse_set};
 
 const PEER: &str = "192.0.2.1:51820";
 const DEVICE: &str = "192.0.2.2:51820";
