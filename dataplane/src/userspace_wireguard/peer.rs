@@ -248,7 +248,7 @@ impl Peer {
                 Some(action) => {
                     sent = true;
                     if action == TimerAction::SendHandshake {
-                        self.send_initiation(ctx, buf, io);
+                        self.send_initiation(ctx, io);
                     }
                 }
                 None => {
@@ -261,7 +261,7 @@ impl Peer {
     }
 
     /// Starts (or retries) a handshake: a new initiation with a new index and ephemeral key.
-    fn send_initiation(&mut self, ctx: &Ctx<'_>, _buf: &mut [u8], io: &mut impl Io) {
+    fn send_initiation(&mut self, ctx: &Ctx<'_>, io: &mut impl Io) {
         // Counted as an attempt even when nothing can go out, so it is retried on the
         // timers' cadence rather than on every packet.
         self.timers.on_handshake_sent(ctx.now, jitter());
@@ -292,7 +292,7 @@ impl Peer {
     fn send_keepalive(&mut self, ctx: &Ctx<'_>, buf: &mut [u8], io: &mut impl Io) {
         match self.seal_now(ctx, &[], buf, io) {
             Some(_) => {}
-            None if !self.timers.handshake_in_progress() => self.send_initiation(ctx, buf, io),
+            None if !self.timers.handshake_in_progress() => self.send_initiation(ctx, io),
             // Due again after its interval, not at once.
             None => self.timers.on_packet_sent(ctx.now),
         }
@@ -302,7 +302,7 @@ impl Peer {
     pub fn act(&mut self, ctx: &Ctx<'_>, action: TimerAction, buf: &mut [u8], io: &mut impl Io) {
         match action {
             TimerAction::Idle => {}
-            TimerAction::SendHandshake => self.send_initiation(ctx, buf, io),
+            TimerAction::SendHandshake => self.send_initiation(ctx, io),
             TimerAction::SendKeepalive => self.send_keepalive(ctx, buf, io),
             TimerAction::ExpireKeys => {
                 tracing::debug!(peer = ctx.id, "session keys expired");
