@@ -242,14 +242,7 @@ fn under_load_an_initiation_gets_a_cookie_reply_and_its_retry_with_the_cookie_a_
     let mut io_a = Captured::default();
     a.handle_tun_packet(&ipv4(1, 2), now, &mut io_a);
     let init = io_a.sent.remove(0).1;
-    let mut io_b = Captured::default();
-    b.handle_handshakes(
-        [(addr(ADDR_A), &init[..])],
-        now,
-        SystemTime::now(),
-        true,
-        &mut io_b,
-    );
+    let mut io_b = under_load(&b, [(addr(ADDR_A), &init[..])], now);
     assert_eq!(kinds(&io_b), vec![3], "a cookie reply, no response");
     assert_eq!(b.counters().cookie_replies, 1);
     let mut io_a = deliver(&mut io_b, ADDR_B, &a, now);
@@ -258,25 +251,11 @@ fn under_load_an_initiation_gets_a_cookie_reply_and_its_retry_with_the_cookie_a_
     a.tick(now + REKEY_TIMEOUT + Duration::from_millis(400), &mut io_a);
     let retry = io_a.sent.remove(0).1;
     assert_ne!(&retry[132..], &[0u8; 16], "MAC2 set");
-    let mut io_b = Captured::default();
     let t = now + Duration::from_secs(6);
-    b.handle_handshakes(
-        [(addr(ADDR_A), &retry[..])],
-        t,
-        SystemTime::now(),
-        true,
-        &mut io_b,
-    );
+    let io_b = under_load(&b, [(addr(ADDR_A), &retry[..])], t);
     assert_eq!(kinds(&io_b), vec![2], "a response");
     // From another address the cookie is worthless.
-    let mut io_c = Captured::default();
-    b.handle_handshakes(
-        [(addr("192.0.2.9:1"), &retry[..])],
-        t,
-        SystemTime::now(),
-        true,
-        &mut io_c,
-    );
+    let io_c = under_load(&b, [(addr("192.0.2.9:1"), &retry[..])], t);
     assert_eq!(kinds(&io_c), vec![3]);
 }
 
@@ -400,4 +379,15 @@ pub(super) fn addr(s: &str) -> SocketAddr {
 /// The message types of what `io` sent.
 pub(super) fn kinds(io: &Captured) -> Vec<u8> {
     io.sent.iter().map(|(_, d)| d[0]).collect()
+}
+
+/// What `c` sends back for `messages` taken as under load (the handshake reader's way).
+pub(super) fn under_load<'d>(
+    c: &DeviceCore,
+    messages: impl IntoIterator<Item = (SocketAddr, &'d [u8])>,
+    now: Instant,
+) -> Captured {
+    let mut io = Captured::default();
+    c.handle_handshakes(messages, now, SystemTime::now(), true, &mut io);
+    io
 }

@@ -7,7 +7,9 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use super::{
-    tests::{addr, core, deliver, handshaken, ipv4, kinds, public, Captured, ADDR_A, ADDR_B},
+    tests::{
+        addr, core, deliver, handshaken, ipv4, kinds, public, under_load, Captured, ADDR_A, ADDR_B,
+    },
     *,
 };
 use crate::userspace_wireguard::{
@@ -171,14 +173,7 @@ fn cookie_replies_and_forged_responses_never_move_the_endpoint() {
     assert!(send(&a, ELSEWHERE, &forged, now).sent.is_empty());
     // A genuine cookie reply from B's checker, delivered from elsewhere: A keeps the
     // cookie (it is B's) but not the address.
-    let mut io_b = Captured::default();
-    b.handle_handshakes(
-        [(addr(ADDR_A), &init[..])],
-        now,
-        SystemTime::now(),
-        true,
-        &mut io_b,
-    );
+    let mut io_b = under_load(&b, [(addr(ADDR_A), &init[..])], now);
     let cookie_reply = io_b.sent.remove(0).1;
     assert!(send(&a, ELSEWHERE, &cookie_reply, now).sent.is_empty());
     let mut forged_cookie = cookie_reply;
@@ -233,7 +228,6 @@ fn a_flood_from_many_sources_gets_only_cookie_replies_and_a_proven_source_only_i
     let now = Instant::now();
     let (a, b) = (core(1, 2, ADDR_B), core(2, 1, ADDR_A));
     let init = first_initiation(&a, now);
-    let mut io = Captured::default();
     let sources: Vec<SocketAddr> = (0..500u32)
         .map(|i| {
             addr(&format!(
@@ -245,13 +239,7 @@ fn a_flood_from_many_sources_gets_only_cookie_replies_and_a_proven_source_only_i
             ))
         })
         .collect();
-    b.handle_handshakes(
-        sources.iter().map(|s| (*s, &init[..])),
-        now,
-        SystemTime::now(),
-        true,
-        &mut io,
-    );
+    let io = under_load(&b, sources.iter().map(|s| (*s, &init[..])), now);
     assert_eq!(
         kinds(&io),
         vec![3; 500],
@@ -259,14 +247,7 @@ fn a_flood_from_many_sources_gets_only_cookie_replies_and_a_proven_source_only_i
     );
     assert_eq!(get(&b, "endpoint").as_deref(), Some(ADDR_A));
     // A source that proved its address gets 5 at once, then 20 a second.
-    let mut io_b = Captured::default();
-    b.handle_handshakes(
-        [(addr(ADDR_A), &init[..])],
-        now,
-        SystemTime::now(),
-        true,
-        &mut io_b,
-    );
+    let mut io_b = under_load(&b, [(addr(ADDR_A), &init[..])], now);
     let mut io_a = deliver(&mut io_b, ADDR_B, &a, now);
     let mut t = now;
     let mut retries = Vec::new();
@@ -275,9 +256,8 @@ fn a_flood_from_many_sources_gets_only_cookie_replies_and_a_proven_source_only_i
         a.tick(t, &mut io_a);
         retries.push(io_a.sent.pop().expect("a retry").1);
     }
-    let mut io_b = Captured::default();
     let batch = retries.iter().map(|r| (addr(ADDR_A), &r[..]));
-    b.handle_handshakes(batch, t, SystemTime::now(), true, &mut io_b);
+    under_load(&b, batch, t);
     assert_eq!(
         b.counters().rate_limited_handshakes,
         3,
@@ -420,25 +400,16 @@ fn a_flood_from_one_source_gets_its_burst_of_cookie_replies_then_its_rate() {
     let now = Instant::now();
     let (a, b) = (core(1, 2, ADDR_B), core(2, 1, ADDR_A));
     let init = first_initiation(&a, now);
-    let mut io = Captured::default();
     let flood = std::iter::repeat_n((addr(ELSEWHERE), &init[..]), 1000);
-    b.handle_handshakes(flood, now, SystemTime::now(), true, &mut io);
+    let io = under_load(&b, flood, now);
     assert_eq!(kinds(&io), vec![3; 5], "a burst of 5 replies, not 1,000");
     assert_eq!(b.counters().rate_limited_handshakes, 995);
     // A second later the bucket is full again, and holds no more than a burst.
     let later = now + Duration::from_secs(1);
-    let mut io = Captured::default();
     let flood = std::iter::repeat_n((addr(ELSEWHERE), &init[..]), 1000);
-    b.handle_handshakes(flood, later, SystemTime::now(), true, &mut io);
+    let io = under_load(&b, flood, later);
     assert_eq!(io.sent.len(), 5, "the bucket holds at most a burst");
     // Another source is not held back by it.
-    let mut io = Captured::default();
-    b.handle_handshakes(
-        [(addr(ADDR_A), &init[..])],
-        later,
-        SystemTime::now(),
-        true,
-        &mut io,
-    );
+    let io = under_load(&b, [(addr(ADDR_A), &init[..])], later);
     assert_eq!(kinds(&io), vec![3]);
 }
